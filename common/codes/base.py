@@ -1,0 +1,392 @@
+r"""The gradient-code abstraction every scheme implements.
+
+A gradient code is a matrix $B$ whose rows are *messages* and whose columns are data partitions
+(Tandon et al., §2.1, eq. (1)). A worker that computes message row $b$ evaluates the partial
+gradients $g_j$ of the partitions in $\mathrm{supp}(b)$ and sends $\sum_j b_j g_j$. A receiver that
+holds a set $F$ of rows can decode as soon as $\mathbf{1} \in \mathrm{rowspan}(B_F)$; it then finds
+decoding weights $a$ with $a B_F = \mathbf{1}$ and outputs $\sum_i a_i m_i = \sum_j g_j$.
+
+Three objects carry that idea:
+
+* :class:`GradientCode` — the immutable, validated code: $B$, supports, which worker computes which
+  row (:class:`Assignment`, per iteration for dynamic schemes), and a factory of decoders.
+* :class:`OnlineDecoder` — fed message ids as they arrive, answers "decodable yet?" after each one in
+  time independent of the number of straggler patterns, then yields a :class:`Decoding`.
+* :class:`Decoding` — the weights $a$ over the rows it uses, whether the result is exact, and the
+  combine step $\sum_i a_i m_i$.
+
+The network code (master, tree parents) only ever talks to these three, never to a scheme.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from common.exceptions import NotDecodableError
+
+__all__ = [
+    "SPAN_TOLERANCE",
+    "Array",
+    "Assignment",
+    "Decoding",
+    "GradientCode",
+    "Observation",
+    "OnlineDecoder",
+    "SpanDecoder",
+    "check_int",
+]
+
+Array = npt.NDArray[Any]
+
+SPAN_TOLERANCE = 1e-9
+"""Relative residual $\\|\\mathbf{1} - \\mathrm{proj}_{B_F}\\mathbf{1}\\| / \\|\\mathbf{1}\\|$ below which
+the all-ones vector counts as lying in the span of the received rows (generic decoder)."""
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None, *, why: str = "") -> int:
+    """Return ``value`` as an int if ``low <= value <= high``, else raise a ValueError naming the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"Argument {name!r} must be an integer, not {value!r}.")
+    v = int(value)
+    if v < low or (high is not None and v > high):
+        valid = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        suffix = f" ({why})" if why else ""
+        raise ValueError(f"Argument {name!r} must be an integer {valid}{suffix}, not {v}.")
+    return v
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which message rows each worker computes in one iteration, in the order it sends them.
+
+    ``rows[w]`` is the tuple of row ids worker ``w`` computes. Static codes use one assignment for the
+    whole job; dynamic codes (GC-DC) produce a new one each iteration. A row belongs to at most one
+    worker in an assignment.
+    """
+
+    rows: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for w, rows in enumerate(self.rows):
+            for r in rows:
+                if r in seen:
+                    raise ValueError(f"Row {r} is assigned twice (again to worker {w}); a row has one owner.")
+                seen.add(r)
+
+    @cached_property
+    def owner(self) -> dict[int, int]:
+        """Map from row id to the worker that computes it."""
+        return {r: w for w, rows in enumerate(self.rows) for r in rows}
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.rows)
+
+    def rows_of(self, workers: Iterable[int]) -> list[int]:
+        """All rows computed by ``workers``, in worker order."""
+        return [r for w in workers for r in self.rows[w]]
+
+    @classmethod
+    def one_row_per_worker(cls, n: int) -> Assignment:
+        """Row ``i`` to worker ``i``: the assignment of every single-message static code."""
+        return cls(tuple((i,) for i in range(n)))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the master saw of each worker in the last iteration; input of dynamic codes.
+
+    ``straggling[w]`` is True when worker ``w`` was late (not among those used to decode) or down.
+    ``speed[w]`` is a throughput estimate, larger is faster (e.g. the inverse of its compute time);
+    heterogeneous-worker variants order workers by it.
+    """
+
+    straggling: tuple[bool, ...]
+    speed: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Decoding weights ``weights[i]`` for message ``rows[i]``: $\\sum_i a_i m_i = \\sum_j g_j$.
+
+    ``exact`` is False only for approximate schemes (``ignore_stragglers``), whose result must be
+    reported as approximate.
+    """
+
+    rows: tuple[int, ...]
+    weights: Array
+    exact: bool = True
+
+    def combine(self, messages: Mapping[int, Array]) -> Array:
+        """Return $\\sum_i a_i m_i$ as a real float64 vector.
+
+        ``messages`` maps row id to its received vector (extra rows are ignored). Complex codes
+        (Reed–Solomon) produce a complex sum whose imaginary part is rounding noise; it is dropped.
+        """
+        missing = [r for r in self.rows if r not in messages]
+        if missing:
+            raise KeyError(f"Messages for rows {missing} are needed to combine but were not given.")
+        first = messages[self.rows[0]]
+        out_dtype = np.result_type(first.dtype, self.weights.dtype)
+        out = np.multiply(first, self.weights[0], dtype=out_dtype)
+        scratch = np.empty_like(out)
+        for row, w in zip(self.rows[1:], self.weights[1:], strict=True):
+            np.multiply(messages[row], w, out=scratch)
+            out += scratch
+        return np.ascontiguousarray(out.real) if np.iscomplexobj(out) else out
+
+
+class OnlineDecoder(ABC):
+    """Fed message row ids as they arrive; decides after each one whether it can decode.
+
+    ``add`` raises ``KeyError`` for a row that is not in this iteration's assignment and ignores a
+    row it has already seen (a duplicate is never double-counted). Implementations keep the cost of
+    ``add`` independent of the number of straggler patterns.
+    """
+
+    def __init__(self, code: GradientCode, assignment: Assignment) -> None:
+        self.code = code
+        self.assignment = assignment
+        self._received: list[int] = []
+        self._seen: set[int] = set()
+
+    @property
+    def received(self) -> tuple[int, ...]:
+        """Rows fed so far, in arrival order, without duplicates."""
+        return tuple(self._received)
+
+    @property
+    @abstractmethod
+    def decodable(self) -> bool:
+        """True once the received rows determine the full gradient."""
+
+    def add(self, row: int) -> bool:
+        """Record the arrival of message ``row``; return whether the received set is decodable."""
+        if row not in self.assignment.owner:
+            valid = sorted(self.assignment.owner)
+            raise KeyError(f"Message {row!r} is not part of this iteration's assignment; valid rows are {valid}.")
+        if row in self._seen:
+            return self.decodable
+        self._seen.add(row)
+        self._received.append(row)
+        self._on_add(row)
+        return self.decodable
+
+    def decoding(self) -> Decoding:
+        """Return the decoding weights; raise :class:`NotDecodableError` if not yet decodable."""
+        if not self.decodable:
+            workers = sorted({self.assignment.owner[r] for r in self._received})
+            raise NotDecodableError(
+                f"{type(self.code).__name__}: messages {sorted(self._received)} from workers {workers} "
+                "do not determine the full gradient yet."
+            )
+        return self._decoding()
+
+    @abstractmethod
+    def _on_add(self, row: int) -> None:
+        """Update the decoder's state with a new, not yet seen row."""
+
+    @abstractmethod
+    def _decoding(self) -> Decoding:
+        """Compute the weights; called only when decodable."""
+
+
+class SpanDecoder(OnlineDecoder):
+    r"""Generic decoder: keeps an orthonormal basis of the received rows and the residual of $\mathbf{1}$.
+
+    Each ``add`` costs $O(k \cdot r)$ (one Gram–Schmidt step, repeated once for stability, against the
+    $r \le k$ basis vectors kept so far). Decodable when the residual of $\mathbf{1}$ after
+    projection onto the span is below :data:`SPAN_TOLERANCE`; the weights then come from a
+    least-squares solve of $B_F^\top a = \mathbf{1}$ on the received rows (Tandon et al., Algorithm 1,
+    evaluated for the one set that actually arrived).
+    """
+
+    def __init__(self, code: GradientCode, assignment: Assignment) -> None:
+        super().__init__(code, assignment)
+        k = code.k
+        dtype = code.B.dtype
+        self._basis = np.zeros((k, k), dtype=dtype)
+        self._rank = 0
+        self._residual = np.ones(k, dtype=dtype)
+        self._ones_norm = math.sqrt(k)
+
+    @property
+    def decodable(self) -> bool:
+        return bool(np.linalg.norm(self._residual) <= SPAN_TOLERANCE * self._ones_norm)
+
+    def _on_add(self, row: int) -> None:
+        v = self.code.B[row].astype(self._basis.dtype, copy=True)
+        norm0 = np.linalg.norm(v)
+        if norm0 == 0 or self._rank == self.code.k:
+            return
+        q = self._basis[: self._rank]
+        for _ in range(2):  # classical Gram–Schmidt, twice ("twice is enough")
+            v -= q.T @ (q.conj() @ v)
+        norm = np.linalg.norm(v)
+        if norm <= 1e-10 * norm0:
+            return
+        v /= norm
+        self._basis[self._rank] = v
+        self._rank += 1
+        self._residual -= v * (v.conj() @ self._residual)
+
+    def _decoding(self) -> Decoding:
+        rows = tuple(self._received)
+        b_f = self.code.B[list(rows)]
+        weights, *_ = np.linalg.lstsq(b_f.T, np.ones(self.code.k, dtype=b_f.dtype), rcond=None)
+        return Decoding(rows, weights, exact=True)
+
+
+class GradientCode(ABC):
+    """An immutable, validated gradient code over ``n`` workers and ``k`` data partitions.
+
+    Subclasses build ``B`` in their constructor (via :meth:`_set_matrix`) and may override
+    :meth:`decoder` with a faster, scheme-specific online decoder, :meth:`assign` for dynamic codes,
+    and :meth:`static_assignment` for codes with several messages per worker.
+
+    Attributes:
+        n: number of workers.
+        k: number of data partitions.
+        s: number of stragglers every decodable arrival pattern tolerates (any ``n - s`` workers
+            suffice).
+    """
+
+    name: ClassVar[str]
+    """Registry name, used by configuration and the CLI."""
+    exact: ClassVar[bool] = True
+    """False for approximate schemes; their decodings are flagged approximate."""
+    dynamic: ClassVar[bool] = False
+    """True when the row each worker computes changes per iteration (:meth:`assign`)."""
+    decode_cost: ClassVar[str] = "O(k·f) per message + O(f²k) solve"
+    """Complexity class of the online decoder, for the scheme comparison table."""
+
+    _B: Array
+
+    def __init__(self, n: int, k: int, s: int) -> None:
+        self._n = check_int("n", n, 1)
+        self._k = check_int("k", k, 1)
+        self._s = check_int("s", s, 0, self._n - 1, why="a code over n workers tolerates at most n - 1 stragglers")
+
+    # ---- parameters ----------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def s(self) -> int:
+        return self._s
+
+    @property
+    def B(self) -> Array:  # noqa: N802 - the papers' name
+        """The encoding matrix, one row per message (read-only view)."""
+        return self._B
+
+    @property
+    def num_messages(self) -> int:
+        return int(self._B.shape[0])
+
+    @property
+    def is_complex(self) -> bool:
+        return bool(np.iscomplexobj(self._B))
+
+    def _set_matrix(self, b: Array) -> None:
+        b = np.array(b, copy=True)
+        if b.ndim != 2 or b.shape[1] != self._k:
+            raise ValueError(f"B must have shape (messages, k={self._k}), got {b.shape}.")
+        b.setflags(write=False)
+        self._B = b
+
+    # ---- messages ------------------------------------------------------------------------------
+    def _check_row(self, row: int) -> int:
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < self.num_messages:
+            raise KeyError(f"Message row {row!r} does not exist; rows are 0..{self.num_messages - 1}.")
+        return int(row)
+
+    def support(self, row: int) -> tuple[int, ...]:
+        """Partitions whose partial gradients message ``row`` combines."""
+        return tuple(int(j) for j in np.flatnonzero(self._B[self._check_row(row)]))
+
+    def coefficients(self, row: int) -> Array:
+        """Coefficients of message ``row`` over :meth:`support`, in the same order."""
+        r = self._check_row(row)
+        return self._B[r, list(self.support(r))]
+
+    def encode(self, row: int, partials: Mapping[int, Array]) -> Array:
+        """The message for ``row``: $\\sum_{j \\in supp} b_j g_j$ from the given partial gradients."""
+        sup = self.support(row)
+        missing = [j for j in sup if j not in partials]
+        if missing:
+            raise KeyError(f"Message {row} needs the partial gradients of partitions {missing}.")
+        coeffs = self.coefficients(row)
+        out: Array = np.multiply(
+            partials[sup[0]], coeffs[0], dtype=np.result_type(partials[sup[0]].dtype, coeffs.dtype)
+        )
+        for j, c in zip(sup[1:], coeffs[1:], strict=True):
+            out += c * partials[j]
+        return out
+
+    # ---- who computes what ---------------------------------------------------------------------
+    def static_assignment(self) -> Assignment:
+        """The fixed row-to-worker map; default: one message per worker, row ``i`` to worker ``i``."""
+        return Assignment.one_row_per_worker(self._n)
+
+    def assign(self, observation: Observation | None = None) -> Assignment:
+        """This iteration's assignment; static codes ignore ``observation``."""
+        return self.static_assignment()
+
+    def partitions_of_worker(self, worker: int) -> tuple[int, ...]:
+        """Every partition ``worker`` must store to compute any row it may be assigned."""
+        w = check_int("worker", worker, 0, self._n - 1)
+        rows = self.static_assignment().rows[w]
+        return tuple(sorted({j for r in rows for j in self.support(r)}))
+
+    # ---- decoding ------------------------------------------------------------------------------
+    def decoder(self, assignment: Assignment | None = None) -> OnlineDecoder:
+        """A fresh online decoder for one iteration under ``assignment`` (default: static)."""
+        return SpanDecoder(self, assignment or self.static_assignment())
+
+    def decode(self, rows: Sequence[int], assignment: Assignment | None = None) -> Decoding:
+        """Convenience: feed ``rows`` to a fresh decoder and return its decoding (or raise)."""
+        dec = self.decoder(assignment)
+        for r in rows:
+            dec.add(r)
+        return dec.decoding()
+
+    @classmethod
+    def for_stragglers(cls, n: int, s: int) -> GradientCode:
+        """This scheme's canonical configuration tolerating ``s`` stragglers among ``n`` workers.
+
+        Raises ``ValueError`` saying why when the scheme has no such configuration (e.g. fractional
+        repetition needs ``(s + 1) | n``). Used by the scheme comparison table and the numerics report.
+        """
+        return cls(n=n, s=s)  # type: ignore[call-arg]
+
+    @classmethod
+    def small_configs(cls, max_n: int) -> Iterator[dict[str, Any]]:
+        """Every valid parameter set with at most ``max_n`` workers (keyword arguments of the class).
+
+        The contract test suite decodes every arrival set of each of them; the scheme table and the
+        numerical-limits report draw their examples from it too.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not list its small configurations.")
+
+    # ---- presentation --------------------------------------------------------------------------
+    def _params(self) -> dict[str, object]:
+        return {"n": self._n, "k": self._k, "s": self._s}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{key}={value!r}" for key, value in self._params().items())
+        return f"<{type(self).__name__}({args})>"

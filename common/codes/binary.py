@@ -1,0 +1,1 @@
+"""Placeholder: this scheme module is being written."""

@@ -1,0 +1,77 @@
+"""Registry of gradient-code schemes by name, used by configuration, the CLI and the master."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, TypeVar
+
+from common.codes.base import GradientCode
+
+__all__ = ["available_codes", "code_class", "code_parameters", "make_code", "register"]
+
+_REGISTRY: dict[str, type[GradientCode]] = {}
+
+C = TypeVar("C", bound=type[GradientCode])
+
+
+def register(cls: C) -> C:
+    """Class decorator: make ``cls`` constructible by its ``name`` through :func:`make_code`."""
+    name = cls.name
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"Scheme name {name!r} is already registered by {_REGISTRY[name].__name__}.")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def available_codes() -> list[str]:
+    """Names of every registered scheme, sorted."""
+    _load_builtin_schemes()
+    return sorted(_REGISTRY)
+
+
+def code_class(name: str) -> type[GradientCode]:
+    """The class registered as ``name``; ``KeyError`` listing the valid names otherwise."""
+    _load_builtin_schemes()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"Unknown gradient code {name!r}; available: {', '.join(sorted(_REGISTRY))}.") from None
+
+
+def code_parameters(name: str) -> list[str]:
+    """The keyword parameters the scheme ``name`` accepts."""
+    sig = inspect.signature(code_class(name).__init__)
+    return [p for p in sig.parameters if p != "self"]
+
+
+def make_code(name: str, **params: Any) -> GradientCode:
+    """Construct scheme ``name`` from keyword parameters, rejecting unknown parameters clearly."""
+    cls = code_class(name)
+    accepted = code_parameters(name)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"Gradient code {name!r} does not take parameter(s) {unknown}; it accepts {accepted}.")
+    try:
+        inspect.signature(cls.__init__).bind(None, **params)
+    except TypeError as exc:
+        raise ValueError(f"Gradient code {name!r}: {exc}; it accepts {accepted}.") from None
+    return cls(**params)
+
+
+BUILTIN_SCHEME_MODULES = (
+    "common.codes.baseline",
+    "common.codes.fractional",
+    "common.codes.cyclic",
+    "common.codes.partial",
+    "common.codes.reed_solomon",
+    "common.codes.binary",
+    "common.codes.clustered",
+    "common.codes.coded_reduce",
+)
+"""Modules whose import registers the built-in schemes (each decorates its classes)."""
+
+
+def _load_builtin_schemes() -> None:
+    for module in BUILTIN_SCHEME_MODULES:
+        importlib.import_module(module)
