@@ -1,0 +1,236 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from protos.gradcode.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNSPECIFIED: _ClassVar[WorkerState]
+    WORKER_STATE_UP: _ClassVar[WorkerState]
+    WORKER_STATE_DOWN: _ClassVar[WorkerState]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+WORKER_STATE_UNSPECIFIED: WorkerState
+WORKER_STATE_UP: WorkerState
+WORKER_STATE_DOWN: WorkerState
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_PENDING: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("address", "name")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    name: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class RegisterWorkerReply(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    address: str
+    name: str
+    state: WorkerState
+    last_error: str
+    last_seen_unix: float
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., last_error: _Optional[str] = ..., last_seen_unix: _Optional[float] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListWorkersReply(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class DatasetSpec(_message.Message):
+    __slots__ = ("name", "path", "num_samples", "num_features", "seed", "test_fraction")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TEST_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    num_samples: int
+    num_features: int
+    seed: int
+    test_fraction: float
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_features: _Optional[int] = ..., seed: _Optional[int] = ..., test_fraction: _Optional[float] = ...) -> None: ...
+
+class OptimizerSpec(_message.Message):
+    __slots__ = ("kind", "learning_rate", "momentum")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    learning_rate: float
+    momentum: float
+    def __init__(self, kind: _Optional[str] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ...) -> None: ...
+
+class TreeSpec(_message.Message):
+    __slots__ = ("parent_of",)
+    PARENT_OF_FIELD_NUMBER: _ClassVar[int]
+    parent_of: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, parent_of: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_WORKERS_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    code: _common_pb2.CodeSpec
+    model: _common_pb2.ModelSpec
+    dataset: DatasetSpec
+    optimizer: OptimizerSpec
+    iterations: int
+    target_accuracy: float
+    iteration_deadline_seconds: float
+    verify: bool
+    straggler: _common_pb2.StragglerSpec
+    tree: TreeSpec
+    worker_ids: _containers.RepeatedScalarFieldContainer[int]
+    seed: int
+    wait_for_workers_seconds: float
+    message_dtype: _common_pb2.DType
+    extra: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job_id", "state", "message", "iterations_done", "spec")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_DONE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: JobState
+    message: str
+    iterations_done: int
+    spec: JobSpec
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., iterations_done: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WorkerTiming(_message.Message):
+    __slots__ = ("worker_id", "seconds")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class IterationReport(_message.Message):
+    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    USED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LATE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    loss: float
+    train_accuracy: float
+    test_accuracy: float
+    wall_seconds: float
+    elapsed_seconds: float
+    decode_seconds: float
+    used_workers: _containers.RepeatedScalarFieldContainer[int]
+    late_workers: _containers.RepeatedScalarFieldContainer[int]
+    failed_workers: _containers.RepeatedScalarFieldContainer[int]
+    timings: _containers.RepeatedCompositeFieldContainer[WorkerTiming]
+    exact: bool
+    verify_error: float
+    state: JobState
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetModelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ModelReply(_message.Message):
+    __slots__ = ("job_id", "iteration", "parameters", "model")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    parameters: _common_pb2.Tensor
+    model: _common_pb2.ModelSpec
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., parameters: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...

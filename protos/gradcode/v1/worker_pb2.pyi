@@ -1,0 +1,156 @@
+from protos.gradcode.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RowDefinition(_message.Message):
+    __slots__ = ("row", "partitions", "coefficients_real", "coefficients_imag")
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    COEFFICIENTS_REAL_FIELD_NUMBER: _ClassVar[int]
+    COEFFICIENTS_IMAG_FIELD_NUMBER: _ClassVar[int]
+    row: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    coefficients_real: _containers.RepeatedScalarFieldContainer[float]
+    coefficients_imag: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, row: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., coefficients_real: _Optional[_Iterable[float]] = ..., coefficients_imag: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ChildSpec(_message.Message):
+    __slots__ = ("worker_id", "address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    address: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ParentRole(_message.Message):
+    __slots__ = ("child_code", "children", "wait_seconds")
+    CHILD_CODE_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    child_code: _common_pb2.CodeSpec
+    children: _containers.RepeatedCompositeFieldContainer[ChildSpec]
+    wait_seconds: float
+    def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class JobSetup(_message.Message):
+    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_SENT_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: int
+    model: _common_pb2.ModelSpec
+    rows: _containers.RepeatedCompositeFieldContainer[RowDefinition]
+    num_partitions_sent: int
+    straggler: _common_pb2.StragglerSpec
+    parent: ParentRole
+    message_dtype: _common_pb2.DType
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ...) -> None: ...
+
+class PartitionData(_message.Message):
+    __slots__ = ("partition", "num_samples", "features_offset", "features", "labels_offset", "labels")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    num_samples: int
+    features_offset: int
+    features: bytes
+    labels_offset: int
+    labels: bytes
+    def __init__(self, partition: _Optional[int] = ..., num_samples: _Optional[int] = ..., features_offset: _Optional[int] = ..., features: _Optional[bytes] = ..., labels_offset: _Optional[int] = ..., labels: _Optional[bytes] = ...) -> None: ...
+
+class LoadJobChunk(_message.Message):
+    __slots__ = ("setup", "data")
+    SETUP_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    setup: JobSetup
+    data: PartitionData
+    def __init__(self, setup: _Optional[_Union[JobSetup, _Mapping]] = ..., data: _Optional[_Union[PartitionData, _Mapping]] = ...) -> None: ...
+
+class LoadJobReply(_message.Message):
+    __slots__ = ("job_id", "worker_id", "partitions", "bytes_received")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    worker_id: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    bytes_received: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+
+class ComputeRequest(_message.Message):
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    worker_id: int
+    model: _common_pb2.Tensor
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MessageHeader(_message.Message):
+    __slots__ = ("dtype", "length")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    dtype: _common_pb2.DType
+    length: int
+    def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
+
+class MessageTrailer(_message.Message):
+    __slots__ = ("crc32", "compute_seconds", "straggle_seconds")
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    crc32: int
+    compute_seconds: float
+    straggle_seconds: float
+    def __init__(self, crc32: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ...) -> None: ...
+
+class GradientChunk(_message.Message):
+    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    worker_id: int
+    row: int
+    offset: int
+    header: MessageHeader
+    data: bytes
+    trailer: MessageTrailer
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ...) -> None: ...
+
+class EndJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class EndJobReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
