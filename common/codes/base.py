@@ -295,6 +295,15 @@ class GradientCode(ABC):
         return self._B
 
     @property
+    def partition_weights(self) -> Array:
+        """Relative size of each data partition (sums to 1); uniform unless a scheme says otherwise.
+
+        The data layer splits the samples in these proportions, so that schemes with unequal
+        partitions (the binary code of Charalambides et al.) still decode the gradient of all data.
+        """
+        return np.full(self._k, 1.0 / self._k)
+
+    @property
     def num_messages(self) -> int:
         return int(self._B.shape[0])
 
