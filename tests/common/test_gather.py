@@ -1,0 +1,62 @@
+"""The online gather loop over in-process streams (the gRPC path is covered end to end)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from common.codes import make_code
+from common.gather import Source, gather
+from common.wire import message_chunks
+from protos.gradcode.v1 import worker_pb2
+
+
+class _FakeStream:
+    """Yields one worker's chunks after a delay; records whether it was cancelled."""
+
+    def __init__(self, chunks: list[worker_pb2.GradientChunk], delay: float, fail: bool = False) -> None:
+        self.chunks, self.delay, self.fail, self.cancelled = chunks, delay, fail, False
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[worker_pb2.GradientChunk]:
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise ConnectionError("worker died")
+        for c in self.chunks:
+            yield c
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
+    code = make_code("ignore_stragglers", n=4, s=1)  # counting decoder: any 3 of 4
+    g = np.random.default_rng(1).standard_normal((4, 50))
+    delays = [0.0, 0.01, 5.0, 0.02]
+    streams = [
+        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w], fail=w == 1)
+        for w in range(4)
+    ]
+    sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
+    result = await gather(code.decoder(), sources, job_id="j", iteration=0, length=50, timeout=2.0)
+    assert result.decoding is None and result.failed.keys() == {1}  # worker 2 never came in time
+    assert result.timed_out
+
+    streams = [
+        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w])
+        for w in range(4)
+    ]
+    sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
+    result = await asyncio.wait_for(
+        gather(code.decoder(), sources, job_id="j", iteration=0, length=50, timeout=10.0), 2.0
+    )
+    assert result.decoding is not None
+    assert result.used_workers == [0, 1, 3]
+    assert result.late == [2]
+    assert streams[2].cancelled
+    np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)

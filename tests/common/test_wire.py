@@ -1,0 +1,101 @@
+"""Chunking and validated reassembly of coded messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.wire import (
+    MessageAssembler,
+    WireError,
+    array_from_tensor,
+    dict_from_struct,
+    message_chunks,
+    struct_from_dict,
+    tensor_from_array,
+)
+
+
+def _assembler(**overrides: object) -> MessageAssembler:
+    kwargs: dict[str, object] = {"job_id": "j", "iteration": 3, "worker_id": 1, "rows": (5, 6), "length": 1000}
+    kwargs.update(overrides)
+    return MessageAssembler(**kwargs)  # type: ignore[arg-type]
+
+
+def _chunks(vec: np.ndarray, row: int = 5, **kw: object) -> list:
+    args: dict[str, object] = {"job_id": "j", "iteration": 3, "worker_id": 1, "row": row, "chunk_bytes": 800}
+    args.update(kw)
+    return list(message_chunks(vec, **args))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["<f8", "<c16", "<f4"])
+def test_round_trip_in_chunks(dtype: str) -> None:
+    rng = np.random.default_rng(0)
+    vec = rng.standard_normal(1000).astype(dtype)
+    if dtype == "<c16":
+        vec = vec + 1j * rng.standard_normal(1000)
+    chunks = _chunks(vec, compute_seconds=0.25)
+    assert len(chunks) == -(-vec.nbytes // 800)
+    asm = _assembler(dtypes=(np.dtype(dtype),))
+    done = [asm.feed(c) for c in chunks]
+    assert all(d is None for d in done[:-1])
+    assert done[-1] is not None
+    np.testing.assert_array_equal(done[-1].vector, vec)
+    assert done[-1].compute_seconds == 0.25
+    assert not asm.complete
+
+
+def test_two_rows_complete_the_stream() -> None:
+    asm = _assembler()
+    for row in (5, 6):
+        for c in _chunks(np.arange(1000.0), row=row):
+            asm.feed(c)
+    assert asm.complete
+
+
+@pytest.mark.parametrize(
+    ("chunk_kw", "asm_kw", "message"),
+    [
+        ({"job_id": "other"}, {}, "Chunk for job 'other'"),
+        ({"iteration": 2}, {}, "stale or future iteration 2"),
+        ({"worker_id": 9}, {}, "claims worker 9"),
+        ({"row": 7}, {}, "Row 7 was not requested"),
+        ({}, {"length": 999}, "has 1000 elements; the gradient has 999"),
+        ({}, {"dtypes": (np.dtype("<f4"),)}, "has dtype float64"),
+    ],
+)
+def test_mismatches_are_refused_precisely(chunk_kw: dict, asm_kw: dict, message: str) -> None:
+    row = chunk_kw.pop("row", 5)
+    chunks = _chunks(np.arange(1000.0), row=row, **chunk_kw)
+    with pytest.raises(WireError, match=message):
+        _assembler(**asm_kw).feed(chunks[0])
+
+
+def test_corruption_and_gaps_are_detected() -> None:
+    chunks = _chunks(np.arange(1000.0))
+    asm = _assembler()
+    with pytest.raises(WireError, match="has no header"):
+        asm.feed(chunks[1])
+    asm = _assembler()
+    asm.feed(chunks[0])
+    with pytest.raises(WireError, match="offset 200, expected 100"):
+        asm.feed(chunks[2])
+    chunks[3].data = bytes(len(chunks[3].data))
+    asm = _assembler()
+    with pytest.raises(WireError, match="CRC32"):
+        for c in chunks:
+            asm.feed(c)
+
+
+def test_tensor_and_struct_helpers() -> None:
+    a = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(array_from_tensor(tensor_from_array(a)), a)
+    t = tensor_from_array(a)
+    t.data = t.data[:-8]
+    with pytest.raises(WireError, match="needs 48 bytes, got 40"):
+        array_from_tensor(t)
+    assert dict_from_struct(struct_from_dict({"n": 6, "alpha": 0.5, "xs": [1, 2]})) == {
+        "n": 6,
+        "alpha": 0.5,
+        "xs": [1, 2],
+    }
