@@ -1,0 +1,325 @@
+r"""Differentiable models whose loss is a SUM over samples, so partial gradients add up.
+
+Gradient coding needs the full gradient to be the sum of per-partition gradients
+(Tandon et al., §2: $g = \sum_j g_j$). Every model here therefore returns the *summed* loss and
+gradient over the samples it is given, never the mean; the master divides by the number of training
+samples (and adds L2 regularisation once) when it applies the optimizer step.
+
+Parameters are one flat float64 vector of length :attr:`Model.num_params`, the layout the wire
+protocol ships. Each model keeps an explicit bias (it does not append a ones column to ``X``):
+
+* :class:`LinearRegression` — ``params = [w_1..w_p, b]``, loss $\tfrac12\|Xw + b - y\|^2$
+  (CodedReduce's linear model, Reisizadeh et al. §VI eq. (10)).
+* :class:`LogisticRegression` — ``params = [w_1..w_p, b]``, labels $\{0, 1\}$ (also $-1$ for the
+  negative class), loss $\sum_i \log(1 + e^{-t_i z_i})$ with $t_i = \pm 1$, $z = Xw + b$
+  (Tandon et al. §5).
+* :class:`SoftmaxRegression` — ``params`` is the row-major $(p + 1) \times C$ matrix whose first $p$
+  rows are the weights and whose last row is the bias; loss is the summed cross-entropy
+  (Halbawi et al. §5, the MNIST experiment).
+
+All computations are vectorised numpy in float64; nothing loops over samples.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "MODEL_KINDS",
+    "LinearRegression",
+    "LogisticRegression",
+    "Model",
+    "SoftmaxRegression",
+    "make_model",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+MODEL_KINDS = ("linear", "logistic", "softmax")
+"""Names accepted by :func:`make_model`."""
+
+
+def _as_float_array(name: str, value: Any) -> FloatArray:
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numeric (convertible to float64): {exc}") from None
+
+
+class Model(ABC):
+    """A model with a summed loss, its gradient, predictions and a quality score.
+
+    Attributes:
+        kind: registry name (``"linear"``, ``"logistic"`` or ``"softmax"``).
+        num_features: number of input features $p$ (columns of ``X``).
+        num_params: length of the flat parameter vector.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, num_features: int, num_params: int) -> None:
+        self.num_features = num_features
+        self.num_params = num_params
+
+    # ---- validation ----------------------------------------------------------------------------
+    def _check_params(self, params: Any) -> FloatArray:
+        p = _as_float_array("params", params)
+        if p.shape != (self.num_params,):
+            raise ValueError(
+                f"params must be a flat vector of shape ({self.num_params},) for {self!r}, got shape {p.shape}."
+            )
+        return p
+
+    def _check_features(self, X: Any) -> FloatArray:
+        x = _as_float_array("X", X)
+        if x.ndim != 2 or x.shape[1] != self.num_features:
+            raise ValueError(f"X must have shape (num_samples, {self.num_features}) for {self!r}, got shape {x.shape}.")
+        return x
+
+    def _check_features_labels(self, X: Any, y: Any) -> tuple[FloatArray, FloatArray]:
+        x = self._check_features(X)
+        labels = _as_float_array("y", y)
+        if labels.shape != (x.shape[0],):
+            raise ValueError(
+                f"y must have shape ({x.shape[0]},) to match X's {x.shape[0]} samples, got shape {labels.shape}."
+            )
+        return x, self._check_labels(labels)
+
+    def _check_labels(self, y: FloatArray) -> FloatArray:
+        """Validate (and possibly normalise) labels; the default accepts any finite value."""
+        return y
+
+    # ---- public API ----------------------------------------------------------------------------
+    def init_params(self) -> FloatArray:
+        """The starting point of gradient descent: all zeros."""
+        return np.zeros(self.num_params, dtype=np.float64)
+
+    def loss(self, params: Any, X: Any, y: Any) -> float:
+        """Summed loss over the samples of ``X``/``y`` (not the mean), so losses of a split add up."""
+        return self.loss_and_gradient(params, X, y)[0]
+
+    def gradient(self, params: Any, X: Any, y: Any) -> FloatArray:
+        """Gradient of :meth:`loss` with respect to ``params``: float64, shape ``(num_params,)``."""
+        return self.loss_and_gradient(params, X, y)[1]
+
+    def loss_and_gradient(self, params: Any, X: Any, y: Any) -> tuple[float, FloatArray]:
+        """Both the summed loss and its gradient, sharing one forward pass (what a worker needs)."""
+        p = self._check_params(params)
+        x, labels = self._check_features_labels(X, y)
+        return self._loss_and_gradient(p, x, labels)
+
+    def predict(self, params: Any, X: Any) -> FloatArray:
+        """Predicted class labels (classifiers) or values (linear regression), float64."""
+        return self._predict(self._check_params(params), self._check_features(X))
+
+    def accuracy(self, params: Any, X: Any, y: Any) -> float:
+        """Fraction of correct predictions; :class:`LinearRegression` returns $R^2$ instead."""
+        p = self._check_params(params)
+        x, labels = self._check_features_labels(X, y)
+        if x.shape[0] == 0:
+            raise ValueError("accuracy needs at least one sample; X and y are empty.")
+        return float(np.mean(self._predict(p, x) == self._class_targets(labels)))
+
+    def _class_targets(self, y: FloatArray) -> FloatArray:
+        return y
+
+    @abstractmethod
+    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+        """Loss and gradient on already validated arrays."""
+
+    @abstractmethod
+    def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        """Predictions on already validated arrays."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}(num_features={self.num_features})>"
+
+
+def _split_bias(params: FloatArray) -> tuple[FloatArray, float]:
+    return params[:-1], float(params[-1])
+
+
+class LinearRegression(Model):
+    r"""Least squares $\tfrac12\|Xw + b - y\|^2$ with ``params = [w, b]``.
+
+    :meth:`accuracy` returns the coefficient of determination
+    $R^2 = 1 - \sum_i (y_i - \hat y_i)^2 / \sum_i (y_i - \bar y)^2$ (1 is perfect, 0 is as good as
+    predicting the mean, negative is worse). For constant targets it returns 1.0 on an exact fit and
+    0.0 otherwise.
+    """
+
+    kind = "linear"
+
+    def __init__(self, num_features: int) -> None:
+        p = _check_count("num_features", num_features, 1)
+        super().__init__(p, p + 1)
+
+    def _check_labels(self, y: FloatArray) -> FloatArray:
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y must hold finite values for linear regression.")
+        return y
+
+    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+        w, b = _split_bias(params)
+        residual = X @ w + (b - y)
+        grad = np.empty(self.num_params, dtype=np.float64)
+        grad[:-1] = X.T @ residual
+        grad[-1] = residual.sum()
+        return 0.5 * float(residual @ residual), grad
+
+    def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        w, b = _split_bias(params)
+        out: FloatArray = X @ w + b
+        return out
+
+    def accuracy(self, params: Any, X: Any, y: Any) -> float:
+        """Coefficient of determination $R^2$ of the predictions (see the class docstring)."""
+        p = self._check_params(params)
+        x, labels = self._check_features_labels(X, y)
+        if x.shape[0] == 0:
+            raise ValueError("accuracy needs at least one sample; X and y are empty.")
+        residual = labels - self._predict(p, x)
+        ss_res = float(residual @ residual)
+        centred = labels - labels.mean()
+        ss_tot = float(centred @ centred)
+        if ss_tot == 0.0:
+            return 1.0 if ss_res == 0.0 else 0.0
+        return 1.0 - ss_res / ss_tot
+
+
+def _sigmoid(z: FloatArray) -> FloatArray:
+    """Logistic function via tanh: no overflow for any finite ``z``."""
+    out: FloatArray = 0.5 * (1.0 + np.tanh(0.5 * z))
+    return out
+
+
+class LogisticRegression(Model):
+    r"""Binary logistic regression, ``params = [w, b]``, $P(y = 1 \mid x) = \sigma(x^\top w + b)$.
+
+    Labels are 0/1; $-1$ is accepted as a synonym of 0 so that $\pm 1$-labelled data works
+    unchanged. The summed loss $\sum_i \log(1 + e^{-t_i z_i})$, $t_i \in \{-1, +1\}$, is evaluated
+    with ``logaddexp`` and so never overflows. :meth:`predict` returns 0/1 labels.
+    """
+
+    kind = "logistic"
+
+    def __init__(self, num_features: int) -> None:
+        p = _check_count("num_features", num_features, 1)
+        super().__init__(p, p + 1)
+
+    def _check_labels(self, y: FloatArray) -> FloatArray:
+        bad = ~((y == 0.0) | (y == 1.0) | (y == -1.0))
+        if np.any(bad):
+            raise ValueError(
+                f"y must hold labels 0 or 1 (or -1 for the negative class) for logistic regression, "
+                f"found {y[bad][0]!r}."
+            )
+        return y
+
+    def _class_targets(self, y: FloatArray) -> FloatArray:
+        out: FloatArray = (y > 0).astype(np.float64)
+        return out
+
+    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+        w, b = _split_bias(params)
+        z = X @ w + b
+        positive = y > 0
+        signed = np.where(positive, z, -z)
+        loss = float(np.logaddexp(0.0, -signed).sum())
+        residual = _sigmoid(z) - positive  # d loss / d z
+        grad = np.empty(self.num_params, dtype=np.float64)
+        grad[:-1] = X.T @ residual
+        grad[-1] = residual.sum()
+        return loss, grad
+
+    def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        w, b = _split_bias(params)
+        out: FloatArray = ((X @ w + b) > 0).astype(np.float64)
+        return out
+
+
+class SoftmaxRegression(Model):
+    r"""Multinomial logistic (softmax) regression over ``num_classes`` classes.
+
+    ``params`` is the row-major flattening of the $(p + 1) \times C$ matrix $\Theta$ whose first $p$
+    rows are the weights and whose last row is the bias; logits are $Z = X W + \mathbf 1 b^\top$.
+    The summed cross-entropy $\sum_i (\operatorname{logsumexp}(Z_i) - Z_{i, y_i})$ subtracts each
+    row's maximum before exponentiating, so arbitrarily large logits are safe. Labels are floats
+    holding integers in $[0, C)$.
+    """
+
+    kind = "softmax"
+
+    def __init__(self, num_features: int, num_classes: int) -> None:
+        p = _check_count("num_features", num_features, 1)
+        self.num_classes = _check_count("num_classes", num_classes, 2)
+        super().__init__(p, (p + 1) * self.num_classes)
+
+    def _check_labels(self, y: FloatArray) -> FloatArray:
+        bad = ~((y >= 0) & (y < self.num_classes) & (np.floor(y) == y))
+        if np.any(bad):
+            raise ValueError(
+                f"y must hold integer class labels in [0, {self.num_classes}) for softmax regression, "
+                f"found {y[bad][0]!r}."
+            )
+        return y
+
+    def _split(self, params: FloatArray) -> tuple[FloatArray, FloatArray]:
+        theta = params.reshape(self.num_features + 1, self.num_classes)
+        return theta[:-1], theta[-1]
+
+    def _logits(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        weights, bias = self._split(params)
+        out: FloatArray = X @ weights + bias
+        return out
+
+    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+        logits = self._logits(params, X)
+        labels = y.astype(np.intp)
+        rows = np.arange(X.shape[0])
+        shifted = logits - logits.max(axis=1, keepdims=True) if X.shape[0] else logits
+        exp = np.exp(shifted)
+        norm = exp.sum(axis=1)
+        loss = float((np.log(norm) - shifted[rows, labels]).sum())
+        residual = exp / norm[:, None]  # softmax probabilities, then minus the one-hot targets
+        residual[rows, labels] -= 1.0
+        grad = np.empty((self.num_features + 1, self.num_classes), dtype=np.float64)
+        grad[:-1] = X.T @ residual
+        grad[-1] = residual.sum(axis=0)
+        return loss, grad.reshape(-1)
+
+    def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        out: FloatArray = self._logits(params, X).argmax(axis=1).astype(np.float64)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<SoftmaxRegression(num_features={self.num_features}, num_classes={self.num_classes})>"
+
+
+def _check_count(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"Argument {name!r} must be an integer >= {low}, not {value!r}.")
+    return int(value)
+
+
+def make_model(kind: str, *, num_features: int, num_classes: int = 2) -> Model:
+    """Build the model named ``kind`` (one of :data:`MODEL_KINDS`).
+
+    ``num_classes`` is ignored by ``"linear"``, must be 2 for ``"logistic"`` and at least 2 for
+    ``"softmax"``.
+    """
+    if kind == "linear":
+        return LinearRegression(num_features)
+    if kind == "logistic":
+        if num_classes != 2:
+            raise ValueError(
+                f"Argument 'num_classes' must be 2 for a logistic model, not {num_classes!r}; use 'softmax'."
+            )
+        return LogisticRegression(num_features)
+    if kind == "softmax":
+        return SoftmaxRegression(num_features, num_classes)
+    raise ValueError(f"Unknown model kind {kind!r}; valid kinds are {list(MODEL_KINDS)}.")
