@@ -1,0 +1,275 @@
+"""The ``gradcode`` command line.
+
+    gradcode demo                      local master + workers as processes, train on digits, compare
+    gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
+    gradcode run --master ADDR ...     start a job on a running master and follow it
+    gradcode watch|model|cancel JOB    follow, fetch the model of, or cancel a job
+    gradcode workers                   list the workers a master knows
+
+The master address comes from ``--master`` or ``GRADCODE_MASTER`` (default 127.0.0.1:50050).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from client.history import plot_history, save_history
+from client.launch import LocalCluster
+from client.sdk import GradcodeClient, JobFailedError, build_job_spec
+from common.codes.compare import format_table, scheme_rows
+from common.codes.registry import available_codes, code_parameters
+from protos.gradcode.v1 import master_pb2
+
+DEFAULT_MASTER = "127.0.0.1:50050"
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("gradient code")
+    g.add_argument("--scheme", default="cyclic", help=f"one of: {', '.join(available_codes())} (default: cyclic)")
+    g.add_argument("--n", type=int, default=8, help="number of workers (default: 8)")
+    g.add_argument("--s", type=int, default=2, help="stragglers to tolerate (default: 2)")
+    g.add_argument(
+        "--code-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="explicit scheme parameter (repeatable); replaces the (n, s) defaults, see `gradcode codes`",
+    )  # fmt: skip
+    t = p.add_argument_group("training")
+    t.add_argument("--model", default="softmax", choices=["softmax", "logistic", "linear"])
+    t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
+    t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
+    t.add_argument("--optimizer", default="nesterov", choices=["gd", "nesterov"])
+    t.add_argument("--learning-rate", type=float, default=0.5)
+    t.add_argument("--l2", type=float, default=1e-4)
+    t.add_argument("--iterations", type=int, default=60)
+    t.add_argument("--target-accuracy", type=float, default=0.0, help="stop once test accuracy reaches this")
+    t.add_argument("--deadline", type=float, default=30.0, help="seconds an iteration may wait for a decodable set")
+    t.add_argument("--verify", action="store_true", help="check every decoded gradient against the centralized one")
+    t.add_argument("--seed", type=int, default=0)
+    e = p.add_argument_group("straggler emulation (experiments)")
+    e.add_argument("--straggler", default="none", help="none | fixed | shifted_exponential | pareto | gilbert_elliot")
+    e.add_argument("--straggler-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", type=Path, default=Path("runs/latest"), help="where history and plots go")
+
+
+def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.JobSpec:
+    values: dict[str, Any] = {
+        "scheme": args.scheme,
+        "n": args.n,
+        "s": args.s,
+        "code_params": dict(args.code_param) or None,
+        "model": args.model,
+        "dataset": args.dataset,
+        "dataset_path": args.dataset_path,
+        "optimizer": args.optimizer,
+        "learning_rate": args.learning_rate,
+        "l2": args.l2,
+        "iterations": args.iterations,
+        "target_accuracy": args.target_accuracy,
+        "deadline_seconds": args.deadline,
+        "verify": args.verify,
+        "straggler": args.straggler,
+        "straggler_params": dict(args.straggler_param),
+        "seed": args.seed,
+    }
+    values.update(overrides)
+    return build_job_spec(**values)
+
+
+async def _follow(client: GradcodeClient, spec: master_pb2.JobSpec, label: str) -> list[master_pb2.IterationReport]:
+    """Create the job and show a live progress bar until it ends; return every report."""
+    from tqdm import tqdm
+
+    job = await client.create_job(spec)
+    reports: list[master_pb2.IterationReport] = []
+    with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
+        async for r in client.watch(job.job_id):
+            reports.append(r)
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{r.loss:.4f}", acc=f"{r.test_accuracy:.3f}", it=f"{r.wall_seconds * 1e3:.0f}ms",
+                late=len(r.late_workers) + len(r.failed_workers),
+            )  # fmt: skip
+    info = await client.get_job(job.job_id)
+    if info.state != master_pb2.JOB_STATE_SUCCEEDED:
+        raise JobFailedError(f"job {info.job_id} {master_pb2.JobState.Name(info.state)}: {info.message}")
+    return reports
+
+
+def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
+    times = [r.wall_seconds for r in reports]
+    last = reports[-1]
+    exact = all(r.exact for r in reports)
+    verified = [r.verify_error for r in reports if r.verify_error >= 0]
+    check = f", worst verified error {max(verified):.1e}" if verified else ""
+    return (
+        f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
+        f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
+        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}"
+    )
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    straggler_params = {"delay_seconds": args.delay, "random_worker": True, "num_workers": args.n, "count": args.s}
+    print(f"Starting a local master and {args.n} worker processes (logs in {out / 'logs'}) ...", flush=True)
+    with LocalCluster(args.n, run_dir=out) as cluster:
+        async with GradcodeClient(cluster.master_address) as client:
+            common = {"straggler": "fixed", "straggler_params": straggler_params, "verify": True}
+            coded = await _follow(client, _spec_from_args(args, **common), f"{args.scheme} (s={args.s})")
+            baseline_iterations = max(3, args.iterations // 4)
+            uncoded = await _follow(
+                client,
+                _spec_from_args(args, scheme="uncoded", s=0, iterations=baseline_iterations, **common),
+                "uncoded (wait for all)",
+            )
+    print()
+    print(f"{args.s} random worker(s) per iteration delayed by {args.delay:.2f} s (emulated stragglers).")
+    print(_summary(f"{args.scheme:>8}", coded))
+    print(_summary(f"{'uncoded':>8}", uncoded))
+    ratio = statistics.median(r.wall_seconds for r in uncoded) / statistics.median(r.wall_seconds for r in coded)
+    print(f"Waiting for all workers would have cost {ratio:.1f}x more time per iteration.")
+    save_history(coded, out / "history.json")
+    save_history(coded, out / "history.csv")
+    plot_history({args.scheme: coded, "uncoded": uncoded}, out / "history.png")
+    print(f"History: {out / 'history.json'}, {out / 'history.csv'}; plot: {out / 'history.png'}")
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        reports = await _follow(client, _spec_from_args(args), args.scheme)
+    print(_summary(args.scheme, reports))
+    save_history(reports, args.out / "history.json")
+    plot_history({args.scheme: reports}, args.out / "history.png")
+    print(f"History: {args.out / 'history.json'}; plot: {args.out / 'history.png'}")
+    return 0
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        async for r in client.watch(args.job_id):
+            print(
+                f"iteration {r.iteration}: loss {r.loss:.4f} test acc {r.test_accuracy:.3f} "
+                f"{r.wall_seconds * 1e3:.1f} ms used {list(r.used_workers)} late {list(r.late_workers)}"
+            )
+        info = await client.get_job(args.job_id)
+    print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)} {info.message}")
+    return 0 if info.state == master_pb2.JOB_STATE_SUCCEEDED else 1
+
+
+async def _model(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        params = await client.get_model(args.job_id)
+    np.save(args.output, params)
+    print(f"saved {params.size} parameters to {args.output}")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        info = await client.cancel(args.job_id)
+    print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)}")
+    return 0
+
+
+async def _workers(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        workers = await client.list_workers()
+    for w in workers:
+        state = master_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_")
+        print(f"{w.worker_id:>4}  {w.address:<22} {state:<5} {w.name} {w.last_error}")
+    return 0
+
+
+def _codes(args: argparse.Namespace) -> int:
+    if args.scheme:
+        print(f"{args.scheme} parameters: {', '.join(code_parameters(args.scheme))}")
+        return 0
+    print(format_table(scheme_rows(args.n, args.s), args.n, args.s))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradcode",
+        description="Straggler-tolerant distributed gradient descent with exact gradient coding.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    master_default = os.environ.get("GRADCODE_MASTER", DEFAULT_MASTER)
+
+    demo = sub.add_parser("demo", help="run a local master + workers and train on the bundled digits data")
+    _add_job_arguments(demo)
+    demo.add_argument("--delay", type=float, default=0.25, help="emulated straggler delay in seconds (default 0.25)")
+    demo.set_defaults(handler=_demo, out=Path("runs/demo"))
+
+    codes = sub.add_parser("codes", help="compare the gradient-code schemes for (n, s)")
+    codes.add_argument("--n", type=int, default=12)
+    codes.add_argument("--s", type=int, default=3)
+    codes.add_argument("--scheme", default="", help="print this scheme's parameters instead")
+    codes.set_defaults(handler=_codes)
+
+    run = sub.add_parser("run", help="start a job on a running master and follow it")
+    run.add_argument("--master", default=master_default, help="master address (env GRADCODE_MASTER)")
+    _add_job_arguments(run)
+    run.set_defaults(handler=_run)
+
+    for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job_id")
+        p.add_argument("--master", default=master_default)
+        p.set_defaults(handler=handler)
+    model = sub.add_parser("model", help="save a job's model parameters as .npy")
+    model.add_argument("job_id")
+    model.add_argument("--output", type=Path, default=Path("model.npy"))
+    model.add_argument("--master", default=master_default)
+    model.set_defaults(handler=_model)
+    workers = sub.add_parser("workers", help="list the workers a master knows")
+    workers.add_argument("--master", default=master_default)
+    workers.set_defaults(handler=_workers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = args.handler
+    try:
+        if inspect.iscoroutinefunction(handler):
+            return int(asyncio.run(handler(args)))
+        return int(handler(args))
+    except grpc.aio.AioRpcError as exc:
+        print(f"gradcode: the master answered {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except (JobFailedError, ValueError, KeyError) as exc:
+        print(f"gradcode: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Start a master and n workers as separate local processes on loopback, and always stop them.
+
+This is the default way to try gradcode on one machine (``gradcode demo``) and what the end-to-end
+tests use. Each process limits BLAS to one thread: many worker processes share few cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["LocalCluster", "ServiceProcess", "single_thread_env"]
+
+_LISTENING = re.compile(r"(?:master|worker) listening on (\S+)")
+
+
+def single_thread_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The current environment with numerical libraries limited to one thread each."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[var] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class ServiceProcess:
+    """A master or worker child process whose announced address is read from its output.
+
+    ``argv`` is the whole command (e.g. ``[sys.executable, "-m", "worker", "--listen", ...]``).
+    """
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None):
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env or single_thread_env(),
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        self.address: str | None = None
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read_output, daemon=True)
+        self._reader.start()
+
+    def _read_output(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._log.write(line)
+            self._log.flush()
+            match = _LISTENING.search(line)
+            if match and self.address is None:
+                self.address = match.group(1)
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        """Block until the process announced its address; raise with its log if it died or timed out."""
+        self._ready.wait(timeout)
+        if self.address is None:
+            self.kill()
+            log = self.log_path.read_text()[-2000:]
+            raise RuntimeError(f"{' '.join(self.argv)} did not start within {timeout:.0f} s; its output:\n{log}")
+        return self.address
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the failure the straggler-tolerant codes must survive."""
+        if self.alive:
+            self.process.kill()
+        self.process.wait()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        if self.alive:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(timeout=2)
+        self._log.close()
+
+
+class LocalCluster:
+    """A master and ``num_workers`` workers on 127.0.0.1, each its own process.
+
+    Workers register with the master (as under ``docker-compose --scale worker=N``). Use as a context
+    manager; every process is stopped on exit, even after an error.
+    """
+
+    def __init__(self, num_workers: int, *, run_dir: Path, host: str = "127.0.0.1") -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, not {num_workers}.")
+        self.num_workers = num_workers
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self.master: ServiceProcess | None = None
+        self.workers: list[ServiceProcess] = []
+
+    @property
+    def master_address(self) -> str:
+        if self.master is None or self.master.address is None:
+            raise RuntimeError("The cluster is not started.")
+        return self.master.address
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        self.master = ServiceProcess(
+            [sys.executable, "-m", "master", "--listen", f"{self.host}:0", "--run-dir", str(self.run_dir)],
+            log_path=logs / "master.log",
+        )
+        master = self.master.wait_ready(timeout)
+        for i in range(self.num_workers):
+            self.add_worker(master, logs / f"worker-{i}.log")
+        for w in self.workers:
+            w.wait_ready(timeout)
+        return self
+
+    def add_worker(self, master_address: str | None = None, log_path: Path | None = None) -> ServiceProcess:
+        """Start one more worker that registers with the master (also used to bring one back)."""
+        master_address = master_address or self.master_address
+        log_path = log_path or self.run_dir / "logs" / f"worker-{len(self.workers)}.log"
+        argv = [sys.executable, "-m", "worker", "--listen", f"{self.host}:0", "--master", master_address]
+        worker = ServiceProcess([*argv, "--name", log_path.stem], log_path=log_path)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+        if self.master is not None:
+            self.master.stop()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

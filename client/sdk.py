@@ -1,0 +1,144 @@
+"""Python SDK for the master's control API (gradcode.v1.Master).
+
+Usage::
+
+    async with GradcodeClient("127.0.0.1:50050") as client:
+        job = await client.create_job(build_job_spec(scheme="cyclic", n=6, s=2, iterations=50))
+        async for report in client.watch(job.job_id):
+            print(report.iteration, report.loss)
+        params = await client.get_model(job.job_id)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any
+
+import grpc
+import numpy as np
+
+from common.codes.registry import code_class
+from common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
+from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+__all__ = ["GradcodeClient", "JobFailedError", "build_job_spec", "code_params_for"]
+
+
+class JobFailedError(RuntimeError):
+    """The job ended FAILED or CANCELLED; the message is the master's."""
+
+
+def code_params_for(scheme: str, n: int, s: int) -> dict[str, Any]:
+    """The parameters of ``scheme``'s canonical configuration for ``n`` workers and ``s`` stragglers."""
+    return dict(code_class(scheme).for_stragglers(n, s)._params())
+
+
+def build_job_spec(
+    *,
+    scheme: str,
+    n: int | None = None,
+    s: int | None = None,
+    code_params: Mapping[str, Any] | None = None,
+    model: str = "softmax",
+    dataset: str = "digits",
+    dataset_path: str = "",
+    num_samples: int = 0,
+    num_features: int = 0,
+    optimizer: str = "nesterov",
+    learning_rate: float = 0.5,
+    l2: float = 1e-4,
+    iterations: int = 50,
+    target_accuracy: float = 0.0,
+    deadline_seconds: float = 30.0,
+    verify: bool = False,
+    straggler: str = "none",
+    straggler_params: Mapping[str, Any] | None = None,
+    straggler_seed: int = 0,
+    seed: int = 0,
+    wait_for_workers_seconds: float = 30.0,
+    job_id: str = "",
+) -> master_pb2.JobSpec:
+    """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s)."""
+    if code_params is None:
+        if n is None or s is None:
+            raise ValueError("Give either code_params or both n and s.")
+        code_params = code_params_for(scheme, n, s)
+    return master_pb2.JobSpec(
+        job_id=job_id,
+        code=common_pb2.CodeSpec(name=scheme, params=struct_from_dict(code_params)),
+        model=common_pb2.ModelSpec(kind=model, l2=l2),
+        dataset=master_pb2.DatasetSpec(
+            name=dataset, path=dataset_path, num_samples=num_samples, num_features=num_features, seed=seed
+        ),
+        optimizer=master_pb2.OptimizerSpec(kind=optimizer, learning_rate=learning_rate),
+        iterations=iterations,
+        target_accuracy=target_accuracy,
+        iteration_deadline_seconds=deadline_seconds,
+        verify=verify,
+        straggler=common_pb2.StragglerSpec(
+            model=straggler, params=struct_from_dict(straggler_params or {}), seed=straggler_seed
+        ),
+        seed=seed,
+        wait_for_workers_seconds=wait_for_workers_seconds,
+    )
+
+
+class GradcodeClient:
+    """An asyncio client of one master. Use as ``async with``, or call :meth:`close`."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+
+    async def __aenter__(self) -> GradcodeClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until the master's channel is connected (raises ``TimeoutError``)."""
+        import asyncio
+
+        await asyncio.wait_for(self._channel.channel_ready(), timeout)
+
+    async def create_job(self, spec: master_pb2.JobSpec) -> master_pb2.JobInfo:
+        return await self._stub.CreateJob(spec)
+
+    async def get_job(self, job_id: str) -> master_pb2.JobInfo:
+        return await self._stub.GetJob(master_pb2.GetJobRequest(job_id=job_id))
+
+    async def watch(self, job_id: str) -> AsyncIterator[master_pb2.IterationReport]:
+        """Every iteration report of the job: the history so far, then live ones until it ends."""
+        async for report in self._stub.WatchJob(master_pb2.WatchJobRequest(job_id=job_id)):
+            yield report
+
+    async def get_model(self, job_id: str) -> np.ndarray[Any, Any]:
+        reply = await self._stub.GetModel(master_pb2.GetModelRequest(job_id=job_id))
+        return np.array(array_from_tensor(reply.parameters))
+
+    async def cancel(self, job_id: str) -> master_pb2.JobInfo:
+        return await self._stub.CancelJob(master_pb2.CancelJobRequest(job_id=job_id))
+
+    async def list_workers(self) -> list[master_pb2.WorkerInfo]:
+        reply = await self._stub.ListWorkers(master_pb2.ListWorkersRequest())
+        return list(reply.workers)
+
+    async def run(self, spec: master_pb2.JobSpec) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+        """Create a job, follow it to the end, and return its final info and every report.
+
+        Raises :class:`JobFailedError` with the master's message if the job fails or is cancelled.
+        """
+        job = await self.create_job(spec)
+        reports = [r async for r in self.watch(job.job_id)]
+        info = await self.get_job(job.job_id)
+        if info.state != master_pb2.JOB_STATE_SUCCEEDED:
+            raise JobFailedError(f"job {info.job_id} {master_pb2.JobState.Name(info.state)}: {info.message}")
+        return info, reports

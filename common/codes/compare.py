@@ -1,0 +1,94 @@
+"""The scheme comparison table: what each registered scheme costs and how exact it is for (n, s).
+
+The first thing a user reads to choose a scheme: per-worker load (fraction of the data each worker
+stores and processes), messages per worker, the decoder's cost class, and the worst relative decode
+error measured over adversarial (contiguous) and random survivor sets of ``n - s`` workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.codes.base import GradientCode
+from common.codes.numerics import contiguous_survivor_sets, worst_decode_error
+from common.codes.registry import available_codes, code_class
+
+__all__ = ["SchemeRow", "format_table", "scheme_rows", "survivor_sets"]
+
+
+@dataclass(frozen=True)
+class SchemeRow:
+    """One line of the comparison table; ``note`` explains a scheme that has no configuration."""
+
+    scheme: str
+    params: str = ""
+    tolerates: int = 0
+    load: float = math.nan
+    messages_per_worker: float = math.nan
+    decode_cost: str = ""
+    worst_error: float = math.nan
+    exact: bool = True
+    note: str = ""
+
+
+def survivor_sets(n: int, f: int, *, random_sets: int = 16, seed: int = 0) -> list[list[int]]:
+    """The adversarial contiguous sets of ``f`` survivors plus ``random_sets`` random ones (seeded)."""
+    rng = np.random.default_rng(seed)
+    sets = contiguous_survivor_sets(n, f)
+    sets += [sorted(rng.choice(n, size=f, replace=False).tolist()) for _ in range(random_sets)]
+    return sets
+
+
+def _row(name: str, code: GradientCode) -> SchemeRow:
+    assignment = code.static_assignment()
+    weights = code.partition_weights
+    load = max(float(weights[list(code.partitions_of_worker(w))].sum()) for w in range(code.n))
+    per_worker = float(np.mean([len(rows) for rows in assignment.rows]))
+    error = math.nan
+    if code.exact:
+        error = worst_decode_error(code, survivor_sets(code.n, code.n - code.s))
+    params = ", ".join(f"{k}={v}" for k, v in code._params().items())
+    return SchemeRow(name, params, code.s, load, per_worker, code.decode_cost, error, code.exact)
+
+
+def scheme_rows(n: int, s: int) -> list[SchemeRow]:
+    """One row per registered scheme, configured by its ``for_stragglers(n, s)``.
+
+    The uncoded baseline (which tolerates no straggler) comes first, as the reference.
+    """
+    rows = [_row("uncoded", code_class("uncoded")(n=n))]  # type: ignore[call-arg]
+    for name in available_codes():
+        if name == "uncoded":
+            continue
+        try:
+            code = code_class(name).for_stragglers(n, s)
+        except ValueError as exc:  # includes NumericallyUnsafeError
+            rows.append(SchemeRow(name, note=str(exc)))
+            continue
+        rows.append(_row(name, code))
+    return rows
+
+
+def format_table(rows: list[SchemeRow], n: int, s: int) -> str:
+    """Render the rows as an aligned text table, with refusals listed underneath."""
+    header = ("scheme", "parameters", "tolerates", "load", "msgs/worker", "worst rel. error", "decoder cost")
+    body = []
+    notes = []
+    for r in rows:
+        if r.note:
+            body.append((r.scheme, "-", "-", "-", "-", "not available (see below)", "-"))
+            notes.append(f"  {r.scheme}: {r.note}")
+            continue
+        err = f"{r.worst_error:.1e}" if r.exact else "approximate"
+        body.append((r.scheme, r.params, str(r.tolerates), f"{r.load:.3f}", f"{r.messages_per_worker:g}", err, r.decode_cost))
+    widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
+    lines = [f"Gradient codes for n = {n} workers tolerating s = {s} stragglers (load = fraction of data per worker)"]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)) for line in body]
+    if notes:
+        lines += ["", "Not available for these parameters:", *notes]
+    return "\n".join(lines)
