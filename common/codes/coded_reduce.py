@@ -29,8 +29,8 @@ Columns of the per-parent code (why each parent can use the plain :class:`Online
     columns $P_1, \dots, P_n$. Decoding weights $a$ with $a B_F = \mathbf{1}$ therefore give
     $\sum_i a_i m_{c_i} = \sum_\kappa P_\kappa$ = the gradient of what $v$ passed down, and adding $v$'s
     own coded gradient gives the gradient of $v$'s sub-tree data set: the induction step. At the root
-    (no own data) the super-partitions are the unweighted thirds/… of the data set, so the sum is
-    the full gradient. :meth:`CodedReduceTree.super_partitions` gives the $n \times K$ matrix mapping
+    (no own data) the super-partitions are the $n$ unweighted consecutive blocks of the data set, so
+    the sum is the full gradient. :meth:`CodedReduceTree.super_partitions` gives the $n \times K$ matrix mapping
     parent $v$'s code columns to base partitions.
 
 Readings of the printed paper (where it does not reproduce as written)
