@@ -156,7 +156,9 @@ def load_dataset(
     return loaders[name](**kwargs)
 
 
-def partition_indices(num_samples: int, weights: Sequence[float], *, seed: int) -> list[IndexArray]:
+def partition_indices(
+    num_samples: int, weights: Sequence[float] | npt.NDArray[np.floating[Any]], *, seed: int
+) -> list[IndexArray]:
     """Split ``range(num_samples)`` into ``len(weights)`` disjoint index sets sized by ``weights``.
 
     The samples are shuffled with ``seed`` (so partitions are i.i.d. samples of the data), then cut
