@@ -37,7 +37,8 @@ Readings of the slides' typos and gaps
 * Algorithms 1 and 2 print "$n = \ell (s + 1)$" and "$n = \lambda (s + 1) + r$"; slide 24's
   $n = \ell (s + 1) + r$ and $n = \lambda (\ell + 1) + \tilde r$ are the readings that tile each class.
 * The row indices in Algorithms 1–2 are lost in the text; "block $j$ holds the $j$-th worker of
-  each class, which takes the $j$-th run" is the only reading consistent with slide 13's example.
+  each class, which takes the $j$-th run" is the reading consistent with slides 13–14 (the decoding
+  example $\{2, 6, 10\}$ is one class, i.e. 1-indexed workers congruent mod $s + 1 = 4$).
 * Slide 13's $B_2$ shows 10 ones; its two rows carry $6 + 5 = 11$ (one "1" is lost in the text).
 * Algorithm 3 scans $C_2$ before $C_1$ when $r > 0$, i.e. it prefers a complete class with fewer
   members; :class:`BinaryDecoder` does the same (fewest members, then lowest class index).
@@ -56,6 +57,13 @@ read off a path from 0 to $k$: $+1$ for a run used forwards, $-1$ backwards (for
 tried first). Those decodings are flagged by ``BinaryDecoding.congruence_class is None`` and
 ``BinaryDecoding.zero_one`` says whether a $-1$ was needed; the weights are still integers.
 
+Measured (exhaustive over every worker set, all $n \le 10$, $s < n$): 1316 of the 13253 decodable
+sets (9.9%) hold no complete class; none of them needed a $-1$ weight for ``binary`` (nor in a
+randomised search over ``binary_heterogeneous``), but the decoder does not rely on that: a
+hand-built three-tiling code in the tests exercises the signed path. Over 3000 random arrival orders
+with $n \le 64$, the first decodable moment had no complete class in 45.6% of them, and the mean
+number of arrivals needed dropped from 9.92 (complete class only, Algorithm 3) to 6.42.
+
 Heterogeneous workers (:class:`HeterogeneousBinaryCode`, registered as ``binary_heterogeneous``)
 -----------------------------------------------------------------------------------------------
 Slide 19: two groups $T_1, T_2$ of $\tau_1, \tau_2$ machines, $t_i$ the expected time for a machine
@@ -73,16 +81,21 @@ group (e.g. $(s + 1) \mid \tau_1$ and $(s + 1) \mid \tau_2$). In general the con
 
 1. chooses how many workers of each group each class gets so as to **maximise the slowest class's
    total speed** $\min_c (a_c v_1 + b_c v_2)$ (exact: binary search over the candidate values and a
-   min-plus dynamic programme over classes);
+   min-plus dynamic programme over classes, $O(\log(\tau_1 \tau_2) (s + 1) \tau_1^2)$);
 2. gives each worker of class $c$ the fraction $v_w / \sum_{u \in c} v_u$ of the data (so every worker
    of a class finishes at the same expected time $1 / \mathrm{speed}(c)$), as a contiguous run;
 3. cuts the data at the union of all classes' run boundaries, giving $k \le n$ partitions of
    **unequal** sizes, exposed as :attr:`partition_weights` (exact fractions in
-   :attr:`partition_cuts`).
+   :attr:`partition_cuts`). With equal speeds this is a homogeneous variant of ``binary`` in which
+   every worker of a class holds exactly $1 / |c|$ of the data.
 
+Assumed model: a worker's expected compute time is its data fraction divided by its speed.
 Optimality (the slides' claim, made precise here and checked by brute force in the tests): among all
 binary allocations built from $s + 1$ disjoint classes that each cover the data once, this one
-minimises the largest expected worker time $\max_w \mathrm{load}_w / v_w$; the minimum is
+minimises the largest expected worker time $\max_w \mathrm{load}_w / v_w$. Proof: inside a class the
+loads sum to 1, so $\max_{w \in c} \mathrm{load}_w / v_w \ge 1 / \mathrm{speed}(c)$ with equality
+for the proportional split of step 2; step 1 then optimises over class compositions exactly. The
+minimum is
 $1 / \max \min_c \mathrm{speed}(c) \ge (s + 1) / (\tau_1 v_1 + \tau_2 v_2)$, with equality — every
 worker finishing together, the slides' linear-system solution — exactly when the class speeds can
 be made equal.
