@@ -1,0 +1,105 @@
+"""``python -m master``: run the gradcode master (worker registry + job control API).
+
+Every flag has an environment variable, so docker-compose can configure the master without a
+command line; a flag given on the command line wins. Prints ``master listening on HOST:PORT`` once
+it serves. The first SIGINT/SIGTERM shuts down gracefully, a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from common.serving import install_shutdown_signals, limit_blas_threads, parse_address
+from master.pool import check_address
+
+DEFAULT_LISTEN = "127.0.0.1:50050"
+DEFAULT_RUN_DIR = "runs"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m master",
+        description=(
+            "The gradcode master: keeps the list of workers, accepts training jobs from clients "
+            "(gradcode run / the SDK), sends each iteration's model to the workers, decodes the "
+            "exact gradient from the fastest workers and applies the optimizer step."
+        ),
+        epilog=(
+            "Workers join either from --workers or by registering themselves "
+            "(python -m worker --master HOST:PORT). Example: python -m master --listen 127.0.0.1:50050 "
+            "--workers 127.0.0.1:50051,127.0.0.1:50052"
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--listen",
+        default=os.environ.get("GRADCODE_LISTEN", DEFAULT_LISTEN),
+        metavar="HOST:PORT",
+        help="address to serve on; port 0 picks a free port (env GRADCODE_LISTEN)",
+    )
+    parser.add_argument(
+        "--workers",
+        default=os.environ.get("GRADCODE_WORKERS", ""),
+        metavar="ADDR,ADDR,...",
+        help="comma-separated worker addresses known from the start (env GRADCODE_WORKERS)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        default=os.environ.get("GRADCODE_RUN_DIR", DEFAULT_RUN_DIR),
+        metavar="DIR",
+        help="where each job's per-iteration history (<job>.jsonl) is written as it runs (env GRADCODE_RUN_DIR)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=float(os.environ.get("GRADCODE_GRACE", "5")),
+        metavar="SECONDS",
+        help="on shutdown, how long in-flight calls may finish (env GRADCODE_GRACE)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("GRADCODE_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (env GRADCODE_LOG_LEVEL)",
+    )
+    return parser
+
+
+async def _serve(host: str, port: int, workers: list[str], run_dir: str, grace: float) -> None:
+    from master.node import MasterNode
+
+    node = MasterNode(host, port, workers=workers, run_dir=run_dir, grace=grace)
+    install_shutdown_signals(node.shutdown, name="master")
+    run = asyncio.create_task(node.run())
+    await node.wait_started()
+    if run.done():
+        await run  # startup failed: raise its error
+    print(f"master listening on {node.address}", flush=True)
+    await run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        host, port = parse_address(args.listen, what="--listen")
+        workers = [check_address(a) for a in args.workers.split(",") if a.strip()]
+    except ValueError as exc:
+        parser.error(str(exc))
+    limit_blas_threads(1)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve(host, port, workers, args.run_dir, args.grace))
+    except OSError as exc:
+        print(f"master: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,733 @@
+"""One training job on the master: validate the spec, load the workers, run the coded GD loop.
+
+:func:`plan_job` turns a wire :class:`JobSpec` into a :class:`JobPlan` (the code, model, dataset and
+partitions) or raises :class:`JobSpecError` with the precise reason, so CreateJob can refuse a bad
+spec before anything starts. :class:`JobRunner` then runs it:
+
+1. pick the workers (``worker_ids``, or the first ``n`` UP ones, waiting up to
+   ``wait_for_workers_seconds`` for them to register);
+2. LoadJob every worker with exactly the partitions its rows need (streamed in chunks);
+3. each iteration: ``code.assign(observation)`` (dynamic codes choose rows from the stragglers seen in
+   the previous iteration), one Compute stream per UP worker through :func:`common.gather.gather`,
+   which stops at the first decodable moment and cancels the rest; while undecodable it reloads
+   workers that came back and keeps gathering until the iteration deadline, then fails the job
+   naming the missing workers; combine, verify (optional), add the L2 term, step;
+4. report an IterationReport to every watcher and append it to ``<run_dir>/<job_id>.jsonl``
+   (flushed every iteration, so a crash never loses what was measured).
+
+Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
+the code's worker index ``0..n-1`` (the index the code's rows and the straggler model refer to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+import numpy as np
+from google.protobuf.json_format import MessageToDict
+
+from common.codes.base import Assignment, GradientCode, Observation
+from common.codes.registry import available_codes, make_code
+from common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from common.exceptions import NumericallyUnsafeError
+from common.gather import GatherResult, Source, gather
+from common.models import MODEL_KINDS, Model, make_model
+from common.stragglers import DELAY_MODEL_NAMES, make_delay_model
+from common.wire import DEFAULT_CHUNK_BYTES, dict_from_struct, dtype_from_wire, tensor_from_array
+from master.optimizer import OPTIMIZER_KINDS, Optimizer, make_optimizer, mean_gradient
+from master.pool import PoolWorker, WorkerPool
+from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2
+
+__all__ = [
+    "DEFAULT_ITERATION_DEADLINE_SECONDS",
+    "DEFAULT_TEST_FRACTION",
+    "EXACT_TOLERANCE",
+    "FLOAT32_TOLERANCE",
+    "JobFailedError",
+    "JobPlan",
+    "JobRunner",
+    "JobSpecError",
+    "NotEnoughWorkersError",
+    "plan_job",
+    "regularised_loss",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ITERATION_DEADLINE_SECONDS = 30.0
+"""Used when the spec's ``iteration_deadline_seconds`` is 0."""
+DEFAULT_TEST_FRACTION = 0.2
+"""Used when the spec's ``dataset.test_fraction`` is 0 (proto3 cannot tell "unset" from 0)."""
+EXACT_TOLERANCE = 1e-9
+"""Largest relative error an exact decode may have against the centralized gradient (verify mode)."""
+FLOAT32_TOLERANCE = 1e-5
+"""The same bound when the workers send float32 messages."""
+LOAD_TIMEOUT_SECONDS = 120.0
+END_JOB_TIMEOUT_SECONDS = 2.0
+MAX_ITERATIONS = 1_000_000
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TERMINAL = (master_pb2.JOB_STATE_SUCCEEDED, master_pb2.JOB_STATE_FAILED, master_pb2.JOB_STATE_CANCELLED)
+
+
+class JobSpecError(ValueError):
+    """The job spec is malformed or refused by the library (CreateJob answers INVALID_ARGUMENT)."""
+
+
+class NotEnoughWorkersError(Exception):
+    """Too few workers to start and the spec does not wait for more (FAILED_PRECONDITION)."""
+
+
+class JobFailedError(Exception):
+    """The job cannot go on; the message says why (it becomes the job's message)."""
+
+    def __init__(self, message: str, report: master_pb2.IterationReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+# ---- planning ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class JobPlan:
+    """A validated job: the normalised spec and everything built from it."""
+
+    spec: master_pb2.JobSpec
+    """The spec with defaults filled in (job id, model kind and sizes, optimizer kind, deadline)."""
+    code: GradientCode
+    model: Model
+    dataset: Dataset
+    partitions: list[np.ndarray[Any, Any]]
+    """Training-sample indices of each of the code's ``k`` partitions."""
+    message_dtype: int
+    """Wire dtype of the workers' messages."""
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def tolerance(self) -> float:
+        return FLOAT32_TOLERANCE if self.message_dtype == common_pb2.DTYPE_FLOAT32 else EXACT_TOLERANCE
+
+
+def _finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf) -> float:
+    if not math.isfinite(value) or not low <= value <= high:
+        rng = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        raise JobSpecError(f"JobSpec.{name} must be a finite number {rng}, not {value!r}.")
+    return value
+
+
+def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = None) -> JobPlan:
+    """Validate ``spec`` and build its code, model, dataset and partitions; JobSpecError says what is wrong.
+
+    ``known_worker_ids`` are the pool's ids, to check an explicit ``worker_ids`` list against.
+    Loads (or generates) the dataset, so callers on an event loop should run it in a thread.
+    """
+    spec = master_pb2.JobSpec.FromString(spec.SerializeToString())
+    if not spec.job_id:
+        spec.job_id = f"job-{uuid.uuid4().hex[:12]}"
+    elif not _JOB_ID.match(spec.job_id):
+        raise JobSpecError(
+            f"JobSpec.job_id {spec.job_id!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names the history file)."
+        )
+
+    # The gradient code: the library's own message for anything it refuses.
+    if not spec.code.name:
+        raise JobSpecError(f"JobSpec.code.name is empty; available schemes: {', '.join(available_codes())}.")
+    if spec.code.name not in available_codes():
+        raise JobSpecError(
+            f"Unknown gradient code {spec.code.name!r}; available schemes: {', '.join(available_codes())}."
+        )
+    try:
+        code = make_code(spec.code.name, **dict_from_struct(spec.code.params))
+    except (ValueError, KeyError, TypeError, NumericallyUnsafeError) as exc:
+        detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise JobSpecError(f"Invalid parameters for gradient code {spec.code.name!r}: {detail}") from None
+    if getattr(code, "L", 1) > 1 or len(spec.tree.parent_of):
+        raise JobSpecError(
+            "Tree jobs (JobSpec.tree, or coded_reduce with L > 1) are not supported by this master yet; "
+            "use coded_reduce with L = 1 or a flat scheme."
+        )
+
+    # Dataset, then model (its sizes default to the dataset's).
+    ds = spec.dataset
+    if ds.name not in DATASET_NAMES:
+        raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
+    if ds.test_fraction == 0:
+        ds.test_fraction = DEFAULT_TEST_FRACTION
+    try:
+        dataset = load_dataset(
+            ds.name,
+            path=ds.path or None,
+            num_samples=int(ds.num_samples) or None,
+            num_features=int(ds.num_features) or None,
+            seed=int(ds.seed),
+            test_fraction=float(ds.test_fraction),
+        )
+    except (ValueError, OSError) as exc:
+        raise JobSpecError(f"Dataset {ds.name!r} refused: {exc}") from None
+    ms = spec.model
+    if not ms.kind:
+        ms.kind = dataset.model_kind
+    if ms.kind not in MODEL_KINDS:
+        raise JobSpecError(f"Unknown model kind {ms.kind!r}; valid kinds are {list(MODEL_KINDS)}.")
+    if ms.num_features and ms.num_features != dataset.num_features:
+        raise JobSpecError(
+            f"JobSpec.model.num_features is {ms.num_features} but dataset {dataset.name!r} has "
+            f"{dataset.num_features} features (leave it 0 to use the dataset's)."
+        )
+    ms.num_features = dataset.num_features
+    if ms.kind == "linear":
+        ms.num_classes = 0
+    else:
+        if dataset.num_classes < 2:
+            raise JobSpecError(
+                f"Model {ms.kind!r} needs class labels but dataset {dataset.name!r} is a regression set; "
+                f"use model kind {dataset.model_kind!r}."
+            )
+        if ms.num_classes and ms.num_classes != dataset.num_classes:
+            raise JobSpecError(
+                f"JobSpec.model.num_classes is {ms.num_classes} but dataset {dataset.name!r} has "
+                f"{dataset.num_classes} classes (leave it 0 to use the dataset's)."
+            )
+        ms.num_classes = dataset.num_classes
+    _finite("model.l2", ms.l2)
+    try:
+        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2))
+    except ValueError as exc:
+        raise JobSpecError(f"Model refused: {exc}") from None
+
+    # Optimizer and loop parameters.
+    opt = spec.optimizer
+    if not opt.kind:
+        opt.kind = "gd"
+    if opt.kind not in OPTIMIZER_KINDS:
+        raise JobSpecError(f"Unknown optimizer {opt.kind!r}; valid optimizers are {list(OPTIMIZER_KINDS)}.")
+    try:
+        make_optimizer(opt.kind, model.init_params(), learning_rate=opt.learning_rate, momentum=opt.momentum)
+    except ValueError as exc:
+        raise JobSpecError(f"Optimizer refused: {exc}") from None
+    if not 1 <= spec.iterations <= MAX_ITERATIONS:
+        raise JobSpecError(f"JobSpec.iterations must be in [1, {MAX_ITERATIONS}], not {spec.iterations}.")
+    _finite("target_accuracy", spec.target_accuracy, high=1.0)
+    _finite("iteration_deadline_seconds", spec.iteration_deadline_seconds)
+    if spec.iteration_deadline_seconds == 0:
+        spec.iteration_deadline_seconds = DEFAULT_ITERATION_DEADLINE_SECONDS
+    _finite("wait_for_workers_seconds", spec.wait_for_workers_seconds)
+
+    # Straggler emulation (validated here so the workers never see a model they would refuse).
+    st = spec.straggler
+    if st.model and st.model != "none":
+        if st.model not in DELAY_MODEL_NAMES:
+            raise JobSpecError(f"Unknown straggler model {st.model!r}; valid models are {list(DELAY_MODEL_NAMES)}.")
+        try:
+            make_delay_model(st.model, dict_from_struct(st.params), int(st.seed))
+        except ValueError as exc:
+            raise JobSpecError(f"Straggler model {st.model!r} refused: {exc}") from None
+
+    # Message dtype: complex codes send complex128; real codes float64 (default) or float32.
+    message_dtype = _message_dtype(spec.message_dtype, code)
+    spec.message_dtype = message_dtype  # type: ignore[assignment]
+
+    # Workers.
+    ids = list(spec.worker_ids)
+    if ids:
+        if len(ids) != code.n or len(set(ids)) != len(ids):
+            raise JobSpecError(f"JobSpec.worker_ids must list {code.n} distinct worker ids (the code's n), not {ids}.")
+        if known_worker_ids is not None:
+            unknown = sorted(set(ids) - set(known_worker_ids))
+            if unknown:
+                raise JobSpecError(
+                    f"JobSpec.worker_ids names unknown worker id(s) {unknown}; known worker ids are "
+                    f"{sorted(known_worker_ids)}."
+                )
+
+    try:
+        partitions = partition_indices(dataset.num_train, code.partition_weights, seed=int(spec.seed))
+    except ValueError as exc:
+        split = f"Cannot split the {dataset.num_train} training samples into {code.k} partitions"
+        raise JobSpecError(f"{split}: {exc}") from None
+    return JobPlan(
+        spec=spec, code=code, model=model, dataset=dataset, partitions=partitions, message_dtype=message_dtype
+    )
+
+
+def _message_dtype(requested: int, code: GradientCode) -> int:
+    names = common_pb2.DType.Name
+    if code.is_complex:
+        if requested not in (common_pb2.DTYPE_UNSPECIFIED, common_pb2.DTYPE_COMPLEX128):
+            raise JobSpecError(
+                f"Gradient code {code.name!r} has complex coefficients; its messages are DTYPE_COMPLEX128, "
+                f"not {names(requested)}."
+            )
+        return common_pb2.DTYPE_COMPLEX128
+    if requested in (common_pb2.DTYPE_UNSPECIFIED, common_pb2.DTYPE_FLOAT64):
+        return common_pb2.DTYPE_FLOAT64
+    if requested == common_pb2.DTYPE_FLOAT32:
+        return common_pb2.DTYPE_FLOAT32
+    raise JobSpecError(
+        f"JobSpec.message_dtype {names(requested) if requested in common_pb2.DType.values() else requested} "
+        "is not valid for a real code; use DTYPE_FLOAT64 (default) or DTYPE_FLOAT32."
+    )
+
+
+def regularised_loss(model: Model, params: np.ndarray[Any, Any], X: Any, y: Any, l2: float) -> float:
+    """The objective the optimizer minimises: mean loss plus ``l2 / 2 * ||params||^2``."""
+    return model.loss(params, X, y) / max(len(y), 1) + 0.5 * l2 * float(params @ params)
+
+
+# ---- running ----------------------------------------------------------------------------------------
+def _status_name(reason: str) -> str:
+    """The gRPC status name that :func:`common.gather.gather` put in front of a failure reason."""
+    return reason.split(":", 1)[0]
+
+
+class JobRunner:
+    """Runs one planned job against the pool; watchers get every IterationReport."""
+
+    def __init__(self, plan: JobPlan, pool: WorkerPool, *, run_dir: Path | None = None) -> None:
+        self.plan = plan
+        self.pool = pool
+        self.state: int = master_pb2.JOB_STATE_PENDING
+        self.message = "waiting for workers"
+        self.history: list[master_pb2.IterationReport] = []
+        self.iterations_done = 0
+        self.workers: list[PoolWorker] = []
+        """The pool worker behind each of the code's worker indices."""
+        self.history_path = None if run_dir is None else Path(run_dir) / f"{plan.job_id}.jsonl"
+        spec = plan.spec
+        self.optimizer: Optimizer = make_optimizer(
+            spec.optimizer.kind,
+            plan.model.init_params(),
+            learning_rate=spec.optimizer.learning_rate,
+            momentum=spec.optimizer.momentum,
+        )
+        code = plan.code
+        static = code.static_assignment()
+        self._rows_of_worker: list[tuple[int, ...]] = [
+            self._candidate_rows(w) if code.dynamic else static.rows[w] for w in range(code.n)
+        ]
+        self._observation: Observation | None = None
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._history_file: TextIO | None = None
+        self._started = 0.0
+
+    # ---- public surface ----------------------------------------------------------------------------
+    @property
+    def job_id(self) -> str:
+        return self.plan.job_id
+
+    @property
+    def done(self) -> bool:
+        return self.state in _TERMINAL
+
+    def info(self) -> master_pb2.JobInfo:
+        return master_pb2.JobInfo(
+            job_id=self.job_id,
+            state=self.state,  # type: ignore[arg-type]
+            message=self.message,
+            iterations_done=self.iterations_done,
+            spec=self.plan.spec,
+        )
+
+    def model_reply(self) -> master_pb2.ModelReply:
+        return master_pb2.ModelReply(
+            job_id=self.job_id,
+            iteration=self.iterations_done,
+            parameters=tensor_from_array(self.optimizer.params),
+            model=self.plan.spec.model,
+        )
+
+    def start(self) -> None:
+        """Run the job in the background."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job-{self.job_id}")
+
+    async def cancel(self) -> None:
+        """Cancel the job (no-op once it has ended) and wait until it has stopped."""
+        if self._task is not None and not self.done:
+            self._task.cancel()
+        await self.wait()
+
+    async def wait(self) -> None:
+        """Wait until the job has ended."""
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._task)
+
+    async def watch(self) -> AsyncIterator[master_pb2.IterationReport]:
+        """The reports so far, then each new one, until the job has ended."""
+        sent = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda n=sent: len(self.history) > n or self.done)  # type: ignore[misc]
+                batch = self.history[sent:]
+                finished = self.done
+            for report in batch:
+                yield report
+            sent += len(batch)
+            if finished and sent == len(self.history):
+                return
+
+    # ---- the job -----------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            self._open_history()
+            self.workers = await self._select_workers()
+            await self._set_state(master_pb2.JOB_STATE_RUNNING, "loading workers")
+            self._started = time.perf_counter()
+            await asyncio.gather(*(self._load(w) for w in range(self.plan.code.n)))
+            await self._set_state(master_pb2.JOB_STATE_RUNNING, "running")
+            await self._loop()
+        except asyncio.CancelledError:
+            await self._set_state(master_pb2.JOB_STATE_CANCELLED, f"cancelled after {self.iterations_done} iterations")
+        except JobFailedError as exc:
+            if exc.report is not None:
+                exc.report.state = master_pb2.JOB_STATE_FAILED
+                exc.report.message = str(exc)
+                await self._publish(exc.report)
+            await self._set_state(master_pb2.JOB_STATE_FAILED, str(exc))
+        except Exception as exc:
+            log.exception("job %s crashed", self.job_id)
+            await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            await self._end_on_workers()
+            if self._history_file is not None:
+                self._history_file.close()
+                self._history_file = None
+
+    async def _loop(self) -> None:
+        spec = self.plan.spec
+        for t in range(1, spec.iterations + 1):
+            report = await self._iteration(t)
+            self.iterations_done = t
+            reached = spec.target_accuracy > 0 and _score(report) >= spec.target_accuracy
+            if t == spec.iterations or reached:
+                report.state = master_pb2.JOB_STATE_SUCCEEDED
+                report.message = (
+                    f"reached target accuracy {spec.target_accuracy:g} after {t} iterations"
+                    if reached
+                    else f"completed {t} iterations"
+                )
+                self.state, self.message = report.state, report.message
+                await self._publish(report)
+                return
+            report.state = master_pb2.JOB_STATE_RUNNING
+            await self._publish(report)
+
+    async def _select_workers(self) -> list[PoolWorker]:
+        """The pool workers for the code's ``n`` slots, waiting up to ``wait_for_workers_seconds``."""
+        spec, n = self.plan.spec, self.plan.code.n
+        deadline = time.monotonic() + spec.wait_for_workers_seconds
+        while True:
+            if spec.worker_ids:
+                chosen = [self.pool.get(i) for i in spec.worker_ids]
+                if all(w.is_up for w in chosen):
+                    return chosen
+            else:
+                up = self.pool.up()
+                if len(up) >= n:
+                    return up[:n]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.pool.wait_changed(min(remaining, 0.5))
+        if spec.worker_ids:
+            return [self.pool.get(i) for i in spec.worker_ids]  # go on; DOWN ones count as failed
+        known = sorted(self.pool.workers, key=lambda w: (not w.is_up, w.worker_id))
+        if len(known) >= n:
+            return known[:n]
+        raise JobFailedError(
+            f"Gradient code {self.plan.code!r} needs {n} workers but only {len(known)} registered "
+            f"(ids {[w.worker_id for w in known]}) within wait_for_workers_seconds = "
+            f"{spec.wait_for_workers_seconds:g}; start more workers or choose a smaller n."
+        )
+
+    # ---- loading -----------------------------------------------------------------------------------
+    def _candidate_rows(self, w: int) -> tuple[int, ...]:
+        """Every row worker ``w`` can compute from the partitions it stores (dynamic codes)."""
+        code = self.plan.code
+        held = set(code.partitions_of_worker(w))
+        return tuple(r for r in range(code.num_messages) if set(code.support(r)) <= held)
+
+    def _load_chunks(self, w: int) -> Iterator[worker_pb2.LoadJobChunk]:
+        plan, code = self.plan, self.plan.code
+        parts = sorted({j for r in self._rows_of_worker[w] for j in code.support(r)})
+        setup = worker_pb2.JobSetup(
+            job_id=plan.job_id,
+            worker_id=w,
+            model=plan.spec.model,
+            num_partitions_sent=len(parts),
+            straggler=plan.spec.straggler,
+            message_dtype=plan.message_dtype,  # type: ignore[arg-type]
+        )
+        for r in self._rows_of_worker[w]:
+            coefficients = np.asarray(code.coefficients(r))
+            row = setup.rows.add(row=r, partitions=code.support(r), coefficients_real=coefficients.real.tolist())
+            if np.iscomplexobj(coefficients):
+                row.coefficients_imag.extend(coefficients.imag.tolist())
+        yield worker_pb2.LoadJobChunk(setup=setup)
+        X, y = plan.dataset.X_train, plan.dataset.y_train
+        step = DEFAULT_CHUNK_BYTES - DEFAULT_CHUNK_BYTES % 8
+        for j in parts:
+            idx = plan.partitions[j]
+            features = np.ascontiguousarray(X[idx], dtype="<f8").tobytes()
+            labels = np.ascontiguousarray(y[idx], dtype="<f8").tobytes()
+            count = max(1, -(-len(features) // step), -(-len(labels) // step))
+            for i in range(count):
+                lo = i * step
+                yield worker_pb2.LoadJobChunk(
+                    data=worker_pb2.PartitionData(
+                        partition=j,
+                        num_samples=len(idx),
+                        features_offset=min(lo, len(features)),
+                        features=features[lo : lo + step],
+                        labels_offset=min(lo, len(labels)),
+                        labels=labels[lo : lo + step],
+                    )
+                )
+
+    async def _load(self, w: int) -> bool:
+        """LoadJob worker ``w``; on failure mark it DOWN and return False (the job goes on)."""
+        worker = self.workers[w]
+        if not worker.is_up:
+            return False
+        try:
+            await worker.stub.LoadJob(self._load_chunks(w), timeout=LOAD_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
+            return False
+        worker.jobs.add(self.job_id)
+        self.pool.mark_seen(worker)
+        return True
+
+    async def _end_on_workers(self) -> None:
+        async def end(worker: PoolWorker) -> None:
+            worker.jobs.discard(self.job_id)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await worker.stub.EndJob(worker_pb2.EndJobRequest(job_id=self.job_id), timeout=END_JOB_TIMEOUT_SECONDS)
+
+        holders = [w for w in self.workers if w.is_up and w.has_job(self.job_id)]
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.gather(*(end(w) for w in holders), return_exceptions=True))
+
+    # ---- one iteration -----------------------------------------------------------------------------
+    async def _iteration(self, t: int) -> master_pb2.IterationReport:
+        plan, code = self.plan, self.plan.code
+        started = time.perf_counter()
+        assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
+        decoder = code.decoder(assignment)
+        point = self.optimizer.point.copy()
+        model_tensor = tensor_from_array(point)
+        deadline = started + plan.spec.iteration_deadline_seconds
+        needed = [w for w in range(code.n) if assignment.rows[w]]
+        result: GatherResult | None = None
+        received: dict[int, Any] = {}
+        finished: dict[int, float] = {}
+        failed: dict[int, str] = {}
+        late: set[int] = set()
+        while True:
+            askable = [w for w in needed if w not in finished and self.workers[w].is_up]
+            reload = [w for w in askable if not self.workers[w].has_job(self.job_id)]
+            if reload:
+                await asyncio.gather(*(self._load(w) for w in reload))
+            ask = [w for w in askable if self.workers[w].is_up and self.workers[w].has_job(self.job_id)]
+            for w in needed:
+                if w not in finished and not self.workers[w].is_up:
+                    failed.setdefault(w, f"DOWN: {self.workers[w].last_error or 'not reachable'}")
+            remaining = deadline - time.perf_counter()
+            if ask and remaining > 0:
+                offset = time.perf_counter() - started
+                sources = [self._source(w, t, assignment.rows[w], model_tensor) for w in ask]
+                result = await gather(
+                    decoder,
+                    sources,
+                    job_id=self.job_id,
+                    iteration=t,
+                    length=plan.model.num_params,
+                    dtypes=(dtype_from_wire(plan.message_dtype),),
+                    timeout=remaining,
+                    received=received,
+                )
+                received = result.messages
+                finished.update({w: offset + s for w, s in result.finished.items()})
+                for w in result.finished:
+                    failed.pop(w, None)
+                    self.pool.mark_seen(self.workers[w])
+                late = set(result.late)
+                for w, reason in result.failed.items():
+                    failed[w] = reason
+                    self._handle_failure(w, reason)
+                if result.decoding is not None:
+                    break
+                if result.timed_out:
+                    remaining = 0.0
+            if deadline - time.perf_counter() <= 0:
+                raise JobFailedError(self._undecodable_message(t, needed, finished, failed, late, received),
+                                     self._failure_report(t, started, finished, failed, late))  # fmt: skip
+            if not ask:
+                await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
+        assert result is not None and result.decoding is not None
+        return await self._finish_iteration(t, started, result, assignment, finished, failed, late, point)
+
+    def _source(self, w: int, t: int, rows: tuple[int, ...], model: common_pb2.Tensor) -> Source:
+        stub = self.workers[w].stub
+        request = worker_pb2.ComputeRequest(job_id=self.job_id, iteration=t, worker_id=w, model=model, rows=rows)
+        return Source(worker_id=w, rows=tuple(rows), open=lambda: stub.Compute(request))
+
+    def _handle_failure(self, w: int, reason: str) -> None:
+        worker = self.workers[w]
+        if _status_name(reason) == "NOT_FOUND":  # the worker restarted and lost the job: reload it
+            worker.jobs.discard(self.job_id)
+        else:
+            self.pool.mark_down(worker, f"Compute for job {self.job_id!r}: {reason}")
+
+    def _name(self, w: int) -> str:
+        return self.workers[w].describe()
+
+    def _undecodable_message(
+        self,
+        t: int,
+        needed: list[int],
+        finished: dict[int, float],
+        failed: dict[int, str],
+        late: set[int],
+        received: dict[int, Any],
+    ) -> str:
+        missing = [w for w in needed if w not in finished]
+        detail = "; ".join(
+            f"{self._name(w)}: {failed.get(w) or ('no answer (late)' if w in late else 'not asked')}" for w in missing
+        )
+        got = sorted({self.workers[m.worker_id].worker_id for m in received.values()})
+        return (
+            f"Iteration {t}: not decodable within the iteration deadline of "
+            f"{self.plan.spec.iteration_deadline_seconds:g} s; missing workers "
+            f"{[self.workers[w].worker_id for w in missing]} ({detail}). Messages arrived from workers {got}; "
+            f"{self.plan.code!r} tolerates {self.plan.code.s} straggler(s)."
+        )
+
+    def _failure_report(
+        self, t: int, started: float, finished: dict[int, float], failed: dict[int, str], late: set[int]
+    ) -> master_pb2.IterationReport:
+        nan = math.nan
+        return master_pb2.IterationReport(
+            job_id=self.job_id,
+            iteration=t,
+            loss=nan,
+            train_accuracy=nan,
+            test_accuracy=nan,
+            wall_seconds=time.perf_counter() - started,
+            elapsed_seconds=time.perf_counter() - self._started,
+            late_workers=sorted(self.workers[w].worker_id for w in late),
+            failed_workers=sorted(self.workers[w].worker_id for w in failed),
+            timings=[
+                master_pb2.WorkerTiming(worker_id=self.workers[w].worker_id, seconds=s) for w, s in finished.items()
+            ],
+            exact=self.plan.code.exact,
+            verify_error=-1.0,
+        )
+
+    async def _finish_iteration(
+        self,
+        t: int,
+        started: float,
+        result: GatherResult,
+        assignment: Assignment,
+        finished: dict[int, float],
+        failed: dict[int, str],
+        late: set[int],
+        point: np.ndarray[Any, Any],
+    ) -> master_pb2.IterationReport:
+        plan = self.plan
+        assert result.decoding is not None
+        decoded = np.asarray(result.combine(), dtype=np.float64)
+        used = result.used_workers
+        exact = bool(result.decoding.exact)
+        verify_error = -1.0
+        if plan.spec.verify:
+            central = await asyncio.to_thread(plan.model.gradient, point, plan.dataset.X_train, plan.dataset.y_train)
+            verify_error = float(np.linalg.norm(decoded - central) / max(float(np.linalg.norm(central)), 1e-300))
+            if exact and not verify_error <= plan.tolerance:
+                raise JobFailedError(
+                    f"Iteration {t}: the decoded gradient differs from the centralized one by relative error "
+                    f"{verify_error:.3e} > {plan.tolerance:g} (rows {list(result.decoding.rows)} from workers "
+                    f"{[self.workers[w].worker_id for w in used]}); refusing to step with a wrong gradient."
+                )
+        gradient = mean_gradient(decoded, point, num_samples=plan.dataset.num_train, l2=plan.spec.model.l2)
+        try:
+            params = self.optimizer.step(gradient)
+        except ValueError as exc:
+            raise JobFailedError(f"Iteration {t}: {exc}") from None
+        wall = time.perf_counter() - started
+        loss, train_acc, test_acc = await asyncio.to_thread(self._metrics, params)
+        # Observation for dynamic codes: late, failed or unasked workers straggled; speed = 1 / time.
+        n = plan.code.n
+        self._observation = Observation(
+            straggling=tuple(w not in finished for w in range(n)),
+            speed=tuple(1.0 / finished[w] if finished.get(w) else 0.0 for w in range(n)),
+        )
+        pool_id = [w.worker_id for w in self.workers]
+        return master_pb2.IterationReport(
+            job_id=self.job_id,
+            iteration=t,
+            loss=loss,
+            train_accuracy=train_acc,
+            test_accuracy=test_acc,
+            wall_seconds=wall,
+            elapsed_seconds=time.perf_counter() - self._started,
+            decode_seconds=result.decode_seconds,
+            used_workers=sorted(pool_id[w] for w in used),
+            late_workers=sorted(pool_id[w] for w in late),
+            failed_workers=sorted(pool_id[w] for w in failed if w not in finished and assignment.rows[w]),
+            timings=[master_pb2.WorkerTiming(worker_id=pool_id[w], seconds=s) for w, s in sorted(finished.items())],
+            exact=exact,
+            verify_error=verify_error,
+        )
+
+    def _metrics(self, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
+        ds, model, l2 = self.plan.dataset, self.plan.model, self.plan.spec.model.l2
+        loss = regularised_loss(model, params, ds.X_train, ds.y_train, l2)
+        train = model.accuracy(params, ds.X_train, ds.y_train)
+        test = model.accuracy(params, ds.X_test, ds.y_test) if len(ds.y_test) else math.nan
+        return loss, train, test
+
+    # ---- reporting ---------------------------------------------------------------------------------
+    def _open_history(self) -> None:
+        if self.history_path is None:
+            return
+        self.history_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path = self.history_path.with_suffix(".spec.json")
+        spec_path.write_text(json.dumps(MessageToDict(self.plan.spec, preserving_proto_field_name=True), indent=2))
+        self._history_file = self.history_path.open("a", encoding="utf-8")
+
+    async def _publish(self, report: master_pb2.IterationReport) -> None:
+        if self._history_file is not None:
+            row = MessageToDict(report, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            self._history_file.write(json.dumps(row) + "\n")
+            self._history_file.flush()
+        async with self._changed:
+            self.history.append(report)
+            self._changed.notify_all()
+
+    async def _set_state(self, state: int, message: str) -> None:
+        async with self._changed:
+            self.state, self.message = state, message
+            self._changed.notify_all()
+
+
+def _score(report: master_pb2.IterationReport) -> float:
+    """Test accuracy, or train accuracy when the dataset has no test split."""
+    return report.train_accuracy if math.isnan(report.test_accuracy) else report.test_accuracy

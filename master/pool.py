@@ -1,0 +1,242 @@
+"""The master's view of its workers: addresses, channels, UP/DOWN state and which jobs each holds.
+
+Workers join from a fixed address list (``--workers``) and/or by calling RegisterWorker when they
+start; registering an address that is already known is the same worker coming back (it restarted,
+so it holds no job any more) and marks it UP again. A worker whose call errors, disconnects or is
+killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
+gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP. A worker
+that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job` and
+reload it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.wire import CHANNEL_OPTIONS
+from protos.gradcode.v1 import master_pb2, worker_pb2_grpc
+
+__all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "check_address"]
+
+log = logging.getLogger(__name__)
+
+WorkerState = int
+"""``master_pb2.WORKER_STATE_UP`` or ``master_pb2.WORKER_STATE_DOWN``."""
+
+HEALTH_PROBE_SECONDS = 0.5
+"""Period of the health probe of DOWN workers, and the timeout of each probe."""
+
+_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def check_address(address: str) -> str:
+    """Return ``address`` stripped if it is ``host:port`` with a port in 1..65535, else raise ValueError."""
+    addr = address.strip()
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Worker address {address!r} is not of the form host:port with a port in 1..65535.")
+    return addr
+
+
+@dataclass(eq=False)
+class PoolWorker:
+    """One worker: its id, address, channel and stubs, state, last error and the jobs it holds."""
+
+    worker_id: int
+    address: str
+    name: str = ""
+    state: WorkerState = master_pb2.WORKER_STATE_UP
+    last_error: str = ""
+    last_seen: float = field(default_factory=time.time)
+    jobs: set[str] = field(default_factory=set)
+    """Jobs loaded on this worker since it last (re)started."""
+    channel: grpc.aio.Channel | None = None
+    _stub: worker_pb2_grpc.WorkerStub | None = None
+
+    @property
+    def stub(self) -> worker_pb2_grpc.WorkerStub:
+        """The Worker stub, opening the channel on first use (inside the event loop)."""
+        if self._stub is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+            self._stub = worker_pb2_grpc.WorkerStub(self.channel)
+        return self._stub
+
+    def reconnect(self) -> None:
+        """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
+        old, self.channel, self._stub = self.channel, None, None
+        if old is not None:
+            _background(old.close())
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == master_pb2.WORKER_STATE_UP
+
+    def has_job(self, job_id: str) -> bool:
+        return job_id in self.jobs
+
+    def info(self) -> master_pb2.WorkerInfo:
+        return master_pb2.WorkerInfo(
+            worker_id=self.worker_id,
+            address=self.address,
+            name=self.name,
+            state=self.state,  # type: ignore[arg-type]
+            last_error=self.last_error,
+            last_seen_unix=self.last_seen,
+        )
+
+    def describe(self) -> str:
+        return f"worker {self.worker_id} ({self.address})"
+
+
+class WorkerPool:
+    """All known workers, by id (ids are assigned 0, 1, 2, … in order of first appearance)."""
+
+    def __init__(self, addresses: Iterable[str] = ()) -> None:
+        self._workers: dict[int, PoolWorker] = {}
+        self._by_address: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._monitor: asyncio.Task[None] | None = None
+        for address in addresses:
+            self._add(check_address(address), name="")
+
+    # ---- membership ----------------------------------------------------------------------------
+    def _add(self, address: str, name: str) -> PoolWorker:
+        worker_id = len(self._workers)
+        worker = PoolWorker(worker_id=worker_id, address=address, name=name)
+        self._workers[worker_id] = worker
+        self._by_address[address] = worker_id
+        return worker
+
+    async def register(self, address: str, name: str = "") -> PoolWorker:
+        """Add a worker, or bring a known address back UP as a restarted worker (it holds no job)."""
+        addr = check_address(address)
+        worker_id = self._by_address.get(addr)
+        if worker_id is None:
+            worker = self._add(addr, name)
+            log.info("registered %s", worker.describe())
+        else:
+            worker = self._workers[worker_id]
+            worker.name = name or worker.name
+            worker.jobs.clear()
+            worker.reconnect()
+            self._set_state(worker, master_pb2.WORKER_STATE_UP, "")
+            log.info("re-registered %s", worker.describe())
+        worker.last_seen = time.time()
+        await self._notify()
+        return worker
+
+    def get(self, worker_id: int) -> PoolWorker:
+        """The worker with ``worker_id``; KeyError naming the known ids otherwise."""
+        try:
+            return self._workers[worker_id]
+        except KeyError:
+            raise KeyError(f"Unknown worker id {worker_id}; known worker ids are {sorted(self._workers)}.") from None
+
+    @property
+    def workers(self) -> list[PoolWorker]:
+        return [self._workers[i] for i in sorted(self._workers)]
+
+    def up(self) -> list[PoolWorker]:
+        return [w for w in self.workers if w.is_up]
+
+    # ---- state ---------------------------------------------------------------------------------
+    def _set_state(self, worker: PoolWorker, state: WorkerState, error: str) -> None:
+        worker.state = state
+        if error:
+            worker.last_error = error
+        if state == master_pb2.WORKER_STATE_UP:
+            worker.last_seen = time.time()
+
+    def mark_down(self, worker: PoolWorker, error: str) -> None:
+        """Record a failure: the worker is skipped until a health probe or a registration revives it."""
+        if worker.is_up:
+            log.warning("%s is DOWN: %s", worker.describe(), error)
+        self._set_state(worker, master_pb2.WORKER_STATE_DOWN, error)
+        worker.jobs.clear()
+
+    def mark_seen(self, worker: PoolWorker) -> None:
+        worker.last_seen = time.time()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Wait until a worker registers or comes back UP, or ``timeout`` seconds pass."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    # ---- health --------------------------------------------------------------------------------
+    async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
+        """Ask a worker's health service over a fresh channel; on SERVING mark it UP (it holds no job)."""
+        channel = grpc.aio.insecure_channel(worker.address, options=_CHANNEL_OPTIONS)
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError as exc:
+            serving = False
+            if worker.is_up:
+                self.mark_down(worker, f"health check: {exc.code().name}: {exc.details()}")
+        finally:
+            await channel.close()
+        if serving and not worker.is_up:
+            worker.jobs.clear()
+            worker.reconnect()
+            self._set_state(worker, master_pb2.WORKER_STATE_UP, "")
+            log.info("%s is back UP", worker.describe())
+            await self._notify()
+        elif serving:
+            self.mark_seen(worker)
+        return serving
+
+    async def probe_down(self) -> None:
+        """Probe every DOWN worker once, concurrently."""
+        down = [w for w in self.workers if not w.is_up]
+        if down:
+            await asyncio.gather(*(self.probe(w) for w in down), return_exceptions=True)
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await self.probe_down()
+            await asyncio.sleep(HEALTH_PROBE_SECONDS)
+
+    def start_monitor(self) -> None:
+        """Start probing DOWN workers in the background (idempotent)."""
+        if self._monitor is None:
+            self._monitor = asyncio.get_running_loop().create_task(self._monitor_loop(), name="pool-health-monitor")
+
+    async def close(self) -> None:
+        """Stop the monitor and close every channel."""
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+            self._monitor = None
+        for worker in self.workers:
+            channel, worker.channel, worker._stub = worker.channel, None, None
+            if channel is not None:
+                await channel.close()
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _background(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` in the background, keeping a reference until it ends."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
