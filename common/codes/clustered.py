@@ -315,9 +315,9 @@ class DynamicClusteredCode(_ClusteredBase):
     each iteration, :meth:`assign` runs Algorithm 1 and gives every worker one codeword of a cluster it
     belongs to, every codeword to one worker.
 
-    *Dynamic clustering* (§V, Algorithm 1) — see :meth:`place` for the exact rules and the reading of
-    the paper's ambiguous stopping rule. :meth:`static_assignment` is the placement of the first shift
-    of every group, i.e. GC-SC with the clusters of eq. (5).
+    *Dynamic clustering* (§V, Algorithm 1) — see :meth:`place` for the exact rules and our readings of
+    what the paper leaves open (the stopping rule of the turns, the order of $\mathcal{P}_k$).
+    :meth:`static_assignment` places the first shift of every group: GC-SC with the clusters of eq. (5).
 
     Lemma 1 (eq. (19)): a Phase I conflict is always resolved by one swap when
     $n > P(K - 1)/(2K)$, which for integers is $2n \ge P$; the constructor refuses other values.
@@ -457,28 +457,35 @@ class DynamicClusteredCode(_ClusteredBase):
 
         Workers in each column of $\mathbf{A}_{cluster}$ are ranked by index (eq. (16)), or fastest
         first when ``observation.speed`` is given (§VI-B). The larger of the two groups (non-stragglers
-        $\mathcal{K}_f$ when $|\mathcal{K}_f| \ge |\mathcal{K}_s|$) is placed first.
+        $\mathcal{K}_f$ when $|\mathcal{K}_f| \ge |\mathcal{K}_s|$, lines 6–9) is placed first.
 
         Phase I, per group: clusters take turns in the order of eq. (17) — fewest available workers of
         the group first, ties by index — and on its turn a cluster with an open spot takes its first
-        available worker of the group (Algorithm 1, lines 16–23); turns cycle until the group is placed
-        or a whole round places nobody (the paper's "M sufficiently large" attempts).
+        available worker of the group (lines 16–23).
 
-        Reading of the stopping rule. Run literally, lines 16–23 let clusters keep taking the first
-        group until they are full; on the paper's example (eq. (18)) that puts $w_{12}$ into cluster 3
-        and ends in a different conflict ($w_5$) and a final placement with 0 stragglers in cluster 3 and
-        2 in cluster 4, contradicting the text around Fig. 2 (conflict $w_{12}$, one straggler in every
-        cluster but cluster 2). The reading that reproduces Fig. 2, and matches the stated aim of
-        spreading stragglers evenly, caps each cluster at its fair share
-        $\lceil |\mathcal{K}_{first}| / P \rceil$ of the group placed first; the second group only fills
-        open spots. Workers of the first group left over by the cap are placed after the second group
-        into an open cluster they belong to (the one with fewest workers of their group, ties by index).
+        *Stopping rule (our reading).* The text says the first group's placement "continues until there
+        is no unassigned [worker of the group] left or a placement conflict is observed". We read a
+        conflict during the turns as *a cluster with an open spot whose turn comes finds no available
+        worker of the group*: the first group stops there, so it spreads evenly and leaves room in every
+        cluster for the second group. The second group then fills open spots, turns cycling until it is
+        placed or a whole round places nobody (the paper's "M sufficiently large" attempts). Workers left
+        over that still fit an open cluster of theirs go to the one with the fewest workers of their
+        kind (ties by index); the rest are Phase II conflicts. Run literally instead (the first group
+        also cycles until clusters are full), the paper's example (eq. (18)) puts $w_{12}$ into
+        cluster 3 and ends in a conflict of $w_5$ and 0 / 2 stragglers in clusters 3 / 4, contradicting
+        the text of Fig. 2 (conflict $w_{12}$ swapped with $w_4$; one straggler per cluster except
+        cluster 2). Our reading reproduces Fig. 2 and spreads stragglers better on random patterns.
 
-        Phase II (lines 26–35): a worker all of whose clusters are full is a conflict with the
-        lowest-index open cluster $p$; its clusters $\mathcal{P}_k$ are scanned in ascending order and
-        the first member (in placement order) of a $\bar p \in \mathcal{P}_k$ that can join $p$ moves to
-        $p$ while $k$ takes its place. Lemma 1 guarantees this search succeeds.
+        Phase II (lines 26–35): a worker whose clusters are all full conflicts with the lowest-index open
+        cluster $p$; the first worker (in placement order) of a cluster $\bar p \in \mathcal{P}_k$
+        that can join $p$ moves there and $k$ takes its slot. The paper does not order
+        $\mathcal{P}_k$; we scan it from the cluster with the fewest workers of $k$'s kind (ties by
+        index), which keeps stragglers spread and reproduces Fig. 2. Lemma 1 guarantees success.
         """
+        return self._place(observation, stop_at_miss=True)
+
+    def _place(self, observation: Observation | None, *, stop_at_miss: bool) -> ClusterPlacement:
+        """:meth:`place`; ``stop_at_miss=False`` is the literal reading of lines 16–23 (for comparison)."""
         straggling, speed = self._check_observation(observation)
         P, size = self.clusters, self.cluster_size
         rank = {w: (-speed[w] if speed else 0.0, w) for w in range(self.n)}
@@ -492,8 +499,8 @@ class DynamicClusteredCode(_ClusteredBase):
             available = set(group)
             return tuple(sorted(range(P), key=lambda p: (sum(w in available for w in columns[p]), p)))
 
-        def place_group(group: list[int], order: tuple[int, ...], cap: int) -> tuple[list[int], list[int]]:
-            """Lines 16-23: turns until ``group`` is placed or a round places nobody; (leftover, counts)."""
+        def place_group(group: list[int], order: tuple[int, ...], stop: bool) -> tuple[list[int], list[int]]:
+            """Lines 16–23 for one group; returns (workers left over, workers placed per cluster)."""
             available = set(group)
             counts = [0] * P
             progress = True
@@ -502,21 +509,24 @@ class DynamicClusteredCode(_ClusteredBase):
                 for p in order:
                     if not available:
                         break
-                    if len(members[p]) >= size or counts[p] >= cap:
+                    if len(members[p]) >= size:
                         continue
                     pick = next((w for w in columns[p] if w in available), None)
-                    if pick is not None:
-                        members[p].append(pick)
-                        available.discard(pick)
-                        counts[p] += 1
-                        progress = True
+                    if pick is None:
+                        if stop:
+                            return [w for w in group if w in available], counts
+                        continue
+                    members[p].append(pick)
+                    available.discard(pick)
+                    counts[p] += 1
+                    progress = True
             return [w for w in group if w in available], counts
 
         fast_first = len(fast) >= len(slow)
         first, second = (fast, slow) if fast_first else (slow, fast)
         first_order, second_order = turn_order(first), turn_order(second)
-        left_first, first_counts = place_group(first, first_order, cap=-(-len(first) // P))
-        left_second, second_counts = place_group(second, second_order, cap=size)
+        left_first, first_counts = place_group(first, first_order, stop=stop_at_miss)
+        left_second, second_counts = place_group(second, second_order, stop=False)
 
         conflicts: list[int] = []
         for w, counts in [(w, first_counts) for w in left_first] + [(w, second_counts) for w in left_second]:
@@ -532,7 +542,7 @@ class DynamicClusteredCode(_ClusteredBase):
         swaps: list[tuple[int, int, int, int]] = []
         for k in conflicts:
             p = next(q for q in range(P) if len(members[q]) < size)
-            swap = self._find_swap(k, p, members)
+            swap = self._find_swap(k, p, members, straggling)
             if swap is None:  # pragma: no cover - excluded by Lemma 1, checked in __init__
                 raise RuntimeError(f"Algorithm 1: no swap resolves the conflict of worker {k} with cluster {p}.")
             p_bar, slot = swap
@@ -549,9 +559,13 @@ class DynamicClusteredCode(_ClusteredBase):
             straggler_order=second_order if fast_first else first_order,
         )
 
-    def _find_swap(self, k: int, p: int, members: list[list[int]]) -> tuple[int, int] | None:
-        """Algorithm 1, lines 29–35: first cluster of $\\mathcal{P}_k$ holding a worker that can join ``p``."""
-        for p_bar in self._clusters_of[k]:
+    def _find_swap(
+        self, k: int, p: int, members: list[list[int]], straggling: tuple[bool, ...]
+    ) -> tuple[int, int] | None:
+        """Algorithm 1, lines 29–35: the first worker that can join ``p``, scanning $\\mathcal{P}_k$ from
+        the cluster with the fewest workers of $k$'s kind (straggler or not), ties by index."""
+        same_kind = {q: sum(straggling[w] == straggling[k] for w in members[q]) for q in self._clusters_of[k]}
+        for p_bar in sorted(self._clusters_of[k], key=lambda q: (same_kind[q], q)):
             for slot, w in enumerate(members[p_bar]):
                 if p in self._clusters_of[w]:
                     return p_bar, slot
