@@ -102,9 +102,12 @@ be made equal.
 
 Data layout contract
 --------------------
-Partition $j$ must hold the fraction ``partition_weights[j]`` of the samples, in order:
-:meth:`BinaryCodeBase.partition_sizes` turns the exact cut points into integer sample counts.
-For ``binary`` the weights are uniform ($1 / n$).
+Partition $j$ (column $j$ of $B$) must hold the fraction ``partition_weights[j]`` of the samples;
+which samples does not matter, only the proportions (``common.data.partition_indices`` takes these
+weights directly; :meth:`BinaryCodeBase.partition_sizes` rounds the exact cut points instead). For
+``binary`` the weights are uniform ($1 / n$); for ``binary_heterogeneous`` they are not, and an
+equal split would overload the slow workers and break the equal-expected-time allocation (the
+decoded gradient is still the full gradient either way).
 """
 
 from __future__ import annotations
