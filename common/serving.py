@@ -1,0 +1,172 @@
+"""Small helpers every gradcode gRPC server shares (worker and master).
+
+* :func:`start_server` — the canonical grpc.aio sequence: create the server with
+  :data:`~common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
+  (grpcio-health-checking) and server reflection (grpcio-reflection), bind ``host:port`` (port 0
+  picks a free port) and start. Returns a :class:`ServingHandle`.
+* :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
+  parents and the master stop routing to a node that is leaving; then in-flight calls get ``grace``
+  seconds to finish.
+* :func:`install_shutdown_signals` — two-stage SIGINT/SIGTERM handling for ``__main__`` entry points
+  only (never library code or tests): the first signal starts a graceful shutdown, a second one exits
+  at once.
+* :func:`limit_blas_threads` — one numpy/BLAS thread per process by default, so n workers on one
+  machine do not oversubscribe its cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from common.wire import CHANNEL_OPTIONS
+
+__all__ = [
+    "BLAS_THREAD_VARIABLES",
+    "ServingHandle",
+    "format_address",
+    "install_shutdown_signals",
+    "limit_blas_threads",
+    "parse_address",
+    "start_server",
+]
+
+logger = logging.getLogger(__name__)
+
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+"""Environment variables the common BLAS builds read for their thread count."""
+
+Registrar = Callable[[grpc.aio.Server], None]
+"""Adds one servicer to a server, e.g. ``lambda s: worker_pb2_grpc.add_WorkerServicer_to_server(x, s)``."""
+
+
+def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:50051`` for IPv6) into host and port; ValueError naming the format."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{what} must look like HOST:PORT (e.g. 127.0.0.1:50051 or [::1]:0), not {text!r}.")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, bracketing IPv6 hosts."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class ServingHandle:
+    """A started server with its health servicer and the port it actually bound."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    host: str
+    port: int
+    service_names: tuple[str, ...]
+    _stopped: bool = False
+
+    @property
+    def address(self) -> str:
+        """``host:port`` with the bound port (never 0)."""
+        return format_address(self.host, self.port)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Set the overall and every per-service health status."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None) -> None:
+        """NOT_SERVING first, then refuse new calls and give in-flight ones ``grace`` seconds. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.set_serving(False)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_server(
+    host: str,
+    port: int,
+    *,
+    registrars: Sequence[Registrar],
+    service_names: Sequence[str],
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    options: Sequence[tuple[str, Any]] = (),
+) -> ServingHandle:
+    """Create, register, bind and start a grpc.aio server; health SERVING once it accepts calls.
+
+    ``service_names`` are the full names of the registered services (``gradcode.v1.Worker``); they
+    get a health status and are listed by reflection. Raises ``OSError`` when ``host:port`` cannot be
+    bound (in use, or not an address of this machine).
+    """
+    server = grpc.aio.server(interceptors=list(interceptors), options=[*CHANNEL_OPTIONS, *options])
+    for register in registrars:
+        register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = tuple(service_names)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    target = format_address(host, port)
+    try:
+        bound = server.add_insecure_port(target)
+    except RuntimeError as exc:
+        await server.stop(None)
+        raise OSError(f"Cannot listen on {target}: {exc} (is the port in use, or the host not local?)") from None
+    if bound == 0:
+        await server.stop(None)
+        raise OSError(f"Cannot listen on {target} (is the port in use, or the host not local?).")
+    await server.start()
+    handle = ServingHandle(server=server, health=health_servicer, host=host, port=bound, service_names=names)
+    await handle.set_serving(True)
+    return handle
+
+
+def install_shutdown_signals(
+    shutdown: Callable[[], Awaitable[None]], *, name: str = "server", loop: asyncio.AbstractEventLoop | None = None
+) -> None:
+    """First SIGINT/SIGTERM: run ``shutdown()`` (graceful). Second: exit at once with status 1.
+
+    For ``__main__`` entry points only; library code and tests never install signal handlers.
+    """
+    loop = loop or asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []
+
+    def on_signal(signum: int) -> None:
+        if tasks:
+            print(f"{name}: second {signal.Signals(signum).name}, exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
+        logger.info("%s: %s received, shutting down gracefully (send again to exit now)", name, signum)
+        tasks.append(loop.create_task(_run(shutdown)))
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def _run(shutdown: Callable[[], Awaitable[None]]) -> None:
+    await shutdown()
+
+
+def limit_blas_threads(threads: int = 1) -> None:
+    """Limit numpy's BLAS/OpenMP pools to ``threads`` (and set the variables for child processes)."""
+    if threads < 1:
+        raise ValueError(f"Argument 'threads' must be a positive integer, not {threads!r}.")
+    for var in BLAS_THREAD_VARIABLES:
+        os.environ[var] = str(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return
+    threadpool_limits(limits=threads)

@@ -1,0 +1,213 @@
+"""worker.compute without gRPC: job assembly and validation, coded messages, caching, cancellation."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from common.codes import make_code
+from protos.gradcode.v1 import common_pb2, worker_pb2
+from tests.worker.conftest import (
+    TOLERANCE,
+    data_for,
+    expected_message,
+    job_setup,
+    make_partitions,
+    partition_data,
+    random_params,
+)
+from worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        pytest.param("cyclic", {"n": 4, "s": 1}, id="cyclic"),
+        pytest.param("fractional", {"n": 4, "s": 1}, id="fractional"),
+        pytest.param("reed_solomon", {"n": 4, "k": 4, "w": 2}, id="reed_solomon-complex"),
+    ],
+)
+def test_messages_equal_directly_coded_gradient(name: str, params: dict[str, int]) -> None:
+    code = make_code(name, **params)
+    partitions = make_partitions(code.k)
+    theta = random_params()
+    for worker in range(code.n):
+        job = build_job(job_setup(code, worker), data_for(code, worker, partitions))
+        rows = code.static_assignment().rows[worker]
+        result = job.compute(theta, rows)
+        assert list(result.messages) == list(rows)
+        for row in rows:
+            want = expected_message(code, row, theta, partitions)
+            got = result.messages[row]
+            assert got.dtype == (np.complex128 if code.is_complex else np.float64)
+            np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
+            assert result.seconds[row] >= 0
+
+
+def test_float32_messages_when_asked() -> None:
+    code = make_code("cyclic", n=3, s=1)
+    partitions = make_partitions(code.k)
+    job = build_job(job_setup(code, 0, message_dtype=common_pb2.DTYPE_FLOAT32), data_for(code, 0, partitions))
+    message = job.compute(random_params(), [0]).messages[0]
+    assert message.dtype == np.float32
+    np.testing.assert_allclose(message, expected_message(code, 0, random_params(), partitions), rtol=1e-5, atol=1e-4)
+
+
+def test_float32_refused_for_complex_rows() -> None:
+    code = make_code("reed_solomon", n=4, k=4, w=2)
+    with pytest.raises(JobSetupError, match=r"complex coefficients.*DTYPE_FLOAT32"):
+        JobBuilder(job_setup(code, 0, message_dtype=common_pb2.DTYPE_FLOAT32))
+
+
+def _two_rows_sharing_a_partition() -> worker_pb2.JobSetup:
+    setup = job_setup(make_code("uncoded", n=1), 0)
+    del setup.rows[:]
+    setup.rows.add(row=0, partitions=[0, 1], coefficients_real=[1.0, 2.0])
+    setup.rows.add(row=1, partitions=[1, 2], coefficients_real=[-1.0, 0.5])
+    setup.num_partitions_sent = 3
+    return setup
+
+
+def test_each_partition_computed_once_per_iteration() -> None:
+    partitions = make_partitions(3)
+    data = [c for j in range(3) for c in partition_data(j, *partitions[j])]
+    job = build_job(_two_rows_sharing_a_partition(), data)
+    seen: list[int] = []
+    computation = job.start(random_params(), on_partition=seen.append)
+    m0, _ = computation.message(0)
+    m1, _ = computation.message(1)
+    assert sorted(seen) == [0, 1, 2]  # partition 1 is shared by both rows, computed once
+    assert job.stats.partitions_computed == 3
+    from tests.worker.conftest import softmax_model
+
+    g = {j: softmax_model().gradient(random_params(), *partitions[j]) for j in range(3)}
+    np.testing.assert_allclose(m0, g[0] + 2 * g[1], rtol=1e-12)
+    np.testing.assert_allclose(m1, -g[1] + 0.5 * g[2], rtol=1e-12)
+
+
+def test_cancellation_stops_between_partitions() -> None:
+    partitions = make_partitions(3)
+    data = [c for j in range(3) for c in partition_data(j, *partitions[j])]
+    job = build_job(_two_rows_sharing_a_partition(), data)
+    flag = threading.Event()
+    computed: list[int] = []
+
+    def on_partition(j: int) -> None:
+        computed.append(j)
+        flag.set()  # the receiver gives up right after the first partial gradient
+
+    computation = job.start(random_params(), cancelled=flag, on_partition=on_partition)
+    with pytest.raises(ComputeCancelledError):
+        computation.message(0)
+    assert computed == [0]
+    assert job.stats.iterations_cancelled == 1
+    # A fresh computation (the next iteration) is unaffected.
+    fresh = job.compute(random_params(), [0, 1])
+    assert set(fresh.messages) == {0, 1}
+
+
+def test_rejects_bad_params_and_rows() -> None:
+    code = make_code("cyclic", n=3, s=1)
+    job = build_job(job_setup(code, 1), data_for(code, 1, make_partitions(3)))
+    with pytest.raises(ValueError, match=r"has 5 parameters.*expects 21"):
+        job.compute(np.zeros(5), [1])
+    with pytest.raises(ValueError, match=r"must be float64"):
+        job.compute(np.zeros(21, dtype=np.float32), [1])
+    with pytest.raises(ValueError, match=r"Row\(s\) \[0\] were not given to worker 1.*it has rows \[1\]"):
+        job.compute(random_params(), [0])
+    with pytest.raises(ValueError, match=r"name a row twice"):
+        job.compute(random_params(), [1, 1])
+
+
+def test_row_spec_validation() -> None:
+    with pytest.raises(JobSetupError, match="2 partitions but 1 real coefficients"):
+        RowSpec.from_wire(worker_pb2.RowDefinition(row=0, partitions=[0, 1], coefficients_real=[1.0]))
+    with pytest.raises(JobSetupError, match="1 imaginary coefficients"):
+        RowSpec.from_wire(
+            worker_pb2.RowDefinition(row=0, partitions=[0, 1], coefficients_real=[1, 1], coefficients_imag=[1])
+        )
+    with pytest.raises(JobSetupError, match="lists a partition twice"):
+        RowSpec.from_wire(worker_pb2.RowDefinition(row=0, partitions=[1, 1], coefficients_real=[1, 1]))
+    spec = RowSpec.from_wire(
+        worker_pb2.RowDefinition(row=3, partitions=[0, 1], coefficients_real=[1, 2], coefficients_imag=[0, 1])
+    )
+    assert spec.is_complex and spec.coefficients.tolist() == [1 + 0j, 2 + 1j]
+
+
+def test_setup_validation_messages() -> None:
+    code = make_code("cyclic", n=3, s=1)
+    bad = job_setup(code, 0)
+    bad.model.kind = "forest"
+    with pytest.raises(JobSetupError, match=r"model is invalid: Unknown model kind 'forest'"):
+        JobBuilder(bad)
+    bad = job_setup(code, 0)
+    bad.num_partitions_sent = 5
+    with pytest.raises(JobSetupError, match=r"announces 5 partitions, but its rows need exactly 2: \[0, 1\]"):
+        JobBuilder(bad)
+    bad = job_setup(code, 0, job_id="")
+    with pytest.raises(JobSetupError, match="job_id is empty"):
+        JobBuilder(bad)
+    bad = job_setup(code, 0)
+    bad.message_dtype = common_pb2.DTYPE_INT64
+    with pytest.raises(JobSetupError, match="DTYPE_INT64 is not a message type"):
+        JobBuilder(bad)
+
+
+def test_data_validation_messages() -> None:
+    code = make_code("cyclic", n=3, s=1)  # worker 0 needs partitions 0 and 1
+    partitions = make_partitions(3)
+    builder = JobBuilder(job_setup(code, 0))
+    with pytest.raises(JobSetupError, match=r"partition 2, which no row of this worker needs; it needs \[0, 1\]"):
+        builder.add(partition_data(2, *partitions[2])[0])
+
+    chunks = partition_data(0, *partitions[0])
+    builder.add(chunks[0])
+    with pytest.raises(JobSetupError, match="byte offset 512, expected 256"):
+        builder.add(chunks[2])  # skipped chunk 1
+    wrong_size = worker_pb2.PartitionData()
+    wrong_size.CopyFrom(chunks[1])
+    wrong_size.num_samples = 99
+    with pytest.raises(JobSetupError, match="num_samples=99, an earlier one 20"):
+        builder.add(wrong_size)
+
+    overflow = JobBuilder(job_setup(code, 0))
+    short = partition_data(0, partitions[0][0][:2], partitions[0][1][:2])[0]  # declares 2 samples, sends more
+    short.features = partitions[0][0].tobytes()[:256]
+    with pytest.raises(JobSetupError, match="features overflow, 256 bytes received but 96 expected"):
+        overflow.add(short)
+
+    incomplete = JobBuilder(job_setup(code, 0))
+    for c in partition_data(0, *partitions[0]):
+        incomplete.add(c)
+    with pytest.raises(JobSetupError, match=r"No data arrived for partition\(s\) \[1\]"):
+        incomplete.finish()
+    incomplete.add(partition_data(1, *partitions[1])[0])
+    with pytest.raises(JobSetupError, match="Partition 1 is incomplete: 256 of 960 feature bytes"):
+        incomplete.finish()
+
+    capped = JobBuilder(job_setup(code, 0), max_bytes=1500)
+    capped.add(partition_data(0, *partitions[0])[0])  # 20 samples x (6 + 1) x 8 = 1120 bytes: fits
+    with pytest.raises(JobSetupError, match="to 2240 bytes, over this worker's limit of 1500 bytes"):
+        capped.add(partition_data(1, *partitions[1])[0])
+
+
+def test_bad_labels_refused_at_load() -> None:
+    code = make_code("cyclic", n=3, s=1)
+    partitions = make_partitions(3)
+    X, y = partitions[0]
+    y = y.copy()
+    y[0] = 7  # softmax over 3 classes
+    builder = JobBuilder(job_setup(code, 0))
+    for c in [*partition_data(0, X, y), *partition_data(1, *partitions[1])]:
+        builder.add(c)
+    with pytest.raises(JobSetupError, match=r"Partition 0: y must hold integer class labels in \[0, 3\)"):
+        builder.finish()
+    nan = JobBuilder(job_setup(code, 0))
+    X = X.copy()
+    X[1, 1] = np.nan
+    for c in [*partition_data(0, X, partitions[0][1]), *partition_data(1, *partitions[1])]:
+        nan.add(c)
+    with pytest.raises(JobSetupError, match="Partition 0 holds NaN or infinite values"):
+        nan.finish()

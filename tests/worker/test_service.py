@@ -1,0 +1,386 @@
+"""The Worker gRPC service on a real grpc.aio server on loopback: statuses, cancellation, the tree parent."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import numpy as np
+import pytest
+
+from common.codes import make_code
+from common.codes.base import Array, GradientCode
+from common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
+from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.worker.conftest import (
+    TOLERANCE,
+    ServedWorker,
+    data_for,
+    expected_message,
+    fixed_delay,
+    job_setup,
+    load_chunks,
+    make_partitions,
+    partition_data,
+    random_params,
+    serve_worker,
+    softmax_model,
+    stop_worker,
+)
+from worker.service import WorkerServicer
+
+TEST_TIMEOUT = 10.0
+ANY_DTYPE = (np.dtype("<f8"), np.dtype("<c16"), np.dtype("<f4"))
+
+
+@pytest.fixture
+async def stub(served_worker: ServedWorker) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
+    async with grpc.aio.insecure_channel(served_worker.address, options=CHANNEL_OPTIONS) as channel:
+        yield worker_pb2_grpc.WorkerStub(channel)
+
+
+async def _load(stub: worker_pb2_grpc.WorkerStub, chunks: list[worker_pb2.LoadJobChunk]) -> worker_pb2.LoadJobReply:
+    async def stream() -> AsyncIterator[worker_pb2.LoadJobChunk]:
+        for c in chunks:
+            yield c
+
+    reply: worker_pb2.LoadJobReply = await stub.LoadJob(stream())
+    return reply
+
+
+def _request(job_id: str, worker_id: int, rows: tuple[int, ...], params: Array, iteration: int = 0) -> worker_pb2.ComputeRequest:
+    return worker_pb2.ComputeRequest(
+        job_id=job_id, iteration=iteration, worker_id=worker_id, model=tensor_from_array(params), rows=list(rows)
+    )
+
+
+async def _compute(
+    stub: worker_pb2_grpc.WorkerStub, request: worker_pb2.ComputeRequest
+) -> tuple[dict[int, Array], list[worker_pb2.GradientChunk]]:
+    """Run one Compute call and reassemble (and validate) its messages."""
+    assembler = MessageAssembler(
+        job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, rows=tuple(request.rows),
+        length=softmax_model().num_params, dtypes=ANY_DTYPE,
+    )  # fmt: skip
+    messages: dict[int, Array] = {}
+    trailers = []
+    async for chunk in stub.Compute(request):
+        done = assembler.feed(chunk)
+        if done is not None:
+            messages[done.row] = done.vector
+            trailers.append(chunk)
+    assert assembler.complete
+    return messages, trailers
+
+
+async def _status(awaitable: object) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        if hasattr(awaitable, "__aiter__"):
+            async for _ in awaitable:  # type: ignore[attr-defined]
+                pass
+        else:
+            await awaitable  # type: ignore[misc]
+    return info.value
+
+
+def _assert_close(got: Array, want: Array) -> None:
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
+
+
+# ---- happy path ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "worker"),
+    [
+        pytest.param(make_code("cyclic", n=4, s=1), 2, id="cyclic"),
+        pytest.param(make_code("reed_solomon", n=4, k=4, w=2), 1, id="reed_solomon-complex"),
+    ],
+)
+async def test_load_and_compute_match_direct_gradient(
+    stub: worker_pb2_grpc.WorkerStub, code: GradientCode, worker: int
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(code.k)
+        reply = await _load(stub, load_chunks(job_setup(code, worker), data_for(code, worker, partitions)))
+        assert reply.job_id == "job" and reply.worker_id == worker
+        assert list(reply.partitions) == list(code.partitions_of_worker(worker))
+        assert reply.bytes_received == sum(partitions[j][0].nbytes + partitions[j][1].nbytes for j in reply.partitions)
+        theta = random_params()
+        rows = code.static_assignment().rows[worker]
+        for iteration in range(2):
+            messages, trailers = await _compute(stub, _request("job", worker, rows, theta, iteration))
+            for row in rows:
+                _assert_close(messages[row], expected_message(code, row, theta, partitions))
+            assert all(t.trailer.compute_seconds > 0 and t.trailer.straggle_seconds == 0 for t in trailers)
+            theta = theta * 0.5
+
+
+async def test_rows_are_streamed_in_requested_order_with_straggle_reported(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("uncoded", n=1)
+        setup = job_setup(code, 0, straggler=fixed_delay(0.05))
+        del setup.rows[:]
+        setup.rows.add(row=5, partitions=[0], coefficients_real=[2.0])
+        setup.rows.add(row=9, partitions=[0], coefficients_real=[-1.0])
+        partitions = make_partitions(1)
+        await _load(stub, load_chunks(setup, partition_data(0, *partitions[0])))
+        theta = random_params()
+        messages, trailers = await _compute(stub, _request("job", 0, (9, 5), theta))
+        assert [t.row for t in trailers] == [9, 5]
+        assert all(t.trailer.straggle_seconds == pytest.approx(0.05) for t in trailers)
+        g = softmax_model().gradient(theta, *partitions[0])
+        _assert_close(messages[5], 2 * g)
+        _assert_close(messages[9], -g)
+
+
+# ---- refusals --------------------------------------------------------------------------------------
+
+
+async def test_load_job_refusals_are_precise_and_server_keeps_serving(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        setup = job_setup(code, 0)
+        good = data_for(code, 0, partitions)
+        cases: list[tuple[list[worker_pb2.LoadJobChunk], str]] = [
+            ([worker_pb2.LoadJobChunk(data=good[0])], "data for partition 0 before any setup"),
+            ([], "ended without a setup chunk"),
+            (
+                [worker_pb2.LoadJobChunk(setup=setup), worker_pb2.LoadJobChunk(setup=setup)],
+                "Chunk 1 is a second setup",
+            ),
+            (load_chunks(setup, [partition_data(2, *partitions[2])[0]]), "partition 2, which no row of this worker"),
+            (load_chunks(setup, good[:-1]), "Partition 1 is incomplete"),
+            ([worker_pb2.LoadJobChunk()], "Chunk 0 is empty"),
+        ]
+        inconsistent = worker_pb2.PartitionData()
+        inconsistent.CopyFrom(good[1])
+        inconsistent.num_samples = 3
+        cases.append((load_chunks(setup, [good[0], inconsistent]), "num_samples=3, an earlier one 20"))
+        bad_code = job_setup(code, 0)
+        bad_code.parent.child_code.name = "nope"
+        cases.append((load_chunks(bad_code, good), "ParentRole.child_code is invalid: Unknown gradient code 'nope'"))
+        bad_straggler = job_setup(code, 0, straggler=common_pb2.StragglerSpec(model="slowpoke"))
+        cases.append((load_chunks(bad_straggler, good), "straggler is invalid: Unknown delay model 'slowpoke'"))
+        for chunks, expected in cases:
+            error = await _status(_load(stub, chunks))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, expected
+            assert expected in error.details(), error.details()
+        reply = await _load(stub, load_chunks(setup, good))  # still serving
+        assert list(reply.partitions) == [0, 1]
+
+
+async def test_compute_refusals(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        await _load(stub, load_chunks(job_setup(code, 1, job_id="alpha"), data_for(code, 1, partitions)))
+        theta = random_params()
+
+        error = await _status(stub.Compute(_request("beta", 1, (1,), theta)))
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "Unknown job 'beta'; this worker holds ['alpha']" in error.details()
+
+        error = await _status(stub.Compute(_request("alpha", 2, (1,), theta)))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "worker 1 of job 'alpha'; the request is for worker 2" in error.details()
+
+        error = await _status(stub.Compute(_request("alpha", 1, (1,), theta[:-3])))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "has 18 parameters" in error.details() and "expects 21" in error.details()
+
+        error = await _status(stub.Compute(_request("alpha", 1, (0, 1), theta)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Row(s) [0] were not given to worker 1" in error.details() and "it has rows [1]" in error.details()
+
+        error = await _status(stub.Compute(_request("alpha", 1, (1,), theta.astype(np.float32))))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "DTYPE_FLOAT64" in error.details()
+
+        messages, _ = await _compute(stub, _request("alpha", 1, (1,), theta))  # still serving
+        _assert_close(messages[1], expected_message(code, 1, theta, partitions))
+
+
+async def test_load_replaces_job_and_end_job_forgets_it(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        await _load(stub, load_chunks(job_setup(code, 0), data_for(code, 0, partitions)))
+        await _load(stub, load_chunks(job_setup(code, 2), data_for(code, 2, partitions)))  # same job id
+        theta = random_params()
+        error = await _status(stub.Compute(_request("job", 0, (0,), theta)))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        messages, _ = await _compute(stub, _request("job", 2, (2,), theta))
+        _assert_close(messages[2], expected_message(code, 2, theta, partitions))
+
+        await stub.EndJob(worker_pb2.EndJobRequest(job_id="job"))
+        error = await _status(stub.Compute(_request("job", 2, (2,), theta)))
+        assert error.code() == grpc.StatusCode.NOT_FOUND and "no jobs" in error.details()
+        error = await _status(stub.EndJob(worker_pb2.EndJobRequest(job_id="job")))
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+# ---- cancellation ----------------------------------------------------------------------------------
+
+
+class _Gate:
+    """Partition observer that holds the compute thread after its first partition until released."""
+
+    def __init__(self) -> None:
+        self.first = threading.Event()
+        self.release = threading.Event()
+        self.seen: list[tuple[int, int]] = []
+
+    def __call__(self, job_id: str, iteration: int, partition: int) -> None:
+        self.seen.append((iteration, partition))
+        if iteration == 0 and not self.first.is_set():
+            self.first.set()
+            self.release.wait(TEST_TIMEOUT)
+
+
+async def _wait_until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+async def _gated_worker(gate: _Gate) -> tuple[ServedWorker, GradientCode, dict[int, tuple[Array, Array]]]:
+    served = await serve_worker(WorkerServicer(on_partition=gate))
+    code = make_code("uncoded", n=1)  # one row over one partition; widen it to 6 partitions below
+    return served, code, make_partitions(6)
+
+
+def _wide_setup() -> worker_pb2.JobSetup:
+    setup = job_setup(make_code("uncoded", n=1), 0)
+    del setup.rows[:]
+    setup.rows.add(row=0, partitions=list(range(6)), coefficients_real=[1.0] * 6)
+    setup.num_partitions_sent = 6
+    return setup
+
+
+async def test_cancelled_call_stops_the_computation_and_next_iteration_starts_fresh() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        gate = _Gate()
+        served, _, partitions = await _gated_worker(gate)
+        try:
+            async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                data = [c for j in range(6) for c in partition_data(j, *partitions[j])]
+                await _load(stub, load_chunks(_wide_setup(), data))
+                stats = served.servicer.jobs["job"].job.stats
+                theta = random_params()
+
+                call = stub.Compute(_request("job", 0, (0,), theta, iteration=0))
+                reader = asyncio.create_task(call.read())
+                await asyncio.to_thread(gate.first.wait, TEST_TIMEOUT)  # iteration 0 is inside its compute
+                call.cancel()
+                await _wait_until(lambda: stats.calls_cancelled == 1)  # the server saw the cancellation
+                gate.release.set()
+                await _wait_until(lambda: stats.iterations_cancelled == 1)  # and the thread stopped early
+                assert [p for it, p in gate.seen if it == 0] == [0]  # 1 of 6 partitions computed
+                with pytest.raises(asyncio.CancelledError):
+                    await reader
+
+                messages, _ = await _compute(stub, _request("job", 0, (0,), theta, iteration=1))
+                want = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(6))
+                _assert_close(messages[0], want)
+                assert [p for it, p in gate.seen if it == 1] == list(range(6))
+                assert stats.iterations_completed == 1 and stats.partitions_computed == 7
+        finally:
+            gate.release.set()
+            await stop_worker(served)
+
+
+async def test_later_iteration_supersedes_a_running_one() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        gate = _Gate()
+        served, _, partitions = await _gated_worker(gate)
+        try:
+            async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                data = [c for j in range(6) for c in partition_data(j, *partitions[j])]
+                await _load(stub, load_chunks(_wide_setup(), data))
+                theta = random_params()
+                old = asyncio.create_task(_status(stub.Compute(_request("job", 0, (0,), theta, iteration=0))))
+                await asyncio.to_thread(gate.first.wait, TEST_TIMEOUT)
+                newer = asyncio.create_task(_compute(stub, _request("job", 0, (0,), theta, iteration=1)))
+                await _wait_until(lambda: any(it == 1 for it, _ in gate.seen))  # iteration 1 has started
+                gate.release.set()
+                error = await old
+                assert error.code() == grpc.StatusCode.ABORTED
+                assert "Iteration 0 of job 'job' was abandoned" in error.details()
+                messages, _ = await newer
+                want = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(6))
+                _assert_close(messages[0], want)
+        finally:
+            gate.release.set()
+            await stop_worker(served)
+
+
+async def test_cancelled_call_cancels_the_straggler_sleep(stub: worker_pb2_grpc.WorkerStub, served_worker: ServedWorker) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        setup = job_setup(code, 0, straggler=fixed_delay(60.0))
+        await _load(stub, load_chunks(setup, data_for(code, 0, partitions)))
+        stats = served_worker.servicer.jobs["job"].job.stats
+        call = stub.Compute(_request("job", 0, (0,), random_params()))
+        reader = asyncio.create_task(call.read())
+        await _wait_until(lambda: 0 in served_worker.servicer.jobs["job"].active)  # sleeping now
+        call.cancel()
+        await _wait_until(lambda: stats.calls_cancelled == 1)  # the 60 s sleep ended at once
+        assert not served_worker.servicer.jobs["job"].active and stats.partitions_computed == 0
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+
+# ---- tree parent -----------------------------------------------------------------------------------
+
+
+async def test_tree_parent_decodes_three_children_and_adds_its_own_part() -> None:
+    """Parent 0 over children 1..3 (cyclic n=3, s=1 over partitions 0..2); the parent holds partition 3."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        child_code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(4, seed=3)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(4))
+        children = [await serve_worker() for _ in range(3)]
+        parent = await serve_worker()
+        try:
+            for i, child in enumerate(children):
+                async with grpc.aio.insecure_channel(child.address) as channel:
+                    setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+                    if i == 2:
+                        setup.straggler.CopyFrom(fixed_delay(60.0))  # child 3 is a straggler
+                    await _load(worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions)))
+
+            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
+            del setup.rows[:]
+            setup.rows.add(row=0, partitions=[3], coefficients_real=[1.0])
+            setup.parent.child_code.name = "cyclic"
+            setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": 3, "s": 1}))
+            setup.parent.children.extend(
+                worker_pb2.ChildSpec(worker_id=i + 1, address=child.address) for i, child in enumerate(children)
+            )
+            setup.parent.wait_seconds = 0.5
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
+
+                messages, _ = await _compute(stub, _request("tree", 0, (0,), theta))
+                _assert_close(messages[0], full)  # children 1, 2 decode; child 3 straggles
+                straggler_stats = children[2].servicer.jobs["tree"].job.stats
+                await _wait_until(lambda: straggler_stats.calls_cancelled == 1)  # the parent cancelled it
+
+                await stop_worker(children[0])  # now only child 2 is fast: not decodable in 0.5 s
+                error = await _status(_compute(stub, _request("tree", 0, (0,), theta, iteration=1)))
+                assert error.code() == grpc.StatusCode.UNAVAILABLE
+                details = error.details()
+                assert "children [1, 3] did not deliver within 0.5 s" in details, details
+                assert f"child 1 at {children[0].address}: UNAVAILABLE" in details, details
+                assert "child 3" in details and "no answer in time" in details, details
+                await _wait_until(lambda: straggler_stats.calls_cancelled == 2)
+        finally:
+            for served in [*children, parent]:
+                await stop_worker(served)

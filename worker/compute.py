@@ -1,0 +1,420 @@
+r"""What a worker computes, without any gRPC: its job's data and the coded messages of one iteration.
+
+A job arrives as a :class:`~protos.gradcode.v1.worker_pb2.JobSetup` followed by the data of every
+partition its rows need, in :class:`~protos.gradcode.v1.worker_pb2.PartitionData` chunks.
+:class:`JobBuilder` validates each piece as it arrives (offsets, sizes, which partitions the rows
+need, a cap on the total bytes) and :meth:`JobBuilder.finish` returns the immutable :class:`WorkerJob`.
+
+Per iteration, message row $r$ with support $S_r$ and coefficients $c$ is
+$m_r = \sum_{j \in S_r} c_j g_j$, where $g_j$ is the summed gradient of the model over partition $j$.
+:class:`IterationComputation` computes each $g_j$ at most once per iteration, even when two rows
+share a partition, and checks a cancellation flag between partitions, so a call the receiver has
+given up on stops early instead of delaying the next iteration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from common.codes.base import Array
+from common.models import Model, make_model
+from protos.gradcode.v1 import common_pb2, worker_pb2
+
+__all__ = [
+    "MAX_JOB_BYTES",
+    "ComputeCancelledError",
+    "ComputeResult",
+    "IterationComputation",
+    "JobBuilder",
+    "JobSetupError",
+    "JobStats",
+    "RowSpec",
+    "WorkerJob",
+    "build_job",
+]
+
+MAX_JOB_BYTES = 8 * 1024**3
+"""Default cap on the features + labels bytes one job may hold on a worker (8 GiB)."""
+
+_FLOAT64 = np.dtype("<f8")
+_MESSAGE_DTYPES: dict[int, np.dtype[Any]] = {
+    common_pb2.DTYPE_UNSPECIFIED: _FLOAT64,
+    common_pb2.DTYPE_FLOAT64: _FLOAT64,
+    common_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
+    common_pb2.DTYPE_COMPLEX128: np.dtype("<c16"),
+}
+
+
+class JobSetupError(ValueError):
+    """A JobSetup or its partition data is invalid; the message says what and what would be valid."""
+
+
+class ComputeCancelledError(Exception):
+    """The iteration was cancelled (the flag was set) before its messages were complete."""
+
+
+class CancelFlag(Protocol):
+    """Anything with ``is_set()``; :class:`threading.Event` in practice."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One message row this worker may compute: ``sum(coefficients[i] * g[partitions[i]])``."""
+
+    row: int
+    partitions: tuple[int, ...]
+    coefficients: Array
+    """float64, or complex128 when the row has imaginary coefficients."""
+
+    @property
+    def is_complex(self) -> bool:
+        return bool(np.iscomplexobj(self.coefficients))
+
+    @classmethod
+    def from_wire(cls, definition: worker_pb2.RowDefinition) -> RowSpec:
+        row = int(definition.row)
+        partitions = tuple(int(p) for p in definition.partitions)
+        real = np.asarray(definition.coefficients_real, dtype=np.float64)
+        imag = np.asarray(definition.coefficients_imag, dtype=np.float64)
+        if len(set(partitions)) != len(partitions):
+            raise JobSetupError(f"Row {row} lists a partition twice: {list(partitions)}.")
+        if real.size != len(partitions):
+            raise JobSetupError(
+                f"Row {row} has {len(partitions)} partitions but {real.size} real coefficients; they must match."
+            )
+        if imag.size not in (0, len(partitions)):
+            raise JobSetupError(
+                f"Row {row} has {len(partitions)} partitions but {imag.size} imaginary coefficients; "
+                "give one per partition or none (real code)."
+            )
+        coefficients: Array = real if imag.size == 0 or not imag.any() else real + 1j * imag
+        if not np.all(np.isfinite(coefficients)):
+            raise JobSetupError(f"Row {row} has non-finite coefficients {coefficients.tolist()}.")
+        coefficients.setflags(write=False)
+        return cls(row=row, partitions=partitions, coefficients=coefficients)
+
+
+@dataclass
+class JobStats:
+    """Counters a worker keeps per job (read by tests and logs; updated from compute threads)."""
+
+    iterations_completed: int = 0
+    iterations_cancelled: int = 0
+    """Computations that stopped early because their flag was set."""
+    partitions_computed: int = 0
+    calls_cancelled: int = 0
+    """Compute calls the receiver cancelled (seen by the service)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **increments: int) -> None:
+        with self._lock:
+            for name, value in increments.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass(frozen=True)
+class ComputeResult:
+    """The messages of one iteration, in the requested row order, with the compute time of each.
+
+    ``seconds[row]`` is the time from the start of the computation until that row's message was
+    ready (rows are computed in order, so later rows include the earlier ones' partitions).
+    """
+
+    messages: dict[int, Array]
+    seconds: dict[int, float]
+
+    @property
+    def total_seconds(self) -> float:
+        return max(self.seconds.values(), default=0.0)
+
+
+class WorkerJob:
+    """One job's model, rows and partition data on a worker; immutable once built."""
+
+    def __init__(
+        self,
+        setup: worker_pb2.JobSetup,
+        model: Model,
+        rows: dict[int, RowSpec],
+        partitions: dict[int, tuple[Array, Array]],
+        message_dtype: np.dtype[Any],
+        bytes_received: int,
+    ) -> None:
+        self.setup = setup
+        self.job_id: str = setup.job_id
+        self.worker_id: int = int(setup.worker_id)
+        self.model = model
+        self.rows = rows
+        self.partitions = partitions
+        self.message_dtype = message_dtype
+        self.bytes_received = bytes_received
+        self.stats = JobStats()
+
+    @property
+    def num_params(self) -> int:
+        return int(self.model.num_params)
+
+    def row_dtype(self, row: int) -> np.dtype[Any]:
+        """Wire dtype of ``row``'s message: complex128 for complex rows, else the job's message dtype."""
+        return np.dtype("<c16") if self.rows[row].is_complex else self.message_dtype
+
+    def check_params(self, params: Array) -> Array:
+        """Return ``params`` as float64 if it is a flat vector of the model's length; else ValueError."""
+        p = np.asarray(params)
+        if p.ndim != 1 or p.shape[0] != self.num_params:
+            raise ValueError(
+                f"The model has {p.size} parameters (shape {p.shape}); job {self.job_id!r} "
+                f"({self.model!r}) expects {self.num_params}."
+            )
+        if p.dtype != _FLOAT64:
+            raise ValueError(f"The model parameters must be float64, not {p.dtype}.")
+        return p
+
+    def check_rows(self, rows: Sequence[int]) -> tuple[int, ...]:
+        """Return ``rows`` if every one is a row of this worker, once each; else ValueError listing them."""
+        if not rows:
+            raise ValueError(f"No rows requested; worker {self.worker_id} of job {self.job_id!r} has {self.row_ids}.")
+        unknown = [r for r in rows if r not in self.rows]
+        if unknown:
+            raise ValueError(
+                f"Row(s) {unknown} were not given to worker {self.worker_id} in job {self.job_id!r}; "
+                f"it has rows {self.row_ids}."
+            )
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"Rows {list(rows)} name a row twice; ask for each row once.")
+        return tuple(int(r) for r in rows)
+
+    @property
+    def row_ids(self) -> list[int]:
+        return sorted(self.rows)
+
+    def start(
+        self,
+        params: Array,
+        *,
+        cancelled: CancelFlag | None = None,
+        on_partition: Callable[[int], None] | None = None,
+    ) -> IterationComputation:
+        """A computation for one iteration at ``params`` (validated)."""
+        return IterationComputation(self, self.check_params(params), cancelled=cancelled, on_partition=on_partition)
+
+    def compute(self, params: Array, rows: Sequence[int], cancelled: CancelFlag | None = None) -> ComputeResult:
+        """Every requested row's message; raises :class:`ComputeCancelledError` once ``cancelled`` is set."""
+        computation = self.start(params, cancelled=cancelled)
+        messages: dict[int, Array] = {}
+        seconds: dict[int, float] = {}
+        for row in self.check_rows(rows):
+            messages[row], seconds[row] = computation.message(row)
+        return ComputeResult(messages, seconds)
+
+
+class IterationComputation:
+    """The partial gradients of one iteration, each computed at most once, and the messages built from them.
+
+    Meant to run in a worker thread (``asyncio.to_thread``); :meth:`message` checks ``cancelled``
+    before every partition and raises :class:`ComputeCancelledError` when it is set.
+    """
+
+    def __init__(
+        self,
+        job: WorkerJob,
+        params: Array,
+        *,
+        cancelled: CancelFlag | None = None,
+        on_partition: Callable[[int], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.params = params
+        self.cancelled = cancelled
+        self.on_partition = on_partition
+        self.partials: dict[int, Array] = {}
+        self._started = time.perf_counter()
+        self._cancel_counted = False
+
+    def partial(self, partition: int) -> Array:
+        """$g_j$: the summed gradient over ``partition`` (cached for this iteration)."""
+        cached = self.partials.get(partition)
+        if cached is not None:
+            return cached
+        if self.cancelled is not None and self.cancelled.is_set():
+            if not self._cancel_counted:
+                self._cancel_counted = True
+                self.job.stats.add(iterations_cancelled=1)
+            raise ComputeCancelledError(f"Iteration cancelled before partition {partition} was computed.")
+        X, y = self.job.partitions[partition]
+        g = self.job.model.gradient(self.params, X, y)
+        self.partials[partition] = g
+        self.job.stats.add(partitions_computed=1)
+        if self.on_partition is not None:
+            self.on_partition(partition)
+        return g
+
+    def message(self, row: int) -> tuple[Array, float]:
+        """Row ``row``'s message in its wire dtype, and the seconds since this computation started."""
+        spec = self.job.rows[row]
+        acc_dtype = np.complex128 if spec.is_complex else np.float64
+        out = np.zeros(self.job.num_params, dtype=acc_dtype)
+        for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
+            out += c * self.partial(partition)
+        return out.astype(self.job.row_dtype(row), copy=False), time.perf_counter() - self._started
+
+
+@dataclass
+class _PartitionBuffer:
+    num_samples: int
+    features: Array
+    labels: Array
+    features_filled: int = 0
+    labels_filled: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.features_filled == self.features.nbytes and self.labels_filled == self.labels.nbytes
+
+
+class JobBuilder:
+    """Validates a JobSetup, then assembles the partition data chunk by chunk.
+
+    Chunks of one partition arrive in byte order (``features_offset``/``labels_offset`` equal to the
+    bytes of that partition received so far); partitions may interleave. ``num_samples`` must be the
+    same on every chunk of a partition (0 on a later chunk means "as before"). Features are
+    ``num_samples x num_features`` float64, labels ``num_samples`` float64, little-endian.
+    """
+
+    def __init__(self, setup: worker_pb2.JobSetup, *, max_bytes: int = MAX_JOB_BYTES) -> None:
+        if not setup.job_id:
+            raise JobSetupError("JobSetup.job_id is empty; give the job a name.")
+        self.setup = setup
+        self.max_bytes = max_bytes
+        spec = setup.model
+        try:
+            self.model = make_model(spec.kind, num_features=int(spec.num_features), num_classes=spec.num_classes or 2)
+        except ValueError as exc:
+            raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None
+        if not setup.rows:
+            raise JobSetupError(f"JobSetup for job {setup.job_id!r} has no rows; a worker needs at least one.")
+        self.rows: dict[int, RowSpec] = {}
+        for definition in setup.rows:
+            row = RowSpec.from_wire(definition)
+            if row.row in self.rows:
+                raise JobSetupError(f"Row {row.row} is defined twice in JobSetup.rows.")
+            self.rows[row.row] = row
+        if setup.message_dtype not in _MESSAGE_DTYPES:
+            valid = [common_pb2.DType.Name(d) for d in _MESSAGE_DTYPES if d]
+            raise JobSetupError(
+                f"JobSetup.message_dtype {common_pb2.DType.Name(setup.message_dtype)} is not a message type; "
+                f"valid: {valid}."
+            )
+        self.message_dtype = _MESSAGE_DTYPES[setup.message_dtype]
+        complex_rows = sorted(r for r, spec_ in self.rows.items() if spec_.is_complex)
+        if complex_rows and self.message_dtype == np.dtype("<f4"):
+            raise JobSetupError(
+                f"Rows {complex_rows} have complex coefficients, which DTYPE_FLOAT32 messages cannot carry; "
+                "use DTYPE_FLOAT64 (complex rows are then sent as complex128)."
+            )
+        self.needed = sorted({p for row in self.rows.values() for p in row.partitions})
+        if setup.num_partitions_sent != len(self.needed):
+            raise JobSetupError(
+                f"JobSetup announces {setup.num_partitions_sent} partitions, but its rows need exactly "
+                f"{len(self.needed)}: {self.needed}."
+            )
+        self._buffers: dict[int, _PartitionBuffer] = {}
+        self.bytes_received = 0
+        self._bytes_declared = 0
+
+    def add(self, data: worker_pb2.PartitionData) -> None:
+        """Copy one chunk into place, refusing anything that does not fit."""
+        p = int(data.partition)
+        if p not in self.rows_partitions:
+            raise JobSetupError(f"Data for partition {p}, which no row of this worker needs; it needs {self.needed}.")
+        buffer = self._buffers.get(p)
+        if buffer is None:
+            buffer = self._allocate(p, int(data.num_samples))
+        elif data.num_samples not in (0, buffer.num_samples):
+            raise JobSetupError(
+                f"Partition {p}: a chunk says num_samples={data.num_samples}, an earlier one {buffer.num_samples}."
+            )
+        buffer.features_filled = self._copy(p, "features", buffer.features, buffer.features_filled, data)
+        buffer.labels_filled = self._copy(p, "labels", buffer.labels, buffer.labels_filled, data)
+
+    @property
+    def rows_partitions(self) -> frozenset[int]:
+        return frozenset(self.needed)
+
+    def _allocate(self, partition: int, num_samples: int) -> _PartitionBuffer:
+        num_features = int(self.setup.model.num_features)
+        size = num_samples * (num_features + 1) * 8
+        if self._bytes_declared + size > self.max_bytes:
+            raise JobSetupError(
+                f"Partition {partition} ({num_samples} samples x {num_features} features) would bring job "
+                f"{self.setup.job_id!r} to {self._bytes_declared + size} bytes, over this worker's limit of "
+                f"{self.max_bytes} bytes."
+            )
+        self._bytes_declared += size
+        buffer = _PartitionBuffer(
+            num_samples=num_samples,
+            features=np.empty((num_samples, num_features), dtype=_FLOAT64),
+            labels=np.empty(num_samples, dtype=_FLOAT64),
+        )
+        self._buffers[partition] = buffer
+        return buffer
+
+    def _copy(self, partition: int, what: str, target: Array, filled: int, data: worker_pb2.PartitionData) -> int:
+        payload: bytes = getattr(data, what)
+        offset = int(getattr(data, f"{what}_offset"))
+        if not payload:
+            return filled
+        if offset != filled:
+            raise JobSetupError(
+                f"Partition {partition}: {what} chunk at byte offset {offset}, expected {filled} (chunks must arrive "
+                "in order without gaps or overlaps)."
+            )
+        end = filled + len(payload)
+        if end > target.nbytes:
+            raise JobSetupError(
+                f"Partition {partition}: {what} overflow, {end} bytes received but {target.nbytes} expected "
+                f"for {target.shape[0]} samples."
+            )
+        target.reshape(-1).view(np.uint8)[filled:end] = np.frombuffer(payload, dtype=np.uint8)
+        self.bytes_received += len(payload)
+        return end
+
+    def finish(self) -> WorkerJob:
+        """Check that every needed partition is complete and valid, and return the job."""
+        missing = [p for p in self.needed if p not in self._buffers]
+        if missing:
+            raise JobSetupError(f"No data arrived for partition(s) {missing}; the rows need {self.needed}.")
+        partitions: dict[int, tuple[Array, Array]] = {}
+        for p in self.needed:
+            buffer = self._buffers[p]
+            if not buffer.complete:
+                raise JobSetupError(
+                    f"Partition {p} is incomplete: {buffer.features_filled} of {buffer.features.nbytes} feature bytes "
+                    f"and {buffer.labels_filled} of {buffer.labels.nbytes} label bytes arrived."
+                )
+            if not (np.all(np.isfinite(buffer.features)) and np.all(np.isfinite(buffer.labels))):
+                raise JobSetupError(f"Partition {p} holds NaN or infinite values.")
+            try:  # one gradient at the initial point validates the labels for this model now, not mid-job
+                self.model.gradient(self.model.init_params(), buffer.features, buffer.labels)
+            except ValueError as exc:
+                raise JobSetupError(f"Partition {p}: {exc}") from None
+            buffer.features.setflags(write=False)
+            buffer.labels.setflags(write=False)
+            partitions[p] = (buffer.features, buffer.labels)
+        return WorkerJob(self.setup, self.model, self.rows, partitions, self.message_dtype, self.bytes_received)
+
+
+def build_job(setup: worker_pb2.JobSetup, data: Sequence[worker_pb2.PartitionData]) -> WorkerJob:
+    """Convenience for tests and tools: validate ``setup``, add every chunk, finish."""
+    builder = JobBuilder(setup)
+    for chunk in data:
+        builder.add(chunk)
+    return builder.finish()

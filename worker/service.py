@@ -1,0 +1,289 @@
+"""The gradcode.v1.Worker gRPC service: a thin adapter over :mod:`worker.compute` and :mod:`worker.parent`.
+
+* ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data; replaces an earlier
+  job with the same id.
+* ``Compute`` (server streaming): one iteration; applies the job's straggler emulation as a
+  cancellable sleep, computes the rows in a worker thread and streams each one as soon as it is
+  ready. When the receiver cancels the call, the sleep is cancelled and the compute thread stops at
+  its next partition, so the worker starts the next iteration fresh. A Compute for a later
+  iteration of the same job also stops any older one still running (it can no longer be used).
+* ``EndJob``: forget a job.
+
+Every refusal is a gRPC status with a precise message; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+import numpy as np
+
+from common.codes.base import Array
+from common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
+from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
+from worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
+
+__all__ = ["JobRuntime", "PartitionObserver", "WorkerServicer"]
+
+logger = logging.getLogger(__name__)
+
+PartitionObserver = Callable[[str, int, int], None]
+"""Called from the compute thread after each partial gradient: ``(job_id, iteration, partition)``."""
+
+
+@dataclass
+class JobRuntime:
+    """A loaded job plus what serving it needs: delay model, parent role, running computations."""
+
+    job: WorkerJob
+    delay_model: Any | None = None
+    parent: ParentRunner | None = None
+    active: dict[int, set[threading.Event]] = field(default_factory=dict)
+    """Cancellation flags of the computations running now, by iteration."""
+
+    def cancel_all(self, *, before: int | None = None) -> None:
+        """Set the flags of every running computation (of iterations before ``before``, if given)."""
+        for iteration, flags in self.active.items():
+            if before is None or iteration < before:
+                for flag in flags:
+                    flag.set()
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Holds the jobs loaded on this worker and serves LoadJob / Compute / EndJob."""
+
+    def __init__(self, *, max_job_bytes: int = MAX_JOB_BYTES, on_partition: PartitionObserver | None = None) -> None:
+        self.jobs: dict[str, JobRuntime] = {}
+        self.max_job_bytes = max_job_bytes
+        self.on_partition = on_partition
+
+    # ---- LoadJob -------------------------------------------------------------------------------
+    async def LoadJob(  # noqa: N802 - proto name
+        self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoadJobReply:
+        builder: JobBuilder | None = None
+        error: str | None = None
+        try:
+            index = 0
+            async for chunk in request_iterator:
+                kind = chunk.WhichOneof("payload")
+                if kind == "setup":
+                    if builder is not None:
+                        raise JobSetupError(
+                            f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
+                            "exactly one setup, first."
+                        )
+                    builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
+                elif kind == "data":
+                    if builder is None:
+                        raise JobSetupError(
+                            f"Chunk {index} carries data for partition {chunk.data.partition} before any setup; "
+                            "send the setup chunk first."
+                        )
+                    builder.add(chunk.data)
+                else:
+                    raise JobSetupError(f"Chunk {index} is empty; set either 'setup' or 'data'.")
+                index += 1
+            if builder is None:
+                raise JobSetupError("The LoadJob stream ended without a setup chunk; send the setup first.")
+            job = await asyncio.to_thread(builder.finish)
+            runtime = JobRuntime(job=job)
+            runtime.delay_model = _delay_model(job.setup.straggler)
+            if job.setup.HasField("parent"):
+                runtime.parent = ParentRunner(job.setup.parent, job_id=job.job_id, num_params=job.num_params)
+        except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
+            error = str(exc)
+        if error is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"LoadJob refused: {error}")
+        old = self.jobs.get(job.job_id)
+        self.jobs[job.job_id] = runtime
+        if old is not None:
+            logger.info("job %r replaced by a new LoadJob", job.job_id)
+            await self._retire(old)
+        logger.info(
+            "job %r loaded: worker %d, rows %s, partitions %s, %d bytes",
+            job.job_id, job.worker_id, job.row_ids, sorted(job.partitions), job.bytes_received,
+        )  # fmt: skip
+        return worker_pb2.LoadJobReply(
+            job_id=job.job_id, worker_id=job.worker_id, partitions=sorted(job.partitions),
+            bytes_received=job.bytes_received,
+        )  # fmt: skip
+
+    # ---- Compute -------------------------------------------------------------------------------
+    async def Compute(  # noqa: N802 - proto name
+        self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+        runtime = self.jobs.get(request.job_id)
+        if runtime is None:
+            known = sorted(self.jobs)
+            await _abort(
+                context, grpc.StatusCode.NOT_FOUND,
+                f"Unknown job {request.job_id!r}; this worker holds {known or 'no jobs'}. Load it with LoadJob first.",
+            )  # fmt: skip
+        job = runtime.job
+        if request.worker_id != job.worker_id:
+            await _abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION,
+                f"This worker is worker {job.worker_id} of job {job.job_id!r}; the request is for worker "
+                f"{request.worker_id}.",
+            )  # fmt: skip
+        error = None
+        try:
+            if request.model.dtype != common_pb2.DTYPE_FLOAT64:
+                raise ValueError(
+                    f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}."
+                )
+            params = job.check_params(array_from_tensor(request.model))
+            rows = job.check_rows(list(request.rows))
+        except (ValueError, WireError) as exc:
+            error = str(exc)
+        if error is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"Compute refused: {error}")
+
+        iteration = int(request.iteration)
+        flag = threading.Event()
+        runtime.cancel_all(before=iteration)  # an older iteration still running can no longer be used
+        runtime.active.setdefault(iteration, set()).add(flag)
+        try:
+            straggle = await self._straggle(runtime, iteration)
+            if runtime.parent is not None:
+                messages = await self._parent_messages(runtime, runtime.parent, request, params, rows, flag)
+                for row, (vector, seconds) in messages.items():
+                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggle):
+                        yield chunk
+            else:
+                computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, iteration))
+                for row in rows:
+                    vector, seconds = await asyncio.to_thread(computation.message, row)
+                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggle):
+                        yield chunk
+            job.stats.add(iterations_completed=1)
+        except ComputeCancelledError:
+            error = (
+                f"Iteration {iteration} of job {job.job_id!r} was abandoned: a Compute for a later iteration arrived."
+            )
+        except ChildrenUnavailableError as exc:
+            error = str(exc)
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, error)
+        except asyncio.CancelledError:
+            job.stats.add(calls_cancelled=1)
+            logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
+            raise
+        finally:
+            flag.set()  # stops the compute thread at its next partition if it is still running
+            flags = runtime.active.get(iteration)
+            if flags is not None:
+                flags.discard(flag)
+                if not flags:
+                    del runtime.active[iteration]
+        if error is not None:
+            await _abort(context, grpc.StatusCode.ABORTED, error)
+
+    def _chunks(
+        self, job: WorkerJob, iteration: int, row: int, vector: Array, seconds: float, straggle: float
+    ) -> list[worker_pb2.GradientChunk]:
+        return list(
+            message_chunks(
+                vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
+                compute_seconds=seconds, straggle_seconds=straggle,
+            )
+        )  # fmt: skip
+
+    def _observer(self, job_id: str, iteration: int) -> Callable[[int], None] | None:
+        observer = self.on_partition
+        if observer is None:
+            return None
+        return lambda partition: observer(job_id, iteration, partition)
+
+    async def _straggle(self, runtime: JobRuntime, iteration: int) -> float:
+        """Sleep the emulated straggler delay (cancellable) and return it."""
+        if runtime.delay_model is None:
+            return 0.0
+        delay = float(runtime.delay_model.delay(runtime.job.worker_id, iteration))
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return delay
+
+    async def _parent_messages(
+        self,
+        runtime: JobRuntime,
+        parent: ParentRunner,
+        request: worker_pb2.ComputeRequest,
+        params: Array,
+        rows: tuple[int, ...],
+        flag: threading.Event,
+    ) -> dict[int, tuple[Array, float]]:
+        """Own messages (in a thread) and the children's decoded sum (gather), concurrently; then add."""
+        job = runtime.job
+        started = time.perf_counter()
+        children: asyncio.Task[ChildrenSum] = asyncio.create_task(parent.children_sum(request))
+        try:
+            computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, request.iteration))
+            own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
+            decoded = await children
+        finally:
+            if not children.done():
+                children.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await children
+        seconds = time.perf_counter() - started
+        logger.debug(
+            "job %r iteration %d: children used %s, late %s, failed %s",
+            job.job_id, request.iteration, decoded.used, decoded.late, decoded.failed,
+        )  # fmt: skip
+        out: dict[int, tuple[Array, float]] = {}
+        for row in rows:
+            total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
+            out[row] = (total.astype(job.row_dtype(row), copy=False), seconds)
+        return out
+
+    # ---- EndJob --------------------------------------------------------------------------------
+    async def EndJob(  # noqa: N802 - proto name
+        self, request: worker_pb2.EndJobRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.EndJobReply:
+        runtime = self.jobs.pop(request.job_id, None)
+        if runtime is None:
+            known = sorted(self.jobs)
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"Unknown job {request.job_id!r}; this worker holds {known}.")
+        await self._retire(runtime)
+        logger.info("job %r ended", request.job_id)
+        return worker_pb2.EndJobReply()
+
+    async def _retire(self, runtime: JobRuntime) -> None:
+        runtime.cancel_all()
+        if runtime.parent is not None:
+            await runtime.parent.close()
+
+    async def close(self) -> None:
+        """Stop every computation and close the children's channels (on node shutdown)."""
+        runtimes = list(self.jobs.values())
+        self.jobs.clear()
+        for runtime in runtimes:
+            await self._retire(runtime)
+
+
+def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
+    """The job's delay model, or None when emulation is off."""
+    if spec.model in ("", "none"):
+        return None
+    from common.stragglers import make_delay_model
+
+    try:
+        return make_delay_model(spec.model, dict_from_struct(spec.params), int(spec.seed))
+    except ValueError as exc:
+        raise ValueError(f"JobSetup.straggler is invalid: {exc}") from None
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    logger.info("refusing call: %s: %s", code.name, details)
+    await context.abort(code, details)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
