@@ -322,6 +322,14 @@ class DynamicClusteredCode(_ClusteredBase):
     Lemma 1 (eq. (19)): a Phase I conflict is always resolved by one swap when
     $n > P(K - 1)/(2K)$, which for integers is $2n \ge P$; the constructor refuses other values.
 
+    Notes:
+        Paper typos resolved here: §IV-B says "dividing workers into $P$ groups" but its example has
+        $\ell = 3$ groups of $P = 4$ (we use $\ell$ groups of $P$); after Fig. 2 "the full recovery is
+        possible for the static clustering scheme" must read "not possible" (7 < $P(\ell - r + 1)$ = 8
+        non-stragglers). Algorithm 1 is a greedy heuristic: it does not always find a placement with at
+        most $r - 1$ stragglers per cluster when one exists (K = 12, P = 4, r = 2, n = 2, eq. (13)
+        shifts, 3 stragglers: 74.1 % of patterns placed vs 98.2 % feasible by exhaustive search).
+
     Arguments:
         n: $K$, workers and data partitions.
         clusters: $P$, a divisor of ``n``.
