@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; the stubs only know this name
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -70,7 +71,7 @@ class ServingHandle:
     """A started server with its health servicer and the port it actually bound."""
 
     server: grpc.aio.Server
-    health: health.aio.HealthServicer
+    health: health_aio.HealthServicer
     host: str
     port: int
     service_names: tuple[str, ...]
@@ -103,7 +104,7 @@ async def start_server(
     *,
     registrars: Sequence[Registrar],
     service_names: Sequence[str],
-    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
     options: Sequence[tuple[str, Any]] = (),
 ) -> ServingHandle:
     """Create, register, bind and start a grpc.aio server; health SERVING once it accepts calls.
@@ -112,10 +113,12 @@ async def start_server(
     get a health status and are listed by reflection. Raises ``OSError`` when ``host:port`` cannot be
     bound (in use, or not an address of this machine).
     """
-    server = grpc.aio.server(interceptors=list(interceptors), options=[*CHANNEL_OPTIONS, *options])
+    # NOTE: SO_REUSEPORT off, so a second process on a taken port fails instead of silently sharing it.
+    server_options = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0), *options]
+    server = grpc.aio.server(interceptors=list(interceptors), options=server_options)
     for register in registrars:
         register(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -148,7 +151,9 @@ def install_shutdown_signals(
         if tasks:
             print(f"{name}: second {signal.Signals(signum).name}, exiting now", file=sys.stderr, flush=True)
             os._exit(1)
-        logger.info("%s: %s received, shutting down gracefully (send again to exit now)", name, signum)
+        logger.info(
+            "%s: %s received, shutting down gracefully (send again to exit now)", name, signal.Signals(signum).name
+        )
         tasks.append(loop.create_task(_run(shutdown)))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -166,7 +171,7 @@ def limit_blas_threads(threads: int = 1) -> None:
     for var in BLAS_THREAD_VARIABLES:
         os.environ[var] = str(threads)
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return
     threadpool_limits(limits=threads)

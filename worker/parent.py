@@ -26,7 +26,7 @@ from common.gather import GatherResult, Source, gather
 from common.wire import CHANNEL_OPTIONS, dict_from_struct
 from protos.gradcode.v1 import worker_pb2, worker_pb2_grpc
 
-__all__ = ["ChildrenUnavailableError", "ChildrenSum", "ParentRunner"]
+__all__ = ["ChildrenSum", "ChildrenUnavailableError", "ParentRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ParentRunner:
             self._channels = []
             for worker_id, address, rows in self.children:
                 channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stub = worker_pb2_grpc.WorkerStub(channel)
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, stub))
         return self._channels
 
@@ -149,4 +149,4 @@ class ParentRunner:
         """Close the children's channels (idempotent)."""
         channels, self._channels = self._channels, None
         for child in channels or []:
-            await child.channel.close()
+            await child.channel.close(grace=None)

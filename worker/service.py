@@ -68,7 +68,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     # ---- LoadJob -------------------------------------------------------------------------------
     async def LoadJob(  # noqa: N802 - proto name
-        self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.LoadJobReply:
         builder: JobBuilder | None = None
         error: str | None = None
@@ -120,7 +120,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     # ---- Compute -------------------------------------------------------------------------------
     async def Compute(  # noqa: N802 - proto name
-        self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext
+        self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[worker_pb2.GradientChunk]:
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
@@ -139,9 +139,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         error = None
         try:
             if request.model.dtype != common_pb2.DTYPE_FLOAT64:
-                raise ValueError(
-                    f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}."
-                )
+                raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             params = job.check_params(array_from_tensor(request.model))
             rows = job.check_rows(list(request.rows))
         except (ValueError, WireError) as exc:
@@ -248,12 +246,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     # ---- EndJob --------------------------------------------------------------------------------
     async def EndJob(  # noqa: N802 - proto name
-        self, request: worker_pb2.EndJobRequest, context: grpc.aio.ServicerContext
+        self, request: worker_pb2.EndJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.EndJobReply:
         runtime = self.jobs.pop(request.job_id, None)
         if runtime is None:
             known = sorted(self.jobs)
-            await _abort(context, grpc.StatusCode.NOT_FOUND, f"Unknown job {request.job_id!r}; this worker holds {known}.")
+            await _abort(
+                context, grpc.StatusCode.NOT_FOUND, f"Unknown job {request.job_id!r}; this worker holds {known}."
+            )
         await self._retire(runtime)
         logger.info("job %r ended", request.job_id)
         return worker_pb2.EndJobReply()
@@ -283,7 +283,7 @@ def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
         raise ValueError(f"JobSetup.straggler is invalid: {exc}") from None
 
 
-async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, details: str) -> NoReturn:
     logger.info("refusing call: %s: %s", code.name, details)
     await context.abort(code, details)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

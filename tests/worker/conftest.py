@@ -85,10 +85,13 @@ def partition_data(partition: int, X: Array, y: Array, *, chunk_bytes: int = 256
     for start in range(0, max(len(features), len(labels), 1), chunk_bytes):
         chunks.append(
             worker_pb2.PartitionData(
-                partition=partition, num_samples=len(y), features_offset=min(start, len(features)),
-                features=features[start : start + chunk_bytes], labels_offset=min(start, len(labels)),
+                partition=partition,
+                num_samples=len(y),
+                features_offset=min(start, len(features)),
+                features=features[start : start + chunk_bytes],
+                labels_offset=min(start, len(labels)),
                 labels=labels[start : start + chunk_bytes],
-            )  # fmt: skip
+            )
         )
     return chunks
 

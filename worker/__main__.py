@@ -1,0 +1,124 @@
+"""Run one gradcode worker: ``python -m worker --listen HOST:PORT [--master HOST:PORT] ...``.
+
+Prints ``worker listening on HOST:PORT`` (with the bound port) once it serves, so launchers can
+wait for that line. The first SIGINT/SIGTERM shuts down gracefully (exit status 0); a second one
+exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from common.serving import install_shutdown_signals, limit_blas_threads, parse_address
+
+__all__ = ["build_parser", "main"]
+
+_EPILOG = """\
+Every option can also come from the environment variable shown in brackets (a flag wins over the
+variable).
+
+examples:
+  python -m worker --listen 127.0.0.1:50061
+      a worker on a fixed local port; point the master at it (--workers 127.0.0.1:50061).
+  python -m worker --listen 0.0.0.0:50061 --master master:50050 --advertise worker-1:50061
+      listen on every interface and register with the master, which reaches it as worker-1:50061
+      (what docker-compose does).
+  python -m worker --listen 127.0.0.1:0
+      any free port; read the chosen one from the "worker listening on HOST:PORT" line.
+"""
+
+
+def _env(name: str, default: str | None) -> str | None:
+    value = os.environ.get(name)
+    return value if value else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker",
+        description=(
+            "A gradcode worker: holds the data partitions the master sends it, computes coded partial "
+            "gradients on request and streams them back; in a tree it also decodes its children."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", default=_env("GRADCODE_LISTEN", "127.0.0.1:50051"),
+        help="address to serve on; port 0 picks a free port [GRADCODE_LISTEN] (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--master", metavar="HOST:PORT", default=_env("GRADCODE_MASTER", None),
+        help="master to register with; without it the master must be told this worker's address [GRADCODE_MASTER]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--advertise", metavar="HOST:PORT", default=_env("GRADCODE_ADVERTISE", None),
+        help="address the master should use to reach this worker (default: the listen address, with the "
+        "hostname when listening on 0.0.0.0) [GRADCODE_ADVERTISE]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--name", default=_env("GRADCODE_NAME", None),
+        help="label shown by the master (default: the hostname) [GRADCODE_NAME]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=int(_env("GRADCODE_THREADS", "1") or 1),
+        help="numpy/BLAS threads; 1 keeps n workers on one machine from oversubscribing it [GRADCODE_THREADS] "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grace", type=float, default=float(_env("GRADCODE_GRACE", "5") or 5),
+        help="seconds in-flight calls get to finish on shutdown [GRADCODE_GRACE] (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-level", default=_env("GRADCODE_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+        help="logging verbosity, on stderr [GRADCODE_LOG_LEVEL] (default: %(default)s)",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        host, port = parse_address(args.listen, what="--listen")
+        for flag in ("master", "advertise"):
+            if getattr(args, flag):
+                parse_address(getattr(args, flag), what=f"--{flag}")
+        if args.threads < 1:
+            raise ValueError(f"--threads must be a positive integer, not {args.threads}.")
+        if args.grace < 0:
+            raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}.")
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    limit_blas_threads(args.threads)
+    try:
+        asyncio.run(_serve(args, host, port))
+    except OSError as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
+    from worker.node import WorkerNode  # after the BLAS limit, so numpy's pools start small
+
+    node = WorkerNode(
+        host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace
+    )
+    await node.start()
+    install_shutdown_signals(node.shutdown, name="worker")
+    print(f"worker listening on {node.address}", flush=True)
+    await node.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
