@@ -40,7 +40,7 @@ def row_balanced_mask(n: int, k: int, d: int, t: int = 0) -> Array:
     Arguments:
         n: number of rows (workers), at least 1.
         k: number of columns (partitions), at least 0 (Algorithm 4 may ask for an empty block).
-        d: weight of every column, in $[1, n]$.
+        d: weight of every column, in $[0, n]$ (Algorithm 4 asks for $d_l = 0$ when $nw < k$).
         t: cyclic offset (any integer, taken modulo $n$).
 
     Returns:
@@ -48,7 +48,7 @@ def row_balanced_mask(n: int, k: int, d: int, t: int = 0) -> Array:
     """
     n = check_int("n", n, 1)
     k = check_int("k", k, 0)
-    d = check_int("d", d, 1, n, why="a column cannot have more ones than there are rows")
+    d = check_int("d", d, 0, n, why="a column cannot have more ones than there are rows")
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
         raise ValueError(f"Argument 't' must be an integer, not {t!r}.")
     mask = np.zeros((n, k), dtype=np.int8)

@@ -152,6 +152,8 @@ def decoding_weights(n: int, rows: Sequence[int] | Array) -> Array:
     """
     table, table_list = _one_minus_roots(n)
     f = len(rows)
+    if f == 0:
+        raise ValueError("Argument 'rows' must name at least one surviving worker, not [].")
     if f * (n - f) <= _PYTHON_PATH_LIMIT:
         present = [False] * n
         for i in rows:
@@ -427,10 +429,13 @@ class _ReducedSpanTracker:
 
 
 class ReedSolomonDecoder(OnlineDecoder):
-    """Online decoder of :class:`ReedSolomonCode`: decodable at ``f`` distinct rows, weights in $O(f s)$.
+    r"""Online decoder of :class:`ReedSolomonCode`: decodable at ``f`` distinct rows, weights in $O(f s)$.
 
-    ``add`` is $O(1)$ for full-rank codes; rank-deficient codes also run a reduced span test
-    ($O(r^2)$, $r < f$) while fewer than ``f`` rows arrived, so that the answer stays exact.
+    ``add`` is $O(1)$ for full-rank codes. Rank-deficient codes also run a reduced span test
+    ($O(r^2)$, $r < f$) while fewer than ``f`` rows arrived; when it reports $\mathbf{1}$ in the
+    span, least-squares weights are computed and accepted only if $\|a B_F - \mathbf{1}\| \le$
+    ``SPAN_TOLERANCE`` $\sqrt{k}$ — an ill-conditioned set (say, contiguous survivors at $n = 32$) can
+    look spanned to Gram–Schmidt and still not decode, and such a set is refused, never decoded wrong.
     """
 
     code: ReedSolomonCode
@@ -438,14 +443,15 @@ class ReedSolomonDecoder(OnlineDecoder):
     def __init__(self, code: ReedSolomonCode, assignment: Assignment) -> None:
         super().__init__(code, assignment)
         self._tracker: _ReducedSpanTracker | None = None
-        self._span_decodable = False
+        self._span_weights: Array | None = None
+        self._span_rows: tuple[int, ...] = ()
 
     @property
     def decodable(self) -> bool:
-        return len(self._received) >= self.code.f or self._span_decodable
+        return len(self._received) >= self.code.f or self._span_weights is not None
 
     def _on_add(self, row: int) -> None:
-        if len(self._received) >= self.code.f or self._span_decodable:
+        if len(self._received) >= self.code.f or self._span_weights is not None:
             return
         reduced = self.code._reduced_span
         if reduced is None:
@@ -453,14 +459,17 @@ class ReedSolomonDecoder(OnlineDecoder):
         if self._tracker is None:  # created on first use: every earlier row went through here too
             self._tracker = _ReducedSpanTracker(*reduced)
         self._tracker.add(row)
-        self._span_decodable = self._tracker.decodable
+        if self._tracker.decodable:
+            rows = list(self._received)
+            weights, *_ = np.linalg.lstsq(reduced[0][rows].T, reduced[1], rcond=None)
+            residual = np.linalg.norm(weights @ self.code.B[rows] - 1.0)
+            if residual <= SPAN_TOLERANCE * math.sqrt(self.code.k):
+                self._span_weights = weights
+                self._span_rows = tuple(rows)
 
     def _decoding(self) -> Decoding:
         rows = tuple(self._received)
         if len(rows) >= self.code.f:
             return Decoding(rows, decoding_weights(self.code.n, rows))
-        reduced = self.code._reduced_span
-        assert reduced is not None  # decodable below f only through the span test
-        y, target = reduced
-        weights, *_ = np.linalg.lstsq(y[list(rows)].T, target, rcond=None)
-        return Decoding(rows, weights)
+        assert self._span_weights is not None  # decodable below f only through the verified span test
+        return Decoding(self._span_rows, self._span_weights)
