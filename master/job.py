@@ -123,7 +123,7 @@ class JobPlan:
 
 def _finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf) -> float:
     if not math.isfinite(value) or not low <= value <= high:
-        rng = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        rng = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
         raise JobSpecError(f"JobSpec.{name} must be a finite number {rng}, not {value!r}.")
     return value
 
