@@ -3,10 +3,11 @@
 * ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data; replaces an earlier
   job with the same id.
 * ``Compute`` (server streaming): one iteration; applies the job's straggler emulation as a
-  cancellable sleep, computes the rows in a worker thread and streams each one as soon as it is
-  ready. When the receiver cancels the call, the sleep is cancelled and the compute thread stops at
-  its next partition, so the worker starts the next iteration fresh. A Compute for a later
-  iteration of the same job also stops any older one still running (it can no longer be used).
+  cancellable sleep, spread over the worker's messages (a straggler is slow, not dead), computes
+  the rows in a worker thread and streams each one as soon as it is ready. When the receiver
+  cancels the call, the sleep is cancelled and the compute thread stops at its next partition, so
+  the worker starts the next iteration fresh. A Compute for a later iteration of the same job also
+  stops any older one still running (it can no longer be used).
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message; the server keeps serving.
@@ -152,17 +153,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runtime.cancel_all(before=iteration)  # an older iteration still running can no longer be used
         runtime.active.setdefault(iteration, set()).add(flag)
         try:
-            straggle = await self._straggle(runtime, iteration)
+            delay = self._delay(runtime, iteration)
             if runtime.parent is not None:
+                await _sleep(delay)
                 messages = await self._parent_messages(runtime, runtime.parent, request, params, rows, flag)
                 for row, (vector, seconds) in messages.items():
-                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggle):
+                    for chunk in self._chunks(job, iteration, row, vector, seconds, delay):
                         yield chunk
             else:
+                # A straggler is slow, not dead: its delay is spread over its messages, so a worker with
+                # several messages (partial stragglers) still delivers its first ones early.
                 computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, iteration))
-                for row in rows:
+                for index, row in enumerate(rows):
+                    await _sleep(delay / len(rows))
                     vector, seconds = await asyncio.to_thread(computation.message, row)
-                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggle):
+                    straggled = delay * (index + 1) / len(rows)
+                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggled):
                         yield chunk
             job.stats.add(iterations_completed=1)
         except ComputeCancelledError:
@@ -202,14 +208,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return None
         return lambda partition: observer(job_id, iteration, partition)
 
-    async def _straggle(self, runtime: JobRuntime, iteration: int) -> float:
-        """Sleep the emulated straggler delay (cancellable) and return it."""
+    def _delay(self, runtime: JobRuntime, iteration: int) -> float:
+        """This iteration's emulated straggler delay for this worker (0 when emulation is off)."""
         if runtime.delay_model is None:
             return 0.0
-        delay = float(runtime.delay_model.delay(runtime.job.worker_id, iteration))
-        if delay > 0:
-            await asyncio.sleep(delay)
-        return delay
+        return max(0.0, float(runtime.delay_model.delay(runtime.job.worker_id, iteration)))
 
     async def _parent_messages(
         self,
@@ -281,6 +284,12 @@ def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
         return make_delay_model(spec.model, dict_from_struct(spec.params), int(spec.seed))
     except ValueError as exc:
         raise ValueError(f"JobSetup.straggler is invalid: {exc}") from None
+
+
+async def _sleep(seconds: float) -> None:
+    """The emulated delay: a plain (hence cancellable) asyncio.sleep."""
+    if seconds > 0:
+        await asyncio.sleep(seconds)
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, details: str) -> NoReturn:
