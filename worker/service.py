@@ -173,7 +173,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             job.stats.add(iterations_completed=1)
         except ComputeCancelledError:
             error = (
-                f"Iteration {iteration} of job {job.job_id!r} was abandoned: a Compute for a later iteration arrived."
+                f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
+                "was ended or replaced."
             )
         except ChildrenUnavailableError as exc:
             error = str(exc)
