@@ -607,7 +607,7 @@ class JobRunner:
         late: set[int],
         received: dict[int, Any],
     ) -> str:
-        missing = [w for w in needed if w not in finished]
+        missing = sorted((w for w in needed if w not in finished), key=lambda w: self.workers[w].worker_id)
         detail = "; ".join(
             f"{self._name(w)}: {failed.get(w) or ('no answer (late)' if w in late else 'not asked')}" for w in missing
         )

@@ -1,8 +1,9 @@
 """The master's view of its workers: addresses, channels, UP/DOWN state and which jobs each holds.
 
 Workers join from a fixed address list (``--workers``) and/or by calling RegisterWorker when they
-start; registering an address that is already known is the same worker coming back (it restarted,
-so it holds no job any more) and marks it UP again. A worker whose call errors, disconnects or is
+start; registering an address that is already known is the same worker (workers re-register
+periodically), and brings a DOWN one back UP. A worker that restarted holds no job any more: its
+Compute answers NOT_FOUND and the job runner reloads it. A worker whose call errors, disconnects or is
 killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
 gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP. A worker
 that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job` and
@@ -130,10 +131,13 @@ class WorkerPool:
         else:
             worker = self._workers[worker_id]
             worker.name = name or worker.name
-            worker.jobs.clear()
-            worker.reconnect()
-            self._set_state(worker, master_pb2.WORKER_STATE_UP, "")
-            log.info("re-registered %s", worker.describe())
+            if not worker.is_up:  # it came back: a fresh channel, and it holds no job any more
+                worker.jobs.clear()
+                worker.reconnect()
+                self._set_state(worker, master_pb2.WORKER_STATE_UP, "")
+                log.info("%s re-registered and is UP again", worker.describe())
+            # An UP worker re-registers periodically (a restarted master relearns it that way); if it
+            # restarted in between, its Compute answers NOT_FOUND and the job runner reloads it.
         worker.last_seen = time.time()
         await self._notify()
         return worker

@@ -1,0 +1,160 @@
+"""End-to-end helpers: a real master and real workers as separate processes on loopback (port 0).
+
+:func:`start_cluster` starts them with :class:`client.launch.LocalCluster` (each process limited to
+one BLAS thread), waits until the master lists every worker UP, and always stops every process.
+:class:`Cluster` knows which process is which pool worker, can SIGKILL one and restart it at the same
+address (it re-registers and is UP again). :func:`run_job` creates a job and collects its reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from client.launch import LocalCluster, ServiceProcess
+from common.wire import struct_from_dict
+from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+START_TIMEOUT = 60.0
+
+
+class Cluster:
+    """A running LocalCluster plus the map from worker process to pool worker id."""
+
+    def __init__(self, local: LocalCluster) -> None:
+        self.local = local
+        self.master_address = local.master_address
+        self.addresses = [w.wait_ready(START_TIMEOUT) for w in local.workers]
+        self.processes: list[ServiceProcess] = list(local.workers)
+        self.ids: list[int] = []
+
+    def list_workers(self) -> list[master_pb2.WorkerInfo]:
+        with grpc.insecure_channel(self.master_address) as channel:
+            return list(
+                master_pb2_grpc.MasterStub(channel).ListWorkers(master_pb2.ListWorkersRequest(), timeout=5).workers
+            )
+
+    def wait_all_up(self, timeout: float = START_TIMEOUT) -> None:
+        """Block until the master lists every worker process UP; learn their pool ids."""
+        deadline = time.monotonic() + timeout
+        while True:
+            by_address = {w.address: w for w in self.list_workers()}
+            infos = [by_address.get(a) for a in self.addresses]
+            if all(i is not None and i.state == master_pb2.WORKER_STATE_UP for i in infos):
+                self.ids = [i.worker_id for i in infos if i is not None]
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not all UP at the master after {timeout} s: {by_address}")
+            time.sleep(0.1)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL worker process ``index`` (no-op if already dead)."""
+        self.processes[index].kill()
+
+    def restart(self, index: int) -> None:
+        """Start worker ``index`` again at its old address; it registers with the master again."""
+        old = self.processes[index]
+        if old.alive:
+            return
+        _stop(old)
+        argv = [sys.executable, "-m", "worker", "--listen", self.addresses[index], "--master", self.master_address]
+        log = old.log_path.with_name(f"{old.log_path.stem}-restart-{int(time.time() * 1000)}.log")
+        proc = ServiceProcess(argv, log_path=log)
+        self.processes[index] = proc
+        self.local.workers.append(proc)  # so LocalCluster.stop() stops it too
+        proc.wait_ready(START_TIMEOUT)
+
+    def ensure_all_up(self) -> None:
+        """Restart any dead worker and wait until the master sees all of them UP."""
+        for i, proc in enumerate(self.processes):
+            if not proc.alive:
+                self.restart(i)
+        self.wait_all_up()
+
+
+@contextlib.contextmanager
+def start_cluster(num_workers: int, run_dir: Path) -> Iterator[Cluster]:
+    """A master and ``num_workers`` registered workers; every process is stopped on exit."""
+    local = LocalCluster(num_workers, run_dir=run_dir)
+    try:
+        local.start(timeout=START_TIMEOUT)
+        cluster = Cluster(local)
+        cluster.wait_all_up()
+        yield cluster
+    finally:
+        for proc in [*local.workers, *([local.master] if local.master else [])]:
+            _stop(proc)
+
+
+def _stop(proc: ServiceProcess) -> None:
+    """Stop a process and close its output pipe (LocalCluster.stop leaves the pipe to the GC)."""
+    proc.stop()
+    if proc.process.stdout is not None:
+        proc.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def cluster6(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(6, tmp_path_factory.mktemp("cluster6")) as cluster:
+        yield cluster
+
+
+@contextlib.asynccontextmanager
+async def master_stub(address: str) -> Any:
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield master_pb2_grpc.MasterStub(channel)
+
+
+def job_spec(
+    code: str,
+    params: dict[str, Any],
+    *,
+    iterations: int = 5,
+    learning_rate: float = 0.5,
+    worker_ids: list[int] | None = None,
+    straggler: common_pb2.StragglerSpec | None = None,
+    **fields: Any,
+) -> master_pb2.JobSpec:
+    """Softmax regression on scikit-learn's digits with gradient descent, unless ``fields`` say otherwise."""
+    spec = master_pb2.JobSpec(
+        code=common_pb2.CodeSpec(name=code, params=struct_from_dict(params)),
+        dataset=master_pb2.DatasetSpec(name="digits"),
+        optimizer=master_pb2.OptimizerSpec(kind="gd", learning_rate=learning_rate),
+        iterations=iterations,
+        worker_ids=worker_ids or [],
+        **fields,
+    )
+    if straggler is not None:
+        spec.straggler.CopyFrom(straggler)
+    return spec
+
+
+def fixed_delay(seconds: float, **params: Any) -> common_pb2.StragglerSpec:
+    return common_pb2.StragglerSpec(
+        model="fixed", params=struct_from_dict({"delay_seconds": seconds, **params}), seed=7
+    )
+
+
+async def run_job(
+    stub: master_pb2_grpc.MasterStub,
+    spec: master_pb2.JobSpec,
+    on_report: Callable[[master_pb2.IterationReport], Awaitable[None] | None] | None = None,
+) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+    """Create the job, watch it to the end, return its final JobInfo and every report."""
+    info = await stub.CreateJob(spec)
+    reports = []
+    async for report in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)):
+        reports.append(report)
+        if on_report is not None:
+            result = on_report(report)
+            if asyncio.iscoroutine(result):
+                await result
+    return await stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id)), reports

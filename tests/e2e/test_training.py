@@ -1,0 +1,131 @@
+"""Training with real processes: workers killed mid-training, emulated stragglers, too many failures, a comeback.
+
+One master and six worker processes are shared by the module (``cluster6``); tests that need every
+worker alive restart the dead ones first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import numpy as np
+
+from common.data import load_dataset
+from common.models import make_model
+from common.wire import array_from_tensor
+from protos.gradcode.v1 import master_pb2
+from tests.e2e.conftest import Cluster, fixed_delay, job_spec, master_stub, run_job
+
+EXACT = 1e-9
+
+
+def centralized_gd(iterations: int, learning_rate: float) -> tuple[np.ndarray, float]:
+    """Plain numpy gradient descent on the whole digits training set: the reference run."""
+    data = load_dataset("digits", seed=0, test_fraction=0.2)
+    model = make_model("softmax", num_features=data.num_features, num_classes=data.num_classes)
+    params = model.init_params()
+    for _ in range(iterations):
+        params = params - learning_rate * model.gradient(params, data.X_train, data.y_train) / data.num_train
+    return params, model.accuracy(params, data.X_test, data.y_test)
+
+
+async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_accuracy(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    iterations, lr, victims = 25, 0.5, (1, 4)
+    killed_at: list[int] = []
+
+    def kill_two(report: master_pb2.IterationReport) -> None:
+        if report.iteration == 3:
+            for i in victims:
+                cluster6.kill(i)
+            killed_at.append(report.iteration)
+
+    spec = job_spec(
+        "cyclic",
+        {"n": 6, "s": 2},
+        iterations=iterations,
+        learning_rate=lr,
+        worker_ids=cluster6.ids,
+        verify=True,
+        straggler=fixed_delay(0.03),  # every worker: keeps the kill well inside the run
+    )
+    async with asyncio.timeout(90), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec, kill_two)
+        model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+
+    assert killed_at == [3]
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert [r.iteration for r in reports] == list(range(1, iterations + 1))
+    dead = {cluster6.ids[i] for i in victims}
+    after = [r for r in reports if r.iteration > 5]
+    assert after and all(dead <= set(r.failed_workers) for r in after)
+    assert all(not dead & set(r.used_workers) for r in after)
+    for r in reports:
+        assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
+    params, accuracy = centralized_gd(iterations, lr)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
+    assert abs(reports[-1].test_accuracy - accuracy) <= 0.01
+
+
+async def _per_iteration_seconds(cluster: Cluster, code: str, params: dict[str, int], straggler: object) -> list[float]:
+    spec = job_spec(code, params, iterations=4, worker_ids=cluster.ids, straggler=straggler)  # type: ignore[arg-type]
+    async with master_stub(cluster.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    return [r.wall_seconds for r in reports]
+
+
+async def test_coded_iterations_do_not_wait_for_a_fixed_or_random_straggler(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    delay = 0.5
+    modes = {
+        "same worker every iteration": fixed_delay(delay, workers=[0]),
+        "random worker each iteration": fixed_delay(delay, every_iteration_random=True, num_workers=6, count=1),
+    }
+    async with asyncio.timeout(90):
+        for mode, straggler in modes.items():
+            coded = await _per_iteration_seconds(cluster6, "cyclic", {"n": 6, "s": 1}, straggler)
+            uncoded = await _per_iteration_seconds(cluster6, "uncoded", {"n": 6}, straggler)
+            coded_median, uncoded_median = statistics.median(coded), statistics.median(uncoded)
+            assert uncoded_median >= delay, (mode, uncoded)
+            assert coded_median < delay / 2, (mode, coded)
+            assert uncoded_median >= 3 * coded_median, (mode, coded, uncoded)
+
+
+async def test_more_failures_than_the_code_tolerates_fail_the_job_naming_the_missing_workers(
+    cluster6: Cluster,
+) -> None:
+    cluster6.ensure_all_up()
+    victims = (2, 5)
+    for i in victims:
+        cluster6.kill(i)
+    spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=5, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
+    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+        started = asyncio.get_running_loop().time()
+        info, reports = await run_job(stub, spec)
+        elapsed = asyncio.get_running_loop().time() - started
+        model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+
+    missing = sorted(cluster6.ids[i] for i in victims)
+    assert info.state == master_pb2.JOB_STATE_FAILED
+    assert f"missing workers {missing}" in info.message, info.message
+    for i in victims:
+        assert cluster6.addresses[i] in info.message
+    assert "tolerates 1 straggler" in info.message
+    assert elapsed < 15
+    assert info.iterations_done == 0 and len(reports) == 1
+    assert reports[0].state == master_pb2.JOB_STATE_FAILED and set(missing) <= set(reports[0].failed_workers)
+    assert not array_from_tensor(model.parameters).any()  # no step was taken with a partial gradient
+
+
+async def test_restarted_workers_are_reloaded_and_used_again(cluster6: Cluster) -> None:
+    for i in (2, 5):
+        cluster6.kill(i)
+    cluster6.ensure_all_up()  # restarts them at their old addresses; they register again
+    spec = job_spec("uncoded", {"n": 6}, iterations=3, worker_ids=cluster6.ids, verify=True)
+    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(sorted(r.used_workers) == sorted(cluster6.ids) for r in reports)
+    assert all(r.verify_error <= EXACT for r in reports)
