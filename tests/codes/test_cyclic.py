@@ -1,0 +1,194 @@
+"""Cyclic repetition (Tandon et al., §3.2, Algorithm 2): structure, checked draws, exact decodability."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.codes import make_code
+from common.codes.cyclic import (
+    MAX_DRAWS,
+    CyclicRepetitionCode,
+    cyclic_matrix,
+    cyclic_supports,
+    draw_null_space_matrix,
+    estimated_decode_error,
+)
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets, decode_error, ones_in_span
+from common.exceptions import NumericallyUnsafeError
+
+TOLERANCE = 1e-9
+
+
+@functools.cache
+def _code(n: int, s: int) -> CyclicRepetitionCode:
+    return CyclicRepetitionCode(n, s)
+
+
+@pytest.mark.parametrize(("n", "s"), [(5, 2), (8, 1), (9, 4), (12, 11), (7, 0)])
+def test_algorithm_2_structure(n: int, s: int) -> None:
+    code = CyclicRepetitionCode(n, s)
+    # Eq. (4): row i is supported on i, i+1, ..., i+s (mod n), with b_i(i) = 1 (eq. (16)).
+    expected_support = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        expected_support[i, [(i + j) % n for j in range(s + 1)]] = True
+    np.testing.assert_array_equal(code.B != 0, expected_support)  # Lemma 3: no accidental zeros
+    np.testing.assert_array_equal(np.diag(code.B), np.ones(n))
+    assert code.H.shape == (s, n)
+    # H 1 = 0 (Lemma 2) and every row lies in S = null(H) (Lemma 3).
+    np.testing.assert_allclose(code.H @ np.ones(n), 0, atol=1e-12 * max(1, n))
+    np.testing.assert_allclose(code.H @ code.B.T, 0, atol=1e-9 * np.abs(code.B).max())
+    assert code.partitions_of_worker(n - 1) == tuple(sorted((n - 1 + j) % n for j in range(s + 1)))
+
+
+def test_cyclic_matrix_validates_h() -> None:
+    with pytest.raises(ValueError, match="Argument 'h'"):
+        cyclic_matrix(np.ones((3, 3)))
+    with pytest.raises(ValueError, match="MDS"):
+        cyclic_matrix(np.array([[1.0, 0.0, -1.0]]))  # column 1 is zero: b_0 needs H_1^{-1}
+    np.testing.assert_array_equal(cyclic_supports(4, 2), [[0, 1, 2], [1, 2, 3], [2, 3, 0], [3, 0, 1]])
+
+
+def test_draw_has_zero_row_sums() -> None:
+    h = draw_null_space_matrix(10, 3, np.random.default_rng(0))
+    np.testing.assert_allclose(h.sum(axis=1), 0, atol=1e-12)
+
+
+def test_seeded_and_deterministic() -> None:
+    a, b = CyclicRepetitionCode(11, 3, seed=5), CyclicRepetitionCode(11, 3, seed=5)
+    np.testing.assert_array_equal(a.B, b.B)
+    assert (a.draw, a.measured_decode_error) == (b.draw, b.measured_decode_error)
+    assert not np.array_equal(a.B, CyclicRepetitionCode(11, 3, seed=6).B)
+    assert a.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
+
+
+def test_redraw_is_deterministic_and_meets_the_bound() -> None:
+    first = CyclicRepetitionCode(24, 4, max_decode_error=1.0)
+    assert first.draw == 0
+    bound = first.measured_decode_error / 2
+    try:
+        tight = CyclicRepetitionCode(24, 4, max_decode_error=bound)
+    except NumericallyUnsafeError:
+        with pytest.raises(NumericallyUnsafeError):
+            CyclicRepetitionCode(24, 4, max_decode_error=bound)
+        return
+    again = CyclicRepetitionCode(24, 4, max_decode_error=bound)
+    assert 1 <= tight.draw < MAX_DRAWS
+    assert tight.measured_decode_error <= bound
+    np.testing.assert_array_equal(tight.B, again.B)
+    assert repr(tight) == f"<CyclicRepetitionCode(n=24, s=4, seed=0, max_decode_error={bound!r})>"
+
+
+def test_unsafe_bound_is_refused_with_advice() -> None:
+    with pytest.raises(NumericallyUnsafeError, match=r"'binary'.*'fractional'.*max_decode_error") as info:
+        CyclicRepetitionCode(16, 5, max_decode_error=1e-30)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n": 0, "s": 0}, "Argument 'n' must be an integer >= 1, not 0"),
+        ({"n": -3, "s": 0}, "Argument 'n' must be an integer >= 1, not -3"),
+        ({"n": 5, "s": 5}, r"Argument 's' must be an integer in \[0, 4\].*not 5"),
+        ({"n": 5, "s": -1}, r"Argument 's' must be an integer in \[0, 4\]"),
+        ({"n": 5, "s": 1, "seed": -1}, "Argument 'seed' must be an integer >= 0, not -1"),
+        ({"n": 5, "s": 1, "max_decode_error": 0.0}, "Argument 'max_decode_error' must be a positive finite"),
+        ({"n": 5, "s": 1, "max_decode_error": float("nan")}, "Argument 'max_decode_error'"),
+        ({"n": 5, "s": 1, "max_decode_error": float("inf")}, "Argument 'max_decode_error'"),
+    ],
+)
+def test_invalid_parameters(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CyclicRepetitionCode(**kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_message_is_refused() -> None:
+    decoder = _code(6, 2).decoder()
+    with pytest.raises(KeyError, match="not part of this iteration"):
+        decoder.add(6)
+    with pytest.raises(KeyError, match="does not exist"):
+        _code(6, 2).encode(-1, {})
+
+
+def test_edge_cases_s0_and_s_n_minus_1() -> None:
+    identity = CyclicRepetitionCode(6, 0)
+    np.testing.assert_array_equal(identity.B, np.eye(6))
+    assert decode_error(identity, list(range(6))) <= 1e-15
+    everything = CyclicRepetitionCode(6, 5)
+    for worker in range(6):  # every row is a multiple of 1: any single worker decodes
+        assert everything.decoder().add(worker) is True
+        assert decode_error(everything, [worker]) <= TOLERANCE
+
+
+def test_registry_repr_and_configs() -> None:
+    code = make_code("cyclic", n=7, s=2)
+    assert isinstance(code, CyclicRepetitionCode)
+    assert repr(code) == "<CyclicRepetitionCode(n=7, s=2, seed=0)>"
+    assert len(list(CyclicRepetitionCode.small_configs(5))) == 15
+
+
+def test_estimate_bounds_the_actual_error_on_an_unchecked_draw() -> None:
+    # max_decode_error=1 accepts the first draw unchecked in effect; its bad sets must be flagged by
+    # the a-posteriori estimate, which stays above the measured error.
+    code = CyclicRepetitionCode(17, 8, max_decode_error=1.0)
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        rows = [int(w) for w in rng.permutation(17)[:9]]
+        decoding = code.decode(rows)
+        estimate = estimated_decode_error(decoding.weights, code.row_norms[list(decoding.rows)], code.k)
+        assert decode_error(code, rows, rng=rng) <= max(estimate, 1e-13)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n - 1))), st.data())
+def test_decodability_answer_is_exact(params: tuple[int, int], data: st.DataObject) -> None:
+    n, s = params
+    code = _code(n, s)
+    order = data.draw(st.permutations(range(n)))
+    decoder = code.decoder()
+    for count, row in enumerate(order, start=1):
+        said = decoder.add(row)
+        if count >= n - s:
+            assert said
+        else:
+            assert said == ones_in_span(code.B[list(order[:count])]), (code, order[:count])
+
+
+@st.composite
+def _n_and_s(draw: st.DrawFn) -> tuple[int, int]:
+    n = draw(st.integers(2, 64))
+    return n, draw(st.integers(1, n - 1))
+
+
+@settings(max_examples=20, deadline=None)
+@given(_n_and_s(), st.randoms(use_true_random=False))
+def test_random_arrival_orders_decode_within_tolerance(params: tuple[int, int], random: object) -> None:
+    n, s = params
+    code = _code(n, s)
+    order = list(range(n))
+    random.shuffle(order)  # type: ignore[attr-defined]
+    decoder = code.decoder()
+    arrived = []
+    for row in order:
+        arrived.append(row)
+        if decoder.add(row):
+            break
+    assert len(arrived) <= n - s
+    decoding = decoder.decoding()
+    error = decode_error(code, arrived, rng=np.random.default_rng(n))
+    # A decoding the estimate does not vouch for is flagged (exact=False), never passed off as exact.
+    assert error <= TOLERANCE or not decoding.exact
+
+
+@settings(max_examples=8, deadline=None)
+@given(_n_and_s())
+def test_contiguous_survivors_decode_within_tolerance(params: tuple[int, int]) -> None:
+    n, s = params
+    code = _code(n, s)
+    for survivors in contiguous_survivor_sets(n, n - s):
+        assert decode_error(code, survivors, rng=np.random.default_rng(s)) <= TOLERANCE
