@@ -124,13 +124,15 @@ def job_spec(
     **fields: Any,
 ) -> master_pb2.JobSpec:
     """Softmax regression on scikit-learn's digits with gradient descent, unless ``fields`` say otherwise."""
+    defaults: dict[str, Any] = {
+        "dataset": master_pb2.DatasetSpec(name="digits"),
+        "optimizer": master_pb2.OptimizerSpec(kind="gd", learning_rate=learning_rate),
+    }
     spec = master_pb2.JobSpec(
         code=common_pb2.CodeSpec(name=code, params=struct_from_dict(params)),
-        dataset=master_pb2.DatasetSpec(name="digits"),
-        optimizer=master_pb2.OptimizerSpec(kind="gd", learning_rate=learning_rate),
         iterations=iterations,
         worker_ids=worker_ids or [],
-        **fields,
+        **{**defaults, **fields},
     )
     if straggler is not None:
         spec.straggler.CopyFrom(straggler)
