@@ -11,6 +11,7 @@ import statistics
 
 import numpy as np
 
+from common.codes.registry import make_code
 from common.data import load_dataset
 from common.models import make_model
 from common.wire import array_from_tensor
@@ -129,3 +130,38 @@ async def test_restarted_workers_are_reloaded_and_used_again(cluster6: Cluster) 
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(sorted(r.used_workers) == sorted(cluster6.ids) for r in reports)
     assert all(r.verify_error <= EXACT for r in reports)
+
+
+async def test_dynamic_clustering_moves_observed_stragglers_into_different_clusters(cluster6: Cluster) -> None:
+    """GC-DC live: two stragglers start in one cluster (static placement); Algorithm 1 separates them."""
+    cluster6.ensure_all_up()
+    params = {"n": 6, "clusters": 2, "load": 2, "clusters_per_worker": 2}
+    static_cluster = make_code("dynamic_clustered", **params).place(None).clusters[0]  # type: ignore[attr-defined]
+    slow = list(static_cluster[:2])  # load 2 tolerates one straggler per cluster, not two
+    delay = 0.6
+    spec = job_spec(
+        "dynamic_clustered", params, iterations=6, worker_ids=cluster6.ids, verify=True,
+        straggler=fixed_delay(delay, workers=slow),
+    )  # fmt: skip
+    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and r.verify_error <= EXACT for r in reports)
+    walls = [r.wall_seconds for r in reports]
+    assert walls[0] >= 0.8 * delay, walls  # the static placement has to wait for one of them
+    assert statistics.median(walls[2:]) < delay / 2, walls  # re-clustered: neither is waited for
+    slow_ids = {cluster6.ids[w] for w in slow}
+    assert all(slow_ids <= set(r.late_workers) for r in reports[2:]), [list(r.late_workers) for r in reports]
+
+
+async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluster6: Cluster) -> None:
+    """Each worker streams a naive and a coded message; the exact decode needs every naive one."""
+    cluster6.ensure_all_up()
+    spec = job_spec("partial_stragglers", {"n": 6, "s": 2, "alpha": 2.0}, iterations=4, worker_ids=cluster6.ids,
+                    verify=True)  # fmt: skip
+    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    for r in reports:
+        assert r.exact and r.verify_error <= EXACT
+        assert sorted(r.used_workers) == sorted(cluster6.ids)  # every worker's naive message is needed
