@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+import grpc
+
 from common.serving import ServingHandle, format_address, start_server
 from master.pool import WorkerPool
 from master.service import MasterServicer
@@ -82,7 +84,7 @@ class MasterNode:
             self._handle = await start_server(
                 self.host,
                 self.port,
-                registrars=[lambda server: master_pb2_grpc.add_MasterServicer_to_server(self.servicer, server)],
+                registrars=[self._register],
                 service_names=[MASTER_SERVICE_NAME],
             )
             self.pool.start_monitor()
@@ -92,6 +94,9 @@ class MasterNode:
         finally:
             self._started.set()
             await self._stop()
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        master_pb2_grpc.add_MasterServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
 
     async def _stop(self) -> None:
         try:

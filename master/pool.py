@@ -72,14 +72,14 @@ class PoolWorker:
         """The Worker stub, opening the channel on first use (inside the event loop)."""
         if self._stub is None:
             self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
-            self._stub = worker_pb2_grpc.WorkerStub(self.channel)
+            self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
         old, self.channel, self._stub = self.channel, None, None
         if old is not None:
-            _background(old.close())
+            _background(old.close(None))
 
     @property
     def is_up(self) -> bool:
@@ -196,7 +196,7 @@ class WorkerPool:
             if worker.is_up:
                 self.mark_down(worker, f"health check: {exc.code().name}: {exc.details()}")
         finally:
-            await channel.close()
+            await channel.close(None)
         if serving and not worker.is_up:
             worker.jobs.clear()
             worker.reconnect()
@@ -205,7 +205,7 @@ class WorkerPool:
             await self._notify()
         elif serving:
             self.mark_seen(worker)
-        return serving
+        return bool(serving)
 
     async def probe_down(self) -> None:
         """Probe every DOWN worker once, concurrently."""
@@ -233,7 +233,7 @@ class WorkerPool:
         for worker in self.workers:
             channel, worker.channel, worker._stub = worker.channel, None, None
             if channel is not None:
-                await channel.close()
+                await channel.close(None)
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

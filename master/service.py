@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -33,7 +34,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     # ---- workers -----------------------------------------------------------------------------------
     async def RegisterWorker(  # noqa: N802 - gRPC method name
-        self, request: master_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.RegisterWorkerReply:
         try:
             worker = await self.pool.register(request.address, request.name)
@@ -42,13 +43,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.RegisterWorkerReply(worker_id=worker.worker_id)
 
     async def ListWorkers(  # noqa: N802
-        self, request: master_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.ListWorkersReply:
         return master_pb2.ListWorkersReply(workers=[w.info() for w in self.pool.workers])
 
     # ---- jobs --------------------------------------------------------------------------------------
     async def CreateJob(  # noqa: N802
-        self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext
+        self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
         if request.job_id and request.job_id in self.jobs:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {request.job_id!r} already exists.")
@@ -72,7 +73,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         log.info("created job %s: %r", plan.job_id, plan.code)
         return job.info()
 
-    async def _job(self, job_id: str, context: grpc.aio.ServicerContext) -> JobRunner:
+    async def _job(self, job_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> JobRunner:
         job = self.jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
@@ -81,24 +82,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return job
 
     async def GetJob(  # noqa: N802
-        self, request: master_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.GetJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
         return (await self._job(request.job_id, context)).info()
 
     async def WatchJob(  # noqa: N802
-        self, request: master_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[master_pb2.IterationReport]:
         job = await self._job(request.job_id, context)
         async for report in job.watch():
             yield report
 
     async def GetModel(  # noqa: N802
-        self, request: master_pb2.GetModelRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.GetModelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.ModelReply:
         return (await self._job(request.job_id, context)).model_reply()
 
     async def CancelJob(  # noqa: N802
-        self, request: master_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+        self, request: master_pb2.CancelJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
         job = await self._job(request.job_id, context)
         await job.cancel()
