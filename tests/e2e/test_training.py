@@ -7,7 +7,9 @@ worker alive restart the dead ones first.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
+from collections.abc import AsyncIterator
 
 import numpy as np
 
@@ -64,6 +66,8 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
     assert all(not dead & set(r.used_workers) for r in after)
     for r in reports:
         assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
+    history = (cluster6.local.run_dir / f"{info.job_id}.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in history] == [str(i) for i in range(1, iterations + 1)]
     params, accuracy = centralized_gd(iterations, lr)
     np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
     assert abs(reports[-1].test_accuracy - accuracy) <= 0.01
@@ -165,3 +169,23 @@ async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluste
     for r in reports:
         assert r.exact and r.verify_error <= EXACT
         assert sorted(r.used_workers) == sorted(cluster6.ids)  # every worker's naive message is needed
+
+
+async def test_cancel_stops_a_running_job_and_ends_its_watch_stream(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=50, worker_ids=cluster6.ids, straggler=fixed_delay(0.2))
+    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+        info = await stub.CreateJob(spec)
+        seen = [r async for r in _until_first(stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)))]
+        cancelled = await stub.CancelJob(master_pb2.CancelJobRequest(job_id=info.job_id))
+        rest = [r async for r in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id))]
+    assert cancelled.state == master_pb2.JOB_STATE_CANCELLED, cancelled.message
+    assert 1 <= cancelled.iterations_done < 50 and len(seen) == 1
+    assert len(rest) == cancelled.iterations_done  # the history, then the stream ends
+
+
+async def _until_first(stream: AsyncIterator[master_pb2.IterationReport]) -> AsyncIterator[master_pb2.IterationReport]:
+    async for report in stream:
+        yield report
+        stream.cancel()  # type: ignore[attr-defined]
+        return
