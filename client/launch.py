@@ -94,6 +94,8 @@ class ServiceProcess:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(timeout=2)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         self._log.close()
 
 
