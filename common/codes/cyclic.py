@@ -36,8 +36,8 @@ Since the check is a sample, each decoding also carries an a-posteriori estimate
 
 Measured limits, default seed and bound 1e-9 (``python -m common.codes.cyclic 96 128`` and a sweep of
 every $(n, s)$, $n \le 64$): every $(n, s)$ with $n \le 64$ is accepted; up to $n \approx 20$ at the
-first draw, above that a growing share (about 1 in 5 at $n \approx 55$) needs 1 to 3 redraws;
-accepted worst errors reach 9.9e-10. At $n = 128$: $s \in \{1, 2, 3, 32, 127\}$ at the first draw,
+first draw, above that a growing share (1 in 10 to 1 in 3 for $n$ = 50–64) needs 1 to 3 redraws;
+accepted worst errors reach 1.0e-9 (the bound). At $n = 128$: $s \in \{1, 2, 3, 32, 127\}$ at the first draw,
 $s = 64$ at the fifth, $s = 16$ at the sixth. One draw costs about 0.2–0.25 s of CPU at $n = 128$
 (single-threaded BLAS; a multi-threaded BLAS on a loaded machine can be several times slower), so a
 construction takes between ~0.25 s and ~2 s. For bigger $n$, or when a bound must hold for every
