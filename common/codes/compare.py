@@ -83,7 +83,9 @@ def format_table(rows: list[SchemeRow], n: int, s: int) -> str:
             notes.append(f"  {r.scheme}: {r.note}")
             continue
         err = f"{r.worst_error:.1e}" if r.exact else "approximate"
-        body.append((r.scheme, r.params, str(r.tolerates), f"{r.load:.3f}", f"{r.messages_per_worker:g}", err, r.decode_cost))
+        body.append(
+            (r.scheme, r.params, str(r.tolerates), f"{r.load:.3f}", f"{r.messages_per_worker:g}", err, r.decode_cost)
+        )
     widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
     lines = [f"Gradient codes for n = {n} workers tolerating s = {s} stragglers (load = fraction of data per worker)"]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
