@@ -98,7 +98,7 @@ __all__ = [
     "straggler_tolerance",
 ]
 
-_PYTHON_PATH_LIMIT = 200
+_PYTHON_PATH_LIMIT = 100
 """Below this many table look-ups (|F|·|S|) plain Python beats numpy's per-call overhead."""
 _RANDOM_GUARD_SETS = 8
 """Seeded random survivor sets measured by the guard, besides the n contiguous ones."""
@@ -116,6 +116,14 @@ def _one_minus_roots(n: int) -> tuple[Array, list[complex]]:
     table = 1.0 - roots
     table.setflags(write=False)
     return table, table.tolist()
+
+
+@cache
+def _one_minus_roots_twice(n: int) -> Array:
+    """:func:`_one_minus_roots` repeated twice, so that exponents in $(-n, n)$ index it after adding $n$."""
+    table = np.concatenate([_one_minus_roots(n)[0]] * 2)
+    table.setflags(write=False)
+    return table
 
 
 @cache
@@ -150,17 +158,15 @@ def decoding_weights(n: int, rows: Sequence[int] | Array) -> Array:
     Returns:
         Complex weights, ``weights[l]`` for ``rows[l]``.
     """
-    table, table_list = _one_minus_roots(n)
     f = len(rows)
     if f == 0:
         raise ValueError("Argument 'rows' must name at least one surviving worker, not [].")
     if f * (n - f) <= _PYTHON_PATH_LIMIT:
-        present = [False] * n
-        for i in rows:
-            if isinstance(i, bool) or not 0 <= i < n or present[i]:
-                raise ValueError(f"Argument 'rows' must hold distinct indices in [0, {n - 1}], not {list(rows)}.")
-            present[i] = True
-        missing = [m for m in range(n) if not present[m]]
+        table_list = _one_minus_roots(n)[1]
+        present = set(rows)
+        if len(present) != f or min(rows) < 0 or max(rows) >= n:
+            raise ValueError(f"Argument 'rows' must hold distinct indices in [0, {n - 1}], not {list(rows)}.")
+        missing = [m for m in range(n) if m not in present]
         weights = []
         for i in rows:
             product = 1.0 / n + 0j
@@ -169,15 +175,13 @@ def decoding_weights(n: int, rows: Sequence[int] | Array) -> Array:
             weights.append(product)
         return np.array(weights, dtype=np.complex128)
     survivors = _check_rows(n, rows)
-    present_mask = np.zeros(n, dtype=bool)
-    present_mask[survivors] = True
-    missing_idx = np.flatnonzero(~present_mask)
-    if missing_idx.size != n - survivors.size:
+    counts = np.bincount(survivors, minlength=n)
+    if counts.max() > 1:
         raise ValueError(f"Argument 'rows' must hold distinct indices, not {survivors.tolist()}.")
-    if missing_idx.size == 0:
-        return np.full(n, 1.0 / n, dtype=np.complex128)
-    result: Array = table[(survivors[:, None] - missing_idx[None, :]) % n].prod(axis=1)
-    result /= n
+    missing_idx = np.flatnonzero(counts == 0)
+    # Table repeated twice, indexed by i - m + n in [1, 2n): no modulo over the f x s matrix.
+    result: Array = _one_minus_roots_twice(n).take(np.subtract.outer(survivors + n, missing_idx)).prod(axis=1)
+    result *= 1.0 / n
     return result
 
 
@@ -435,7 +439,11 @@ class ReedSolomonDecoder(OnlineDecoder):
     ($O(r^2)$, $r < f$) while fewer than ``f`` rows arrived; when it reports $\mathbf{1}$ in the
     span, least-squares weights are computed and accepted only if $\|a B_F - \mathbf{1}\| \le$
     ``SPAN_TOLERANCE`` $\sqrt{k}$ — an ill-conditioned set (say, contiguous survivors at $n = 32$) can
-    look spanned to Gram–Schmidt and still not decode, and such a set is refused, never decoded wrong.
+    look spanned to Gram–Schmidt and still not decode. Such a set is refused, never decoded wrong,
+    and the span test is then dropped for the rest of the iteration (it would pass spuriously on
+    every later row, at the price of a least-squares solve each): the decoder waits for ``f`` rows.
+    Codes built with the guard disabled (``max_decode_error=math.inf``) skip the span test entirely:
+    at the sizes where one disables the guard the numerical rank means nothing.
     """
 
     code: ReedSolomonCode
@@ -445,6 +453,7 @@ class ReedSolomonDecoder(OnlineDecoder):
         self._tracker: _ReducedSpanTracker | None = None
         self._span_weights: Array | None = None
         self._span_rows: tuple[int, ...] = ()
+        self._span_given_up = False
 
     @property
     def decodable(self) -> bool:
@@ -453,6 +462,8 @@ class ReedSolomonDecoder(OnlineDecoder):
     def _on_add(self, row: int) -> None:
         if len(self._received) >= self.code.f or self._span_weights is not None:
             return
+        if self._span_given_up or self.code.measured_decode_error is None:
+            return  # guard disabled: the rank test means nothing there, wait for f rows
         reduced = self.code._reduced_span
         if reduced is None:
             return
@@ -466,6 +477,8 @@ class ReedSolomonDecoder(OnlineDecoder):
             if residual <= SPAN_TOLERANCE * math.sqrt(self.code.k):
                 self._span_weights = weights
                 self._span_rows = tuple(rows)
+            else:  # Gram–Schmidt was fooled by rounding: stop testing, wait for f rows
+                self._span_given_up = True
 
     def _decoding(self) -> Decoding:
         rows = tuple(self._received)

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints a table and saves JSON and a PNG figure under bench/results/."""
