@@ -17,6 +17,27 @@ spec before anything starts. :class:`JobRunner` then runs it:
 
 Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
 the code's worker index ``0..n-1`` (the index the code's rows and the straggler model refer to).
+
+Tree jobs (``coded_reduce`` with ``L > 1``; :class:`TreeLayout`)
+    Every non-root node of the (n, L)-regular CodedReduce tree is a worker process, so the job
+    takes N = n + n^2 + ... + n^L workers. Worker index ``w`` (the wire id, also the straggler
+    model's id) is tree node ``w + 1`` of :class:`~common.codes.coded_reduce.CodedReduceTree`
+    (breadth first, the master is node 0), so ``0..n-1`` are the first layer and the master-view
+    code's worker ``i`` is worker ``i``; the pool workers are assigned to indices in ``worker_ids``
+    order (or pool order), as for flat jobs. A node is loaded with exactly its stored base
+    partitions and ONE RowDefinition: row = its slot in its parent's code, partitions/coefficients =
+    its own coded part. An inner node's JobSetup also carries ``parent``: the child code
+    ``coded_reduce(n, s, L=1, seed)`` (the same matrix as the tree's per-parent CompAllocCode;
+    checked when planning), its children's wire ids and addresses in slot order, and
+    ``wait_seconds`` = deadline x (L + 1 - layer) / (L + 1), so a deeper parent gives up (UNAVAILABLE,
+    naming its missing children) before the one above it. Each iteration the master asks only the
+    first layer (row ``i`` of worker ``i``) and decodes with the master-view code's decoder; what
+    happens below the first layer is the parents' business. A first-layer parent that answers
+    UNAVAILABLE but still passes a health check is alive (its children are not decodable): it is
+    not marked DOWN, only counted as failed for that iteration. Reports (used, late, failed,
+    timings) are about the first layer. ``JobSpec.tree``, if given, must equal the implied
+    topology (:meth:`TreeLayout.parent_of`). A deeper node the master never hears from is not
+    monitored: a leaf that restarts stays missing for its parent (the parent tolerates ``s``).
 """
 
 from __future__ import annotations
@@ -39,13 +60,15 @@ import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from common.codes.base import Assignment, GradientCode, Observation
+from common.codes.coded_reduce import DEFAULT_SEED as CODED_REDUCE_SEED
+from common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, TreeNode
 from common.codes.registry import available_codes, make_code
 from common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from common.exceptions import NumericallyUnsafeError
 from common.gather import GatherResult, Source, gather
 from common.models import MODEL_KINDS, Model, make_model
 from common.stragglers import DELAY_MODEL_NAMES, make_delay_model
-from common.wire import DEFAULT_CHUNK_BYTES, dict_from_struct, dtype_from_wire, tensor_from_array
+from common.wire import DEFAULT_CHUNK_BYTES, dict_from_struct, dtype_from_wire, struct_from_dict, tensor_from_array
 from master.optimizer import OPTIMIZER_KINDS, Optimizer, make_optimizer, mean_gradient
 from master.pool import PoolWorker, WorkerPool
 from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2
@@ -60,6 +83,7 @@ __all__ = [
     "JobRunner",
     "JobSpecError",
     "NotEnoughWorkersError",
+    "TreeLayout",
     "plan_job",
     "regularised_loss",
 ]
@@ -97,6 +121,77 @@ class JobFailedError(Exception):
         self.report = report
 
 
+# ---- tree layout ------------------------------------------------------------------------------------
+class TreeLayout:
+    """Which worker index runs which CodedReduce tree node, and what each one is loaded with.
+
+    Worker index ``w`` is tree node ``w + 1`` (see the module docstring). ``child_code`` is the
+    CodeSpec every inner node decodes its children with: ``coded_reduce`` with ``L = 1`` and the
+    tree's seed, whose matrix is the tree's per-parent code (checked here; ValueError otherwise).
+    """
+
+    def __init__(self, code: CodedReduceCode, *, seed: int) -> None:
+        self.tree: CodedReduceTree = code.tree
+        self.n, self.s, self.L = code.n, code.s, code.L
+        params = {"n": self.n, "s": self.s, "L": 1, "seed": seed}
+        child = make_code("coded_reduce", **params)
+        if not np.array_equal(child.B, self.tree.code.B):
+            raise ValueError(
+                f"coded_reduce(n={self.n}, s={self.s}, L=1, seed={seed}) does not reproduce the tree's per-parent "
+                f"code {self.tree.code!r}; the tree parents could not decode their children with it."
+            )
+        static = child.static_assignment().rows
+        slots = [self.node(w).slot for w in range(self.n)]
+        if (
+            any(static[i] != (i,) for i in range(self.n))
+            or code.static_assignment().rows != tuple((i,) for i in range(self.n))
+            or slots != list(range(self.n))
+        ):
+            raise ValueError(f"{code!r}: worker i of the per-parent code must compute exactly row i (its slot).")
+        self.child_code = common_pb2.CodeSpec(name="coded_reduce", params=struct_from_dict(params))
+
+    @property
+    def num_workers(self) -> int:
+        """N = n + ... + n^L: every non-root node is a worker."""
+        return self.tree.num_workers
+
+    def node(self, w: int) -> TreeNode:
+        """The tree node worker index ``w`` runs."""
+        return self.tree.nodes[w + 1]
+
+    def children(self, w: int) -> list[int]:
+        """Worker indices of ``w``'s children, in slot order (empty for a leaf)."""
+        return [child - 1 for child in self.node(w).children]
+
+    def parent_of(self) -> list[int]:
+        """``TreeSpec.parent_of``: the parent worker index of every worker, -1 under the master."""
+        return [-1 if node.parent in (None, 0) else int(node.parent) - 1 for node in self.tree.nodes[1:]]
+
+    def row(self, w: int) -> worker_pb2.RowDefinition:
+        """Worker ``w``'s one row: its slot in its parent's code, over its own stored partitions."""
+        node = self.node(w)
+        weights: dict[int, float] = {}
+        for j, c in zip(node.partitions, node.coefficients, strict=True):
+            weights[j] = weights.get(j, 0.0) + float(c)
+        parts = sorted(weights)
+        return worker_pb2.RowDefinition(row=node.slot, partitions=parts, coefficients_real=[weights[j] for j in parts])
+
+    def wait_seconds(self, w: int, deadline_seconds: float) -> float:
+        """How long inner node ``w`` waits for its children: less the deeper it is, so it reports first."""
+        return deadline_seconds * (self.L + 1 - self.node(w).layer) / (self.L + 1)
+
+    def parent_role(self, w: int, addresses: list[str], deadline_seconds: float) -> worker_pb2.ParentRole | None:
+        """The JobSetup.parent of worker ``w`` (None for a leaf); ``addresses[v]`` is worker ``v``'s."""
+        children = self.children(w)
+        if not children:
+            return None
+        return worker_pb2.ParentRole(
+            child_code=self.child_code,
+            children=[worker_pb2.ChildSpec(worker_id=c, address=addresses[c]) for c in children],
+            wait_seconds=self.wait_seconds(w, deadline_seconds),
+        )
+
+
 # ---- planning ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class JobPlan:
@@ -111,10 +206,17 @@ class JobPlan:
     """Training-sample indices of each of the code's ``k`` partitions."""
     message_dtype: int
     """Wire dtype of the workers' messages."""
+    tree: TreeLayout | None = None
+    """The node layout of a tree job (coded_reduce with L > 1); None for flat jobs."""
 
     @property
     def job_id(self) -> str:
         return self.spec.job_id
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes the job needs: the code's ``n``, or every tree node for a tree job."""
+        return self.code.n if self.tree is None else self.tree.num_workers
 
     @property
     def tolerance(self) -> float:
@@ -155,11 +257,7 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
     except (ValueError, KeyError, TypeError, NumericallyUnsafeError) as exc:
         detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise JobSpecError(f"Invalid parameters for gradient code {spec.code.name!r}: {detail}") from None
-    if getattr(code, "L", 1) > 1 or len(spec.tree.parent_of):
-        raise JobSpecError(
-            "Tree jobs (JobSpec.tree, or coded_reduce with L > 1) are not supported by this master yet; "
-            "use coded_reduce with L = 1 or a flat scheme."
-        )
+    tree = _tree_layout(spec, code)
 
     # Dataset, then model (its sizes default to the dataset's).
     ds = spec.dataset
@@ -244,8 +342,10 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
     # Workers.
     ids = list(spec.worker_ids)
     if ids:
-        if len(ids) != code.n or len(set(ids)) != len(ids):
-            raise JobSpecError(f"JobSpec.worker_ids must list {code.n} distinct worker ids (the code's n), not {ids}.")
+        needed = code.n if tree is None else tree.num_workers
+        if len(ids) != needed or len(set(ids)) != len(ids):
+            what = "the code's n" if tree is None else f"every node of the n={tree.n}, L={tree.L} tree"
+            raise JobSpecError(f"JobSpec.worker_ids must list {needed} distinct worker ids ({what}), not {ids}.")
         if known_worker_ids is not None:
             unknown = sorted(set(ids) - set(known_worker_ids))
             if unknown:
@@ -260,8 +360,37 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         split = f"Cannot split the {dataset.num_train} training samples into {code.k} partitions"
         raise JobSpecError(f"{split}: {exc}") from None
     return JobPlan(
-        spec=spec, code=code, model=model, dataset=dataset, partitions=partitions, message_dtype=message_dtype
+        spec=spec,
+        code=code,
+        model=model,
+        dataset=dataset,
+        partitions=partitions,
+        message_dtype=message_dtype,
+        tree=tree,
     )
+
+
+def _tree_layout(spec: master_pb2.JobSpec, code: GradientCode) -> TreeLayout | None:
+    """The layout of a tree job (coded_reduce with L > 1), None for a flat one; checks JobSpec.tree."""
+    given = list(spec.tree.parent_of)
+    if not isinstance(code, CodedReduceCode) or code.L == 1:
+        if given:
+            raise JobSpecError(
+                f"JobSpec.tree is only for coded_reduce with L > 1 (its topology is implied); {code!r} is a flat "
+                "scheme: leave JobSpec.tree empty."
+            )
+        return None
+    seed = int(dict_from_struct(spec.code.params).get("seed", CODED_REDUCE_SEED))
+    try:
+        tree = TreeLayout(code, seed=seed)
+    except ValueError as exc:
+        raise JobSpecError(f"Tree job refused: {exc}") from None
+    if given and given != tree.parent_of():
+        raise JobSpecError(
+            f"JobSpec.tree.parent_of {given} does not match the {code!r} tree; leave it empty or give "
+            f"{tree.parent_of()} (worker w is tree node w + 1, breadth first)."
+        )
+    return tree
 
 
 def _message_dtype(requested: int, code: GradientCode) -> int:
@@ -316,9 +445,13 @@ class JobRunner:
         )
         code = plan.code
         static = code.static_assignment()
-        self._rows_of_worker: list[tuple[int, ...]] = [
-            self._candidate_rows(w) if code.dynamic else static.rows[w] for w in range(code.n)
-        ]
+        self._rows_of_worker: list[tuple[int, ...]] = (
+            [self._candidate_rows(w) if code.dynamic else static.rows[w] for w in range(code.n)]
+            if plan.tree is None
+            else [(plan.tree.node(w).slot,) for w in range(plan.tree.num_workers)]
+        )
+        self._spent: set[int] = set()
+        """Tree parents that answered this iteration that their children are not decodable (not asked again)."""
         self._observation: Observation | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -389,7 +522,7 @@ class JobRunner:
             self.workers = await self._select_workers()
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "loading workers")
             self._started = time.perf_counter()
-            await asyncio.gather(*(self._load(w) for w in range(self.plan.code.n)))
+            await asyncio.gather(*(self._load(w) for w in range(self.plan.num_workers)))
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "running")
             await self._loop()
         except asyncio.CancelledError:
@@ -429,8 +562,8 @@ class JobRunner:
             await self._publish(report)
 
     async def _select_workers(self) -> list[PoolWorker]:
-        """The pool workers for the code's ``n`` slots, waiting up to ``wait_for_workers_seconds``."""
-        spec, n = self.plan.spec, self.plan.code.n
+        """The pool workers for the job's worker indices, waiting up to ``wait_for_workers_seconds``."""
+        spec, n = self.plan.spec, self.plan.num_workers
         deadline = time.monotonic() + spec.wait_for_workers_seconds
         while True:
             if spec.worker_ids:
@@ -463,22 +596,35 @@ class JobRunner:
         held = set(code.partitions_of_worker(w))
         return tuple(r for r in range(code.num_messages) if set(code.support(r)) <= held)
 
-    def _load_chunks(self, w: int) -> Iterator[worker_pb2.LoadJobChunk]:
+    def _job_setup(self, w: int) -> worker_pb2.JobSetup:
+        """Worker ``w``'s JobSetup: its rows (and, for a tree parent, its children)."""
         plan, code = self.plan, self.plan.code
-        parts = sorted({j for r in self._rows_of_worker[w] for j in code.support(r)})
         setup = worker_pb2.JobSetup(
             job_id=plan.job_id,
             worker_id=w,
             model=plan.spec.model,
-            num_partitions_sent=len(parts),
             straggler=plan.spec.straggler,
             message_dtype=plan.message_dtype,  # type: ignore[arg-type]
         )
-        for r in self._rows_of_worker[w]:
-            coefficients = np.asarray(code.coefficients(r))
-            row = setup.rows.add(row=r, partitions=code.support(r), coefficients_real=coefficients.real.tolist())
-            if np.iscomplexobj(coefficients):
-                row.coefficients_imag.extend(coefficients.imag.tolist())
+        if plan.tree is not None:
+            setup.rows.append(plan.tree.row(w))
+            addresses = [worker.address for worker in self.workers]
+            role = plan.tree.parent_role(w, addresses, plan.spec.iteration_deadline_seconds)
+            if role is not None:
+                setup.parent.CopyFrom(role)
+        else:
+            for r in self._rows_of_worker[w]:
+                coefficients = np.asarray(code.coefficients(r))
+                row = setup.rows.add(row=r, partitions=code.support(r), coefficients_real=coefficients.real.tolist())
+                if np.iscomplexobj(coefficients):
+                    row.coefficients_imag.extend(coefficients.imag.tolist())
+        setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
+        return setup
+
+    def _load_chunks(self, w: int) -> Iterator[worker_pb2.LoadJobChunk]:
+        plan = self.plan
+        setup = self._job_setup(w)
+        parts = sorted({j for row in setup.rows for j in row.partitions})
         yield worker_pb2.LoadJobChunk(setup=setup)
         X, y = plan.dataset.X_train, plan.dataset.y_train
         step = DEFAULT_CHUNK_BYTES - DEFAULT_CHUNK_BYTES % 8
@@ -539,8 +685,12 @@ class JobRunner:
         finished: dict[int, float] = {}
         failed: dict[int, str] = {}
         late: set[int] = set()
+        self._spent.clear()
+        if plan.tree is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
+            deeper = [w for w in range(code.n, plan.num_workers) if self.workers[w].is_up]
+            await asyncio.gather(*(self._load(w) for w in deeper if not self.workers[w].has_job(self.job_id)))
         while True:
-            askable = [w for w in needed if w not in finished and self.workers[w].is_up]
+            askable = [w for w in needed if w not in finished and w not in self._spent and self.workers[w].is_up]
             reload = [w for w in askable if not self.workers[w].has_job(self.job_id)]
             if reload:
                 await asyncio.gather(*(self._load(w) for w in reload))
@@ -570,7 +720,7 @@ class JobRunner:
                 late = set(result.late)
                 for w, reason in result.failed.items():
                     failed[w] = reason
-                    self._handle_failure(w, reason)
+                    await self._handle_failure(w, reason)
                 if result.decoding is not None:
                     break
                 if result.timed_out:
@@ -588,10 +738,14 @@ class JobRunner:
         request = worker_pb2.ComputeRequest(job_id=self.job_id, iteration=t, worker_id=w, model=model, rows=rows)
         return Source(worker_id=w, rows=tuple(rows), open=lambda: stub.Compute(request))
 
-    def _handle_failure(self, w: int, reason: str) -> None:
+    async def _handle_failure(self, w: int, reason: str) -> None:
         worker = self.workers[w]
-        if _status_name(reason) == "NOT_FOUND":  # the worker restarted and lost the job: reload it
+        status = _status_name(reason)
+        if status == "NOT_FOUND":  # the worker restarted and lost the job: reload it
             worker.jobs.discard(self.job_id)
+        elif self.plan.tree is not None and status == "UNAVAILABLE" and await self.pool.probe(worker):
+            # A live tree parent whose children are not decodable: not DOWN, just failed this iteration.
+            self._spent.add(w)
         else:
             self.pool.mark_down(worker, f"Compute for job {self.job_id!r}: {reason}")
 
@@ -616,7 +770,8 @@ class JobRunner:
             f"Iteration {t}: not decodable within the iteration deadline of "
             f"{self.plan.spec.iteration_deadline_seconds:g} s; missing workers "
             f"{[self.workers[w].worker_id for w in missing]} ({detail}). Messages arrived from workers {got}; "
-            f"{self.plan.code!r} tolerates {self.plan.code.s} straggler(s)."
+            f"{self.plan.code!r} tolerates {self.plan.code.s} straggler(s)"
+            + ("." if self.plan.tree is None else " among the children of every parent.")
         )
 
     def _failure_report(

@@ -60,7 +60,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if plan.job_id in self.jobs:  # created concurrently while we planned
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {plan.job_id!r} already exists.")
-        n, up = plan.code.n, self.pool.up()
+        n, up = plan.num_workers, self.pool.up()
         if plan.spec.wait_for_workers_seconds == 0 and not plan.spec.worker_ids and len(up) < n:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

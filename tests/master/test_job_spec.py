@@ -65,7 +65,7 @@ def test_a_valid_spec_gets_its_defaults_filled_in() -> None:
         (spec("cyclic", {"n": 6, "s": 2, "foo": 1}), r"does not take parameter\(s\) \['foo'\]; it accepts \['n', 's'"),
         (spec("cyclic", {"n": 6}), r"Invalid parameters for gradient code 'cyclic': .*missing"),
         (spec("cyclic", {"n": 6, "s": 2, "max_decode_error": 1e-30}), r"decodes with relative error .* > max_decode"),
-        (spec("coded_reduce", {"n": 2, "s": 1, "L": 2}), r"Tree jobs .* are not supported"),
+        (spec("coded_reduce", {"n": 2, "s": 1, "L": 2, "seed": -1}), r"Invalid parameters .*'seed' must be"),
         (spec(dataset=master_pb2.DatasetSpec(name="mnist")), r"Unknown dataset 'mnist'; valid names are \['digits'"),
         (
             spec(dataset=master_pb2.DatasetSpec(name="file", path="/does/not/exist.npz")),

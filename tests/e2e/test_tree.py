@@ -1,0 +1,123 @@
+"""CodedReduce trees with real processes: n = 2, L = 2, s = 1 (six worker processes and a master).
+
+Worker index ``w`` of a tree job is tree node ``w + 1`` (breadth first): workers 0 and 1 are the
+first layer, 2 and 3 the children of 0, 4 and 5 the children of 1. With ``worker_ids=cluster.ids``
+worker index ``w`` is worker process ``w``. Every parent (the master included) needs any
+``n - s = 1`` of its two children, so one leaf under each parent and then a whole first-layer
+sub-tree but one leaf may die and the gradient stays exact.
+
+``python -m pytest -q -s tests/e2e/test_tree.py`` also prints the median iteration time of the
+tree next to flat jobs on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import numpy as np
+
+from common.wire import array_from_tensor
+from protos.gradcode.v1 import master_pb2
+from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
+from tests.e2e.test_training import EXACT, centralized_gd
+
+TREE = {"n": 2, "s": 1, "L": 2}
+FIRST_LAYER = (0, 1)
+CHILDREN = {0: (2, 3), 1: (4, 5)}
+
+
+def assert_exact(reports: list[master_pb2.IterationReport], iterations: int) -> None:
+    assert [r.iteration for r in reports] == list(range(1, iterations + 1))
+    for r in reports:
+        assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
+
+
+async def test_a_healthy_tree_trains_exactly_like_centralized_gradient_descent(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    iterations, lr = 8, 0.5
+    spec = job_spec("coded_reduce", TREE, iterations=iterations, learning_rate=lr, worker_ids=cluster6.ids, verify=True)
+    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+        model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+        flat = {}
+        for name, code, code_params, ids in [
+            ("flat cyclic n=6 s=1", "cyclic", {"n": 6, "s": 1}, cluster6.ids),
+            ("flat coded_reduce n=2 s=1 L=1", "coded_reduce", {"n": 2, "s": 1}, cluster6.ids[:2]),
+        ]:
+            flat_spec = job_spec(code, code_params, iterations=iterations, worker_ids=ids)
+            flat_info, flat_reports = await run_job(stub, flat_spec)
+            assert flat_info.state == master_pb2.JOB_STATE_SUCCEEDED, flat_info.message
+            flat[name] = statistics.median(r.wall_seconds for r in flat_reports)
+
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert_exact(reports, iterations)
+    first_layer = {cluster6.ids[w] for w in FIRST_LAYER}
+    for r in reports:
+        assert set(r.used_workers) <= first_layer and r.used_workers
+        assert not r.failed_workers
+        assert {t.worker_id for t in r.timings} <= first_layer
+    params, accuracy = centralized_gd(iterations, lr)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
+    assert abs(reports[-1].test_accuracy - accuracy) <= 0.01
+    tree_median = statistics.median(r.wall_seconds for r in reports)
+    print(f"\nmedian iteration: tree n=2 s=1 L=2 {tree_median * 1e3:.1f} ms; " + "; ".join(
+        f"{name} {seconds * 1e3:.1f} ms" for name, seconds in flat.items()
+    ))  # fmt: skip
+
+
+async def test_killed_leaves_and_a_killed_first_layer_node_leave_the_gradient_exact(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    iterations, lr = 14, 0.5
+    leaves = (CHILDREN[0][1], CHILDREN[1][0])  # one leaf under each first-layer parent
+    killed: dict[int, tuple[int, ...]] = {}
+
+    def kill(report: master_pb2.IterationReport) -> None:
+        victims = {3: leaves, 7: (0,)}.get(report.iteration, ())
+        for i in victims:
+            cluster6.kill(i)
+        if victims:
+            killed[report.iteration] = victims
+
+    spec = job_spec(
+        "coded_reduce",
+        TREE,
+        iterations=iterations,
+        learning_rate=lr,
+        worker_ids=cluster6.ids,
+        verify=True,
+        iteration_deadline_seconds=10.0,
+    )
+    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec, kill)
+        model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+
+    assert killed == {3: leaves, 7: (0,)}
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert_exact(reports, iterations)
+    survivor = cluster6.ids[1]
+    after = [r for r in reports if r.iteration > 8]
+    assert after and all(r.used_workers == [survivor] for r in after)
+    assert all(cluster6.ids[0] in r.failed_workers for r in after)
+    params, _ = centralized_gd(iterations, lr)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
+
+
+async def test_a_parent_without_decodable_children_fails_the_job_naming_them_and_stays_up(cluster6: Cluster) -> None:
+    # Continues from the previous test's state if it ran: worker 0 and leaves 3 and 4 are dead already.
+    for i in (0, 3, 4, 5):
+        cluster6.kill(i)
+    spec = job_spec("coded_reduce", TREE, iterations=3, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
+    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+        info, reports = await run_job(stub, spec)
+
+    assert info.state == master_pb2.JOB_STATE_FAILED
+    assert "Iteration 1: not decodable within the iteration deadline of 1.5 s" in info.message, info.message
+    assert f"missing workers {sorted(cluster6.ids[w] for w in FIRST_LAYER)}" in info.message
+    assert "Tree parent of job" in info.message and "children [4, 5] did not deliver" in info.message
+    for i in CHILDREN[1]:
+        assert cluster6.addresses[i] in info.message
+    assert "tolerates 1 straggler(s) among the children of every parent" in info.message
+    assert reports and set(reports[-1].failed_workers) == {cluster6.ids[w] for w in FIRST_LAYER}
+    states = {w.worker_id: w.state for w in cluster6.list_workers()}
+    assert states[cluster6.ids[1]] == master_pb2.WORKER_STATE_UP  # alive: its children failed, not it
