@@ -22,4 +22,11 @@ class NotDecodableError(GradcodeError):
 
 
 class NumericallyUnsafeError(GradcodeError, ValueError):
-    """Raised when a code's measured worst-case decode error exceeds the configured bound."""
+    """Raised when a code's measured worst-case decode error exceeds the configured bound.
+
+    ``measured_error`` carries the worst relative decode error that was measured, when known.
+    """
+
+    def __init__(self, message: str, *, measured_error: float | None = None) -> None:
+        super().__init__(message)
+        self.measured_error = measured_error

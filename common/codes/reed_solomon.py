@@ -277,7 +277,8 @@ class ReedSolomonCode(GradientCode):
                     f"{self!r}: measured worst relative decode error {self._measured_error:.3g} over contiguous "
                     f"and random survivor sets exceeds max_decode_error={self._max_decode_error:g}; the complex "
                     "Vandermonde decode is ill-conditioned at this size. Use the 'binary' scheme (0/1, exact), "
-                    "fewer workers or stragglers, or pass a larger max_decode_error explicitly."
+                    "fewer workers or stragglers, or pass a larger max_decode_error explicitly.",
+                    measured_error=self._measured_error,
                 )
 
     # ---- parameters ----------------------------------------------------------------------------
