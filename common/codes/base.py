@@ -20,7 +20,6 @@ The network code (master, tree parents) only ever talks to these three, never to
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ __all__ = [
     "Observation",
     "OnlineDecoder",
     "SpanDecoder",
+    "SpanTracker",
     "check_int",
 ]
 
@@ -213,36 +213,38 @@ class OnlineDecoder(ABC):
         """Compute the weights; called only when decodable."""
 
 
-class SpanDecoder(OnlineDecoder):
-    r"""Generic decoder: keeps an orthonormal basis of the received rows and the residual of $\mathbf{1}$.
+class SpanTracker:
+    r"""Incremental test of ``target`` $\in$ span(vectors added so far).
 
-    Each ``add`` costs $O(k \cdot r)$ (one Gram–Schmidt step, repeated once for stability, against the
-    $r \le k$ basis vectors kept so far). Decodable when the residual of $\mathbf{1}$ after
-    projection onto the span is below :data:`SPAN_TOLERANCE`; the weights then come from a
-    least-squares solve of $B_F^\top a = \mathbf{1}$ on the received rows (Tandon et al., Algorithm 1,
-    evaluated for the one set that actually arrived).
+    Keeps an orthonormal basis of the added vectors (classical Gram–Schmidt, applied twice — "twice
+    is enough") and the residual of ``target`` after projection onto it. ``add`` costs
+    $O(d \cdot r)$ for dimension $d$ and rank $r$; a vector (numerically) in the current span is
+    skipped. ``contains_target`` holds when the residual is below :data:`SPAN_TOLERANCE` relative
+    to ``target``.
     """
 
-    def __init__(self, code: GradientCode, assignment: Assignment) -> None:
-        super().__init__(code, assignment)
-        k = code.k
-        dtype = code.B.dtype
-        self._basis = np.zeros((k, k), dtype=dtype)
+    def __init__(self, target: Array) -> None:
+        dim = target.shape[0]
+        self._basis = np.zeros((dim, dim), dtype=target.dtype)
         self._rank = 0
-        self._residual = np.ones(k, dtype=dtype)
-        self._ones_norm = math.sqrt(k)
+        self._residual = np.array(target, copy=True)
+        self._threshold = SPAN_TOLERANCE * float(np.linalg.norm(target))
 
     @property
-    def decodable(self) -> bool:
-        return bool(np.linalg.norm(self._residual) <= SPAN_TOLERANCE * self._ones_norm)
+    def rank(self) -> int:
+        return self._rank
 
-    def _on_add(self, row: int) -> None:
-        v = self.code.B[row].astype(self._basis.dtype, copy=True)
+    @property
+    def contains_target(self) -> bool:
+        return bool(np.linalg.norm(self._residual) <= self._threshold)
+
+    def add(self, vector: Array) -> None:
+        v = vector.astype(self._basis.dtype, copy=True)
         norm0 = np.linalg.norm(v)
-        if norm0 == 0 or self._rank == self.code.k:
+        if norm0 == 0 or self._rank == self._basis.shape[0]:
             return
         q = self._basis[: self._rank]
-        for _ in range(2):  # classical Gram–Schmidt, twice ("twice is enough")
+        for _ in range(2):
             v -= q.T @ (q.conj() @ v)
         norm = np.linalg.norm(v)
         if norm <= 1e-10 * norm0:
@@ -251,6 +253,26 @@ class SpanDecoder(OnlineDecoder):
         self._basis[self._rank] = v
         self._rank += 1
         self._residual -= v * (v.conj() @ self._residual)
+
+
+class SpanDecoder(OnlineDecoder):
+    r"""Generic decoder: decodable once $\mathbf{1}$ lies in the span of the received rows.
+
+    Each ``add`` is one :class:`SpanTracker` step, $O(k \cdot r)$; the weights then come from a
+    least-squares solve of $B_F^\top a = \mathbf{1}$ on the received rows (Tandon et al.,
+    Algorithm 1, evaluated for the one set that actually arrived).
+    """
+
+    def __init__(self, code: GradientCode, assignment: Assignment) -> None:
+        super().__init__(code, assignment)
+        self._span = SpanTracker(np.ones(code.k, dtype=code.B.dtype))
+
+    @property
+    def decodable(self) -> bool:
+        return self._span.contains_target
+
+    def _on_add(self, row: int) -> None:
+        self._span.add(self.code.B[row])
 
     def _decoding(self) -> Decoding:
         rows = tuple(self._received)

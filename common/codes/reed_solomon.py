@@ -91,7 +91,16 @@ from typing import Any
 import numpy as np
 
 from common.codes.balanced_mask import column_arcs, column_weights, mask_matrix
-from common.codes.base import SPAN_TOLERANCE, Array, Assignment, Decoding, GradientCode, OnlineDecoder, check_int
+from common.codes.base import (
+    SPAN_TOLERANCE,
+    Array,
+    Assignment,
+    Decoding,
+    GradientCode,
+    OnlineDecoder,
+    SpanTracker,
+    check_int,
+)
 from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
 from common.codes.registry import register
 from common.exceptions import NumericallyUnsafeError
@@ -407,38 +416,6 @@ class ReedSolomonCode(GradientCode):
         )
 
 
-class _ReducedSpanTracker:
-    """Incremental test of ``target in span(rows[received])`` (Gram–Schmidt twice), for rank-deficient codes."""
-
-    def __init__(self, rows: Array, target: Array) -> None:
-        self._rows = rows
-        rank = rows.shape[1]
-        self._basis = np.zeros((rank, rank), dtype=rows.dtype)
-        self._rank = 0
-        self._residual = target.copy()
-        self._target_norm = float(np.linalg.norm(target))
-
-    @property
-    def decodable(self) -> bool:
-        return bool(np.linalg.norm(self._residual) <= SPAN_TOLERANCE * self._target_norm)
-
-    def add(self, row: int) -> None:
-        v = self._rows[row].copy()
-        norm0 = np.linalg.norm(v)
-        if norm0 == 0 or self._rank == self._basis.shape[0]:
-            return
-        q = self._basis[: self._rank]
-        for _ in range(2):
-            v -= q.T @ (q.conj() @ v)
-        norm = np.linalg.norm(v)
-        if norm <= 1e-10 * norm0:
-            return
-        v /= norm
-        self._basis[self._rank] = v
-        self._rank += 1
-        self._residual -= v * (v.conj() @ self._residual)
-
-
 class ReedSolomonDecoder(OnlineDecoder):
     r"""Online decoder of :class:`ReedSolomonCode`: decodable at ``f`` distinct rows, weights in $O(f s)$.
 
@@ -457,7 +434,7 @@ class ReedSolomonDecoder(OnlineDecoder):
 
     def __init__(self, code: ReedSolomonCode, assignment: Assignment) -> None:
         super().__init__(code, assignment)
-        self._tracker: _ReducedSpanTracker | None = None
+        self._tracker: SpanTracker | None = None
         self._span_weights: Array | None = None
         self._span_rows: tuple[int, ...] = ()
         self._span_given_up = False
@@ -475,9 +452,9 @@ class ReedSolomonDecoder(OnlineDecoder):
         if reduced is None:
             return
         if self._tracker is None:  # created on first use: every earlier row went through here too
-            self._tracker = _ReducedSpanTracker(*reduced)
-        self._tracker.add(row)
-        if self._tracker.decodable:
+            self._tracker = SpanTracker(reduced[1])
+        self._tracker.add(reduced[0][row])
+        if self._tracker.contains_target:
             rows = list(self._received)
             weights, *_ = np.linalg.lstsq(reduced[0][rows].T, reduced[1], rcond=None)
             residual = np.linalg.norm(weights @ self.code.B[rows] - 1.0)
