@@ -3,8 +3,9 @@
 Worker index ``w`` of a tree job is tree node ``w + 1`` (breadth first): workers 0 and 1 are the
 first layer, 2 and 3 the children of 0, 4 and 5 the children of 1. With ``worker_ids=cluster.ids``
 worker index ``w`` is worker process ``w``. Every parent (the master included) needs any
-``n - s = 1`` of its two children, so one leaf under each parent and then a whole first-layer
-sub-tree but one leaf may die and the gradient stays exact.
+``n - s = 1`` of its two children (``s = n - 1``: the per-parent code is all ones), so one leaf
+under each first-layer parent may die, and after that first-layer node 0 too: the master decodes
+from node 1, which decodes from its surviving leaf, and the gradient stays exact.
 
 ``python -m pytest -q -s tests/e2e/test_tree.py`` also prints the median iteration time of the
 tree next to flat jobs on the same machine.
