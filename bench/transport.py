@@ -1,0 +1,797 @@
+"""How fast is gradcode's transport? Gradient streaming and per-iteration overhead against the machine's limits.
+
+    python -m bench.transport [--quick] [--out DIR]
+
+Everything runs on loopback with real processes, in one run, so the limits are this machine's now.
+
+**Gradient streaming.** One real worker process (``python -m worker``) holds a linear-regression job
+with p parameters (one sample, one partition, one row: the compute is tiny), for p in {1e4, 1e5,
+1e6, 4e6}. This process plays the master: it sends Compute (the model, 8p bytes, down), reassembles
+the streamed message (8p bytes, up) with :class:`common.wire.MessageAssembler` and stops the clock
+when the message is complete. ``transport = total - compute``, where ``compute`` is the worker's own
+``compute_seconds`` from the message trailer; the transport rate is ``16p bytes / transport``. It is
+compared with, measured in rounds interleaved with the Compute calls (so slow drift of a shared
+machine hits all of them alike), medians over the rounds:
+
+* ``raw``: a bare gRPC unary-stream call on raw bytes to a second process (no protobuf messages, no
+  numpy): 8p bytes down, 8p bytes up in pre-built 1 MiB chunks; what gRPC itself costs;
+* ``loopback``: the same bytes exchanged the same way (8p down, then 8p up) with a third process over a
+  plain TCP socket on 127.0.0.1 (``sendall`` of the whole buffer, ``recv_into`` in 4 MiB pieces): the
+  machine's loopback TCP limit for this pattern;
+* ``memcpy``: ``numpy.copyto`` of the same 16p bytes between two preallocated arrays.
+
+``x raw`` / ``x loop`` / ``x copy`` = that time / gradcode's transport time (1.0 would be as fast as
+the limit). The ``codec`` columns time, in this process and without any socket, the protobuf/numpy work
+the path does on the same bytes: the master's request encoding, the worker's request decoding, the
+worker's chunking (with CRC32) and serialization, and the master's parsing and reassembly (with CRC32
+check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, its copies, the event
+loops) and the socket.
+
+**Chunk size.** The same measurement at p = 1e6 with the worker's chunk size (the ``chunk_bytes`` of
+:func:`common.wire.message_chunks`; default :data:`common.wire.DEFAULT_CHUNK_BYTES`) set to 64 KiB,
+256 KiB, 1 MiB and 4 MiB, each in its own worker process started through :func:`serve_worker`.
+
+**Per-iteration overhead.** A :class:`client.launch.LocalCluster` with 8 worker processes; jobs of
+softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
+stragglers, run through the SDK. From the reports: median ``wall_seconds`` (request to optimizer step),
+``decode_seconds`` (decoder + combine) and ``gather`` (iteration start to the last message used,
+the largest worker timing). These are compared with the gRPC unary round trip to one worker (a health
+``Check``, median of many) measured in the same run. ``overhead = wall - compute``, where ``compute``
+is one worker's gradient time for its partitions measured in this process (workers compute in
+parallel); reported as a multiple of the round trip, with the share of it that is decode.
+
+Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
+``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client.launch import LocalCluster, ServiceProcess, single_thread_env
+from client.sdk import GradcodeClient, build_job_spec
+from common.wire import (
+    CHANNEL_OPTIONS,
+    DEFAULT_CHUNK_BYTES,
+    MessageAssembler,
+    array_from_tensor,
+    message_chunks,
+    tensor_from_array,
+)
+from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
+
+__all__ = ["main", "run", "serve_worker"]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KiB = 1024
+MiB = 1024 * KiB
+
+FULL_SIZES = (10_000, 100_000, 1_000_000, 4_000_000)
+QUICK_SIZES = (10_000, 100_000)
+FULL_CHUNKS = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
+QUICK_CHUNKS = (64 * KiB, 1 * MiB)
+FULL_CHUNK_P = 1_000_000
+QUICK_CHUNK_P = 100_000
+FULL_REPEATS = 15
+QUICK_REPEATS = 3
+WARMUP_CALLS = 2
+FULL_CLUSTER = (4, 8)
+QUICK_CLUSTER = (4,)
+SCHEMES = (("cyclic", 1), ("uncoded", 0))
+FULL_ITERATIONS = 30
+QUICK_ITERATIONS = 8
+SKIP_ITERATIONS = 2
+"""First iterations of each job left out of the medians (connection and cache warm-up)."""
+FULL_RTT_CALLS = 300
+QUICK_RTT_CALLS = 50
+RECV_PIECE = 4 * MiB
+CALL_TIMEOUT = 120.0
+START_TIMEOUT = 60.0
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` (after one untimed call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def serve_worker(chunk_bytes: int, worker_argv: Sequence[str]) -> int:
+    """Run ``python -m worker`` with its gradient messages split into ``chunk_bytes`` chunks.
+
+    The worker service calls :func:`common.wire.message_chunks` with its default chunk size; this
+    rebinds the service's reference to a version with another default, then runs the unchanged worker.
+    Used only by the chunk-size sweep, in a child process of its own.
+    """
+    import worker.service
+    from worker.__main__ import main as worker_main
+
+    worker.service.message_chunks = functools.partial(message_chunks, chunk_bytes=chunk_bytes)  # type: ignore[attr-defined]
+    return worker_main(list(worker_argv))
+
+
+def _worker_argv(chunk_bytes: int | None) -> list[str]:
+    if chunk_bytes is None:
+        return [sys.executable, "-m", "worker", "--listen", "127.0.0.1:0"]
+    code = (
+        "import sys; from bench.transport import serve_worker; sys.exit(serve_worker(int(sys.argv[1]), sys.argv[2:]))"
+    )
+    return [sys.executable, "-c", code, str(chunk_bytes), "--listen", "127.0.0.1:0"]
+
+
+# ---- gradient streaming over gRPC -----------------------------------------------------------------------
+def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
+    """A linear-regression job with p parameters (p - 1 features + bias), one sample, one row = one partition."""
+    job_id = f"transport-p{p}"
+    features = np.random.default_rng(p).standard_normal(p - 1).tobytes()
+    setup = worker_pb2.JobSetup(
+        job_id=job_id,
+        worker_id=0,
+        model=common_pb2.ModelSpec(kind="linear", num_features=p - 1),
+        rows=[worker_pb2.RowDefinition(row=0, partitions=[0], coefficients_real=[1.0])],
+        num_partitions_sent=1,
+    )
+
+    def chunks() -> Iterator[worker_pb2.LoadJobChunk]:
+        yield worker_pb2.LoadJobChunk(setup=setup)
+        for start in range(0, len(features), DEFAULT_CHUNK_BYTES):
+            data = worker_pb2.PartitionData(
+                partition=0,
+                num_samples=1,
+                features_offset=start,
+                features=features[start : start + DEFAULT_CHUNK_BYTES],
+            )
+            if start == 0:
+                data.labels = np.ones(1).tobytes()
+            yield worker_pb2.LoadJobChunk(data=data)
+
+    return job_id, chunks()
+
+
+async def _compute_call(
+    stub: worker_pb2_grpc.WorkerStub, job_id: str, iteration: int, params: Any
+) -> tuple[float, float, int]:
+    """One Compute as the master makes it: (seconds until the message is complete, its compute_seconds, chunks)."""
+    p = len(params)
+    started = time.perf_counter()
+    request = worker_pb2.ComputeRequest(
+        job_id=job_id, iteration=iteration, worker_id=0, model=tensor_from_array(params), rows=[0]
+    )
+    assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p)
+    done = None
+    count = 0
+    async for chunk in stub.Compute(request, timeout=CALL_TIMEOUT):
+        count += 1
+        done = assembler.feed(chunk) or done
+    elapsed = time.perf_counter() - started
+    if done is None or not assembler.complete:
+        raise RuntimeError(f"Compute for p={p} ended without a complete message.")
+    return elapsed, done.compute_seconds, count
+
+
+def _summary(calls: Sequence[tuple[float, float, int]]) -> dict[str, float]:
+    """Medians of total, compute and transport (= total - compute, per call) seconds."""
+    return {
+        "total_s": statistics.median(c[0] for c in calls),
+        "compute_s": statistics.median(c[1] for c in calls),
+        "transport_s": statistics.median(c[0] - c[1] for c in calls),
+        "chunks": calls[0][2],
+    }
+
+
+async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[dict[str, float]]:
+    """Load the size-p job on every worker, then time Compute calls round-robin across them; per worker."""
+    channels = [grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for address in addresses]
+    try:
+        stubs = [worker_pb2_grpc.WorkerStub(channel) for channel in channels]  # type: ignore[no-untyped-call]
+        job_id = ""
+        for stub in stubs:
+            job_id, chunks = _linear_job(p)
+            await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
+        params = np.random.default_rng(0).standard_normal(p)
+        calls: list[list[tuple[float, float, int]]] = [[] for _ in stubs]
+        for iteration in range(1, WARMUP_CALLS + repeats + 1):
+            for stub, record in zip(stubs, calls, strict=True):
+                result = await _compute_call(stub, job_id, iteration, params)
+                if iteration > WARMUP_CALLS:
+                    record.append(result)
+        for stub in stubs:
+            await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
+        return [_summary(record) for record in calls]
+    finally:
+        for channel in channels:
+            await channel.close(None)
+
+
+def _start_workers(chunk_sizes: Sequence[int | None], logs: Path) -> list[ServiceProcess]:
+    """One worker process per chunk size (None: plain ``python -m worker``), started concurrently."""
+    processes: list[ServiceProcess] = []
+    try:
+        for chunk_bytes in chunk_sizes:
+            name = "worker" if chunk_bytes is None else f"worker-chunk-{chunk_bytes}"
+            processes.append(
+                ServiceProcess(_worker_argv(chunk_bytes), log_path=logs / f"{name}.log", env=single_thread_env())
+            )
+        for process in processes:
+            process.wait_ready(START_TIMEOUT)
+    except BaseException:
+        for process in processes:
+            process.stop()
+        raise
+    return processes
+
+
+# ---- the limits: bare gRPC, loopback TCP, memory copy ------------------------------------------------------
+RAW_SERVICE = "gradcode.bench.RawTransport"
+RAW_METHOD = f"/{RAW_SERVICE}/Exchange"
+"""A unary-stream method on raw bytes: the request is 8p bytes, the reply 8p bytes in pre-built chunks."""
+
+
+async def _serve_raw(connection: Any) -> None:
+    """Serve RAW_METHOD on loopback; the request's first 16 bytes say the reply's size and chunk size."""
+    replies: dict[tuple[int, int], list[bytes]] = {}
+
+    async def exchange(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        size, chunk = struct.unpack_from("<QQ", request)
+        pieces = replies.get((size, chunk))
+        if pieces is None:
+            payload = np.random.default_rng(5).bytes(size)
+            pieces = replies[(size, chunk)] = [payload[i : i + chunk] for i in range(0, size, chunk)]
+        for piece in pieces:
+            yield piece
+
+    handler = grpc.method_handlers_generic_handler(
+        RAW_SERVICE, {"Exchange": grpc.unary_stream_rpc_method_handler(exchange)}
+    )
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    connection.send(port)
+    await asyncio.get_running_loop().run_in_executor(None, connection.recv)  # any message means stop
+    await server.stop(None)
+
+
+def _raw_peer(connection: Any) -> None:
+    """Child process: the bare gRPC server, one BLAS thread like a worker."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    asyncio.run(_serve_raw(connection))
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    filled = 0
+    while filled < len(view):
+        got = sock.recv_into(view[filled : filled + RECV_PIECE])
+        if got == 0:
+            raise ConnectionError("loopback peer closed the connection early")
+        filled += got
+
+
+def _echo_peer(port: int) -> None:
+    """Child process: per round, read (down, up) sizes, receive ``down`` bytes, send ``up`` bytes back."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        header = bytearray(16)
+        buffer = bytearray()
+        while True:
+            _recv_exactly(sock, memoryview(header))
+            down, up = struct.unpack("<QQ", header)
+            if down == 0 and up == 0:
+                return
+            if len(buffer) < max(down, up):
+                buffer = bytearray(max(down, up))
+            view = memoryview(buffer)
+            _recv_exactly(sock, view[:down])
+            sock.sendall(view[:up])
+
+
+class LimitPeers:
+    """Two helper processes, alive together so their measurements interleave with the worker's calls.
+
+    * a bare gRPC server (:data:`RAW_METHOD`): gRPC's own cost for the same bytes and chunks;
+    * a TCP echo peer: ``exchange`` sends n bytes over a plain socket and receives n bytes back.
+    """
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child_end = context.Pipe()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._processes = [
+            context.Process(target=_raw_peer, args=(child_end,), daemon=True),
+            context.Process(target=_echo_peer, args=(self._server.getsockname()[1],), daemon=True),
+        ]
+        self._child_end = child_end
+        self._socket: socket.socket | None = None
+        self.raw_port = 0
+
+    def __enter__(self) -> LimitPeers:
+        try:
+            for process in self._processes:
+                process.start()
+            if not self._pipe.poll(START_TIMEOUT):
+                raise RuntimeError(f"the bare gRPC peer did not start within {START_TIMEOUT:.0f} s")
+            self.raw_port = int(self._pipe.recv())
+            self._server.settimeout(START_TIMEOUT)
+            self._socket, _ = self._server.accept()
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._socket.settimeout(CALL_TIMEOUT)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def exchange(self, outgoing: memoryview, incoming: memoryview) -> None:
+        """Send ``outgoing`` to the echo peer and receive ``len(incoming)`` bytes back."""
+        assert self._socket is not None
+        self._socket.sendall(struct.pack("<QQ", len(outgoing), len(incoming)))
+        self._socket.sendall(outgoing)
+        _recv_exactly(self._socket, incoming)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.sendall(struct.pack("<QQ", 0, 0))
+            self._socket.close()
+            self._socket = None
+        with contextlib.suppress(OSError):
+            self._pipe.send("stop")
+        for process in self._processes:
+            if process.pid is not None:
+                process.join(timeout=10)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            process.close()
+        self._processes = []
+        self._pipe.close()
+        self._child_end.close()
+        self._server.close()
+
+
+async def _raw_call(call: Any, request: bytes, size: int) -> float:
+    started = time.perf_counter()
+    received = 0
+    async for piece in call(request, timeout=CALL_TIMEOUT):
+        received += len(piece)
+    elapsed = time.perf_counter() - started
+    if received != size:
+        raise RuntimeError(f"the bare gRPC reply had {received} bytes, expected {size}")
+    return elapsed
+
+
+def codec_times(p: int, repeats: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, float]:
+    """Median seconds of each protobuf/numpy step of one Compute's data path, without a socket."""
+    params = np.random.default_rng(3).standard_normal(p)
+    message = np.random.default_rng(4).standard_normal(p)
+
+    def master_encode() -> bytes:
+        request = worker_pb2.ComputeRequest(
+            job_id="j", iteration=1, worker_id=0, model=tensor_from_array(params), rows=[0]
+        )
+        return request.SerializeToString()
+
+    wire_request = master_encode()
+
+    def worker_decode() -> object:
+        return array_from_tensor(worker_pb2.ComputeRequest.FromString(wire_request).model)
+
+    def chunks() -> list[worker_pb2.GradientChunk]:
+        return list(message_chunks(message, job_id="j", iteration=1, worker_id=0, row=0, chunk_bytes=chunk_bytes))
+
+    def worker_encode() -> list[bytes]:
+        return [chunk.SerializeToString() for chunk in chunks()]
+
+    wire_chunks = worker_encode()
+
+    def master_decode() -> object:
+        assembler = MessageAssembler(job_id="j", iteration=1, worker_id=0, rows=(0,), length=p)
+        done = None
+        for data in wire_chunks:
+            done = assembler.feed(worker_pb2.GradientChunk.FromString(data)) or done
+        return done
+
+    data = message.tobytes()
+    return {
+        "master_encode_s": median_time(master_encode, repeats),
+        "worker_decode_s": median_time(worker_decode, repeats),
+        "worker_encode_s": median_time(worker_encode, repeats),
+        "master_decode_s": median_time(master_decode, repeats),
+        "crc32_s": median_time(lambda: zlib.crc32(data), repeats),
+    }
+
+
+async def _measure_sizes(
+    worker_address: str, peers: LimitPeers, sizes: Sequence[int], repeats: int
+) -> list[dict[str, float]]:
+    """Per p: rounds of (gradcode Compute, bare gRPC call, loopback TCP exchange, memory copy); medians."""
+    worker_channel = grpc.aio.insecure_channel(worker_address, options=CHANNEL_OPTIONS)
+    raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
+    try:
+        stub = worker_pb2_grpc.WorkerStub(worker_channel)  # type: ignore[no-untyped-call]
+        raw = raw_channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
+        rows = []
+        for p in sizes:
+            job_id, chunks = _linear_job(p)
+            await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
+            params = np.random.default_rng(0).standard_normal(p)
+            half = 8 * p
+            raw_request = struct.pack("<QQ", half, DEFAULT_CHUNK_BYTES) + bytes(half - 16)
+            outgoing, incoming = memoryview(np.random.default_rng(1).bytes(half)), memoryview(bytearray(half))
+            copy_source = np.random.default_rng(2).standard_normal(2 * p)
+            copy_target = np.empty_like(copy_source)
+            calls: list[tuple[float, float, int]] = []
+            raw_times: list[float] = []
+            loop_times: list[float] = []
+            copy_times: list[float] = []
+            for iteration in range(1, WARMUP_CALLS + repeats + 1):
+                call = await _compute_call(stub, job_id, iteration, params)
+                raw_s = await _raw_call(raw, raw_request, half)
+                started = time.perf_counter()
+                peers.exchange(outgoing, incoming)
+                loop_s = time.perf_counter() - started
+                started = time.perf_counter()
+                np.copyto(copy_target, copy_source)
+                copy_s = time.perf_counter() - started
+                if iteration > WARMUP_CALLS:
+                    calls.append(call)
+                    raw_times.append(raw_s)
+                    loop_times.append(loop_s)
+                    copy_times.append(copy_s)
+            await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
+            rows.append(
+                {
+                    "p": p,
+                    **_summary(calls),
+                    "raw_grpc_s": statistics.median(raw_times),
+                    "loopback_s": statistics.median(loop_times),
+                    "memcpy_s": statistics.median(copy_times),
+                }
+            )
+        return rows
+    finally:
+        await worker_channel.close(None)
+        await raw_channel.close(None)
+
+
+def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict[str, Any]]:
+    """gRPC transport rate per p against bare gRPC, loopback TCP and memcpy of the same bytes, interleaved."""
+    (process,) = _start_workers([None], logs)
+    try:
+        with LimitPeers() as peers:
+            measured = asyncio.run(_measure_sizes(process.wait_ready(), peers, sizes, repeats))
+    finally:
+        process.stop()
+    rows = []
+    for row in measured:
+        p = int(row["p"])
+        nbytes = 16 * p
+        codec = codec_times(p, repeats)
+        codec_total = sum(v for k, v in codec.items() if k != "crc32_s")
+        rows.append(
+            {
+                **row,
+                "bytes": nbytes,
+                "transport_GBps": nbytes / row["transport_s"] / 1e9,
+                "raw_grpc_GBps": nbytes / row["raw_grpc_s"] / 1e9,
+                "loopback_GBps": nbytes / row["loopback_s"] / 1e9,
+                "memcpy_GBps": nbytes / row["memcpy_s"] / 1e9,
+                "ratio_raw_grpc": row["raw_grpc_s"] / row["transport_s"],
+                "ratio_loopback": row["loopback_s"] / row["transport_s"],
+                "ratio_memcpy": row["memcpy_s"] / row["transport_s"],
+                "codec": codec,
+                "codec_s": codec_total,
+                "codec_share": codec_total / row["transport_s"],
+            }
+        )
+    return rows
+
+
+def chunk_sweep(p: int, chunk_sizes: Sequence[int], repeats: int, logs: Path) -> dict[str, Any]:
+    """Transport at size p for each worker chunk size: one worker process per size, calls interleaved."""
+    processes = _start_workers(chunk_sizes, logs)
+    try:
+        timed = asyncio.run(_time_workers([w.wait_ready() for w in processes], p, repeats))
+    finally:
+        for process in processes:
+            process.stop()
+    rows = [
+        {"chunk_bytes": chunk_bytes, **row, "transport_GBps": 16 * p / row["transport_s"] / 1e9}
+        for chunk_bytes, row in zip(chunk_sizes, timed, strict=True)
+    ]
+    best = min(rows, key=lambda r: r["transport_s"])
+    default = next((r for r in rows if r["chunk_bytes"] == DEFAULT_CHUNK_BYTES), None)
+    return {
+        "p": p,
+        "default_chunk_bytes": DEFAULT_CHUNK_BYTES,
+        "rows": rows,
+        "best_chunk_bytes": best["chunk_bytes"],
+        "best_vs_default": default["transport_s"] / best["transport_s"] if default else math.nan,
+    }
+
+
+# ---- per-iteration overhead of the master ------------------------------------------------------------------
+async def _grpc_round_trip(address: str, calls: int) -> float:
+    """Median seconds of a unary health Check on ``address`` over one open channel."""
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest()
+        times = []
+        for i in range(calls + 10):
+            started = time.perf_counter()
+            await stub.Check(request, timeout=CALL_TIMEOUT)
+            if i >= 10:
+                times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+async def _wait_workers_up(client: GradcodeClient, count: int) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        up = [w for w in await client.list_workers() if w.state == master_pb2.WORKER_STATE_UP]
+        if len(up) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(up)} of {count} workers registered UP within {START_TIMEOUT:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+def worker_compute_time(n: int, s: int, repeats: int) -> float:
+    """Median seconds of one worker's gradient over its s + 1 partitions of the digits training set."""
+    from common.data import load_dataset
+    from common.models import make_model
+
+    dataset = load_dataset("digits")
+    model = make_model(dataset.model_kind, num_features=dataset.X_train.shape[1], num_classes=dataset.num_classes)
+    rows = min(dataset.num_train, -(-dataset.num_train // n) * (s + 1))
+    X, y = dataset.X_train[:rows], dataset.y_train[:rows]
+    params = model.init_params()
+    return median_time(lambda: model.gradient(params, X, y), max(repeats, 20))
+
+
+async def _iteration_jobs(
+    cluster: LocalCluster, sizes: Sequence[int], iterations: int, rtt_calls: int
+) -> tuple[float, list[dict[str, Any]]]:
+    async with GradcodeClient(cluster.master_address) as client:
+        await client.wait_ready(START_TIMEOUT)
+        await _wait_workers_up(client, max(sizes))
+        rtt = await _grpc_round_trip(cluster.workers[0].wait_ready(), rtt_calls)
+        rows = []
+        for n in sizes:
+            for scheme, s in SCHEMES:
+                spec = build_job_spec(scheme=scheme, n=n, s=s, iterations=iterations, seed=0)
+                _, reports = await client.run(spec)
+                kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
+                elapsed = [r.elapsed_seconds for r in reports]
+                rows.append(
+                    {
+                        "n": n,
+                        "scheme": scheme,
+                        "s": s,
+                        "iterations": len(reports),
+                        "wall_s": statistics.median(r.wall_seconds for r in kept),
+                        "decode_s": statistics.median(r.decode_seconds for r in kept),
+                        "gather_s": statistics.median(max((t.seconds for t in r.timings), default=0.0) for r in kept),
+                        "period_s": statistics.median(
+                            b - a
+                            for a, b in zip(elapsed[SKIP_ITERATIONS:-1], elapsed[SKIP_ITERATIONS + 1 :], strict=True)
+                        ),
+                        "used_workers": statistics.median(len(r.used_workers) for r in kept),
+                    }
+                )
+    return rtt, rows
+
+
+def iteration_overhead(sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path) -> dict[str, Any]:
+    """Per-iteration wall and decode time of real jobs against the gRPC unary round trip to one worker."""
+    with LocalCluster(max(sizes), run_dir=run_dir) as cluster:
+        rtt, rows = asyncio.run(_iteration_jobs(cluster, sizes, iterations, rtt_calls))
+    for row in rows:
+        compute = worker_compute_time(row["n"], row["s"], 20)
+        overhead = max(row["wall_s"] - compute, 0.0)
+        row.update(
+            {
+                "compute_s": compute,
+                "overhead_s": overhead,
+                "overhead_rtts": overhead / rtt,
+                "wall_rtts": row["wall_s"] / rtt,
+                "decode_share": row["decode_s"] / overhead if overhead > 0 else math.nan,
+            }
+        )
+    return {"rtt_s": rtt, "rows": rows}
+
+
+# ---- output -----------------------------------------------------------------------------------------------
+def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "Gradient streaming: one Compute call (model down + message up, 16p bytes), median; rates in GB/s",
+        f"{'p':>9} {'MB':>7} {'total ms':>9} {'compute':>8} {'transp.':>8} {'codec':>7} {'gRPC':>6}"
+        f" {'raw':>6} {'loopbk':>7} {'memcpy':>7} {'x raw':>6} {'x loop':>7} {'x copy':>7}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['p']:>9} {r['bytes'] / 1e6:>7.2f} {r['total_s'] * 1e3:>9.2f} {r['compute_s'] * 1e3:>8.2f}"
+            f" {r['transport_s'] * 1e3:>8.2f} {r['codec_s'] * 1e3:>7.2f} {r['transport_GBps']:>6.2f}"
+            f" {r['raw_grpc_GBps']:>6.2f} {r['loopback_GBps']:>7.2f} {r['memcpy_GBps']:>7.2f}"
+            f" {r['ratio_raw_grpc']:>6.2f}"
+            f" {r['ratio_loopback']:>7.3f} {r['ratio_memcpy']:>7.3f}"
+        )
+    lines.append("(ms columns: total call, worker compute, transport = total - compute, codec = protobuf/numpy work")
+    lines.append(" of the path timed without a socket; rates: gRPC = gradcode's transport, raw = bare gRPC bytes call,")
+    lines.append(
+        " loopbk = plain TCP socket, memcpy = numpy copy; x raw / x loop / x copy = that time / gRPC transport)"
+    )
+    lines.append("")
+    lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32 alone)")
+    for r in rows:
+        c = r["codec"]
+        lines.append(
+            f"{r['p']:>9} {c['master_encode_s'] * 1e3:>8.2f} {c['worker_decode_s'] * 1e3:>8.2f}"
+            f" {c['worker_encode_s'] * 1e3:>8.2f} {c['master_decode_s'] * 1e3:>8.2f}   ({c['crc32_s'] * 1e3:.2f})"
+        )
+    return "\n".join(lines)
+
+
+def _format_chunks(sweep: dict[str, Any]) -> str:
+    lines = [
+        f"Chunk size at p = {sweep['p']} (worker's message_chunks chunk_bytes; default {sweep['default_chunk_bytes']})",
+        f"{'chunk':>9} {'chunks':>7} {'total ms':>9} {'transp. ms':>11} {'GB/s':>6}",
+    ]
+    for r in sweep["rows"]:
+        lines.append(
+            f"{r['chunk_bytes'] // KiB:>6} KiB {r['chunks']:>7} {r['total_s'] * 1e3:>9.2f}"
+            f" {r['transport_s'] * 1e3:>11.2f} {r['transport_GBps']:>6.2f}"
+        )
+    lines.append(
+        f"best: {sweep['best_chunk_bytes'] // KiB} KiB, {sweep['best_vs_default']:.2f}x the default's transport speed"
+    )
+    return "\n".join(lines)
+
+
+def _format_iterations(result: dict[str, Any]) -> str:
+    rtt = result["rtt_s"]
+    lines = [
+        f"Per-iteration overhead (softmax on digits, no stragglers); gRPC unary round trip to a worker "
+        f"{rtt * 1e6:.0f} us",
+        f"{'n':>3} {'scheme':>8} {'wall ms':>8} {'gather':>7} {'decode':>7} {'compute':>8} {'period':>7}"
+        f" {'overhead':>9} {'x RTT':>6} {'decode %':>9}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['n']:>3} {r['scheme']:>8} {r['wall_s'] * 1e3:>8.2f} {r['gather_s'] * 1e3:>7.2f}"
+            f" {r['decode_s'] * 1e3:>7.3f} {r['compute_s'] * 1e3:>8.3f} {r['period_s'] * 1e3:>7.2f}"
+            f" {r['overhead_s'] * 1e3:>9.2f} {r['overhead_rtts']:>6.1f} {100 * r['decode_share']:>8.1f}%"
+        )
+    lines.append("(medians in ms; overhead = wall - one worker's compute; period = time between iteration reports)")
+    return "\n".join(lines)
+
+
+def _plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.8))
+    rows = results["streaming"]
+    ps = [r["p"] for r in rows]
+    for key, label in [
+        ("memcpy_GBps", "numpy memory copy"),
+        ("loopback_GBps", "loopback TCP, plain socket"),
+        ("raw_grpc_GBps", "bare gRPC bytes call, same chunks"),
+        ("transport_GBps", "gRPC Compute transport"),
+    ]:
+        left.loglog(ps, [r[key] for r in rows], marker="o", label=label)
+    left.set_xlabel("p (float64 parameters); 16p bytes per call")
+    left.set_ylabel("GB/s (model down + message up)")
+    left.set_title("Gradient streaming vs the machine's limits")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+
+    sweep = results["chunk_sweep"]
+    labels = [f"{r['chunk_bytes'] // KiB} KiB" for r in sweep["rows"]]
+    colors = ["tab:orange" if r["chunk_bytes"] == sweep["default_chunk_bytes"] else "tab:blue" for r in sweep["rows"]]
+    middle.bar(labels, [r["transport_GBps"] for r in sweep["rows"]], color=colors)
+    middle.set_ylabel("gRPC transport GB/s")
+    middle.set_title(f"Worker chunk size at p = {sweep['p']:.0e} (orange: default)")
+
+    it = results["iteration"]
+    names = [f"{r['scheme']}\nn={r['n']}" for r in it["rows"]]
+    decode = [r["decode_s"] * 1e3 for r in it["rows"]]
+    rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
+    right.bar(names, rest, label="wall − decode", color="tab:blue")
+    right.bar(names, decode, bottom=rest, label="decode", color="tab:red")
+    right.axhline(it["rtt_s"] * 1e3, color="black", linestyle="--", label="gRPC unary round trip")
+    right.set_ylabel("ms per iteration (median)")
+    right.set_title("Master per-iteration time")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
+    """Run the benchmark, print the tables, save JSON and PNG under ``out``; return the results."""
+    repeats = QUICK_REPEATS if quick else FULL_REPEATS
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gradcode-bench-transport-") as tmp:
+        logs = Path(tmp)
+        stream_rows = streaming(QUICK_SIZES if quick else FULL_SIZES, repeats, logs)
+        sweep = chunk_sweep(
+            QUICK_CHUNK_P if quick else FULL_CHUNK_P, QUICK_CHUNKS if quick else FULL_CHUNKS, repeats, logs
+        )
+        iteration = iteration_overhead(
+            QUICK_CLUSTER if quick else FULL_CLUSTER,
+            QUICK_ITERATIONS if quick else FULL_ITERATIONS,
+            QUICK_RTT_CALLS if quick else FULL_RTT_CALLS,
+            logs / "cluster",
+        )
+    results: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "grpcio": grpc.__version__,
+        },
+        "quick": quick,
+        "repeats": repeats,
+        "load_average_after": list(os.getloadavg()),
+        "streaming": stream_rows,
+        "chunk_sweep": sweep,
+        "iteration": iteration,
+        "seconds": time.perf_counter() - started,
+    }
+    print(_format_streaming(stream_rows))
+    print()
+    print(_format_chunks(sweep))
+    print()
+    print(_format_iterations(iteration))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "transport.json").write_text(json.dumps(results, indent=2) + "\n")
+    _plot(results, out / "transport.png")
+    print(f"\nSaved {out / 'transport.json'} and {out / 'transport.png'} ({results['seconds']:.0f} s)")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.transport", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for transport.json and transport.png")
+    args = parser.parse_args(argv)
+    run(quick=args.quick, out=args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Smoke test of ``python -m bench.transport --quick``: real worker, master and cluster processes on loopback,
+every stage of the benchmark runs and saves its outputs. No timing is asserted, only that every figure
+is there and positive."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import transport
+
+STREAMING_FIELDS = (
+    "total_s", "compute_s", "transport_s", "transport_GBps", "raw_grpc_s", "raw_grpc_GBps", "loopback_s",
+    "loopback_GBps", "memcpy_s", "memcpy_GBps", "ratio_raw_grpc", "ratio_loopback", "ratio_memcpy", "codec_s",
+)  # fmt: skip
+ITERATION_FIELDS = ("wall_s", "decode_s", "gather_s", "period_s", "compute_s", "overhead_s", "overhead_rtts")
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    transport.main(["--quick", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    for title in ("Gradient streaming", "Chunk size", "Per-iteration overhead"):
+        assert title in printed
+    results = json.loads((tmp_path / "transport.json").read_text())
+    assert results["quick"] is True
+
+    streaming = results["streaming"]
+    assert [row["p"] for row in streaming] == list(transport.QUICK_SIZES)
+    for row in streaming:
+        assert row["bytes"] == 16 * row["p"]
+        assert row["chunks"] >= 1
+        for name in STREAMING_FIELDS:
+            assert _positive(row[name]), (row["p"], name, row[name])
+        assert all(_positive(seconds) for seconds in row["codec"].values())
+
+    sweep = results["chunk_sweep"]
+    assert [row["chunk_bytes"] for row in sweep["rows"]] == list(transport.QUICK_CHUNKS)
+    assert sweep["best_chunk_bytes"] in transport.QUICK_CHUNKS
+    for row in sweep["rows"]:
+        assert _positive(row["transport_s"]) and _positive(row["transport_GBps"])
+    # A smaller chunk size can only mean as many chunks or more for the same message.
+    chunks = [row["chunks"] for row in sorted(sweep["rows"], key=lambda r: r["chunk_bytes"])]
+    assert chunks == sorted(chunks, reverse=True) and chunks[0] > chunks[-1]
+
+    iteration = results["iteration"]
+    assert _positive(iteration["rtt_s"])
+    expected = [(n, scheme) for n in transport.QUICK_CLUSTER for scheme, _ in transport.SCHEMES]
+    assert [(row["n"], row["scheme"]) for row in iteration["rows"]] == expected
+    for row in iteration["rows"]:
+        assert row["iterations"] == transport.QUICK_ITERATIONS
+        assert row["wall_s"] >= row["decode_s"]
+        for name in ITERATION_FIELDS:
+            assert _positive(row[name]), (row["n"], row["scheme"], name, row[name])
+    assert (tmp_path / "transport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
