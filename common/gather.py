@@ -56,6 +56,13 @@ class GatherResult:
     timed_out: bool = False
 
     @property
+    def exact(self) -> bool:
+        """True when the decoding is exact and no message it uses was itself decoded approximately."""
+        if self.decoding is None or not self.decoding.exact:
+            return False
+        return not any(self.messages[r].approximate for r in self.decoding.rows)
+
+    @property
     def used_workers(self) -> list[int]:
         """Workers whose messages the decoding uses."""
         if self.decoding is None:

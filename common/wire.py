@@ -7,6 +7,7 @@ does not fit the iteration it expects with a :class:`WireError` saying exactly w
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ def array_from_tensor(tensor: common_pb2.Tensor, *, expected_shape: tuple[int, .
     shape = tuple(int(d) for d in tensor.shape)
     if expected_shape is not None and shape != expected_shape:
         raise WireError(f"Tensor has shape {shape}, expected {expected_shape}.")
-    want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    want = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
     if len(tensor.data) != want:
         raise WireError(f"Tensor of shape {shape} and dtype {dtype} needs {want} bytes, got {len(tensor.data)}.")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
@@ -123,9 +124,13 @@ def message_chunks(
     row: int,
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
+    approximate: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[worker_pb2.GradientChunk]:
-    """Split one coded message into GradientChunks: header on the first, CRC trailer on the last."""
+    """Split one coded message into GradientChunks: header on the first, CRC trailer on the last.
+
+    ``approximate`` marks a tree parent's message whose decoded part is not exact.
+    """
     v = np.ascontiguousarray(vector)
     wire = dtype_to_wire(v.dtype)
     data = v.astype(_DTYPES[wire], copy=False).view(np.uint8).data
@@ -150,6 +155,7 @@ def message_chunks(
             chunk.trailer.crc32 = zlib.crc32(data)
             chunk.trailer.compute_seconds = compute_seconds
             chunk.trailer.straggle_seconds = straggle_seconds
+            chunk.trailer.approximate = approximate
         yield chunk
 
 
@@ -162,6 +168,8 @@ class CompletedMessage:
     vector: Array
     compute_seconds: float
     straggle_seconds: float
+    approximate: bool = False
+    """True when the sender (a tree parent) decoded its children only approximately."""
 
 
 class MessageAssembler:
@@ -219,6 +227,8 @@ class MessageAssembler:
             self._filled = 0
         elif chunk.row != self._row:
             raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
+        elif chunk.HasField("header"):
+            raise WireError(f"Row {chunk.row} from {where} sent a second header at offset {chunk.offset}.")
         assert self._buffer is not None
         itemsize = self._buffer.dtype.itemsize
         if chunk.offset != self._filled:
@@ -236,12 +246,15 @@ class MessageAssembler:
             raise WireError(f"Row {chunk.row} from {where} ended after {self._filled} of {self.length} elements.")
         if zlib.crc32(self._buffer.view(np.uint8).data) != chunk.trailer.crc32:
             raise WireError(f"Row {chunk.row} from {where} failed its CRC32 check.")
+        if not np.isfinite(self._buffer).all():
+            raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
             vector=self._buffer,
             compute_seconds=chunk.trailer.compute_seconds,
             straggle_seconds=chunk.trailer.straggle_seconds,
+            approximate=chunk.trailer.approximate,
         )
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled = None, None, 0

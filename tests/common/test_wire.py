@@ -99,3 +99,35 @@ def test_tensor_and_struct_helpers() -> None:
         "alpha": 0.5,
         "xs": [1, 2],
     }
+
+
+def test_non_finite_values_and_repeated_headers_are_refused() -> None:
+    vec = np.arange(1000.0)
+    vec[500] = np.nan
+    asm = _assembler()
+    with pytest.raises(WireError, match="NaN or infinite"):
+        for c in _chunks(vec):
+            asm.feed(c)
+    chunks = _chunks(np.arange(1000.0))
+    chunks[1].header.length = 5
+    asm = _assembler()
+    asm.feed(chunks[0])
+    with pytest.raises(WireError, match="second header"):
+        asm.feed(chunks[1])
+
+
+def test_approximate_flag_travels_in_the_trailer() -> None:
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), approximate=True)][-1]
+    assert done is not None and done.approximate
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0))][-1]
+    assert done is not None and not done.approximate
+
+
+def test_absurd_tensor_shapes_get_a_precise_error() -> None:
+    t = tensor_from_array(np.zeros(2))
+    del t.shape[:]
+    t.shape.extend([2**32, 2**32])
+    with pytest.raises(WireError, match="needs 147573952589676412928 bytes"):
+        array_from_tensor(t)
