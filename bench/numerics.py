@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.codes.compare import survivor_sets
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, worst_decode_error
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets, worst_decode_error
 from common.codes.registry import available_codes, code_class
 from common.exceptions import NumericallyUnsafeError
 

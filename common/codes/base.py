@@ -121,8 +121,9 @@ class Observation:
 class Decoding:
     """Decoding weights ``weights[i]`` for message ``rows[i]``: $\\sum_i a_i m_i = \\sum_j g_j$.
 
-    ``exact`` is False only for approximate schemes (``ignore_stragglers``), whose result must be
-    reported as approximate.
+    ``exact`` is False for approximate schemes (``ignore_stragglers``) and for a decode whose
+    estimated numerical error exceeds the code's bound (``cyclic``); either way the iteration is
+    reported as approximate, never silently used as exact.
     """
 
     rows: tuple[int, ...]
@@ -224,8 +225,9 @@ class SpanTracker:
     """
 
     def __init__(self, target: Array) -> None:
-        dim = target.shape[0]
-        self._basis = np.zeros((dim, dim), dtype=target.dtype)
+        self._dim = target.shape[0]
+        # Grown on demand: a decoder usually stops at far fewer than ``dim`` basis vectors.
+        self._basis = np.zeros((min(self._dim, 8), self._dim), dtype=target.dtype)
         self._rank = 0
         self._residual = np.array(target, copy=True)
         self._threshold = SPAN_TOLERANCE * float(np.linalg.norm(target))
@@ -241,7 +243,7 @@ class SpanTracker:
     def add(self, vector: Array) -> None:
         v = vector.astype(self._basis.dtype, copy=True)
         norm0 = np.linalg.norm(v)
-        if norm0 == 0 or self._rank == self._basis.shape[0]:
+        if norm0 == 0 or self._rank == self._dim:
             return
         q = self._basis[: self._rank]
         for _ in range(2):
@@ -250,6 +252,10 @@ class SpanTracker:
         if norm <= 1e-10 * norm0:
             return
         v /= norm
+        if self._rank == self._basis.shape[0]:
+            grown = np.zeros((min(self._dim, 2 * self._rank), self._dim), dtype=self._basis.dtype)
+            grown[: self._rank] = self._basis
+            self._basis = grown
         self._basis[self._rank] = v
         self._rank += 1
         self._residual -= v * (v.conj() @ self._residual)

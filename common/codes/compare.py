@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.codes.base import GradientCode
-from common.codes.numerics import contiguous_survivor_sets, worst_decode_error
+from common.codes.numerics import survivor_sets, worst_decode_error
 from common.codes.registry import available_codes, code_class
 
-__all__ = ["SchemeRow", "format_table", "scheme_rows", "survivor_sets"]
+__all__ = ["SchemeRow", "format_table", "scheme_rows"]
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,6 @@ class SchemeRow:
     worst_error: float = math.nan
     exact: bool = True
     note: str = ""
-
-
-def survivor_sets(n: int, f: int, *, random_sets: int = 16, seed: int = 0) -> list[list[int]]:
-    """The adversarial contiguous sets of ``f`` survivors plus ``random_sets`` random ones (seeded)."""
-    rng = np.random.default_rng(seed)
-    sets = contiguous_survivor_sets(n, f)
-    sets += [sorted(rng.choice(n, size=f, replace=False).tolist()) for _ in range(random_sets)]
-    return sets
 
 
 def _row(name: str, code: GradientCode) -> SchemeRow:

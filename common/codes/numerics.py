@@ -18,6 +18,7 @@ __all__ = [
     "contiguous_survivor_sets",
     "decode_error",
     "ones_in_span",
+    "survivor_sets",
     "worst_decode_error",
 ]
 
@@ -56,6 +57,14 @@ def decode_error(
 def contiguous_survivor_sets(n: int, f: int) -> list[list[int]]:
     """The n cyclically contiguous sets of f workers: the worst case for Vandermonde-like systems."""
     return [[(start + i) % n for i in range(f)] for start in range(n)]
+
+
+def survivor_sets(n: int, f: int, *, random_sets: int = 16, seed: int = 0) -> list[list[int]]:
+    """The n contiguous sets of ``f`` survivors (adversarial) followed by ``random_sets`` seeded random ones."""
+    rng = np.random.default_rng(seed)
+    sets = contiguous_survivor_sets(n, f)
+    sets += [sorted(rng.choice(n, size=f, replace=False).tolist()) for _ in range(random_sets)]
+    return sets
 
 
 def worst_decode_error(code: GradientCode, worker_sets: Iterable[Sequence[int]], *, seed: int = 0) -> float:

@@ -101,7 +101,7 @@ from common.codes.base import (
     SpanTracker,
     check_int,
 )
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets
 from common.codes.registry import register
 from common.exceptions import NumericallyUnsafeError
 
@@ -324,9 +324,7 @@ class ReedSolomonCode(GradientCode):
     # ---- numerics ------------------------------------------------------------------------------
     def guard_survivor_sets(self) -> list[list[int]]:
         """The survivor sets the guard measures: the n contiguous ones, then seeded random ones."""
-        rng = np.random.default_rng(0)
-        random_sets = [sorted(rng.choice(self.n, self.f, replace=False).tolist()) for _ in range(_RANDOM_GUARD_SETS)]
-        return contiguous_survivor_sets(self.n, self.f) + random_sets
+        return survivor_sets(self.n, self.f, random_sets=_RANDOM_GUARD_SETS)
 
     def _measure_decode_error(self) -> float:
         """Worst relative error of $\\sum_l a_l m_l$ vs $\\sum_j g_j$ over :meth:`guard_survivor_sets`.

@@ -53,6 +53,7 @@ def _check_every_subset(code: GradientCode, rng: np.random.Generator) -> None:
             if decoder.decodable:
                 err = decode_error(code, [int(r) for r in order], assignment=assignment, rng=rng)
                 assert err <= tol, f"{code}: workers {workers} decode with relative error {err:.3g} > {tol}"
+                assert decoder.decoding().exact, f"{code}: an exact code flagged workers {workers} approximate"
             else:
                 assert not ones_in_span(code.B[rows]), f"{code}: decodable workers {workers} refused"
                 with pytest.raises(NotDecodableError):
