@@ -29,7 +29,6 @@ from protos.gradcode.v1 import common_pb2, worker_pb2
 __all__ = [
     "MAX_JOB_BYTES",
     "ComputeCancelledError",
-    "ComputeResult",
     "IterationComputation",
     "JobBuilder",
     "JobSetupError",
@@ -120,22 +119,6 @@ class JobStats:
                 setattr(self, name, getattr(self, name) + value)
 
 
-@dataclass(frozen=True)
-class ComputeResult:
-    """The messages of one iteration, in the requested row order, with the compute time of each.
-
-    ``seconds[row]`` is the time from the start of the computation until that row's message was
-    ready (rows are computed in order, so later rows include the earlier ones' partitions).
-    """
-
-    messages: dict[int, Array]
-    seconds: dict[int, float]
-
-    @property
-    def total_seconds(self) -> float:
-        return max(self.seconds.values(), default=0.0)
-
-
 class WorkerJob:
     """One job's model, rows and partition data on a worker; immutable once built."""
 
@@ -205,15 +188,6 @@ class WorkerJob:
     ) -> IterationComputation:
         """A computation for one iteration at ``params`` (validated)."""
         return IterationComputation(self, self.check_params(params), cancelled=cancelled, on_partition=on_partition)
-
-    def compute(self, params: Array, rows: Sequence[int], cancelled: CancelFlag | None = None) -> ComputeResult:
-        """Every requested row's message; raises :class:`ComputeCancelledError` once ``cancelled`` is set."""
-        computation = self.start(params, cancelled=cancelled)
-        messages: dict[int, Array] = {}
-        seconds: dict[int, float] = {}
-        for row in self.check_rows(rows):
-            messages[row], seconds[row] = computation.message(row)
-        return ComputeResult(messages, seconds)
 
 
 class IterationComputation:

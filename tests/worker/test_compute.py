@@ -35,22 +35,21 @@ def test_messages_equal_directly_coded_gradient(name: str, params: dict[str, int
     theta = random_params()
     for worker in range(code.n):
         job = build_job(job_setup(code, worker), data_for(code, worker, partitions))
-        rows = code.static_assignment().rows[worker]
-        result = job.compute(theta, rows)
-        assert list(result.messages) == list(rows)
+        rows = job.check_rows(code.static_assignment().rows[worker])
+        computation = job.start(theta)
         for row in rows:
             want = expected_message(code, row, theta, partitions)
-            got = result.messages[row]
+            got, seconds = computation.message(row)
             assert got.dtype == (np.complex128 if code.is_complex else np.float64)
             np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
-            assert result.seconds[row] >= 0
+            assert seconds >= 0
 
 
 def test_float32_messages_when_asked() -> None:
     code = make_code("cyclic", n=3, s=1)
     partitions = make_partitions(code.k)
     job = build_job(job_setup(code, 0, message_dtype=common_pb2.DTYPE_FLOAT32), data_for(code, 0, partitions))
-    message = job.compute(random_params(), [0]).messages[0]
+    message, _ = job.start(random_params()).message(0)
     assert message.dtype == np.float32
     np.testing.assert_allclose(message, expected_message(code, 0, random_params(), partitions), rtol=1e-5, atol=1e-4)
 
@@ -104,21 +103,23 @@ def test_cancellation_stops_between_partitions() -> None:
     assert computed == [0]
     assert job.stats.iterations_cancelled == 1
     # A fresh computation (the next iteration) is unaffected.
-    fresh = job.compute(random_params(), [0, 1])
-    assert set(fresh.messages) == {0, 1}
+    fresh = job.start(random_params(), cancelled=threading.Event())
+    assert fresh.message(0)[0].shape == fresh.message(1)[0].shape == (job.num_params,)
 
 
 def test_rejects_bad_params_and_rows() -> None:
     code = make_code("cyclic", n=3, s=1)
     job = build_job(job_setup(code, 1), data_for(code, 1, make_partitions(3)))
     with pytest.raises(ValueError, match=r"has 5 parameters.*expects 21"):
-        job.compute(np.zeros(5), [1])
+        job.start(np.zeros(5))
     with pytest.raises(ValueError, match=r"must be float64"):
-        job.compute(np.zeros(21, dtype=np.float32), [1])
+        job.start(np.zeros(21, dtype=np.float32))
     with pytest.raises(ValueError, match=r"Row\(s\) \[0\] were not given to worker 1.*it has rows \[1\]"):
-        job.compute(random_params(), [0])
+        job.check_rows([0])
     with pytest.raises(ValueError, match=r"name a row twice"):
-        job.compute(random_params(), [1, 1])
+        job.check_rows([1, 1])
+    with pytest.raises(ValueError, match=r"No rows requested"):
+        job.check_rows([])
 
 
 def test_row_spec_validation() -> None:
