@@ -85,6 +85,8 @@ class WorkerNode:
         self.worker_id: int | None = None
         """The id the master gave this worker (None until registered)."""
         self.registered = asyncio.Event()
+        self.registration_failures = 0
+        """Failed RegisterWorker attempts so far (for logs and tests)."""
         self._handle: ServingHandle | None = None
         self._registration: asyncio.Task[None] | None = None
         self._shutdown_started = False
@@ -182,6 +184,7 @@ class WorkerNode:
                     reply = await stub.RegisterWorker(request, timeout=5.0)
                 except grpc.aio.AioRpcError as exc:
                     failures += 1
+                    self.registration_failures += 1
                     level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
                     logger.log(
                         level, "registering with master %s failed (%d): %s: %s; retrying in %.1f s",

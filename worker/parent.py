@@ -9,6 +9,11 @@ that sum (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\
 
 The master loads every worker (children included) directly, so the parent only needs the
 children's addresses; the children's row ids are the child code's row ids.
+
+Exactness travels up the tree: the child code must be an exact scheme (an approximate one is refused
+when the job is loaded), and when a decoding is nevertheless not exact (flagged by the decoder, or
+built on a child's message that was itself approximate) the parent's messages are marked approximate.
+Only the job's message dtype is accepted from children (plus complex128 for a complex child code).
 """
 
 from __future__ import annotations
@@ -21,17 +26,17 @@ import grpc
 import numpy as np
 
 from common.codes.base import Array, Assignment, GradientCode
-from common.codes.registry import make_code
+from common.codes.registry import code_class, make_code
 from common.gather import GatherResult, Source, gather
 from common.wire import CHANNEL_OPTIONS, dict_from_struct
 from protos.gradcode.v1 import worker_pb2, worker_pb2_grpc
+from worker.compute import ComputeCancelledError
 
 __all__ = ["ChildrenSum", "ChildrenUnavailableError", "ParentRunner"]
 
 logger = logging.getLogger(__name__)
 
-_CHILD_DTYPES = (np.dtype("<f8"), np.dtype("<c16"), np.dtype("<f4"))
-"""Message types a child may send (float64, complex128 for complex codes, float32 on request)."""
+_COMPLEX = np.dtype("<c16")
 
 
 class ChildrenUnavailableError(Exception):
@@ -55,20 +60,31 @@ class ChildrenSum:
     used: list[int]
     late: list[int]
     failed: dict[int, str]
+    exact: bool
+    """False when the decoding is flagged not exact or uses a child's message that was itself approximate."""
 
 
 class ParentRunner:
     """One job's parent role: the child code, a channel per child, and the per-iteration gather.
 
     The constructor validates the :class:`ParentRole` and raises ``ValueError`` saying what is wrong;
-    channels are opened lazily (inside the event loop) and closed by :meth:`close`.
+    channels are opened lazily (inside the event loop) and closed for good by :meth:`close`.
+    ``message_dtype`` is the job's message type, the only one accepted from children besides
+    complex128 for a complex child code.
     """
 
-    def __init__(self, role: worker_pb2.ParentRole, *, job_id: str, num_params: int) -> None:
+    def __init__(
+        self, role: worker_pb2.ParentRole, *, job_id: str, num_params: int, message_dtype: np.dtype[Any]
+    ) -> None:
         name = role.child_code.name
         if not name:
             raise ValueError("ParentRole.child_code.name is empty; name the code the parent decodes its children with.")
         try:
+            if not code_class(name).exact:
+                raise ValueError(
+                    f"{name!r} is an approximate scheme; a tree parent must decode its children exactly, so choose "
+                    "an exact scheme (e.g. 'cyclic' or 'binary')."
+                )
             self.code: GradientCode = make_code(name, **dict_from_struct(role.child_code.params))
         except (KeyError, ValueError) as exc:
             message = exc.args[0] if exc.args else str(exc)
@@ -92,9 +108,22 @@ class ParentRunner:
         self.wait_seconds = float(role.wait_seconds) or None
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
+        dtype = np.dtype(message_dtype)
+        self.child_dtypes: tuple[np.dtype[Any], ...] = (
+            (dtype, _COMPLEX) if self.code.is_complex and dtype != _COMPLEX else (dtype,)
+        )
         self._channels: list[ChildChannel] | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _open(self) -> list[ChildChannel]:
+        if self._closed:
+            raise ComputeCancelledError(
+                f"The tree parent of job {self.job_id!r} was closed (job ended or replaced); no child is asked again."
+            )
         if self._channels is None:
             self._channels = []
             for worker_id, address, rows in self.children:
@@ -104,7 +133,11 @@ class ParentRunner:
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> ChildrenSum:
-        """Ask every child for this iteration and decode their sum; ChildrenUnavailableError if impossible."""
+        """Ask every child for this iteration and decode their sum.
+
+        Raises ChildrenUnavailableError when the children that answered are not decodable, and
+        ComputeCancelledError when the runner is (or gets) closed.
+        """
         sources = [self._source(child, request) for child in self._open()]
         result = await gather(
             self.code.decoder(self.assignment),
@@ -112,13 +145,19 @@ class ParentRunner:
             job_id=self.job_id,
             iteration=int(request.iteration),
             length=self.num_params,
-            dtypes=_CHILD_DTYPES,
+            dtypes=self.child_dtypes,
             timeout=self.wait_seconds,
         )
+        if self._closed:  # closed while gathering: the failures are our own doing, and nobody wants the sum
+            raise ComputeCancelledError(
+                f"The tree parent of job {self.job_id!r} was closed during iteration {request.iteration}."
+            )
         if result.decoding is None:
             raise ChildrenUnavailableError(self._describe_failure(result, int(request.iteration)))
         vector = result.combine()
-        return ChildrenSum(vector=vector, used=result.used_workers, late=result.late, failed=result.failed)
+        return ChildrenSum(
+            vector=vector, used=result.used_workers, late=result.late, failed=result.failed, exact=result.exact
+        )
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
         child_request = worker_pb2.ComputeRequest(
@@ -146,7 +185,8 @@ class ParentRunner:
         )
 
     async def close(self) -> None:
-        """Close the children's channels (idempotent)."""
+        """Close the children's channels for good (idempotent): later calls are refused, nothing is reopened."""
+        self._closed = True
         channels, self._channels = self._channels, None
         for child in channels or []:
             await child.channel.close(grace=None)

@@ -7,7 +7,9 @@
   the rows in a worker thread and streams each one as soon as it is ready. When the receiver
   cancels the call, the sleep is cancelled and the compute thread stops at its next partition, so
   the worker starts the next iteration fresh. A Compute for a later iteration of the same job also
-  stops any older one still running (it can no longer be used).
+  stops any older one still running (it can no longer be used), and a Compute for an iteration older
+  than the newest one seen is refused (ABORTED). EndJob, a replacing LoadJob or a newer iteration
+  wake an abandoned call from its straggler sleep at once.
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message; the server keeps serving.
@@ -20,9 +22,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import numpy as np
@@ -33,12 +35,51 @@ from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
 from worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
 
-__all__ = ["JobRuntime", "PartitionObserver", "WorkerServicer"]
+__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
 
 logger = logging.getLogger(__name__)
 
 PartitionObserver = Callable[[str, int, int], None]
 """Called from the compute thread after each partial gradient: ``(job_id, iteration, partition)``."""
+
+_T = TypeVar("_T")
+
+
+class Cancellation:
+    """One computation's cancel flag: polled by its compute thread, awaited by its straggler sleep.
+
+    :meth:`set` must be called from the event loop's thread (every caller in this module is).
+    """
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._flag.set()
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, but raise ComputeCancelledError as soon as the flag is set."""
+        if seconds > 0 and not self.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), seconds)
+        if self.is_set():
+            raise ComputeCancelledError("Cancelled during the emulated straggler delay.")
+
+    async def race(self, task: asyncio.Task[_T]) -> _T:
+        """``task``'s result, or ComputeCancelledError as soon as the flag is set (``task`` keeps running)."""
+        waiter = asyncio.create_task(self._event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if self.is_set():
+            raise ComputeCancelledError("Cancelled while waiting for the children.")
+        return task.result()
 
 
 @dataclass
@@ -48,8 +89,10 @@ class JobRuntime:
     job: WorkerJob
     delay_model: Any | None = None
     parent: ParentRunner | None = None
-    active: dict[int, set[threading.Event]] = field(default_factory=dict)
+    active: dict[int, set[Cancellation]] = field(default_factory=dict)
     """Cancellation flags of the computations running now, by iteration."""
+    newest_iteration: int = -1
+    """The highest iteration a Compute has started for this job; older ones are refused."""
 
     def cancel_all(self, *, before: int | None = None) -> None:
         """Set the flags of every running computation (of iterations before ``before``, if given)."""
@@ -100,7 +143,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             runtime = JobRuntime(job=job)
             runtime.delay_model = _delay_model(job.setup.straggler)
             if job.setup.HasField("parent"):
-                runtime.parent = ParentRunner(job.setup.parent, job_id=job.job_id, num_params=job.num_params)
+                runtime.parent = ParentRunner(
+                    job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
+                )
         except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
             error = str(exc)
         if error is not None:
@@ -149,23 +194,40 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"Compute refused: {error}")
 
         iteration = int(request.iteration)
-        flag = threading.Event()
+        if iteration < runtime.newest_iteration:
+            await _abort(
+                context, grpc.StatusCode.ABORTED,
+                f"Compute refused: iteration {iteration} is older than iteration {runtime.newest_iteration} already "
+                f"started for job {job.job_id!r}; its gradient could no longer be used.",
+            )  # fmt: skip
+        try:
+            delay = self._delay(runtime, iteration)
+        except ValueError as exc:
+            error = (
+                f"Compute refused: the straggler delay model of job {job.job_id!r} fails for worker {job.worker_id}, "
+                f"iteration {iteration}: {exc}"
+            )
+        if error is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+
+        runtime.newest_iteration = iteration
+        flag = Cancellation()
         runtime.cancel_all(before=iteration)  # an older iteration still running can no longer be used
         runtime.active.setdefault(iteration, set()).add(flag)
         try:
-            delay = self._delay(runtime, iteration)
             if runtime.parent is not None:
-                await _sleep(delay)
-                messages = await self._parent_messages(runtime, runtime.parent, request, params, rows, flag)
+                await self._straggle(runtime, flag, delay)
+                parent = runtime.parent
+                messages, approximate = await self._parent_messages(runtime, parent, request, params, rows, flag)
                 for row, (vector, seconds) in messages.items():
-                    for chunk in self._chunks(job, iteration, row, vector, seconds, delay):
+                    for chunk in self._chunks(job, iteration, row, vector, seconds, delay, approximate=approximate):
                         yield chunk
             else:
                 # A straggler is slow, not dead: its delay is spread over its messages, so a worker with
                 # several messages (partial stragglers) still delivers its first ones early.
                 computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, iteration))
                 for index, row in enumerate(rows):
-                    await _sleep(delay / len(rows))
+                    await self._straggle(runtime, flag, delay / len(rows))
                     vector, seconds = await asyncio.to_thread(computation.message, row)
                     straggled = delay * (index + 1) / len(rows)
                     for chunk in self._chunks(job, iteration, row, vector, seconds, straggled):
@@ -194,14 +256,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await _abort(context, grpc.StatusCode.ABORTED, error)
 
     def _chunks(
-        self, job: WorkerJob, iteration: int, row: int, vector: Array, seconds: float, straggle: float
-    ) -> list[worker_pb2.GradientChunk]:
-        return list(
-            message_chunks(
-                vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
-                compute_seconds=seconds, straggle_seconds=straggle,
-            )
+        self,
+        job: WorkerJob,
+        iteration: int,
+        row: int,
+        vector: Array,
+        seconds: float,
+        straggle: float,
+        *,
+        approximate: bool = False,
+    ) -> Iterator[worker_pb2.GradientChunk]:
+        return message_chunks(
+            vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
+            compute_seconds=seconds, straggle_seconds=straggle, approximate=approximate,
         )  # fmt: skip
+
+    async def _straggle(self, runtime: JobRuntime, flag: Cancellation, seconds: float) -> None:
+        """The emulated delay; ComputeCancelledError if the call is abandoned or its job is gone by the end."""
+        await flag.sleep(seconds)
+        if self.jobs.get(runtime.job.job_id) is not runtime:  # ended or replaced (its flags are set too)
+            raise ComputeCancelledError(f"Job {runtime.job.job_id!r} was ended or replaced during the delay.")
 
     def _observer(self, job_id: str, iteration: int) -> Callable[[int], None] | None:
         observer = self.on_partition
@@ -222,31 +296,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         request: worker_pb2.ComputeRequest,
         params: Array,
         rows: tuple[int, ...],
-        flag: threading.Event,
-    ) -> dict[int, tuple[Array, float]]:
-        """Own messages (in a thread) and the children's decoded sum (gather), concurrently; then add."""
+        flag: Cancellation,
+    ) -> tuple[dict[int, tuple[Array, float]], bool]:
+        """Own messages (in a thread) and the children's decoded sum (gather), concurrently; then add.
+
+        Returns the messages by row and whether they are approximate (the children's decode was not exact).
+        """
         job = runtime.job
         started = time.perf_counter()
         children: asyncio.Task[ChildrenSum] = asyncio.create_task(parent.children_sum(request))
         try:
             computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, request.iteration))
             own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
-            decoded = await children
+            decoded = await flag.race(children)
         finally:
             if not children.done():
                 children.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await children
         seconds = time.perf_counter() - started
-        logger.debug(
-            "job %r iteration %d: children used %s, late %s, failed %s",
-            job.job_id, request.iteration, decoded.used, decoded.late, decoded.failed,
+        logger.log(
+            logging.DEBUG if decoded.exact else logging.WARNING,
+            "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
+            job.job_id, request.iteration, decoded.used, decoded.late, decoded.failed, decoded.exact,
         )  # fmt: skip
         out: dict[int, tuple[Array, float]] = {}
         for row in rows:
             total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
             out[row] = (total.astype(job.row_dtype(row), copy=False), seconds)
-        return out
+        return out, not decoded.exact
 
     # ---- EndJob --------------------------------------------------------------------------------
     async def EndJob(  # noqa: N802 - proto name
@@ -285,12 +363,6 @@ def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
         return make_delay_model(spec.model, dict_from_struct(spec.params), int(spec.seed))
     except ValueError as exc:
         raise ValueError(f"JobSetup.straggler is invalid: {exc}") from None
-
-
-async def _sleep(seconds: float) -> None:
-    """The emulated delay: a plain (hence cancellable) asyncio.sleep."""
-    if seconds > 0:
-        await asyncio.sleep(seconds)
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, details: str) -> NoReturn:

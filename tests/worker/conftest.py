@@ -11,7 +11,6 @@ import pytest
 from common.codes.base import Array, GradientCode
 from common.models import Model, make_model
 from common.serving import ServingHandle, start_server
-from common.wire import struct_from_dict
 from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker.service import WorkerServicer
 
@@ -72,10 +71,6 @@ def job_setup(
     if straggler is not None:
         setup.straggler.CopyFrom(straggler)
     return setup
-
-
-def fixed_delay(seconds: float) -> common_pb2.StragglerSpec:
-    return common_pb2.StragglerSpec(model="fixed", params=struct_from_dict({"delay_seconds": seconds}), seed=1)
 
 
 def partition_data(partition: int, X: Array, y: Array, *, chunk_bytes: int = 256) -> list[worker_pb2.PartitionData]:

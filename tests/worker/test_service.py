@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -13,15 +15,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.codes import make_code
 from common.codes.base import Array, GradientCode
-from common.serving import ServingHandle, start_server
 from common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
 from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.helpers import fixed_delay
 from tests.worker.conftest import (
     TOLERANCE,
     ServedWorker,
     data_for,
     expected_message,
-    fixed_delay,
     job_setup,
     load_chunks,
     make_partitions,
@@ -31,7 +32,9 @@ from tests.worker.conftest import (
     softmax_model,
     stop_worker,
 )
+from worker.compute import ComputeCancelledError
 from worker.node import WorkerNode
+from worker.parent import ParentRunner
 from worker.service import WorkerServicer
 
 TEST_TIMEOUT = 10.0
@@ -343,7 +346,214 @@ async def test_cancelled_call_cancels_the_straggler_sleep(
             await reader
 
 
+async def test_abandoned_iteration_wakes_from_its_straggler_sleep_at_once(
+    stub: worker_pb2_grpc.WorkerStub, served_worker: ServedWorker
+) -> None:
+    """A newer iteration, then EndJob, each end a call sleeping through a 60 s delay immediately."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        await _load(
+            stub, load_chunks(job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
+        )
+        runtime = served_worker.servicer.jobs["job"]
+        theta = random_params()
+        first = asyncio.create_task(_status(stub.Compute(_request("job", 0, (0,), theta, iteration=0))))
+        await _wait_until(lambda: 0 in runtime.active)  # iteration 0 is sleeping
+        second = asyncio.create_task(_status(stub.Compute(_request("job", 0, (0,), theta, iteration=1))))
+        error = await first
+        assert error.code() == grpc.StatusCode.ABORTED
+        assert "Iteration 0 of job 'job' was abandoned" in error.details()
+        await _wait_until(lambda: 1 in runtime.active)  # iteration 1 is sleeping
+        await stub.EndJob(worker_pb2.EndJobRequest(job_id="job"))
+        error = await second
+        assert error.code() == grpc.StatusCode.ABORTED
+        assert "Iteration 1 of job 'job' was abandoned" in error.details()
+        assert runtime.job.stats.partitions_computed == 0 and not runtime.active
+
+
+async def test_older_iteration_is_refused(stub: worker_pb2_grpc.WorkerStub, served_worker: ServedWorker) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        await _load(stub, load_chunks(job_setup(code, 1), data_for(code, 1, partitions)))
+        theta = random_params()
+        await _compute(stub, _request("job", 1, (1,), theta, iteration=5))
+        computed = served_worker.servicer.jobs["job"].job.stats.partitions_computed
+        error = await _status(stub.Compute(_request("job", 1, (1,), theta, iteration=3)))
+        assert error.code() == grpc.StatusCode.ABORTED
+        assert "iteration 3 is older than iteration 5 already started for job 'job'" in error.details()
+        assert served_worker.servicer.jobs["job"].job.stats.partitions_computed == computed  # nothing computed
+        for iteration in (5, 6):  # the same iteration again (a retry) and a newer one are served
+            messages, _ = await _compute(stub, _request("job", 1, (1,), theta, iteration=iteration))
+            _assert_close(messages[1], expected_message(code, 1, theta, partitions))
+
+
+async def test_delay_model_failure_is_invalid_argument(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        setup = job_setup(code, 2, job_id="narrow", straggler=fixed_delay(0.01, num_workers=2))  # worker 2 of 2?
+        await _load(stub, load_chunks(setup, data_for(code, 2, partitions)))
+        error = await _status(stub.Compute(_request("narrow", 2, (2,), random_params())))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "straggler delay model of job 'narrow' fails for worker 2, iteration 0" in error.details()
+        assert "Argument 'worker_id' must be in [0, 2), not 2" in error.details()
+        await _load(stub, load_chunks(job_setup(code, 0), data_for(code, 0, partitions)))  # still serving
+        messages, _ = await _compute(stub, _request("job", 0, (0,), random_params()))
+        _assert_close(messages[0], expected_message(code, 0, random_params(), partitions))
+
+
 # ---- tree parent -----------------------------------------------------------------------------------
+
+
+class _ChildWorker(WorkerServicer):
+    """A real worker that counts its Compute calls and, if asked, marks its messages approximate.
+
+    ``approximate=True`` plays a child that is itself a tree parent whose own decode was not exact.
+    """
+
+    def __init__(self, *, approximate: bool = False) -> None:
+        super().__init__()
+        self.approximate = approximate
+        self.compute_calls = 0
+
+    async def Compute(  # noqa: N802
+        self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+        self.compute_calls += 1
+        async for chunk in super().Compute(request, context):
+            if self.approximate and chunk.HasField("trailer"):
+                chunk.trailer.approximate = True
+            yield chunk
+
+
+def _parent_role(child_code: str, params: dict[str, int], addresses: list[str], wait: float) -> worker_pb2.ParentRole:
+    role = worker_pb2.ParentRole(wait_seconds=wait)
+    role.child_code.name = child_code
+    role.child_code.params.CopyFrom(struct_from_dict(params))
+    role.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=a) for i, a in enumerate(addresses))
+    return role
+
+
+async def _load_single_child_tree(
+    parent: ServedWorker,
+    child: ServedWorker,
+    partitions: dict[int, tuple[Array, Array]],
+    *,
+    parent_dtype: int = common_pb2.DTYPE_FLOAT64,
+    child_dtype: int = common_pb2.DTYPE_FLOAT64,
+    straggler: common_pb2.StragglerSpec | None = None,
+) -> None:
+    """Parent (worker 0, partition 1) over one child (worker 1, partition 0, child code ``uncoded`` n=1)."""
+    child_code = make_code("uncoded", n=1)
+    async with grpc.aio.insecure_channel(child.address) as channel:
+        setup = job_setup(child_code, 0, job_id="tree", worker_id=1, message_dtype=child_dtype)
+        await _load(worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, 0, partitions)))
+    setup = job_setup(child_code, 0, job_id="tree", message_dtype=parent_dtype, straggler=straggler)
+    del setup.rows[:]
+    setup.rows.add(row=0, partitions=[1], coefficients_real=[1.0])
+    setup.parent.CopyFrom(_parent_role("uncoded", {"n": 1}, [child.address], wait=5.0))
+    async with grpc.aio.insecure_channel(parent.address) as channel:
+        await _load(worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, partition_data(1, *partitions[1])))
+
+
+async def test_parent_refuses_an_approximate_child_code(stub: worker_pb2_grpc.WorkerStub) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("uncoded", n=1)
+        setup = job_setup(code, 0)
+        setup.parent.CopyFrom(_parent_role("ignore_stragglers", {"n": 2, "s": 1}, ["127.0.0.1:1", "127.0.0.1:2"], 1.0))
+        error = await _status(_load(stub, load_chunks(setup, data_for(code, 0, make_partitions(1)))))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "ParentRole.child_code is invalid: 'ignore_stragglers' is an approximate scheme" in error.details()
+
+
+async def test_parent_marks_its_message_approximate_when_a_child_was() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(2, seed=5)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(2))
+        child, parent = await serve_worker(_ChildWorker(approximate=True)), await serve_worker()
+        try:
+            await _load_single_child_tree(parent, child, partitions)
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                messages, trailers = await _compute(
+                    worker_pb2_grpc.WorkerStub(channel), _request("tree", 0, (0,), theta)
+                )
+            _assert_close(messages[0], full)  # the right sum, but it cannot be vouched for as exact
+            assert [t.trailer.approximate for t in trailers] == [True]
+        finally:
+            await stop_worker(parent)
+            await stop_worker(child)
+
+
+async def test_parent_accepts_only_the_jobs_message_dtype_from_children() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(2, seed=6)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(2))
+        child, parent = await serve_worker(), await serve_worker()
+        try:
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                await _load_single_child_tree(parent, child, partitions, child_dtype=common_pb2.DTYPE_FLOAT32)
+                error = await _status(_compute(stub, _request("tree", 0, (0,), theta)))
+                assert error.code() == grpc.StatusCode.UNAVAILABLE
+                assert "has dtype float32; expected one of (dtype('float64'),)" in error.details(), error.details()
+
+                f32 = common_pb2.DTYPE_FLOAT32  # a float32 job throughout is fine
+                await _load_single_child_tree(parent, child, partitions, parent_dtype=f32, child_dtype=f32)
+                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta))
+                assert messages[0].dtype == np.float32 and not trailers[0].trailer.approximate
+                np.testing.assert_allclose(messages[0], full, rtol=1e-5, atol=1e-4)
+        finally:
+            await stop_worker(parent)
+            await stop_worker(child)
+
+
+async def test_end_job_during_parent_sleep_never_asks_the_children() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(2)
+        child, parent = _ChildWorker(), WorkerServicer()
+        served_child, served_parent = await serve_worker(child), await serve_worker(parent)
+        try:
+            await _load_single_child_tree(served_parent, served_child, partitions, straggler=fixed_delay(60.0))
+            runtime = parent.jobs["tree"]
+            assert runtime.parent is not None
+            async with grpc.aio.insecure_channel(served_parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                call = asyncio.create_task(_status(stub.Compute(_request("tree", 0, (0,), random_params()))))
+                await _wait_until(lambda: 0 in runtime.active)  # the parent is sleeping
+                await stub.EndJob(worker_pb2.EndJobRequest(job_id="tree"))
+                error = await call
+            assert error.code() == grpc.StatusCode.ABORTED and "was abandoned" in error.details()
+            assert runtime.parent.closed and child.compute_calls == 0
+        finally:
+            await stop_worker(served_parent)
+            await stop_worker(served_child)
+
+
+async def test_closed_parent_runner_opens_no_channel() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        role = _parent_role("cyclic", {"n": 3, "s": 1}, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], 1.0)
+        runner = ParentRunner(role, job_id="tree", num_params=21, message_dtype=np.dtype("<f8"))
+        await runner.close()
+        with pytest.raises(ComputeCancelledError, match="tree parent of job 'tree' was closed"):
+            await runner.children_sum(_request("tree", 0, (0,), random_params()))
+        assert runner._channels is None
+        await runner.close()  # idempotent
+
+
+def test_parent_runner_child_dtypes_and_refusals() -> None:
+    f8, f4, c16 = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<c16")
+    addresses = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]
+    cyclic = _parent_role("cyclic", {"n": 3, "s": 1}, addresses[:3], 1.0)
+    assert ParentRunner(cyclic, job_id="j", num_params=21, message_dtype=f8).child_dtypes == (f8,)
+    assert ParentRunner(cyclic, job_id="j", num_params=21, message_dtype=f4).child_dtypes == (f4,)
+    rs = _parent_role("reed_solomon", {"n": 4, "k": 4, "w": 2}, addresses, 1.0)
+    assert ParentRunner(rs, job_id="j", num_params=21, message_dtype=f8).child_dtypes == (f8, c16)
+    approximate = _parent_role("ignore_stragglers", {"n": 3, "s": 1}, addresses[:3], 1.0)
+    with pytest.raises(ValueError, match="'ignore_stragglers' is an approximate scheme; a tree parent must decode"):
+        ParentRunner(approximate, job_id="j", num_params=21, message_dtype=f8)
 
 
 async def test_tree_parent_decodes_three_children_and_adds_its_own_part() -> None:
@@ -380,8 +590,9 @@ async def test_tree_parent_decodes_three_children_and_adds_its_own_part() -> Non
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
 
-                messages, _ = await _compute(stub, _request("tree", 0, (0,), theta))
+                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta))
                 _assert_close(messages[0], full)  # children 1, 2 decode; child 3 straggles
+                assert not trailers[0].trailer.approximate
                 straggler_stats = children[2].servicer.jobs["tree"].job.stats
                 await _wait_until(lambda: straggler_stats.calls_cancelled == 1)  # the parent cancelled it
 
@@ -414,32 +625,40 @@ class _RecordingMaster(master_pb2_grpc.MasterServicer):
         return master_pb2.RegisterWorkerReply(worker_id=4)
 
 
-async def _serve_master(master: _RecordingMaster, port: int = 0) -> ServingHandle:
-    return await start_server(
-        "127.0.0.1", port,
-        registrars=[lambda server: master_pb2_grpc.add_MasterServicer_to_server(master, server)],
-        service_names=["gradcode.v1.Master"],
-    )  # fmt: skip
+def _reserve_port() -> socket.socket:
+    """A bound but not listening SO_REUSEPORT socket: connecting to its port is refused, no other process can
+    take the port, and a server that also sets SO_REUSEPORT (the fake master below) can still join it later."""
+    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reserved.bind(("127.0.0.1", 0))
+    return reserved
+
+
+async def _serve_master(master: _RecordingMaster, port: int) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+    master_pb2_grpc.add_MasterServicer_to_server(master, server)  # type: ignore[no-untyped-call]
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+    await server.start()
+    return server
 
 
 async def test_node_registers_with_backoff_then_reregisters() -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         master = _RecordingMaster()
-        first = await _serve_master(master)
-        port = first.port
-        await first.stop(None)  # the master is down when the worker starts
-        node = WorkerNode("127.0.0.1", 0, master_address=f"127.0.0.1:{port}", name="w-a", reregister_seconds=0.2)
-        async with node:
-            assert node.is_running and node.worker_id is None
-            await asyncio.sleep(0.3)  # a few failed attempts
-            handle = await _serve_master(master, port)
-            try:
-                await node.registered.wait()
-                assert node.worker_id == 4
-                await _wait_until(lambda: len(master.requests) >= 2)  # re-registration on the timer
-                assert {(r.address, r.name) for r in master.requests} == {(node.address, "w-a")}
-            finally:
-                await handle.stop(None)
+        with _reserve_port() as reserved:  # the master is down when the worker starts; its port stays ours
+            port = reserved.getsockname()[1]
+            node = WorkerNode("127.0.0.1", 0, master_address=f"127.0.0.1:{port}", name="w-a", reregister_seconds=0.2)
+            async with node:
+                assert node.is_running and node.worker_id is None
+                await _wait_until(lambda: node.registration_failures >= 2)  # refused, retried with backoff
+                server = await _serve_master(master, port)
+                try:
+                    await node.registered.wait()
+                    assert node.worker_id == 4
+                    await _wait_until(lambda: len(master.requests) >= 2)  # re-registration on the timer
+                    assert {(r.address, r.name) for r in master.requests} == {(node.address, "w-a")}
+                finally:
+                    await server.stop(None)
         assert node.is_shutdown and not node.is_running
 
 
