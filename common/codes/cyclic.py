@@ -24,12 +24,16 @@ grows with $\sum_i |a_i| \|b_i\|$ (weights times row norms). Contrary to Vanderm
 cyclically contiguous survivors are *not* the worst case here: on $n \le 64$ a random survivor set
 was up to ~7000x worse than the worst contiguous one (measured with an unscaled solve; one draw at
 $n = 17, s = 8$ reached 1.7e-7). So
-the constructor measures (:func:`~common.codes.numerics.worst_decode_error`) the $n$ contiguous
-survivor sets, the :data:`ADVERSARIAL_CHECK_SETS` worst straggler sets found by
-:func:`adversarial_straggler_sets`, and :data:`RANDOM_CHECK_SETS` seeded random sets; while the worst
-exceeds ``max_decode_error`` it redraws $H$ from the next child of ``SeedSequence(seed)``, at most
-:data:`MAX_DRAWS` draws, then raises :class:`~common.exceptions.NumericallyUnsafeError`. After the
-search, random unchecked sets stayed within 3.5x of the measured worst (7,960 sets, $n \le 64$).
+:func:`draw_cyclic_repetition` — the one implementation of Algorithm 2 in gradcode, also behind the
+per-cluster code of ``clustered`` / ``dynamic_clustered`` and CodedReduce's per-parent code — measures
+the decode error (with :func:`equilibrated_decoding_weights`, the decoders' solve) of the $n$
+contiguous survivor sets, the :data:`ADVERSARIAL_CHECK_SETS` worst straggler sets found by
+:func:`adversarial_straggler_sets` (every straggler set is scored when there are at most
+:data:`EXHAUSTIVE_SEARCH_LIMIT`, so small codes are cheap to check), and :data:`RANDOM_CHECK_SETS`
+seeded random sets; while the worst exceeds ``max_decode_error`` it redraws $H$ from the next child
+of ``SeedSequence(seed)``, at most :data:`MAX_DRAWS` draws, then raises
+:class:`~common.exceptions.NumericallyUnsafeError`. After the search, random unchecked sets stayed
+within 3.5x of the measured worst (7,960 sets, $n \le 64$).
 Since the check is a sample, each decoding also carries an a-posteriori estimate
 (:func:`estimated_decode_error`); above ``max_decode_error`` the decoding is flagged ``exact=False``
 (5 of those 7,960 sets, all false alarms; none unflagged above 1e-9).
@@ -46,15 +50,17 @@ survivor set, use the ``binary`` or ``fractional`` scheme.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder, check_int
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets, worst_decode_error
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
 from common.codes.registry import register
 from common.exceptions import NumericallyUnsafeError
 
@@ -63,11 +69,14 @@ __all__ = [
     "MAX_DRAWS",
     "RANDOM_CHECK_SETS",
     "CyclicRepetitionCode",
+    "CyclicRepetitionDraw",
     "ExplicitCode",
     "adversarial_straggler_sets",
     "cyclic_matrix",
     "cyclic_supports",
+    "draw_cyclic_repetition",
     "draw_null_space_matrix",
+    "equilibrated_decoding_weights",
     "estimated_decode_error",
 ]
 
@@ -81,6 +90,9 @@ SEARCH_POOL = 128
 SEARCH_CLIMBERS = 4
 SEARCH_SWAPS = 32
 SEARCH_ROUNDS = 6
+EXHAUSTIVE_SEARCH_LIMIT = 1024
+"""Up to this many straggler sets, :func:`adversarial_straggler_sets` scores every one (the search
+scores $n + 896$ of them anyway)."""
 ERROR_ESTIMATE_SAFETY = 16.0
 """Factor between :func:`estimated_decode_error` and the measured spread of actual errors."""
 
@@ -101,7 +113,9 @@ def cyclic_matrix(h: Array) -> Array:
     r"""Algorithm 2, lines 3–7, for a given $H \in \mathbb{R}^{s \times n}$: row $i$ by eq. (16).
 
     Solves the $n$ systems $H_{S_i \setminus \{i\}} x = H_i$ in one batched call. Raises ``ValueError``
-    when one of them is singular (an $H$ without the MDS property of Lemma 2).
+    when one of them is singular (an $H$ without the MDS property of Lemma 2). The two degenerate
+    cases are returned exactly: $s = 0$ gives $I$ and $s = n - 1$ the all-ones rows ($H\mathbf{1} = 0$
+    makes every solution $-\mathbf{1}$).
     """
     h = np.asarray(h, dtype=np.float64)
     if h.ndim != 2 or h.shape[0] >= h.shape[1]:
@@ -111,8 +125,10 @@ def cyclic_matrix(h: Array) -> Array:
     b = np.zeros((n, n))
     rows = np.arange(n)
     b[rows, supports[:, 0]] = 1.0
-    if s == 0:
+    if s == 0:  # B = I
         return b
+    if s == n - 1:  # null(H) = span(1): eq. (16) gives exactly the all-ones rows; a solve only adds rounding
+        return np.ones((n, n))
     others = np.transpose(h[:, supports[:, 1:]], (1, 0, 2))  # (n, s, s): H restricted to S_i \ {i}
     own = h[:, supports[:, 0]].T[:, :, None]  # (n, s, 1): column H_i
     try:
@@ -155,6 +171,27 @@ def estimated_decode_error(weights: Array, row_norms: Array, k: int) -> float:
     return ERROR_ESTIMATE_SAFETY * float(np.finfo(np.float64).eps) * amplification / math.sqrt(k)
 
 
+def equilibrated_decoding_weights(received: Array, *, independent: bool) -> Array:
+    r"""Algorithm 1 for the one set that arrived: weights $a$ with $a B_F = \mathbf{1}$ (least squares).
+
+    The rows are scaled to unit norm first and the weights scaled back: Algorithm 2's rows can differ
+    in norm by orders of magnitude, and an unscaled least-squares solve loses accuracy in proportion.
+    ``independent`` says the rows are linearly independent (e.g. at most $n - s$ rows of an
+    Algorithm-2 matrix, Theorem 3); Householder QR then solves the system as accurately as SVD at a
+    fraction of the cost. Otherwise the minimum-norm least-squares solution is returned.
+    """
+    norms = np.linalg.norm(received, axis=1)
+    scaled = received / norms[:, None]
+    ones = np.ones(received.shape[1])
+    if independent:
+        q, r = np.linalg.qr(scaled.T)
+        scaled_weights = np.linalg.solve(r, q.T @ ones)
+    else:
+        scaled_weights, *_ = np.linalg.lstsq(scaled.T, ones, rcond=None)
+    weights: Array = scaled_weights / norms
+    return weights
+
+
 class _CyclicDecoder(SpanDecoder):
     r"""Span decoder with the two shortcuts the cyclic structure allows, both exact.
 
@@ -165,10 +202,9 @@ class _CyclicDecoder(SpanDecoder):
     In between (covered, fewer than $n - s$ rows) it runs the generic Gram–Schmidt residual test, so
     a smaller set that truly contains $\mathbf{1}$ in its span is recognised.
 
-    The weights solve Algorithm 1's system with the rows scaled to unit norm first (Algorithm 2's rows
-    can differ in norm by orders of magnitude, and an unscaled least-squares solve loses accuracy in
-    proportion). A decoding whose :func:`estimated_decode_error` exceeds the code's
-    ``max_decode_error`` is returned with ``exact=False`` so it is reported, never silently used.
+    The weights are :func:`equilibrated_decoding_weights`, the solve the construction's guard measured.
+    A decoding whose :func:`estimated_decode_error` exceeds the code's ``max_decode_error`` is returned
+    with ``exact=False`` so it is reported, never silently used.
     """
 
     def __init__(self, code: CyclicRepetitionCode, assignment: Assignment) -> None:
@@ -201,20 +237,10 @@ class _CyclicDecoder(SpanDecoder):
             self._pending.clear()
 
     def _decoding(self) -> Decoding:
-        rows = tuple(self._received)
-        norms = self._row_norms[list(rows)]
-        scaled = self.code.B[list(rows)] / norms[:, None]
-        ones = np.ones(self.code.k)
-        if len(rows) <= self._enough:
-            # Full column rank (any n - s rows are independent, Theorem 3): Householder QR solves the
-            # least-squares system as accurately as SVD at a fraction of the cost.
-            q, r = np.linalg.qr(scaled.T)
-            scaled_weights = np.linalg.solve(r, q.T @ ones)
-        else:
-            scaled_weights, *_ = np.linalg.lstsq(scaled.T, ones, rcond=None)
-        weights = scaled_weights / norms
-        trusted = estimated_decode_error(weights, norms, self.code.k) <= self._max_error
-        return Decoding(rows, weights, exact=trusted)
+        rows = list(self._received)
+        weights = equilibrated_decoding_weights(self.code.B[rows], independent=len(rows) <= self._enough)
+        trusted = estimated_decode_error(weights, self._row_norms[rows], self.code.k) <= self._max_error
+        return Decoding(tuple(rows), weights, exact=trusted)
 
 
 def _straggler_amplification(b: Array, stragglers: Array) -> Array:
@@ -247,9 +273,16 @@ def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, co
     were up to ~7000× worse on $n \le 64$). This scores the $n$ contiguous sets and
     :data:`SEARCH_POOL` random ones by :func:`_straggler_amplification`, then hill-climbs from the best
     few with random single swaps (:data:`SEARCH_ROUNDS` rounds) and returns the ``count`` worst found.
-    A heuristic: it finds bad sets, it cannot prove there are none.
+    When there are at most :data:`EXHAUSTIVE_SEARCH_LIMIT` straggler sets (every small code), all of
+    them are scored instead, in one batch, and the ``count`` truly worst by that score are returned.
+    Either way the score is a proxy for the decode error: it finds bad sets, it cannot prove there are
+    none.
     """
     n = b.shape[0]
+    if math.comb(n, s) <= EXHAUSTIVE_SEARCH_LIMIT:
+        every = np.array(list(itertools.combinations(range(n), s)), dtype=np.intp).reshape(-1, s)
+        worst_first = np.argsort(_straggler_amplification(b, every), kind="stable")[::-1]
+        return [[int(w) for w in every[index]] for index in worst_first[:count]]
     contiguous = [[(start + i) % n for i in range(s)] for start in range(n)]
     pool = np.array(contiguous + [sorted(rng.choice(n, size=s, replace=False)) for _ in range(SEARCH_POOL)])
     scores = _straggler_amplification(b, pool)
@@ -261,8 +294,11 @@ def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, co
         for _ in range(SEARCH_ROUNDS):
             # One random swap (a straggler for a survivor) per candidate, SEARCH_SWAPS candidates each.
             candidates = np.repeat(climbers, SEARCH_SWAPS, axis=0)
+            surviving = np.ones(n, dtype=bool)
             for row in candidates:
-                survivors = np.setdiff1d(np.arange(n), row)
+                surviving[row] = False
+                survivors = np.flatnonzero(surviving)  # ascending, as the swap's draw expects
+                surviving[row] = True
                 row[rng.integers(s)] = survivors[rng.integers(len(survivors))]
             candidate_scores = _straggler_amplification(b, candidates)
             found.append(candidates)
@@ -285,9 +321,107 @@ def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, co
     return worst
 
 
+@dataclass(frozen=True)
+class CyclicRepetitionDraw:
+    """An accepted draw of Algorithm 2, as returned by :func:`draw_cyclic_repetition` (arrays read-only).
+
+    Attributes:
+        H: the $s \\times n$ matrix with $H\\mathbf{1} = 0$ the rows were solved from.
+        B: the $n \\times n$ cyclic-repetition matrix (row $i$ supported on $S_i$, eq. (16)).
+        draw: index of the accepted draw, 0 when the first one passed.
+        measured_decode_error: worst relative decode error measured on the checked survivor sets.
+    """
+
+    H: Array
+    B: Array
+    draw: int
+    measured_decode_error: float
+
+
+def draw_cyclic_repetition(
+    n: int, s: int, *, seed: int, max_decode_error: float = DEFAULT_MAX_DECODE_ERROR, advice: str = ""
+) -> CyclicRepetitionDraw:
+    r"""Tandon et al.'s Algorithm 2 for ``n`` workers and ``s`` stragglers, drawn from ``seed`` and checked.
+
+    Draw ``d`` (0, 1, ...) takes $H$ from child ``d`` of ``SeedSequence(seed)``
+    (:func:`draw_null_space_matrix`) and builds $B$ with :func:`cyclic_matrix`. Its decode error with
+    :func:`equilibrated_decoding_weights` is measured on the $n$ contiguous survivor sets, the
+    :data:`ADVERSARIAL_CHECK_SETS` worst found by :func:`adversarial_straggler_sets` (all straggler sets
+    scored when there are few) and :data:`RANDOM_CHECK_SETS` seeded random ones. The first draw whose
+    worst measured error is at most ``max_decode_error`` is returned; after :data:`MAX_DRAWS` draws
+    :class:`~common.exceptions.NumericallyUnsafeError` is raised, its message ending with ``advice``.
+
+    ``s = 0`` ($B = I$) and ``s = n - 1`` (all-ones rows) are exact 0/1 codes that do not depend on
+    $H$: they are measured (one survivor set says it all) but never redrawn.
+    """
+    n = check_int("n", n, 1)
+    s = check_int("s", s, 0, n - 1, why="a code over n workers tolerates at most n - 1 stragglers")
+    seed = check_int("seed", seed, 0)
+    if (
+        isinstance(max_decode_error, bool)
+        or not isinstance(max_decode_error, (int, float, np.floating))
+        or not 0 < max_decode_error < math.inf
+    ):
+        raise ValueError(f"Argument 'max_decode_error' must be a positive finite number, not {max_decode_error!r}.")
+    draws = 1 if s in (0, n - 1) else MAX_DRAWS
+    best = math.inf
+    for draw, child in enumerate(np.random.SeedSequence(seed).spawn(draws)):
+        h = draw_null_space_matrix(n, s, np.random.default_rng(child))
+        try:
+            b = cyclic_matrix(h)
+        except ValueError:  # a singular block: probability 0, draw again
+            continue
+        error = _worst_decode_error(b, _check_sets(b, s, seed), seed)
+        if error <= max_decode_error:
+            h.setflags(write=False)
+            b.setflags(write=False)
+            return CyclicRepetitionDraw(H=h, B=b, draw=draw, measured_decode_error=error)
+        best = min(best, error)
+    raise NumericallyUnsafeError(
+        f"Algorithm 2 (cyclic repetition) for n={n}, s={s}, seed={seed}: the best of {draws} draw(s) decodes "
+        f"with relative error {best:.2g} > max_decode_error={max_decode_error:.2g}." + (f" {advice}" if advice else ""),
+        measured_error=best,
+    )
+
+
+def _check_sets(b: Array, s: int, seed: int) -> list[list[int]]:
+    """Survivor sets of size ``n - s`` to measure: contiguous, searched-adversarial, seeded random."""
+    n = b.shape[0]
+    f = n - s
+    if s in (0, n - 1):  # the only set (B = I), or n copies of the all-ones row
+        return [list(range(f))]
+    rng = np.random.default_rng([seed, n, s])
+    sets = contiguous_survivor_sets(n, f)
+    everyone = set(range(n))
+    adversarial = adversarial_straggler_sets(b, s, rng, count=ADVERSARIAL_CHECK_SETS)
+    sets += [sorted(everyone - set(stragglers)) for stragglers in adversarial]
+    sets += [sorted(int(w) for w in rng.choice(n, size=f, replace=False)) for _ in range(RANDOM_CHECK_SETS)]
+    return sets
+
+
+def _worst_decode_error(b: Array, survivor_sets: Sequence[Sequence[int]], seed: int) -> float:
+    """Largest relative error of decoding random partial gradients from each set's rows of ``b``.
+
+    The measurement of :func:`~common.codes.numerics.decode_error`, with the weights the decoders of
+    this construction use (:func:`equilibrated_decoding_weights`) and no code object to build.
+    """
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for survivors in survivor_sets:
+        g = rng.standard_normal((b.shape[1], 8))
+        rows = list(survivors)
+        decoding = Decoding(tuple(rows), equilibrated_decoding_weights(b[rows], independent=True))
+        got = decoding.combine({row: b[row] @ g for row in rows})
+        want = g.sum(axis=0)
+        worst = max(worst, float(np.linalg.norm(got - want) / np.linalg.norm(want)))
+    return worst
+
+
 @register
 class CyclicRepetitionCode(GradientCode):
     r"""Cyclic repetition (Tandon et al., §3.2): row $i$ supported on $S_i$, random $H$ (Algorithm 2).
+
+    $H$ and $B$ come from :func:`draw_cyclic_repetition` (seeded draw, decode-error guard, redraws).
 
     Arguments:
         n: number of workers (and of data partitions, $k = n$).
@@ -309,66 +443,25 @@ class CyclicRepetitionCode(GradientCode):
 
     def __init__(self, n: int, s: int, seed: int = 0, max_decode_error: float = DEFAULT_MAX_DECODE_ERROR) -> None:
         super().__init__(n, n, s)
-        self._seed = check_int("seed", seed, 0)
-        if (
-            isinstance(max_decode_error, bool)
-            or not isinstance(max_decode_error, (int, float, np.floating))
-            or not 0 < max_decode_error < math.inf
-        ):
-            raise ValueError(f"Argument 'max_decode_error' must be a positive finite number, not {max_decode_error!r}.")
+        accepted = draw_cyclic_repetition(
+            self.n,
+            self.s,
+            seed=seed,
+            max_decode_error=max_decode_error,
+            advice="Use the 'binary' scheme (0/1 matrix, exact for any n, s) or 'fractional' (when (s + 1) "
+            "divides n), or pass a larger max_decode_error explicitly.",
+        )
+        self._seed = int(seed)
         self._max_decode_error = float(max_decode_error)
+        self._set_matrix(accepted.B)
+        self._H = accepted.H
+        self._draw = accepted.draw
+        self._measured_decode_error = accepted.measured_decode_error
         self._supports = cyclic_supports(self.n, self.s)
         self._supports.setflags(write=False)
-        self._draw_and_check()
-
-    def _draw_and_check(self) -> None:
-        n, s = self.n, self.s
-        if s == 0:  # B = I: nothing random, decoding is a plain sum.
-            self._install(np.zeros((0, n)))
-            self._accept(draw=0, error=0.0)
-            return
-        best = math.inf
-        for draw, child in enumerate(np.random.SeedSequence(self._seed).spawn(MAX_DRAWS)):
-            h = draw_null_space_matrix(n, s, np.random.default_rng(child))
-            try:
-                self._install(h)
-            except ValueError:  # a singular block: probability 0, draw again
-                continue
-            error = worst_decode_error(self, self._check_sets(), seed=self._seed)
-            if error <= self._max_decode_error:
-                self._accept(draw, error)
-                return
-            best = min(best, error)
-        raise NumericallyUnsafeError(
-            f"CyclicRepetitionCode(n={n}, s={s}, seed={self._seed}): the best of {MAX_DRAWS} draws decodes with "
-            f"relative error {best:.2g} > max_decode_error={self._max_decode_error:.2g}. Use the 'binary' scheme "
-            "(0/1 matrix, exact for any n, s) or 'fractional' (when (s + 1) divides n), or pass a larger "
-            "max_decode_error explicitly."
-        )
-
-    def _check_sets(self) -> list[Sequence[int]]:
-        """Survivor sets of size ``n - s`` to measure: contiguous, searched-adversarial, seeded random."""
-        n, f = self.n, self.n - self.s
-        rng = np.random.default_rng([self._seed, n, self.s])
-        sets: list[Sequence[int]] = list(contiguous_survivor_sets(n, f))
-        everyone = set(range(n))
-        adversarial = adversarial_straggler_sets(self.B, self.s, rng, count=ADVERSARIAL_CHECK_SETS)
-        sets += [sorted(everyone - set(stragglers)) for stragglers in adversarial]
-        sets += [sorted(int(w) for w in rng.choice(n, size=f, replace=False)) for _ in range(RANDOM_CHECK_SETS)]
-        return sets
-
-    def _install(self, h: Array) -> None:
-        """Make ``h`` and its Algorithm-2 matrix the current draw (the decoder reads both)."""
-        self._set_matrix(cyclic_matrix(h))
-        self._H = np.array(h, copy=True)
-        self._H.setflags(write=False)
         row_norms: Array = np.linalg.norm(self._B, axis=1)
         row_norms.setflags(write=False)
         self._row_norms = row_norms
-
-    def _accept(self, draw: int, error: float) -> None:
-        self._draw = draw
-        self._measured_decode_error = error
 
     # ---- properties ----------------------------------------------------------------------------
     @property

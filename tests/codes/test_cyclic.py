@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from common.codes import make_code
 from common.codes.cyclic import (
     MAX_DRAWS,
     CyclicRepetitionCode,
+    adversarial_straggler_sets,
     cyclic_matrix,
     cyclic_supports,
+    draw_cyclic_repetition,
     draw_null_space_matrix,
+    equilibrated_decoding_weights,
     estimated_decode_error,
 )
 from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets, decode_error, ones_in_span
@@ -120,6 +124,8 @@ def test_edge_cases_s0_and_s_n_minus_1() -> None:
     np.testing.assert_array_equal(identity.B, np.eye(6))
     assert decode_error(identity, list(range(6))) <= 1e-15
     everything = CyclicRepetitionCode(6, 5)
+    np.testing.assert_array_equal(everything.B, np.ones((6, 6)))  # exact, not a rounded solve
+    np.testing.assert_allclose(everything.H @ np.ones(6), 0, atol=1e-12)
     for worker in range(6):  # every row is a multiple of 1: any single worker decodes
         assert everything.decoder().add(worker) is True
         assert decode_error(everything, [worker]) <= TOLERANCE
@@ -192,3 +198,92 @@ def test_contiguous_survivors_decode_within_tolerance(params: tuple[int, int]) -
     code = _code(n, s)
     for survivors in contiguous_survivor_sets(n, n - s):
         assert decode_error(code, survivors, rng=np.random.default_rng(s)) <= TOLERANCE
+
+
+# ---- the shared construction: draw_cyclic_repetition --------------------------------------------
+def test_the_code_is_the_shared_draw() -> None:
+    code = CyclicRepetitionCode(13, 4, seed=3)
+    accepted = draw_cyclic_repetition(13, 4, seed=3)
+    np.testing.assert_array_equal(code.B, accepted.B)
+    np.testing.assert_array_equal(code.H, accepted.H)
+    assert (code.draw, code.measured_decode_error) == (accepted.draw, accepted.measured_decode_error)
+    assert not accepted.B.flags.writeable and not accepted.H.flags.writeable
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+def test_degenerate_draws_are_exact(n: int) -> None:
+    np.testing.assert_array_equal(draw_cyclic_repetition(n, 0, seed=4).B, np.eye(n))
+    everything = draw_cyclic_repetition(n, n - 1, seed=4)
+    np.testing.assert_array_equal(everything.B, np.ones((n, n)))
+    assert everything.draw == 0 and everything.measured_decode_error <= 1e-15
+
+
+def test_failed_draws_raise_with_the_callers_advice() -> None:
+    with pytest.raises(NumericallyUnsafeError, match=r"n=16, s=5, seed=2: the best of 8 draw\(s\).* Try X\.$") as info:
+        draw_cyclic_repetition(16, 5, seed=2, max_decode_error=1e-30, advice="Try X.")
+    assert info.value.measured_error is not None and 1e-30 < info.value.measured_error <= DEFAULT_MAX_DECODE_ERROR
+    # An exact 0/1 code does not depend on H: one measured draw, no pointless redraws.
+    all_ones = draw_cyclic_repetition(9, 8, seed=0)
+    if all_ones.measured_decode_error > 0:  # a decoding with exactly unit weights rounds only in the sum
+        with pytest.raises(NumericallyUnsafeError, match=r"best of 1 draw\(s\)"):
+            draw_cyclic_repetition(9, 8, seed=0, max_decode_error=all_ones.measured_decode_error / 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n": 0, "s": 0, "seed": 0}, "Argument 'n' must be an integer >= 1, not 0"),
+        ({"n": 4, "s": 4, "seed": 0}, r"Argument 's' must be an integer in \[0, 3\]"),
+        ({"n": 4, "s": 1, "seed": -2}, "Argument 'seed' must be an integer >= 0, not -2"),
+        ({"n": 4, "s": 1, "seed": 0, "max_decode_error": -1.0}, "Argument 'max_decode_error' must be a positive"),
+        ({"n": 4, "s": 1, "seed": 0, "max_decode_error": True}, "Argument 'max_decode_error'"),
+    ],
+)
+def test_draw_validates_its_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        draw_cyclic_repetition(**kwargs)  # type: ignore[arg-type]
+
+
+def _amplification_by_solving(b: np.ndarray, stragglers: tuple[int, ...]) -> float:
+    """sum |a_i| ||b_i|| of the unique decoding that avoids ``stragglers``, one plain solve per set."""
+    survivors = [w for w in range(b.shape[0]) if w not in stragglers]
+    weights, *_ = np.linalg.lstsq(b[survivors].T, np.ones(b.shape[1]), rcond=None)
+    return float(np.abs(weights) @ np.linalg.norm(b[survivors], axis=1))
+
+
+@pytest.mark.parametrize(("n", "s"), [(6, 2), (9, 4), (11, 1), (12, 9)])
+def test_small_codes_get_the_truly_worst_straggler_sets(n: int, s: int) -> None:
+    b = CyclicRepetitionCode(n, s, max_decode_error=1.0).B
+    found = adversarial_straggler_sets(b, s, np.random.default_rng(0), count=5)
+    scores = {t: _amplification_by_solving(b, t) for t in itertools.combinations(range(n), s)}
+    fifth_worst = sorted(scores.values())[-5]
+    assert len({tuple(t) for t in found}) == 5
+    for stragglers in found:
+        assert scores[tuple(stragglers)] >= fifth_worst * (1 - 1e-9)
+
+
+@st.composite
+def _independent_rows(draw: st.DrawFn) -> np.ndarray:
+    k = draw(st.integers(1, 12))
+    m = draw(st.integers(1, k))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rows = rng.standard_normal((m, k))
+    assume(np.linalg.cond(rows / np.linalg.norm(rows, axis=1)[:, None]) < 1e6)
+    return rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(_independent_rows(), st.lists(st.integers(-30, 30), min_size=12, max_size=12))
+def test_equilibrated_weights_are_least_squares_and_ignore_row_scaling(rows: np.ndarray, exponents: list[int]) -> None:
+    m, k = rows.shape
+    # Both paths give the least-squares weights: a B_F is the projection of 1 onto the row space.
+    basis = np.linalg.svd(rows, full_matrices=False)[2]
+    projection = basis.T @ (basis @ np.ones(k))
+    for independent in (True, False):
+        np.testing.assert_allclose(
+            equilibrated_decoding_weights(rows, independent=independent) @ rows, projection, atol=1e-8
+        )
+    # Rows scaled by powers of two (up to 2^±30 apart) get exactly the inversely scaled weights.
+    scales = 2.0 ** np.array(exponents[:m])
+    scaled_weights = equilibrated_decoding_weights(rows * scales[:, None], independent=True)
+    np.testing.assert_array_equal(scaled_weights, equilibrated_decoding_weights(rows, independent=True) / scales)
