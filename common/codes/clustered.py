@@ -24,13 +24,16 @@ cluster is decoded on its own (eq. (4)) and the gradient is decodable when every
 
 The per-cluster code is the *real* cyclic MDS construction, drawn from ``seed``: eq. (6) fixes the
 cyclic support, and a 0/1 code with that support (fractional repetition) exists only when $r \mid \ell$
-and changes the support, so the paper's layout needs Algorithm 2. The two degenerate loads are 0/1
+and changes the support, so the paper's layout needs Algorithm 2. One draw of
+:func:`~common.codes.cyclic.draw_cyclic_repetition` serves every cluster: seeded, its decode error
+measured against the default bound (1e-9) and redrawn deterministically if it fails, exactly as for
+the plain ``cyclic`` scheme; each cluster is decoded with the weights that guard measured
+(:func:`~common.codes.cyclic.equilibrated_decoding_weights`). The two degenerate loads are 0/1
 exactly: $r = 1$ gives the identity, $r = \ell$ gives all-ones rows (Algorithm 2's exact output there).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -48,8 +51,8 @@ from common.codes.base import (
     OnlineDecoder,
     check_int,
 )
+from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
 from common.codes.registry import register
-from common.exceptions import NumericallyUnsafeError
 
 __all__ = [
     "ClusterPlacement",
@@ -57,51 +60,6 @@ __all__ = [
     "DynamicClusteredCode",
     "observation_from_speeds",
 ]
-
-MAX_CONDITION = 1e6
-"""Largest condition number accepted for any ``ℓ - r + 1`` rows of the per-cluster code; keeps the
-decode error of a float64 least-squares solve around ``1e-10``."""
-MAX_REDRAWS = 32
-"""Deterministic redraws (``seed``, attempt) of Algorithm 2 before giving up."""
-_EXHAUSTIVE_CHECK_LIMIT = 5000
-"""Check every row subset of the cluster code when there are at most this many of them."""
-
-
-# ---- the per-cluster code: Tandon et al., Algorithm 2 ---------------------------------------------
-def _cyclic_mds_block(size: int, stragglers: int, seed: int) -> Array:
-    r"""A ``size x size`` cyclic repetition code tolerating ``stragglers`` (Tandon et al., Algorithm 2).
-
-    $H$ is a Gaussian ``stragglers x size`` matrix whose rows sum to zero ($H\mathbf{1} = 0$); row $i$
-    has support $\{i, \dots, i + s\} \bmod \ell$, leading entry 1 and the rest solving $H b = 0$, so
-    every row lies in $\mathrm{null}(H) \ni \mathbf{1}$ and any $\ell - s$ rows span it. The draw is
-    checked (every, or for large blocks every cyclically contiguous, set of $\ell - s$ rows has
-    condition number at most :data:`MAX_CONDITION`) and redrawn deterministically otherwise.
-    """
-    if stragglers == 0:
-        return np.eye(size)
-    if stragglers == size - 1:
-        return np.ones((size, size))  # null(H) = span(1): Algorithm 2 outputs exactly the ones rows
-    keep = size - stragglers
-    if math.comb(size, keep) <= _EXHAUSTIVE_CHECK_LIMIT:
-        subsets: list[tuple[int, ...]] = list(itertools.combinations(range(size), keep))
-    else:
-        subsets = [tuple((start + i) % size for i in range(keep)) for start in range(size)]
-    for attempt in range(MAX_REDRAWS):
-        rng = np.random.default_rng([seed, attempt])
-        h = rng.standard_normal((stragglers, size))
-        h[:, -1] = -h[:, :-1].sum(axis=1)
-        block = np.zeros((size, size))
-        for i in range(size):
-            support = [(i + t) % size for t in range(stragglers + 1)]
-            block[i, support[0]] = 1.0
-            block[i, support[1:]] = np.linalg.solve(h[:, support[1:]], -h[:, support[0]])
-        if all(np.linalg.cond(block[list(rows)]) <= MAX_CONDITION for rows in subsets):
-            return block
-    raise NumericallyUnsafeError(
-        f"No draw of the cyclic code for ℓ = {size}, r - 1 = {stragglers} stragglers had every "
-        f"{keep}-row subset with condition number <= {MAX_CONDITION:g} after {MAX_REDRAWS} seeds; "
-        "use smaller clusters."
-    )
 
 
 # ---- decoder: one span test per cluster -----------------------------------------------------------
@@ -125,6 +83,7 @@ class _ClusterSpanDecoder(OnlineDecoder):
         self._done = [False] * clusters
         self._pending = clusters
         self._threshold = SPAN_TOLERANCE * math.sqrt(size)
+        self._enough = size - code.s
 
     @property
     def decodable(self) -> bool:
@@ -162,9 +121,9 @@ class _ClusterSpanDecoder(OnlineDecoder):
         weights: list[Array] = []
         for p, used in enumerate(self._used):
             local = self.code.B[np.ix_(used, range(p * size, (p + 1) * size))]
-            a, *_ = np.linalg.lstsq(local.T, np.ones(size), rcond=None)
+            # Up to ℓ - s rows are independent (Theorem 3), and any ℓ - s of them complete the cluster.
+            weights.append(equilibrated_decoding_weights(local, independent=len(used) <= self._enough))
             rows.extend(used)
-            weights.append(a)
         return Decoding(tuple(rows), np.concatenate(weights), exact=True)
 
 
@@ -189,7 +148,9 @@ class _ClusteredBase(GradientCode):
         self._clusters = clusters
         self._size = size
         self._load = load
-        block = _cyclic_mds_block(size, load - 1, self._seed)
+        block = draw_cyclic_repetition(
+            size, load - 1, seed=self._seed, advice="More, smaller clusters (a smaller ℓ = n / clusters) draw better."
+        ).B
         b = np.zeros((n, n))
         for p in range(clusters):
             b[p * size : (p + 1) * size, p * size : (p + 1) * size] = block

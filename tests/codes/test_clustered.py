@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from common.codes import Observation, make_code
 from common.codes.clustered import ClusteredCode, DynamicClusteredCode, observation_from_speeds
-from common.codes.numerics import decode_error, ones_in_span
+from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, decode_error, ones_in_span
 
 TOLERANCE = 1e-9
 
@@ -206,6 +207,22 @@ def test_degenerate_loads_are_exactly_binary() -> None:
     assert np.array_equal(ClusteredCode(6, 2, 1).B, np.eye(6))
     full = ClusteredCode(6, 2, 3).B
     assert np.array_equal(full, np.kron(np.eye(2), np.ones((3, 3))))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_every_cluster_runs_the_shared_checked_cyclic_draw(dynamic: bool) -> None:
+    # One implementation of Algorithm 2 (common.codes.cyclic): the same checked draw in every diagonal block.
+    code = DynamicClusteredCode(12, 3, 3, 2, seed=5) if dynamic else ClusteredCode(12, 3, 3, seed=5)
+    accepted = draw_cyclic_repetition(4, 2, seed=5)
+    assert accepted.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
+    np.testing.assert_array_equal(code.B, np.kron(np.eye(3), accepted.B))
+    # Each cluster is decoded with the solve the guard measured.
+    rows = [0, 1, 6, 7, 9, 10]
+    decoding = code.decode(rows)
+    for p, used in enumerate(([0, 1], [6, 7], [9, 10])):
+        local = accepted.B[[r - 4 * p for r in used]]
+        expected = equilibrated_decoding_weights(local, independent=True)
+        np.testing.assert_array_equal(decoding.weights[2 * p : 2 * p + 2], expected)
 
 
 def test_cyclic_support_inside_each_cluster() -> None:
