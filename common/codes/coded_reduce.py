@@ -65,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, check_int
+from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder, check_int
+from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
 from common.codes.registry import register
 
 __all__ = [
@@ -88,9 +89,6 @@ __all__ = [
 DEFAULT_SEED = 2019
 """Seed of the random cyclic-repetition draw (the year of the ISIT version, "Tree gradient coding")."""
 
-_MAX_REDRAWS = 64
-_MAX_DECODE_WEIGHT = 1e6
-"""A draw whose contiguous-window decoding weights exceed this is redrawn (conditioning check)."""
 _MAX_BASE_PARTITIONS = 1_000_000
 
 
@@ -115,6 +113,23 @@ def optimal_load(n: int, L: int, s: int) -> Fraction:
 # ---- the per-parent code (CompAlloc) -------------------------------------------------------------
 
 
+class _CompAllocDecoder(SpanDecoder):
+    """The generic span test, with the equilibrated weights the draw's decode-error guard measured.
+
+    Any ``n - s`` rows of a drawn code are independent (Theorem 3), so up to that many the weights come
+    from a QR solve; more rows, or an explicit ``encoding``, take the least-squares path.
+    """
+
+    def __init__(self, code: CompAllocCode, assignment: Assignment, *, independent_up_to: int) -> None:
+        super().__init__(code, assignment)
+        self._independent_up_to = independent_up_to
+
+    def _decoding(self) -> Decoding:
+        rows = list(self._received)
+        weights = equilibrated_decoding_weights(self.code.B[rows], independent=len(rows) <= self._independent_up_to)
+        return Decoding(tuple(rows), weights, exact=True)
+
+
 class CompAllocCode(GradientCode):
     r"""The gradient code every CodedReduce parent uses over its ``n`` children (CompAlloc, Algorithm 1).
 
@@ -122,9 +137,11 @@ class CompAllocCode(GradientCode):
     cyclic band. By default $B$ is Tandon et al.'s cyclic-repetition construction (their Algorithm 2):
     a seeded Gaussian $H \in \mathbb{R}^{s \times n}$ with $H\mathbf{1} = 0$ and each row the vector of
     the band's support in $\ker H$ with leading entry 1, so any $n - s$ rows span $\ker H \ni \mathbf{1}$.
-    ``s = 0`` gives the identity and ``s = n - 1`` the all-ones matrix (exact, no draw). A draw whose
-    decoding weights on the $n$ contiguous windows of $n - s$ children exceed $10^6$ is redrawn from the
-    same generator (deterministic).
+    It is :func:`~common.codes.cyclic.draw_cyclic_repetition` from ``seed``: the draw's decode error is
+    measured against the default bound (1e-9) and redrawn deterministically if it fails, as for the
+    ``cyclic`` scheme, and the decoder uses the weights that guard measured
+    (:func:`~common.codes.cyclic.equilibrated_decoding_weights`). ``s = 0`` gives the identity and
+    ``s = n - 1`` the all-ones matrix, exactly.
 
     ``encoding`` overrides $B$ (e.g. the paper's eq. (4) matrix for Example 2): it must be $n \times n$,
     have exactly $s + 1$ non-zeros per row (Theorem 1's load assumes it) and satisfy the B-span
@@ -139,36 +156,11 @@ class CompAllocCode(GradientCode):
         self._seed = check_int("seed", seed, 0)
         super().__init__(n, n, s)
         self._custom = encoding is not None
-        self._set_matrix(self._checked_encoding(encoding) if encoding is not None else self._draw())
-
-    def _draw(self) -> Array:
-        n, s = self.n, self.s
-        if s == 0:
-            return np.eye(n)
-        if s == n - 1:
-            return np.ones((n, n))
-        rng = np.random.default_rng(self._seed)
-        for _ in range(_MAX_REDRAWS):
-            h = rng.standard_normal((s, n))
-            h[:, -1] = -h[:, :-1].sum(axis=1)
-            b = np.zeros((n, n))
-            for i in range(n):
-                band = [(i + t) % n for t in range(s + 1)]
-                tail = np.linalg.solve(h[:, band[1:]], -h[:, band[0]])
-                b[i, band] = np.concatenate(([1.0], tail))
-            if self._well_conditioned(b):
-                return b
-        raise ValueError(f"No well-conditioned cyclic-repetition draw for n={n}, s={s} after {_MAX_REDRAWS} tries.")
-
-    def _well_conditioned(self, b: Array) -> bool:
-        n, s = self.n, self.s
-        ones = np.ones(n)
-        for start in range(n):
-            rows = [(start + t) % n for t in range(n - s)]
-            a, *_ = np.linalg.lstsq(b[rows].T, ones, rcond=None)
-            if np.linalg.norm(a @ b[rows] - ones) > 1e-10 * math.sqrt(n) or np.max(np.abs(a)) > _MAX_DECODE_WEIGHT:
-                return False
-        return True
+        if encoding is not None:
+            self._set_matrix(self._checked_encoding(encoding))
+        else:
+            advice = "Another seed, or fewer stragglers per parent, may draw better."
+            self._set_matrix(draw_cyclic_repetition(n, s, seed=self._seed, advice=advice).B)
 
     def _checked_encoding(self, encoding: Array) -> Array:
         n, s = self.n, self.s
@@ -189,6 +181,10 @@ class CompAllocCode(GradientCode):
                     f"rows {list(rows)} do not span it."
                 )
         return b
+
+    def decoder(self, assignment: Assignment | None = None) -> OnlineDecoder:
+        independent_up_to = 0 if self._custom else self.n - self.s
+        return _CompAllocDecoder(self, assignment or self.static_assignment(), independent_up_to=independent_up_to)
 
     def _params(self) -> dict[str, object]:
         params: dict[str, object] = {"n": self.n, "s": self.s}

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from common.codes import make_code
 from common.codes.coded_reduce import (
+    DEFAULT_SEED,
     CodedReduceCode,
     CodedReduceTree,
     CompAllocCode,
@@ -26,6 +27,8 @@ from common.codes.coded_reduce import (
     simulate_coded_reduce_latency,
     uncoded_latency,
 )
+from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR
 from common.exceptions import NotDecodableError
 
 TOLERANCE = 1e-9
@@ -287,6 +290,24 @@ def test_draw_is_deterministic_and_seeded() -> None:
     assert not np.array_equal(CompAllocCode(6, 2, seed=1).B, CompAllocCode(6, 2).B)
     np.testing.assert_array_equal(CompAllocCode(4, 0).B, np.eye(4))
     np.testing.assert_array_equal(CompAllocCode(4, 3).B, np.ones((4, 4)))
+
+
+@pytest.mark.parametrize(("n", "s", "seed"), [(6, 2, DEFAULT_SEED), (9, 4, 1), (5, 1, 0), (12, 5, 3)])
+def test_per_parent_code_is_the_shared_checked_cyclic_draw(n: int, s: int, seed: int) -> None:
+    # One implementation of Algorithm 2 (common.codes.cyclic), with its decode-error guard.
+    accepted = draw_cyclic_repetition(n, s, seed=seed)
+    assert accepted.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
+    code = CompAllocCode(n, s, seed=seed)
+    np.testing.assert_array_equal(code.B, accepted.B)
+    survivors = list(range(s, n))
+    np.testing.assert_array_equal(
+        code.decode(survivors).weights, equilibrated_decoding_weights(accepted.B[survivors], independent=True)
+    )
+
+
+def test_custom_encoding_decodes_from_more_than_n_minus_s_children(example2: CodedReduceTree) -> None:
+    decoding = example2.code.decode([2, 0, 1])  # every child: a least-squares solve over dependent rows
+    np.testing.assert_allclose(decoding.weights @ PAPER_B[list(decoding.rows)], np.ones(3), atol=1e-12)
 
 
 @pytest.mark.parametrize(
