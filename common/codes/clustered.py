@@ -42,13 +42,13 @@ from typing import Any
 import numpy as np
 
 from common.codes.base import (
-    SPAN_TOLERANCE,
     Array,
     Assignment,
     Decoding,
     GradientCode,
     Observation,
     OnlineDecoder,
+    SpanTracker,
     check_int,
 )
 from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
@@ -66,8 +66,8 @@ __all__ = [
 class _ClusterSpanDecoder(OnlineDecoder):
     r"""Decodes each cluster on its own (eq. (4)): decodable when every cluster's rows span $\mathbf{1}_\ell$.
 
-    Each cluster keeps an orthonormal basis of its received rows restricted to its $\ell$ partitions
-    and the residual of $\mathbf{1}_\ell$ (Gram–Schmidt, twice), so ``add`` costs $O(\ell^2)$ and the
+    Each cluster keeps a :class:`SpanTracker` of its received rows restricted to its $\ell$ partitions,
+    so ``add`` costs $O(\ell^2)$ and the
     answer is an exact span test, never a count or a pattern lookup. Rows that arrive after their
     cluster is decodable get no weight (their messages are not needed).
     """
@@ -76,13 +76,9 @@ class _ClusterSpanDecoder(OnlineDecoder):
         super().__init__(code, assignment)
         self._size = size = code.cluster_size
         clusters = code.clusters
-        self._basis = np.zeros((clusters, size, size))
-        self._rank = [0] * clusters
-        self._residual = np.ones((clusters, size))
+        self._spans = [SpanTracker(np.ones(size)) for _ in range(clusters)]
         self._used: list[list[int]] = [[] for _ in range(clusters)]
-        self._done = [False] * clusters
         self._pending = clusters
-        self._threshold = SPAN_TOLERANCE * math.sqrt(size)
         self._enough = size - code.s
 
     @property
@@ -92,27 +88,12 @@ class _ClusterSpanDecoder(OnlineDecoder):
     def _on_add(self, row: int) -> None:
         size = self._size
         p = row // size
-        if self._done[p]:
+        span = self._spans[p]
+        if span.contains_target:
             return
         self._used[p].append(row)
-        v = np.array(self.code.B[row, p * size : (p + 1) * size], dtype=float)
-        norm0 = float(np.linalg.norm(v))
-        rank = self._rank[p]
-        if norm0 == 0.0 or rank == size:
-            return
-        q = self._basis[p, :rank]
-        for _ in range(2):
-            v -= q.T @ (q @ v)
-        norm = float(np.linalg.norm(v))
-        if norm <= 1e-10 * norm0:
-            return
-        v /= norm
-        self._basis[p, rank] = v
-        self._rank[p] = rank + 1
-        residual = self._residual[p]
-        residual -= v * (v @ residual)
-        if np.linalg.norm(residual) <= self._threshold:
-            self._done[p] = True
+        span.add(self.code.B[row, p * size : (p + 1) * size])
+        if span.contains_target:
             self._pending -= 1
 
     def _decoding(self) -> Decoding:
