@@ -102,19 +102,16 @@ async def _follow(client: GradcodeClient, spec: master_pb2.JobSpec, label: str) 
     """Create the job and show a live progress bar until it ends; return every report."""
     from tqdm import tqdm
 
-    job = await client.create_job(spec)
-    reports: list[master_pb2.IterationReport] = []
     with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
-        async for r in client.watch(job.job_id):
-            reports.append(r)
+
+        def progress(r: master_pb2.IterationReport) -> None:
             bar.update(1)
             bar.set_postfix(
                 loss=f"{r.loss:.4f}", acc=f"{r.test_accuracy:.3f}", it=f"{r.wall_seconds * 1e3:.0f}ms",
                 late=len(r.late_workers) + len(r.failed_workers),
             )  # fmt: skip
-    info = await client.get_job(job.job_id)
-    if info.state != master_pb2.JOB_STATE_SUCCEEDED:
-        raise JobFailedError(f"job {info.job_id} {master_pb2.JobState.Name(info.state)}: {info.message}")
+
+        _, reports = await client.run(spec, on_report=progress)
     return reports
 
 

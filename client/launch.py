@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from common.serving import BLAS_THREAD_VARIABLES
+
 __all__ = ["LocalCluster", "ServiceProcess", "single_thread_env"]
 
 _LISTENING = re.compile(r"(?:master|worker) listening on (\S+)")
@@ -24,7 +26,7 @@ _LISTENING = re.compile(r"(?:master|worker) listening on (\S+)")
 def single_thread_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The current environment with numerical libraries limited to one thread each."""
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    for var in BLAS_THREAD_VARIABLES:
         env[var] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})

@@ -3,15 +3,16 @@
 Usage::
 
     async with GradcodeClient("127.0.0.1:50050") as client:
-        job = await client.create_job(build_job_spec(scheme="cyclic", n=6, s=2, iterations=50))
-        async for report in client.watch(job.job_id):
-            print(report.iteration, report.loss)
-        params = await client.get_model(job.job_id)
+        info, reports = await client.run(build_job_spec(scheme="cyclic", n=6, s=2, iterations=50),
+                                         on_report=lambda r: print(r.iteration, r.loss))
+        params = await client.get_model(info.job_id)
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -22,7 +23,7 @@ from common.codes.registry import code_class
 from common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
 from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
-__all__ = ["GradcodeClient", "JobFailedError", "build_job_spec", "code_params_for"]
+__all__ = ["GradcodeClient", "JobFailedError", "ReportCallback", "build_job_spec", "code_params_for"]
 
 
 class JobFailedError(RuntimeError):
@@ -84,13 +85,17 @@ def build_job_spec(
     )
 
 
+ReportCallback = Callable[[master_pb2.IterationReport], Awaitable[None] | None]
+"""Called with every iteration report as it arrives; may be a coroutine function."""
+
+
 class GradcodeClient:
     """An asyncio client of one master. Use as ``async with``, or call :meth:`close`."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = master_pb2_grpc.MasterStub(self._channel)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> GradcodeClient:
         return self
@@ -101,19 +106,19 @@ class GradcodeClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until the master's channel is connected (raises ``TimeoutError``)."""
-        import asyncio
-
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 
     async def create_job(self, spec: master_pb2.JobSpec) -> master_pb2.JobInfo:
-        return await self._stub.CreateJob(spec)
+        info: master_pb2.JobInfo = await self._stub.CreateJob(spec)
+        return info
 
     async def get_job(self, job_id: str) -> master_pb2.JobInfo:
-        return await self._stub.GetJob(master_pb2.GetJobRequest(job_id=job_id))
+        info: master_pb2.JobInfo = await self._stub.GetJob(master_pb2.GetJobRequest(job_id=job_id))
+        return info
 
     async def watch(self, job_id: str) -> AsyncIterator[master_pb2.IterationReport]:
         """Every iteration report of the job: the history so far, then live ones until it ends."""
@@ -125,20 +130,31 @@ class GradcodeClient:
         return np.array(array_from_tensor(reply.parameters))
 
     async def cancel(self, job_id: str) -> master_pb2.JobInfo:
-        return await self._stub.CancelJob(master_pb2.CancelJobRequest(job_id=job_id))
+        info: master_pb2.JobInfo = await self._stub.CancelJob(master_pb2.CancelJobRequest(job_id=job_id))
+        return info
 
     async def list_workers(self) -> list[master_pb2.WorkerInfo]:
         reply = await self._stub.ListWorkers(master_pb2.ListWorkersRequest())
         return list(reply.workers)
 
-    async def run(self, spec: master_pb2.JobSpec) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+    async def run(
+        self, spec: master_pb2.JobSpec, on_report: ReportCallback | None = None, *, check: bool = True
+    ) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
         """Create a job, follow it to the end, and return its final info and every report.
 
-        Raises :class:`JobFailedError` with the master's message if the job fails or is cancelled.
+        ``on_report`` sees each report as it arrives (a progress bar, or a test that kills a worker).
+        With ``check`` (the default) a job that ends FAILED or CANCELLED raises :class:`JobFailedError`
+        with the master's message; ``check=False`` returns its info instead.
         """
         job = await self.create_job(spec)
-        reports = [r async for r in self.watch(job.job_id)]
+        reports: list[master_pb2.IterationReport] = []
+        async for report in self.watch(job.job_id):
+            reports.append(report)
+            if on_report is not None:
+                result = on_report(report)
+                if inspect.isawaitable(result):
+                    await result
         info = await self.get_job(job.job_id)
-        if info.state != master_pb2.JOB_STATE_SUCCEEDED:
+        if check and info.state != master_pb2.JOB_STATE_SUCCEEDED:
             raise JobFailedError(f"job {info.job_id} {master_pb2.JobState.Name(info.state)}: {info.message}")
         return info, reports

@@ -260,9 +260,9 @@ class Pareto(DelayModel):
     r"""Halbawi et al. eq. (16): $F(t) = 1 - (t_0 / t)^{\xi}$ for $t \ge t_0$ (heavy-tailed delay).
 
     ``shape`` is $\xi$ and ``scale`` is $t_0$, "the fundamental delay of the machine". Sampled by
-    inversion, $t_0 U^{-1/\xi}$ with $U$ uniform on $(0, 1]$. Mean $\xi t_0 / (\xi - 1)$ for $\xi > 1$
-    (infinite otherwise), median $t_0 2^{1/\xi}$. The paper's experiment uses $\xi = 1.1$,
-    $t_0 = 0.001$.
+    inversion, $t_0 U^{-1/\xi}$ with $U$ uniform on $(0, 1]$, capped at :attr:`MAX_DRAW_SECONDS` (which
+    :meth:`mean` ignores). Mean $\xi t_0 / (\xi - 1)$ for $\xi > 1$ (infinite otherwise), median
+    $t_0 2^{1/\xi}$. The paper's experiment uses $\xi = 1.1$, $t_0 = 0.001$.
     """
 
     name = "pareto"
@@ -272,8 +272,16 @@ class Pareto(DelayModel):
         self.shape = _check_number("shape", shape, strict=True)
         self.scale = _check_number("scale", scale)
 
+    MAX_DRAW_SECONDS: ClassVar[float] = 3600.0
+    """Cap on one unscaled draw: a tiny ``shape`` makes ``U^(-1/shape)`` overflow a float."""
+
     def _delay(self, worker_id: int, iteration: int) -> float:
         uniform = 1.0 - float(self._rng(_STREAM_DELAY, worker_id, iteration).random())  # in (0, 1]
+        if self.scale == 0.0:
+            return 0.0
+        # Compare in log space, so the cap applies before math.pow could overflow.
+        if math.log(self.scale) - math.log(uniform) / self.shape >= math.log(self.MAX_DRAW_SECONDS):
+            return self.MAX_DRAW_SECONDS
         return self.scale * math.pow(uniform, -1.0 / self.shape)
 
     def _mean(self) -> float:

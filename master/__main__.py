@@ -13,9 +13,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from common.serving import install_shutdown_signals, limit_blas_threads, parse_address
-from master.pool import check_address
+from master.job import DATA_DIR_ENV
+from master.pool import worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_RUN_DIR = "runs"
@@ -55,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="where each job's per-iteration history (<job>.jsonl) is written as it runs (env GRADCODE_RUN_DIR)",
     )
     parser.add_argument(
+        "--data-dir",
+        default=os.environ.get(DATA_DIR_ENV) or None,
+        metavar="DIR",
+        help=(
+            "directory the 'file' dataset may read .npz/.csv files from (paths in job specs are relative to it); "
+            f"default: none, file datasets are refused (env {DATA_DIR_ENV})"
+        ),
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=float(os.environ.get("GRADCODE_GRACE", "5")),
@@ -70,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(host: str, port: int, workers: list[str], run_dir: str, grace: float) -> None:
+async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_dir: str | None, grace: float) -> None:
     from master.node import MasterNode
 
-    node = MasterNode(host, port, workers=workers, run_dir=run_dir, grace=grace)
+    node = MasterNode(host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace)
     install_shutdown_signals(node.shutdown, name="master")
     run = asyncio.create_task(node.run())
     await node.wait_started()
@@ -88,13 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         host, port = parse_address(args.listen, what="--listen")
-        workers = [check_address(a) for a in args.workers.split(",") if a.strip()]
+        workers = [worker_address(a) for a in args.workers.split(",") if a.strip()]
     except ValueError as exc:
         parser.error(str(exc))
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
     limit_blas_threads(1)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(host, port, workers, args.run_dir, args.grace))
+        asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace))
     except OSError as exc:
         print(f"master: {exc}", file=sys.stderr)
         return 1

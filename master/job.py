@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -62,13 +63,21 @@ from google.protobuf.json_format import MessageToDict
 from common.codes.base import Assignment, GradientCode, Observation
 from common.codes.coded_reduce import DEFAULT_SEED as CODED_REDUCE_SEED
 from common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, TreeNode
+from common.codes.partial import naive_partitions_per_worker
 from common.codes.registry import available_codes, make_code
 from common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from common.exceptions import NumericallyUnsafeError
 from common.gather import GatherResult, Source, gather
 from common.models import MODEL_KINDS, Model, make_model
 from common.stragglers import DELAY_MODEL_NAMES, make_delay_model
-from common.wire import DEFAULT_CHUNK_BYTES, dict_from_struct, dtype_from_wire, struct_from_dict, tensor_from_array
+from common.wire import (
+    DEFAULT_CHUNK_BYTES,
+    CompletedMessage,
+    dict_from_struct,
+    dtype_from_wire,
+    struct_from_dict,
+    tensor_from_array,
+)
 from master.optimizer import OPTIMIZER_KINDS, Optimizer, make_optimizer, mean_gradient
 from master.pool import PoolWorker, WorkerPool
 from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2
@@ -78,11 +87,19 @@ __all__ = [
     "DEFAULT_TEST_FRACTION",
     "EXACT_TOLERANCE",
     "FLOAT32_TOLERANCE",
+    "MAX_DATASET_BYTES",
+    "MAX_DATA_FILE_BYTES",
+    "MAX_FEATURES",
+    "MAX_MODEL_BYTES",
+    "MAX_PARTITIONS",
+    "MAX_SAMPLES",
+    "MAX_WORKERS",
     "JobFailedError",
     "JobPlan",
     "JobRunner",
     "JobSpecError",
     "NotEnoughWorkersError",
+    "PartitionBytes",
     "TreeLayout",
     "plan_job",
     "regularised_loss",
@@ -101,6 +118,26 @@ FLOAT32_TOLERANCE = 1e-5
 LOAD_TIMEOUT_SECONDS = 120.0
 END_JOB_TIMEOUT_SECONDS = 2.0
 MAX_ITERATIONS = 1_000_000
+
+# Size caps, checked by plan_job before anything is built, so an oversized spec is refused with a
+# precise INVALID_ARGUMENT instead of exhausting the master's memory (or dying with MemoryError).
+MAX_WORKERS = 1024
+"""Worker processes one job may use (a tree job counts every node, n + n^2 + ... + n^L)."""
+MAX_PARTITIONS = 65_536
+"""Data partitions (the code's ``k``) one job may cut its training set into."""
+MAX_SAMPLES = 10_000_000
+"""Samples a dataset may have (``dataset.num_samples``, or the rows of a data file)."""
+MAX_FEATURES = 100_000
+"""Features per sample."""
+MAX_DATASET_BYTES = 1 << 30
+"""float64 bytes of the feature matrix, samples x features x 8 (1 GiB)."""
+MAX_DATA_FILE_BYTES = 256 << 20
+"""Size of a ``file`` dataset on disk (256 MiB; a CSV costs several times its size to parse)."""
+MAX_MODEL_BYTES = 64 << 20
+"""float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
+_SYNTHETIC_DEFAULT_SIZE = {"gaussian_mixture": (2000, 20), "linear": (1000, 50), "digits": (1797, 64)}
+"""(samples, features) a dataset has when the spec leaves them 0 (see common.data.load_dataset)."""
+DATA_DIR_ENV = "GRADCODE_DATA_DIR"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TERMINAL = (master_pb2.JOB_STATE_SUCCEEDED, master_pb2.JOB_STATE_FAILED, master_pb2.JOB_STATE_CANCELLED)
 
@@ -230,11 +267,15 @@ def _finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf
     return value
 
 
-def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = None) -> JobPlan:
+def plan_job(
+    spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = None, data_dir: str | Path | None = None
+) -> JobPlan:
     """Validate ``spec`` and build its code, model, dataset and partitions; JobSpecError says what is wrong.
 
     ``known_worker_ids`` are the pool's ids, to check an explicit ``worker_ids`` list against.
-    Loads (or generates) the dataset, so callers on an event loop should run it in a thread.
+    ``data_dir`` is the only directory a ``file`` dataset may be read from (None: file datasets are
+    refused). Sizes are checked against the ``MAX_*`` caps before anything is built. Loads (or
+    generates) the dataset, so callers on an event loop should run it in a thread.
     """
     spec = master_pb2.JobSpec.FromString(spec.SerializeToString())
     if not spec.job_id:
@@ -252,11 +293,15 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         raise JobSpecError(
             f"Unknown gradient code {spec.code.name!r}; available schemes: {', '.join(available_codes())}."
         )
+    code_params = dict_from_struct(spec.code.params)
+    _check_code_size(spec.code.name, code_params)
     try:
-        code = make_code(spec.code.name, **dict_from_struct(spec.code.params))
+        code = make_code(spec.code.name, **code_params)
     except (ValueError, KeyError, TypeError, NumericallyUnsafeError) as exc:
         detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         raise JobSpecError(f"Invalid parameters for gradient code {spec.code.name!r}: {detail}") from None
+    if code.k > MAX_PARTITIONS:
+        raise JobSpecError(f"{code!r} cuts the data into {code.k} partitions; a job may use at most {MAX_PARTITIONS}.")
     tree = _tree_layout(spec, code)
 
     # Dataset, then model (its sizes default to the dataset's).
@@ -265,17 +310,34 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
     if ds.test_fraction == 0:
         ds.test_fraction = DEFAULT_TEST_FRACTION
+    _check_dataset_size(ds)
+    data_file = _data_file(ds.path, data_dir) if ds.name == "file" else None
     try:
         dataset = load_dataset(
             ds.name,
-            path=ds.path or None,
+            path=data_file if data_file is not None else (ds.path or None),
             num_samples=int(ds.num_samples) or None,
             num_features=int(ds.num_features) or None,
             seed=int(ds.seed),
             test_fraction=float(ds.test_fraction),
         )
+    except MemoryError:
+        raise
     except (ValueError, OSError) as exc:
+        if data_file is not None:  # never echo what the library quoted from the file
+            raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {_file_error(exc)}.") from None
         raise JobSpecError(f"Dataset {ds.name!r} refused: {exc}") from None
+    except Exception as exc:  # e.g. csv.Error from a file that is not text
+        if data_file is None:
+            raise
+        raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {_file_error(exc)}.") from None
+    if dataset.num_features > MAX_FEATURES or dataset.num_features * (dataset.num_train + len(dataset.y_test)) * 8 > (
+        MAX_DATASET_BYTES
+    ):
+        raise JobSpecError(
+            f"Dataset {ds.name!r} has {dataset.num_train + len(dataset.y_test)} samples x {dataset.num_features} "
+            f"features; a job may use at most {MAX_FEATURES} features and {MAX_DATASET_BYTES >> 20} MiB of features."
+        )
     ms = spec.model
     if not ms.kind:
         ms.kind = dataset.model_kind
@@ -306,6 +368,12 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2))
     except ValueError as exc:
         raise JobSpecError(f"Model refused: {exc}") from None
+    if model.num_params * 8 > MAX_MODEL_BYTES:
+        raise JobSpecError(
+            f"Model {ms.kind!r} over {ms.num_features} features has {model.num_params} parameters "
+            f"({model.num_params * 8 / 2**20:.0f} MiB); a job may use at most {MAX_MODEL_BYTES // 8} "
+            f"({MAX_MODEL_BYTES >> 20} MiB)."
+        )
 
     # Optimizer and loop parameters.
     opt = spec.optimizer
@@ -331,9 +399,20 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         if st.model not in DELAY_MODEL_NAMES:
             raise JobSpecError(f"Unknown straggler model {st.model!r}; valid models are {list(DELAY_MODEL_NAMES)}.")
         try:
-            make_delay_model(st.model, dict_from_struct(st.params), int(st.seed))
+            delays = make_delay_model(st.model, dict_from_struct(st.params), int(st.seed))
         except ValueError as exc:
             raise JobSpecError(f"Straggler model {st.model!r} refused: {exc}") from None
+        # Every worker evaluates its own delay each iteration: one it would refuse (e.g. 'fixed' with
+        # num_workers smaller than the job's) must refuse the job now, not fail every Compute later.
+        num_workers = code.n if tree is None else tree.num_workers
+        for w in range(num_workers):
+            try:
+                delays.delay(w, 0)
+            except (ValueError, OverflowError) as exc:
+                raise JobSpecError(
+                    f"Straggler model {st.model!r} refused for worker {w} of this job's {num_workers} workers "
+                    f"(ids 0..{num_workers - 1}): {exc}"
+                ) from None
 
     # Message dtype: complex codes send complex128; real codes float64 (default) or float32.
     message_dtype = _message_dtype(spec.message_dtype, code)
@@ -368,6 +447,124 @@ def plan_job(spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = N
         message_dtype=message_dtype,
         tree=tree,
     )
+
+
+def _number(value: object) -> float | None:
+    """A finite plain number, or None (a parameter that is not one is make_code's to refuse)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _check_code_size(name: str, params: dict[str, object]) -> None:
+    """Refuse a code whose worker or partition count exceeds the caps, before building it."""
+    n = _number(params.get("n"))
+    if name == "binary_heterogeneous":
+        n1, n2 = _number(params.get("n1")), _number(params.get("n2"))
+        n = None if n1 is None or n2 is None else n1 + n2
+    if n is None or n < 1:
+        return
+    workers = n
+    depth = _number(params.get("L", 1)) if name == "coded_reduce" else 1.0
+    if depth is not None and depth > 1:  # every node of the tree is a worker: n + n^2 + ... + n^L
+        workers = math.inf if depth > 64 else sum(n**layer for layer in range(1, int(depth) + 1))
+    if workers > MAX_WORKERS:
+        raise JobSpecError(
+            f"Gradient code {name!r} with these parameters needs {workers:.4g} workers; a job may use at most "
+            f"{MAX_WORKERS}."
+        )
+    if name == "partial_stragglers":
+        s, alpha = _number(params.get("s")), _number(params.get("alpha", 2.0))
+        if s is not None and alpha is not None and s >= 0 and alpha > 1:
+            partitions = n * (naive_partitions_per_worker(int(s), alpha) + 1)
+            if partitions > MAX_PARTITIONS:
+                raise JobSpecError(
+                    f"Gradient code 'partial_stragglers' with n={n:g}, s={s:g}, alpha={alpha!r} cuts the data into "
+                    f"{partitions:.4g} partitions; a job may use at most {MAX_PARTITIONS} (use a larger alpha)."
+                )
+
+
+def _check_dataset_size(ds: master_pb2.DatasetSpec) -> None:
+    """Refuse a dataset larger than the caps before generating or loading it."""
+    if ds.num_samples > MAX_SAMPLES:
+        raise JobSpecError(f"JobSpec.dataset.num_samples is {ds.num_samples}; a job may use at most {MAX_SAMPLES}.")
+    if ds.num_features > MAX_FEATURES:
+        raise JobSpecError(f"JobSpec.dataset.num_features is {ds.num_features}; a job may use at most {MAX_FEATURES}.")
+    default_samples, default_features = _SYNTHETIC_DEFAULT_SIZE.get(ds.name, (0, 0))
+    samples, features = ds.num_samples or default_samples, ds.num_features or default_features
+    if samples * features * 8 > MAX_DATASET_BYTES:
+        raise JobSpecError(
+            f"Dataset {ds.name!r} of {samples} samples x {features} features needs "
+            f"{samples * features * 8 / 2**20:.0f} MiB; a job may use at most {MAX_DATASET_BYTES >> 20} MiB."
+        )
+
+
+def _data_file(path: str, data_dir: str | Path | None) -> Path:
+    """The file a ``file`` dataset names, which must resolve inside ``data_dir``; JobSpecError otherwise."""
+    if data_dir is None:
+        raise JobSpecError(
+            "Dataset 'file' is disabled on this master: start it with --data-dir DIR (or the environment variable "
+            f"{DATA_DIR_ENV}=DIR) to allow .npz/.csv files from DIR, then give dataset.path relative to DIR."
+        )
+    if not path:
+        raise JobSpecError("Dataset 'file' needs dataset.path: a .npz or .csv file in the master's data directory.")
+    try:
+        root = Path(data_dir).resolve(strict=True)
+        file = (root / path).resolve()
+    except (OSError, ValueError, RuntimeError):
+        raise JobSpecError(f"Dataset path {path!r} cannot be resolved in the master's data directory.") from None
+    if not file.is_relative_to(root):
+        raise JobSpecError(
+            f"Dataset path {path!r} is outside the master's data directory; give a path inside it (relative to it; "
+            "'..' and symbolic links may not lead out)."
+        )
+    if file.suffix.lower() not in (".npz", ".csv"):
+        raise JobSpecError(f"Dataset path {path!r} must name a .npz or .csv file.")
+    if not file.is_file():
+        raise JobSpecError(f"Dataset path {path!r} is not a file in the master's data directory.")
+    size = file.stat().st_size
+    if size > MAX_DATA_FILE_BYTES:
+        raise JobSpecError(
+            f"Dataset file {path!r} has {size} bytes; a job may load at most {MAX_DATA_FILE_BYTES >> 20} MiB."
+        )
+    return file
+
+
+_FILE_ERRORS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), text)
+    for p, text in (
+        (r"line (\d+): non-numeric value", "line {0} holds a non-numeric value"),
+        (r"line (\d+): (\d+) columns, expected (\d+)", "line {0} has {1} columns, expected {2}"),
+        (r"needs at least one feature and a label", "each line needs at least one feature and the label (last)"),
+        (r"holds no data rows", "it holds no data rows"),
+        (r"has (\d+) samples; at least 2", "it has {0} samples; at least 2 are needed"),
+        (r"NaN or infinite", "it contains NaN or infinite values"),
+        (r"not a readable \.npz archive", "it is not a readable .npz archive"),
+        (r"single \.npy array", "it is a single .npy array, not an .npz archive with arrays 'X' and 'y'"),
+        (r"must contain arrays 'X' and 'y'", "it must contain arrays 'X' and 'y'"),
+        (r"cannot read 'X'/'y'", "its arrays 'X'/'y' cannot be read (object arrays are refused)"),
+        (r"must be numeric", "its arrays 'X' and 'y' must be numeric"),
+        (r"'X' must be 2-D", "its array 'X' must be 2-D (samples, features)"),
+        (r"'y' must have shape", "its array 'y' must hold one label per row of 'X'"),
+        (r"has (\d+) features; 'num_features'", "it has {0} features; leave dataset.num_features 0 or give that"),
+        (r"'num_samples' must be at most (\d+)", "dataset.num_samples must be at most {0} (the file's rows)"),
+        (r"too few to keep any for training", "too few samples are left for training"),
+        (r"needs integer class labels", "a classification model needs integer class labels (or -1/+1)"),
+        (r"'logistic' needs two classes, the labels have (\d+)", "'logistic' needs two classes, the labels have {0}"),
+    )
+]
+
+
+def _file_error(exc: Exception) -> str:
+    """What is wrong with a data file, from a fixed list of reasons: never text quoted from the file."""
+    text = str(exc)
+    for pattern, reason in _FILE_ERRORS:
+        match = pattern.search(text)
+        if match:
+            return reason.format(*match.groups())
+    if isinstance(exc, OSError):
+        return "it cannot be read"
+    return "it is not a .npz archive with numeric arrays 'X' and 'y', nor a numeric .csv with the label last"
 
 
 def _tree_layout(spec: master_pb2.JobSpec, code: GradientCode) -> TreeLayout | None:
@@ -412,7 +609,9 @@ def _message_dtype(requested: int, code: GradientCode) -> int:
     )
 
 
-def regularised_loss(model: Model, params: np.ndarray[Any, Any], X: Any, y: Any, l2: float) -> float:
+def regularised_loss(
+    model: Model, params: np.ndarray[Any, Any], X: np.ndarray[Any, Any], y: np.ndarray[Any, Any], l2: float
+) -> float:
     """The objective the optimizer minimises: mean loss plus ``l2 / 2 * ||params||^2``."""
     return model.loss(params, X, y) / max(len(y), 1) + 0.5 * l2 * float(params @ params)
 
@@ -421,6 +620,56 @@ def regularised_loss(model: Model, params: np.ndarray[Any, Any], X: Any, y: Any,
 def _status_name(reason: str) -> str:
     """The gRPC status name that :func:`common.gather.gather` put in front of a failure reason."""
     return reason.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """One iteration gathered, decoded and verified, waiting to be committed (:meth:`JobRunner._commit`)."""
+
+    started: float
+    result: GatherResult
+    assignment: Assignment
+    finished: dict[int, float]
+    failed: dict[int, str]
+    late: set[int]
+    point: np.ndarray[Any, Any]
+    decoded: np.ndarray[Any, Any]
+    exact: bool
+    verify_error: float
+
+
+class PartitionBytes:
+    """Each data partition's features and labels as little-endian float64 bytes, for LoadJob.
+
+    A partition is serialised once per job (however many workers hold it, and however often a
+    restarted worker is reloaded), in a thread so the event loop keeps serving; concurrent requests
+    for the same partition share one serialisation. :meth:`clear` frees the bytes when the job ends.
+    """
+
+    def __init__(self, dataset: Dataset, partitions: list[np.ndarray[Any, Any]]) -> None:
+        self._dataset = dataset
+        self._partitions = partitions
+        self._cache: dict[int, asyncio.Task[tuple[bytes, bytes]]] = {}
+        self.serialisations = 0
+        """How many partitions have been serialised (each at most once)."""
+
+    async def get(self, j: int) -> tuple[bytes, bytes]:
+        """Partition ``j``'s (features, labels) bytes."""
+        task = self._cache.get(j)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._serialise, j))
+            self._cache[j] = task
+        return await asyncio.shield(task)  # a cancelled LoadJob must not cancel the shared serialisation
+
+    def _serialise(self, j: int) -> tuple[bytes, bytes]:
+        idx = self._partitions[j]
+        self.serialisations += 1
+        features = np.ascontiguousarray(self._dataset.X_train[idx], dtype="<f8").tobytes()
+        labels = np.ascontiguousarray(self._dataset.y_train[idx], dtype="<f8").tobytes()
+        return features, labels
+
+    def clear(self) -> None:
+        self._cache.clear()
 
 
 class JobRunner:
@@ -457,6 +706,12 @@ class JobRunner:
         self._task: asyncio.Task[None] | None = None
         self._history_file: TextIO | None = None
         self._started = 0.0
+        self._pending: asyncio.Task[bool] | None = None
+        """Publishes the last committed iteration's report once its metrics are computed (see _loop)."""
+        self._partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
+        self.finished_at: float | None = None
+        """time.monotonic() when the job reached its final state (None while it runs)."""
+        self._on_done: Callable[[JobRunner], None] | None = None
 
     # ---- public surface ----------------------------------------------------------------------------
     @property
@@ -484,10 +739,11 @@ class JobRunner:
             model=self.plan.spec.model,
         )
 
-    def start(self) -> None:
-        """Run the job in the background."""
+    def start(self, on_done: Callable[[JobRunner], None] | None = None) -> None:
+        """Run the job in the background; ``on_done(self)`` is called as soon as it has reached its final state."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job-{self.job_id}")
+            self._on_done = on_done
 
     async def cancel(self) -> None:
         """Cancel the job (no-op once it has ended) and wait until it has stopped."""
@@ -526,40 +782,102 @@ class JobRunner:
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "running")
             await self._loop()
         except asyncio.CancelledError:
-            await self._set_state(master_pb2.JOB_STATE_CANCELLED, f"cancelled after {self.iterations_done} iterations")
+            await self._drain()  # the last committed iteration's report still goes out
+            if not self.done:
+                await self._set_state(
+                    master_pb2.JOB_STATE_CANCELLED, f"cancelled after {self.iterations_done} iterations"
+                )
         except JobFailedError as exc:
-            if exc.report is not None:
-                exc.report.state = master_pb2.JOB_STATE_FAILED
-                exc.report.message = str(exc)
-                await self._publish(exc.report)
-            await self._set_state(master_pb2.JOB_STATE_FAILED, str(exc))
+            if not await self._drain():  # unless the previous iteration already ended the job
+                if exc.report is not None:
+                    exc.report.state = master_pb2.JOB_STATE_FAILED
+                    exc.report.message = str(exc)
+                    await self._publish(exc.report)
+                await self._set_state(master_pb2.JOB_STATE_FAILED, str(exc))
         except Exception as exc:
             log.exception("job %s crashed", self.job_id)
             await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            self._partition_bytes.clear()
             await self._end_on_workers()
             if self._history_file is not None:
                 self._history_file.close()
                 self._history_file = None
 
     async def _loop(self) -> None:
+        """Gather, decode and commit each iteration; its report's metrics overlap the next gather.
+
+        The full-training-set loss/accuracy of iteration ``t`` is computed in a thread while iteration
+        ``t + 1`` gathers, and its report is published as soon as they are known. Iteration ``t + 1``
+        commits its step only after that report: if iteration ``t`` reached the target accuracy the
+        job ends there (iteration ``t + 1`` is cancelled or discarded, never stepped).
+        """
         spec = self.plan.spec
         for t in range(1, spec.iterations + 1):
-            report = await self._iteration(t)
-            self.iterations_done = t
-            reached = spec.target_accuracy > 0 and _score(report) >= spec.target_accuracy
-            if t == spec.iterations or reached:
-                report.state = master_pb2.JOB_STATE_SUCCEEDED
-                report.message = (
-                    f"reached target accuracy {spec.target_accuracy:g} after {t} iterations"
-                    if reached
-                    else f"completed {t} iterations"
-                )
-                self.state, self.message = report.state, report.message
-                await self._publish(report)
+            task = asyncio.get_running_loop().create_task(self._iteration(t), name=f"job-{self.job_id}-{t}")
+            try:
+                pending = self._pending
+                if pending is not None:
+                    await asyncio.wait({task, pending}, return_when=asyncio.FIRST_COMPLETED)
+                    if pending.done() and await self._settle():
+                        return  # iteration t - 1 reached the target while t was gathering
+                decoded = await task
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if await self._settle():
                 return
+            report, params = self._commit(t, decoded)
+            self._pending = asyncio.get_running_loop().create_task(
+                self._complete_report(report, params, last=t == spec.iterations), name=f"job-{self.job_id}-report-{t}"
+            )
+        await self._settle()
+
+    async def _settle(self) -> bool:
+        """Wait for the previous iteration's report to be published; True when that iteration ended the job."""
+        pending = self._pending
+        if pending is None:
+            return False
+        ended = await asyncio.shield(pending)  # shielded and kept until done: a cancel drains it (_drain)
+        self._pending = None
+        return ended
+
+    async def _drain(self) -> bool:
+        """:meth:`_settle` on the way out (cancel or failure): never raises."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:  # cancelled again while draining: give up on that report
+            return False
+        except Exception:
+            log.exception("job %s: the report of iteration %d failed", self.job_id, self.iterations_done)
+            return False
+
+    async def _complete_report(
+        self, report: master_pb2.IterationReport, params: np.ndarray[Any, Any], *, last: bool
+    ) -> bool:
+        """Fill in the metrics of a committed iteration and publish it; True when the job ends with it."""
+        spec = self.plan.spec
+        report.loss, report.train_accuracy, report.test_accuracy = await asyncio.to_thread(self._metrics, params)
+        reached = spec.target_accuracy > 0 and _score(report) >= spec.target_accuracy
+        if not (last or reached):
             report.state = master_pb2.JOB_STATE_RUNNING
             await self._publish(report)
+            return False
+        report.state = master_pb2.JOB_STATE_SUCCEEDED
+        report.message = (
+            f"reached target accuracy {spec.target_accuracy:g} after {report.iteration} iterations"
+            if reached
+            else f"completed {report.iteration} iterations"
+        )
+        self.state, self.message = report.state, report.message
+        await self._publish(report)
+        self._ended()
+        return True
 
     async def _select_workers(self) -> list[PoolWorker]:
         """The pool workers for the job's worker indices, waiting up to ``wait_for_workers_seconds``."""
@@ -621,24 +939,20 @@ class JobRunner:
         setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
         return setup
 
-    def _load_chunks(self, w: int) -> Iterator[worker_pb2.LoadJobChunk]:
-        plan = self.plan
+    async def _load_chunks(self, w: int) -> AsyncIterator[worker_pb2.LoadJobChunk]:
         setup = self._job_setup(w)
         parts = sorted({j for row in setup.rows for j in row.partitions})
         yield worker_pb2.LoadJobChunk(setup=setup)
-        X, y = plan.dataset.X_train, plan.dataset.y_train
         step = DEFAULT_CHUNK_BYTES - DEFAULT_CHUNK_BYTES % 8
         for j in parts:
-            idx = plan.partitions[j]
-            features = np.ascontiguousarray(X[idx], dtype="<f8").tobytes()
-            labels = np.ascontiguousarray(y[idx], dtype="<f8").tobytes()
+            features, labels = await self._partition_bytes.get(j)
             count = max(1, -(-len(features) // step), -(-len(labels) // step))
             for i in range(count):
                 lo = i * step
                 yield worker_pb2.LoadJobChunk(
                     data=worker_pb2.PartitionData(
                         partition=j,
-                        num_samples=len(idx),
+                        num_samples=len(self.plan.partitions[j]),
                         features_offset=min(lo, len(features)),
                         features=features[lo : lo + step],
                         labels_offset=min(lo, len(labels)),
@@ -671,7 +985,8 @@ class JobRunner:
             await asyncio.shield(asyncio.gather(*(end(w) for w in holders), return_exceptions=True))
 
     # ---- one iteration -----------------------------------------------------------------------------
-    async def _iteration(self, t: int) -> master_pb2.IterationReport:
+    async def _iteration(self, t: int) -> _Decoded:
+        """Gather and decode iteration ``t`` (and verify it); nothing is committed here."""
         plan, code = self.plan, self.plan.code
         started = time.perf_counter()
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
@@ -681,7 +996,7 @@ class JobRunner:
         deadline = started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
         result: GatherResult | None = None
-        received: dict[int, Any] = {}
+        received: dict[int, CompletedMessage] = {}
         finished: dict[int, float] = {}
         failed: dict[int, str] = {}
         late: set[int] = set()
@@ -731,7 +1046,7 @@ class JobRunner:
             if not ask:
                 await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
         assert result is not None and result.decoding is not None
-        return await self._finish_iteration(t, started, result, assignment, finished, failed, late, point)
+        return await self._decoded(t, started, result, assignment, finished, failed, late, point)
 
     def _source(self, w: int, t: int, rows: tuple[int, ...], model: common_pb2.Tensor) -> Source:
         stub = self.workers[w].stub
@@ -759,7 +1074,7 @@ class JobRunner:
         finished: dict[int, float],
         failed: dict[int, str],
         late: set[int],
-        received: dict[int, Any],
+        received: dict[int, CompletedMessage],
     ) -> str:
         missing = sorted((w for w in needed if w not in finished), key=lambda w: self.workers[w].worker_id)
         detail = "; ".join(
@@ -795,7 +1110,7 @@ class JobRunner:
             verify_error=-1.0,
         )
 
-    async def _finish_iteration(
+    async def _decoded(
         self,
         t: int,
         started: float,
@@ -805,12 +1120,13 @@ class JobRunner:
         failed: dict[int, str],
         late: set[int],
         point: np.ndarray[Any, Any],
-    ) -> master_pb2.IterationReport:
+    ) -> _Decoded:
+        """Combine the decodable set and (verify mode) check it against the centralized gradient."""
         plan = self.plan
         assert result.decoding is not None
         decoded = np.asarray(result.combine(), dtype=np.float64)
-        used = result.used_workers
-        exact = bool(result.decoding.exact)
+        # Exact only if the decode is exact AND no message it used was decoded approximately by a tree parent.
+        exact = result.exact
         verify_error = -1.0
         if plan.spec.verify:
             central = await asyncio.to_thread(plan.model.gradient, point, plan.dataset.X_train, plan.dataset.y_train)
@@ -819,38 +1135,49 @@ class JobRunner:
                 raise JobFailedError(
                     f"Iteration {t}: the decoded gradient differs from the centralized one by relative error "
                     f"{verify_error:.3e} > {plan.tolerance:g} (rows {list(result.decoding.rows)} from workers "
-                    f"{[self.workers[w].worker_id for w in used]}); refusing to step with a wrong gradient."
+                    f"{[self.workers[w].worker_id for w in result.used_workers]}); refusing to step with a wrong "
+                    "gradient."
                 )
-        gradient = mean_gradient(decoded, point, num_samples=plan.dataset.num_train, l2=plan.spec.model.l2)
+        return _Decoded(started, result, assignment, finished, failed, late, point, decoded, exact, verify_error)
+
+    def _commit(self, t: int, it: _Decoded) -> tuple[master_pb2.IterationReport, np.ndarray[Any, Any]]:
+        """Step and record iteration ``t`` as done, together (no await in between, so a cancel sees both or
+        neither); the step runs on a copy of the optimizer, so a failed step leaves the model untouched.
+        Returns the report (metrics still NaN) and the new parameters."""
+        plan = self.plan
+        gradient = mean_gradient(it.decoded, it.point, num_samples=plan.dataset.num_train, l2=plan.spec.model.l2)
+        stepped = copy.deepcopy(self.optimizer)
         try:
-            params = self.optimizer.step(gradient)
+            params = stepped.step(gradient)
         except ValueError as exc:
             raise JobFailedError(f"Iteration {t}: {exc}") from None
-        wall = time.perf_counter() - started
-        loss, train_acc, test_acc = await asyncio.to_thread(self._metrics, params)
+        self.optimizer, self.iterations_done = stepped, t
+        wall = time.perf_counter() - it.started
         # Observation for dynamic codes: late, failed or unasked workers straggled; speed = 1 / time.
-        n = plan.code.n
+        n, finished = plan.code.n, it.finished
         self._observation = Observation(
             straggling=tuple(w not in finished for w in range(n)),
             speed=tuple(1.0 / finished[w] if finished.get(w) else 0.0 for w in range(n)),
         )
         pool_id = [w.worker_id for w in self.workers]
-        return master_pb2.IterationReport(
+        nan = math.nan
+        report = master_pb2.IterationReport(
             job_id=self.job_id,
             iteration=t,
-            loss=loss,
-            train_accuracy=train_acc,
-            test_accuracy=test_acc,
+            loss=nan,
+            train_accuracy=nan,
+            test_accuracy=nan,
             wall_seconds=wall,
             elapsed_seconds=time.perf_counter() - self._started,
-            decode_seconds=result.decode_seconds,
-            used_workers=sorted(pool_id[w] for w in used),
-            late_workers=sorted(pool_id[w] for w in late),
-            failed_workers=sorted(pool_id[w] for w in failed if w not in finished and assignment.rows[w]),
+            decode_seconds=it.result.decode_seconds,
+            used_workers=sorted(pool_id[w] for w in it.result.used_workers),
+            late_workers=sorted(pool_id[w] for w in it.late),
+            failed_workers=sorted(pool_id[w] for w in it.failed if w not in finished and it.assignment.rows[w]),
             timings=[master_pb2.WorkerTiming(worker_id=pool_id[w], seconds=s) for w, s in sorted(finished.items())],
-            exact=exact,
-            verify_error=verify_error,
+            exact=it.exact,
+            verify_error=it.verify_error,
         )
+        return report, params
 
     def _metrics(self, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
         ds, model, l2 = self.plan.dataset, self.plan.model, self.plan.spec.model.l2
@@ -881,6 +1208,14 @@ class JobRunner:
         async with self._changed:
             self.state, self.message = state, message
             self._changed.notify_all()
+        self._ended()
+
+    def _ended(self) -> None:
+        """Once the state is final: note when, and tell ``on_done`` (the servicer evicts old jobs then)."""
+        if self.done and self.finished_at is None:
+            self.finished_at = time.monotonic()
+            if self._on_done is not None:
+                self._on_done(self)
 
 
 def _score(report: master_pb2.IterationReport) -> float:

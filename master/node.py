@@ -19,7 +19,7 @@ import grpc
 
 from common.serving import ServingHandle, format_address, start_server
 from master.pool import WorkerPool
-from master.service import MasterServicer
+from master.service import MAX_FINISHED_JOBS, MasterServicer
 from protos.gradcode.v1 import master_pb2_grpc
 
 __all__ = ["MASTER_SERVICE_NAME", "MasterNode"]
@@ -30,7 +30,11 @@ MASTER_SERVICE_NAME = "gradcode.v1.Master"
 
 
 class MasterNode:
-    """The master process's server. Keyword options: ``workers`` (fixed addresses), ``run_dir``, ``grace``."""
+    """The master process's server.
+
+    Keyword options: ``workers`` (fixed addresses), ``run_dir`` (job histories), ``data_dir`` (the only
+    directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``.
+    """
 
     def __init__(
         self,
@@ -39,14 +43,19 @@ class MasterNode:
         *,
         workers: Sequence[str] = (),
         run_dir: str | Path | None = None,
+        data_dir: str | Path | None = None,
         grace: float = 5.0,
+        max_finished_jobs: int = MAX_FINISHED_JOBS,
     ) -> None:
         self.host = host
         self.port = port
         self.grace = grace
         self.run_dir = None if run_dir is None else Path(run_dir)
+        self.data_dir = None if data_dir is None else Path(data_dir)
         self.pool = WorkerPool(workers)
-        self.servicer = MasterServicer(self.pool, run_dir=self.run_dir)
+        self.servicer = MasterServicer(
+            self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs
+        )
         self._handle: ServingHandle | None = None
         self._started = asyncio.Event()
         self._shutdown_requested = asyncio.Event()

@@ -23,7 +23,6 @@ returns). For gradient descent they coincide.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +30,7 @@ import numpy.typing as npt
 __all__ = ["OPTIMIZER_KINDS", "GradientDescent", "Nesterov", "Optimizer", "make_optimizer", "mean_gradient"]
 
 FloatArray = npt.NDArray[np.float64]
+ArrayLike = npt.ArrayLike
 
 OPTIMIZER_KINDS = ("gd", "nesterov")
 """Names accepted by :func:`make_optimizer`."""
@@ -51,7 +51,7 @@ class Optimizer(ABC):
 
     kind: str
 
-    def __init__(self, params: Any, *, learning_rate: float) -> None:
+    def __init__(self, params: ArrayLike, *, learning_rate: float) -> None:
         lr = float(learning_rate)
         if not np.isfinite(lr) or lr <= 0:
             raise ValueError(f"Argument 'learning_rate' must be a finite number > 0, not {learning_rate!r}.")
@@ -71,7 +71,7 @@ class Optimizer(ABC):
         """Where the next gradient must be evaluated."""
         return self._params
 
-    def step(self, gradient: Any) -> FloatArray:
+    def step(self, gradient: ArrayLike) -> FloatArray:
         """Apply one step with ``gradient`` (evaluated at :attr:`point`); return the new :attr:`params`."""
         g = np.asarray(gradient, dtype=np.float64)
         if g.shape != self._params.shape:
@@ -100,7 +100,7 @@ class Nesterov(Optimizer):
 
     kind = "nesterov"
 
-    def __init__(self, params: Any, *, learning_rate: float, momentum: float = 0.0) -> None:
+    def __init__(self, params: ArrayLike, *, learning_rate: float, momentum: float = 0.0) -> None:
         super().__init__(params, learning_rate=learning_rate)
         mu = float(momentum)
         if not np.isfinite(mu) or not 0.0 <= mu < 1.0:
@@ -120,7 +120,7 @@ class Nesterov(Optimizer):
         self._params = new
 
 
-def make_optimizer(kind: str, params: Any, *, learning_rate: float, momentum: float = 0.0) -> Optimizer:
+def make_optimizer(kind: str, params: ArrayLike, *, learning_rate: float, momentum: float = 0.0) -> Optimizer:
     """Build the optimizer named ``kind`` (one of :data:`OPTIMIZER_KINDS`) starting at ``params``."""
     if kind == "gd":
         if momentum:

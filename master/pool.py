@@ -23,10 +23,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.serving import format_address, parse_address
 from common.wire import CHANNEL_OPTIONS
 from protos.gradcode.v1 import master_pb2, worker_pb2_grpc
 
-__all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "check_address"]
+__all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,12 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def check_address(address: str) -> str:
-    """Return ``address`` stripped if it is ``host:port`` with a port in 1..65535, else raise ValueError."""
-    addr = address.strip()
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"Worker address {address!r} is not of the form host:port with a port in 1..65535.")
-    return addr
+def worker_address(address: str) -> str:
+    """A worker's ``host:port`` in canonical form (:func:`common.serving.parse_address`, port not 0)."""
+    host, port = parse_address(address, what="Worker address")
+    if port == 0:
+        raise ValueError(f"Worker address {address!r} has port 0; a worker's address needs its real port (1..65535).")
+    return format_address(host, port)
 
 
 @dataclass(eq=False)
@@ -111,7 +111,7 @@ class WorkerPool:
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
         for address in addresses:
-            self._add(check_address(address), name="")
+            self._add(worker_address(address), name="")
 
     # ---- membership ----------------------------------------------------------------------------
     def _add(self, address: str, name: str) -> PoolWorker:
@@ -123,7 +123,7 @@ class WorkerPool:
 
     async def register(self, address: str, name: str = "") -> PoolWorker:
         """Add a worker, or bring a known address back UP as a restarted worker (it holds no job)."""
-        addr = check_address(address)
+        addr = worker_address(address)
         worker_id = self._by_address.get(addr)
         if worker_id is None:
             worker = self._add(addr, name)

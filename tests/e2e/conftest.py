@@ -2,17 +2,17 @@
 
 :func:`start_cluster` starts them with :class:`client.launch.LocalCluster` (each process limited to
 one BLAS thread), waits until the master lists every worker UP, and always stops every process.
-:class:`Cluster` knows which process is which pool worker, can SIGKILL one and restart it at the same
-address (it re-registers and is UP again). :func:`run_job` creates a job and collects its reports.
+:class:`Cluster` knows which process is which pool worker, can SIGKILL one and restart it (at the same
+address when the port is still free; it re-registers and is UP again). :func:`run_job` runs a job
+through :meth:`client.sdk.GradcodeClient.run` and returns its final info and reports.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,13 @@ import grpc
 import pytest
 
 from client.launch import LocalCluster, ServiceProcess
+from client.sdk import GradcodeClient, ReportCallback
 from common.wire import struct_from_dict
 from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 START_TIMEOUT = 60.0
+RESTART_ATTEMPTS = 3
+"""Tries to restart a worker on its old port before it gets a new one."""
 
 
 class Cluster:
@@ -60,17 +63,31 @@ class Cluster:
         self.processes[index].kill()
 
     def restart(self, index: int) -> None:
-        """Start worker ``index`` again at its old address; it registers with the master again."""
+        """Start worker ``index`` again, at its old address if that port is still free.
+
+        Another process may have taken the port meanwhile: after a few tries the worker starts on a new
+        port instead (it registers as a new pool worker; :meth:`wait_all_up` learns its id).
+        """
         old = self.processes[index]
         if old.alive:
             return
-        _stop(old)
-        argv = [sys.executable, "-m", "worker", "--listen", self.addresses[index], "--master", self.master_address]
-        log = old.log_path.with_name(f"{old.log_path.stem}-restart-{int(time.time() * 1000)}.log")
-        proc = ServiceProcess(argv, log_path=log)
-        self.processes[index] = proc
-        self.local.workers.append(proc)  # so LocalCluster.stop() stops it too
-        proc.wait_ready(START_TIMEOUT)
+        old.stop()
+        host = self.addresses[index].rpartition(":")[0]
+        for attempt in range(RESTART_ATTEMPTS + 1):
+            listen = self.addresses[index] if attempt < RESTART_ATTEMPTS else f"{host}:0"
+            argv = [sys.executable, "-m", "worker", "--listen", listen, "--master", self.master_address]
+            log = old.log_path.with_name(f"{old.log_path.stem}-restart-{int(time.time() * 1000)}.log")
+            proc = ServiceProcess(argv, log_path=log)
+            self.local.workers.append(proc)  # so LocalCluster.stop() stops it too
+            try:
+                self.addresses[index] = proc.wait_ready(START_TIMEOUT)
+            except RuntimeError:  # it could not bind (the port is taken): try again, finally on a new port
+                proc.stop()
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            self.processes[index] = proc
+            return
+        raise RuntimeError(f"worker {index} could not be restarted; see {old.log_path.parent}")
 
     def ensure_all_up(self) -> None:
         """Restart any dead worker and wait until the master sees all of them UP."""
@@ -90,15 +107,7 @@ def start_cluster(num_workers: int, run_dir: Path) -> Iterator[Cluster]:
         cluster.wait_all_up()
         yield cluster
     finally:
-        for proc in [*local.workers, *([local.master] if local.master else [])]:
-            _stop(proc)
-
-
-def _stop(proc: ServiceProcess) -> None:
-    """Stop a process and close its output pipe (LocalCluster.stop leaves the pipe to the GC)."""
-    proc.stop()
-    if proc.process.stdout is not None:
-        proc.process.stdout.close()
+        local.stop()  # every process, its output pipe and its log
 
 
 @pytest.fixture(scope="module")
@@ -139,24 +148,9 @@ def job_spec(
     return spec
 
 
-def fixed_delay(seconds: float, **params: Any) -> common_pb2.StragglerSpec:
-    return common_pb2.StragglerSpec(
-        model="fixed", params=struct_from_dict({"delay_seconds": seconds, **params}), seed=7
-    )
-
-
 async def run_job(
-    stub: master_pb2_grpc.MasterStub,
-    spec: master_pb2.JobSpec,
-    on_report: Callable[[master_pb2.IterationReport], Awaitable[None] | None] | None = None,
+    address: str, spec: master_pb2.JobSpec, on_report: ReportCallback | None = None
 ) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
-    """Create the job, watch it to the end, return its final JobInfo and every report."""
-    info = await stub.CreateJob(spec)
-    reports = []
-    async for report in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)):
-        reports.append(report)
-        if on_report is not None:
-            result = on_report(report)
-            if asyncio.iscoroutine(result):
-                await result
-    return await stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id)), reports
+    """Create the job, watch it to the end, return its final JobInfo and every report (whatever the outcome)."""
+    async with GradcodeClient(address) as client:
+        return await client.run(spec, on_report, check=False)

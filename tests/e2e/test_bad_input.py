@@ -21,7 +21,8 @@ from common.models import make_model
 from common.serving import start_server
 from common.wire import message_chunks, tensor_from_array
 from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
-from tests.e2e.conftest import Cluster, fixed_delay, job_spec, master_stub, run_job, start_cluster
+from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
+from tests.helpers import fixed_delay
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +133,14 @@ async def test_unknown_job_ids_are_not_found(cluster2: Cluster) -> None:
 async def test_duplicate_job_id_and_bad_worker_address_are_refused(cluster2: Cluster) -> None:
     spec = job_spec("uncoded", {"n": 2}, iterations=1, job_id="dup-job", worker_ids=cluster2.ids)
     async with asyncio.timeout(30), master_stub(cluster2.master_address) as stub:
-        info, _ = await run_job(stub, spec)
+        info, _ = await run_job(cluster2.master_address, spec)
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
         await expect_error(stub.CreateJob(spec), grpc.StatusCode.ALREADY_EXISTS, "Job 'dup-job' already exists")
         await expect_error(
             stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address="no-port-here")),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "Worker address 'no-port-here' is not of the form host:port",
+            "Worker address must look like HOST:PORT",
+            "not 'no-port-here'",
         )
         await still_serving(stub)
 
@@ -215,12 +217,26 @@ async def test_a_computation_for_a_stale_iteration_is_abandoned_not_sent(cluster
     async with asyncio.timeout(30), grpc.aio.insecure_channel(cluster2.addresses[1]) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         await stub.LoadJob(iter(tiny_job("slow", straggler=fixed_delay(1.0))))
-        stale = asyncio.ensure_future(drain(stub.Compute(compute("slow", iteration=1))))
-        await asyncio.sleep(0.3)
-        newer = stub.Compute(compute("slow", iteration=2))
-        await expect_error(stale, grpc.StatusCode.ABORTED, "Iteration 1 of job 'slow' was abandoned")
+        stale = asyncio.ensure_future(drain(stub.Compute(compute("slow", iteration=2))))
+        await until_started(stub, "slow", 2)
+        newer = stub.Compute(compute("slow", iteration=3))
+        await expect_error(stale, grpc.StatusCode.ABORTED, "Iteration 2 of job 'slow' was abandoned")
         newer.cancel()
         await stub.EndJob(worker_pb2.EndJobRequest(job_id="slow"))
+
+
+async def until_started(stub: Any, job_id: str, iteration: int) -> None:
+    """Poll until the worker has started ``iteration`` of ``job_id``: it then refuses an older one as stale."""
+    while True:
+        probe = stub.Compute(compute(job_id, iteration=iteration - 1))
+        try:
+            await asyncio.wait_for(drain(probe), 0.05)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.ABORTED and f"older than iteration {iteration}" in (exc.details() or ""):
+                return
+        except TimeoutError:  # the probe itself started (it sleeps in the straggler delay): not yet
+            probe.cancel()
+        await asyncio.sleep(0.01)
 
 
 # ---- bad gradient chunks reaching the master ----------------------------------------------------
@@ -314,7 +330,7 @@ async def test_master_refuses_bad_gradient_chunks_and_fails_the_job_naming_the_w
                 iteration_deadline_seconds=1.0,
                 dataset=master_pb2.DatasetSpec(name="digits", num_samples=200),
             )
-            info, reports = await run_job(stub, spec)
+            info, reports = await run_job(cluster2.master_address, spec)
             assert info.state == master_pb2.JOB_STATE_FAILED
             assert f"missing workers [{reply.worker_id}]" in info.message and handle.address in info.message
             assert "WireError: " in info.message and reason in info.message, info.message
@@ -324,7 +340,7 @@ async def test_master_refuses_bad_gradient_chunks_and_fails_the_job_naming_the_w
             assert reason in workers[reply.worker_id].last_error
             # The master keeps serving, and the real workers still train.
             good = job_spec("uncoded", {"n": 2}, iterations=1, worker_ids=cluster2.ids)
-            good_info, _ = await run_job(stub, good)
+            good_info, _ = await run_job(cluster2.master_address, good)
             assert good_info.state == master_pb2.JOB_STATE_SUCCEEDED, good_info.message
     finally:
         await handle.stop(0)

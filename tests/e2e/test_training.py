@@ -18,9 +18,12 @@ from common.data import load_dataset
 from common.models import make_model
 from common.wire import array_from_tensor
 from protos.gradcode.v1 import master_pb2
-from tests.e2e.conftest import Cluster, fixed_delay, job_spec, master_stub, run_job
+from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
+from tests.helpers import fixed_delay
 
 EXACT = 1e-9
+KILL_MARGIN = 5
+"""Iterations the master may run ahead of the client's kill (see the kill test)."""
 
 
 def centralized_gd(iterations: int, learning_rate: float) -> tuple[np.ndarray, float]:
@@ -54,16 +57,25 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
         straggler=fixed_delay(0.03),  # every worker: keeps the kill well inside the run
     )
     async with asyncio.timeout(90), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec, kill_two)
+        info, reports = await run_job(cluster6.master_address, spec, kill_two)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
 
     assert killed_at == [3]
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert [r.iteration for r in reports] == list(range(1, iterations + 1))
     dead = {cluster6.ids[i] for i in victims}
-    after = [r for r in reports if r.iteration > 5]
-    assert after and all(dead <= set(r.failed_workers) for r in after)
+    # The kill happens when report 3 reaches this client; by then the master may be a few iterations
+    # ahead (reports are streamed, and each one is published after its metrics). From iteration
+    # 3 + KILL_MARGIN on the victims must be failed in every report; before that, once a victim has
+    # failed it must never be used again.
+    after = [r for r in reports if r.iteration > 3 + KILL_MARGIN]
+    assert len(after) == iterations - 3 - KILL_MARGIN
+    assert all(dead <= set(r.failed_workers) for r in after)
     assert all(not dead & set(r.used_workers) for r in after)
+    for victim in dead:
+        gone = [r.iteration for r in reports if victim in r.failed_workers]
+        assert gone and gone[0] > 3 and gone == list(range(gone[0], iterations + 1)), (victim, gone)
+        assert all(victim not in r.used_workers for r in reports if r.iteration >= gone[0])
     for r in reports:
         assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
     history = (cluster6.local.run_dir / f"{info.job_id}.jsonl").read_text().splitlines()
@@ -75,8 +87,8 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
 
 async def _per_iteration_seconds(cluster: Cluster, code: str, params: dict[str, int], straggler: object) -> list[float]:
     spec = job_spec(code, params, iterations=4, worker_ids=cluster.ids, straggler=straggler)  # type: ignore[arg-type]
-    async with master_stub(cluster.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+    async with asyncio.timeout(60):
+        info, reports = await run_job(cluster.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     return [r.wall_seconds for r in reports]
 
@@ -108,7 +120,7 @@ async def test_more_failures_than_the_code_tolerates_fail_the_job_naming_the_mis
     spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=5, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
     async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
         started = asyncio.get_running_loop().time()
-        info, reports = await run_job(stub, spec)
+        info, reports = await run_job(cluster6.master_address, spec)
         elapsed = asyncio.get_running_loop().time() - started
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
 
@@ -129,8 +141,8 @@ async def test_restarted_workers_are_reloaded_and_used_again(cluster6: Cluster) 
         cluster6.kill(i)
     cluster6.ensure_all_up()  # restarts them at their old addresses; they register again
     spec = job_spec("uncoded", {"n": 6}, iterations=3, worker_ids=cluster6.ids, verify=True)
-    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+    async with asyncio.timeout(30):
+        info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(sorted(r.used_workers) == sorted(cluster6.ids) for r in reports)
     assert all(r.verify_error <= EXACT for r in reports)
@@ -147,8 +159,8 @@ async def test_dynamic_clustering_moves_observed_stragglers_into_different_clust
         "dynamic_clustered", params, iterations=6, worker_ids=cluster6.ids, verify=True,
         straggler=fixed_delay(delay, workers=slow),
     )  # fmt: skip
-    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+    async with asyncio.timeout(60):
+        info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and r.verify_error <= EXACT for r in reports)
     walls = [r.wall_seconds for r in reports]
@@ -163,8 +175,8 @@ async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluste
     cluster6.ensure_all_up()
     spec = job_spec("partial_stragglers", {"n": 6, "s": 2, "alpha": 2.0}, iterations=4, worker_ids=cluster6.ids,
                     verify=True)  # fmt: skip
-    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+    async with asyncio.timeout(60):
+        info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     for r in reports:
         assert r.exact and r.verify_error <= EXACT

@@ -39,7 +39,7 @@ async def test_a_healthy_tree_trains_exactly_like_centralized_gradient_descent(c
     iterations, lr = 8, 0.5
     spec = job_spec("coded_reduce", TREE, iterations=iterations, learning_rate=lr, worker_ids=cluster6.ids, verify=True)
     async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+        info, reports = await run_job(cluster6.master_address, spec)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
         flat = {}
         for name, code, code_params, ids in [
@@ -47,7 +47,7 @@ async def test_a_healthy_tree_trains_exactly_like_centralized_gradient_descent(c
             ("flat coded_reduce n=2 s=1 L=1", "coded_reduce", {"n": 2, "s": 1}, cluster6.ids[:2]),
         ]:
             flat_spec = job_spec(code, code_params, iterations=iterations, worker_ids=ids)
-            flat_info, flat_reports = await run_job(stub, flat_spec)
+            flat_info, flat_reports = await run_job(cluster6.master_address, flat_spec)
             assert flat_info.state == master_pb2.JOB_STATE_SUCCEEDED, flat_info.message
             flat[name] = statistics.median(r.wall_seconds for r in flat_reports)
 
@@ -90,7 +90,7 @@ async def test_killed_leaves_and_a_killed_first_layer_node_leave_the_gradient_ex
         iteration_deadline_seconds=10.0,
     )
     async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec, kill)
+        info, reports = await run_job(cluster6.master_address, spec, kill)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
 
     assert killed == {3: leaves, 7: (0,)}
@@ -109,8 +109,8 @@ async def test_a_parent_without_decodable_children_fails_the_job_naming_them_and
     for i in (0, 3, 4, 5):
         cluster6.kill(i)
     spec = job_spec("coded_reduce", TREE, iterations=3, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
-    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
-        info, reports = await run_job(stub, spec)
+    async with asyncio.timeout(30):
+        info, reports = await run_job(cluster6.master_address, spec)
 
     assert info.state == master_pb2.JOB_STATE_FAILED
     assert "Iteration 1: not decodable within the iteration deadline of 1.5 s" in info.message, info.message

@@ -31,12 +31,12 @@ def runner_for(plan: JobPlan) -> JobRunner:
     return runner
 
 
-def setups_and_data(plan: JobPlan) -> list[tuple[worker_pb2.JobSetup, dict[int, tuple[np.ndarray, np.ndarray]]]]:
+async def setups_and_data(plan: JobPlan) -> list[tuple[worker_pb2.JobSetup, dict[int, tuple[np.ndarray, np.ndarray]]]]:
     """Every worker's JobSetup and the partition data its LoadJob stream carries."""
     runner = runner_for(plan)
     out = []
     for w in range(plan.num_workers):
-        chunks = list(runner._load_chunks(w))
+        chunks = [chunk async for chunk in runner._load_chunks(w)]
         data: dict[int, tuple[bytearray, bytearray]] = {}
         for chunk in chunks[1:]:
             d = chunk.data
@@ -80,10 +80,10 @@ def test_the_child_code_spec_builds_the_trees_per_parent_code(n: int, s: int, L:
 
 
 @pytest.mark.parametrize(("n", "s", "L"), TREES)
-def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_children(n: int, s: int, L: int) -> None:
+async def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_children(n: int, s: int, L: int) -> None:
     plan = plan_job(spec("coded_reduce", {"n": n, "s": s, "L": L}, iteration_deadline_seconds=6.0))
     assert plan.tree is not None
-    for w, (setup, arrays) in enumerate(setups_and_data(plan)):
+    for w, (setup, arrays) in enumerate(await setups_and_data(plan)):
         node = plan.tree.node(w)
         assert setup.worker_id == w
         assert len(setup.rows) == 1
@@ -109,13 +109,13 @@ def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_childre
 
 
 @pytest.mark.parametrize(("n", "s", "L"), TREES)
-def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradient(n: int, s: int, L: int) -> None:
+async def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradient(n: int, s: int, L: int) -> None:
     plan = plan_job(spec("coded_reduce", {"n": n, "s": s, "L": L}))
     tree = plan.tree
     assert tree is not None
     rng = np.random.default_rng(n * 100 + s * 10 + L)
     params = rng.standard_normal(plan.model.num_params)
-    loaded = setups_and_data(plan)
+    loaded = await setups_and_data(plan)
     child_spec = tree.child_code
     child_code = make_code(child_spec.name, **dict_from_struct(child_spec.params))
     # Every parent hears from a random n - s of its children, in random order (the rest straggle).

@@ -1,0 +1,292 @@
+"""The master as a real gRPC server in this process, with real workers (WorkerNode) or a test worker on loopback.
+
+Covers what needs a running job: the exactness flag of tree-parent messages, verify mode, a cancel
+that must leave GetModel consistent, eviction of finished jobs, file datasets behind --data-dir, and
+RESOURCE_EXHAUSTED for a master out of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from common.data import load_dataset
+from common.models import Model, make_model
+from common.serving import ServingHandle, start_server
+from common.wire import array_from_tensor, message_chunks, struct_from_dict
+from master import service
+from master.job import JobRunner
+from master.node import MasterNode
+from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from worker.node import WorkerNode
+
+TIMEOUT = 60.0
+SAMPLES = 200
+EXACT = 1e-9
+
+
+def job_spec(code: str, params: dict[str, Any], **fields: Any) -> master_pb2.JobSpec:
+    """Softmax regression on 200 digits with plain gradient descent, unless ``fields`` say otherwise."""
+    values: dict[str, Any] = {
+        "code": common_pb2.CodeSpec(name=code, params=struct_from_dict(params)),
+        "dataset": master_pb2.DatasetSpec(name="digits", num_samples=SAMPLES),
+        "optimizer": master_pb2.OptimizerSpec(kind="gd", learning_rate=0.5),
+        "iterations": 3,
+        "wait_for_workers_seconds": 10.0,
+        **fields,
+    }
+    return master_pb2.JobSpec(**values)
+
+
+@dataclass
+class Master:
+    node: MasterNode
+    stub: master_pb2_grpc.MasterStub
+
+    async def wait_workers(self, count: int) -> list[int]:
+        """Wait until ``count`` workers are UP; their pool ids."""
+        while True:
+            workers = (await self.stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+            up = [w.worker_id for w in workers if w.state == master_pb2.WORKER_STATE_UP]
+            if len(up) >= count:
+                return up
+            await asyncio.sleep(0.02)
+
+    async def run(self, spec: master_pb2.JobSpec) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+        info = await self.stub.CreateJob(spec)
+        reports = [r async for r in self.stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id))]
+        return await self.stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id)), reports
+
+
+@contextlib.asynccontextmanager
+async def running_master(num_workers: int = 0, **options: Any) -> AsyncIterator[Master]:
+    """A MasterNode on port 0 with ``num_workers`` real WorkerNodes registered; everything stopped on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        node = await stack.enter_async_context(MasterNode(grace=0.5, **options))
+        for i in range(num_workers):
+            worker = WorkerNode(master_address=node.address, name=f"w{i}", grace=0.5)
+            await stack.enter_async_context(worker)
+        channel = await stack.enter_async_context(grpc.aio.insecure_channel(node.address))
+        master = Master(node, master_pb2_grpc.MasterStub(channel))  # type: ignore[no-untyped-call]
+        await master.wait_workers(num_workers)
+        yield master
+
+
+def centralized_gd(steps: int, learning_rate: float = 0.5) -> np.ndarray[Any, Any]:
+    """What ``steps`` exact gradient-descent steps on the job's training set give."""
+    data = load_dataset("digits", num_samples=SAMPLES, seed=0, test_fraction=0.2)
+    model = make_model("softmax", num_features=data.num_features, num_classes=data.num_classes)
+    params = model.init_params()
+    for _ in range(steps):
+        params = params - learning_rate * model.gradient(params, data.X_train, data.y_train) / data.num_train
+    return params
+
+
+# ---- a test worker that sends the true coded gradient, flagged approximate or scaled ----------------
+class TrueGradientWorker(worker_pb2_grpc.WorkerServicer):
+    """Computes its rows' coded gradients exactly, then scales them by ``scale`` and marks them ``approximate``
+    (as a tree parent that decoded its children only approximately would)."""
+
+    def __init__(self, *, approximate: bool, scale: float = 1.0) -> None:
+        self.approximate = approximate
+        self.scale = scale
+        self.setup = worker_pb2.JobSetup()
+        self.model: Model | None = None
+        self.data: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
+
+    async def LoadJob(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: Any) -> Any:  # noqa: N802
+        raw: dict[int, tuple[bytearray, bytearray]] = {}
+        async for chunk in request_iterator:
+            if chunk.HasField("setup"):
+                self.setup = chunk.setup
+            else:
+                features, labels = raw.setdefault(chunk.data.partition, (bytearray(), bytearray()))
+                features += chunk.data.features
+                labels += chunk.data.labels
+        spec = self.setup.model
+        self.model = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes)
+        self.data = {
+            j: (np.frombuffer(bytes(f), "<f8").reshape(-1, spec.num_features), np.frombuffer(bytes(y), "<f8"))
+            for j, (f, y) in raw.items()
+        }
+        return worker_pb2.LoadJobReply(job_id=self.setup.job_id, worker_id=self.setup.worker_id)
+
+    async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        assert self.model is not None
+        params = array_from_tensor(request.model)
+        for row in self.setup.rows:
+            if row.row not in request.rows:
+                continue
+            vector = sum(
+                c * self.model.gradient(params, *self.data[j])
+                for j, c in zip(row.partitions, row.coefficients_real, strict=True)
+            )
+            for chunk in message_chunks(
+                self.scale * np.asarray(vector), job_id=request.job_id, iteration=request.iteration,
+                worker_id=request.worker_id, row=row.row, approximate=self.approximate,
+            ):  # fmt: skip
+                yield chunk
+
+    async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
+        return worker_pb2.EndJobReply()
+
+
+@contextlib.asynccontextmanager
+async def serving(servicer: worker_pb2_grpc.WorkerServicer) -> AsyncIterator[ServingHandle]:
+    handle = await start_server(
+        "127.0.0.1", 0,
+        registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)],  # type: ignore[no-untyped-call]
+        service_names=["gradcode.v1.Worker"],
+    )  # fmt: skip
+    try:
+        yield handle
+    finally:
+        await handle.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("approximate", "scale", "outcome"),
+    [
+        (True, 1.0, "approximate and right"),
+        (True, 1.0 + 1e-6, "approximate and off by 1e-6: reported, not refused"),
+        (False, 1.0 + 1e-6, "claimed exact but off by 1e-6: refused"),
+    ],
+)
+async def test_messages_a_parent_decoded_approximately_make_the_iteration_inexact(
+    approximate: bool,
+    scale: float,
+    outcome: str,
+) -> None:
+    worker = TrueGradientWorker(approximate=approximate, scale=scale)
+    async with asyncio.timeout(TIMEOUT), running_master() as master, serving(worker) as handle:
+        reply = await master.stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address))
+        spec = job_spec("uncoded", {"n": 1}, worker_ids=[reply.worker_id], verify=True)
+        info, reports = await master.run(spec)
+    if approximate:
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert len(reports) == 3 and not any(r.exact for r in reports)  # the decode itself was exact
+        for r in reports:
+            assert (r.verify_error <= EXACT) if scale == 1.0 else (0.5e-6 < r.verify_error < 2e-6), r.verify_error
+    else:
+        assert info.state == master_pb2.JOB_STATE_FAILED
+        assert "differs from the centralized one by relative error" in info.message
+        assert "refusing to step with a wrong gradient" in info.message and info.iterations_done == 0
+
+
+# ---- cancel: GetModel never runs ahead of its iteration number ------------------------------------
+async def test_a_cancel_while_metrics_run_leaves_the_model_at_the_iteration_it_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The optimizer step and iterations_done are committed together: a cancel in between cannot split them."""
+    entered = threading.Event()
+    original = JobRunner._metrics
+
+    def slow_metrics(self: JobRunner, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
+        if self.iterations_done == 3 and not entered.is_set():  # hold iteration 3's metrics (in their thread)
+            entered.set()
+            time.sleep(0.5)
+        return original(self, params)
+
+    monkeypatch.setattr(JobRunner, "_metrics", slow_metrics)
+    async with asyncio.timeout(TIMEOUT), running_master(2) as master:
+        ids = await master.wait_workers(2)
+        info = await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, iterations=200, worker_ids=ids))
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        cancelled = await master.stub.CancelJob(master_pb2.CancelJobRequest(job_id=info.job_id))
+        model = await master.stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+        reports = [r async for r in master.stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id))]
+    assert cancelled.state == master_pb2.JOB_STATE_CANCELLED, cancelled.message
+    assert model.iteration == cancelled.iterations_done >= 2
+    np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(model.iteration), rtol=1e-9)
+    assert [r.iteration for r in reports] == list(range(1, model.iteration + 1))  # every committed one reported
+
+
+async def test_the_report_of_an_iteration_follows_its_commit_and_the_last_one_ends_the_job() -> None:
+    async with asyncio.timeout(TIMEOUT), running_master(2) as master:
+        ids = await master.wait_workers(2)
+        info, reports = await master.run(job_spec("uncoded", {"n": 2}, iterations=4, worker_ids=ids, verify=True))
+        model = await master.stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED and info.iterations_done == 4, info.message
+    assert [r.iteration for r in reports] == [1, 2, 3, 4]
+    assert [r.state for r in reports] == [master_pb2.JOB_STATE_RUNNING] * 3 + [master_pb2.JOB_STATE_SUCCEEDED]
+    assert all(np.isfinite(r.loss) and 0 <= r.train_accuracy <= 1 for r in reports)
+    assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
+    assert [r.loss for r in reports] == sorted((r.loss for r in reports), reverse=True)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(4), rtol=1e-9)
+
+
+async def test_a_target_accuracy_stops_at_the_iteration_that_reached_it() -> None:
+    async with asyncio.timeout(TIMEOUT), running_master(2) as master:
+        ids = await master.wait_workers(2)
+        spec = job_spec("uncoded", {"n": 2}, iterations=100, worker_ids=ids, target_accuracy=0.5)
+        info, reports = await master.run(spec)
+        model = await master.stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED and "reached target accuracy 0.5" in info.message
+    last = reports[-1]
+    assert last.test_accuracy >= 0.5 and all(r.test_accuracy < 0.5 for r in reports[:-1])
+    assert info.iterations_done == model.iteration == last.iteration == len(reports) < 100
+    np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(last.iteration), rtol=1e-9)
+
+
+# ---- eviction of finished jobs --------------------------------------------------------------------
+async def test_finished_jobs_beyond_the_bound_are_evicted_and_say_so(tmp_path: Path) -> None:
+    async with asyncio.timeout(TIMEOUT), running_master(2, run_dir=tmp_path, max_finished_jobs=2) as master:
+        ids = await master.wait_workers(2)
+        for name in ("first", "second", "third"):
+            info, _ = await master.run(job_spec("uncoded", {"n": 2}, iterations=1, worker_ids=ids, job_id=name))
+            assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert sorted(master.node.servicer.jobs) == ["second", "third"]
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await master.stub.GetJob(master_pb2.GetJobRequest(job_id="first"))
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        details = error.value.details() or ""
+        assert "Job 'first' finished and was evicted" in details and "keeps only the 2 most recently" in details
+        assert str(tmp_path / "first.jsonl") in details
+        assert (tmp_path / "first.jsonl").read_text().count("\n") == 1  # the history stays on disk
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, job_id="first"))
+        assert error.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        third = await master.stub.GetJob(master_pb2.GetJobRequest(job_id="third"))
+        assert third.state == master_pb2.JOB_STATE_SUCCEEDED
+
+
+# ---- file datasets and memory -----------------------------------------------------------------------
+async def test_a_file_dataset_is_read_from_the_data_dir_only(tmp_path: Path) -> None:
+    data = load_dataset("digits", num_samples=60, seed=1, test_fraction=0.0)
+    table = np.column_stack([data.X_train, data.y_train])
+    (tmp_path / "digits.csv").write_text("\n".join(",".join(f"{v:g}" for v in row) for row in table))
+    file_spec = job_spec("uncoded", {"n": 2}, dataset=master_pb2.DatasetSpec(name="file", path="digits.csv"))
+    async with asyncio.timeout(TIMEOUT), running_master(2, data_dir=tmp_path) as master:
+        file_spec.worker_ids.extend(await master.wait_workers(2))
+        info, reports = await master.run(file_spec)
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert info.spec.model.num_classes == 10 and len(reports) == 3
+    async with asyncio.timeout(TIMEOUT), running_master(0) as master:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await master.stub.CreateJob(file_spec)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Dataset 'file' is disabled on this master: start it with --data-dir" in (error.value.details() or "")
+
+
+async def test_running_out_of_memory_while_planning_is_resource_exhausted(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memory(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(service, "plan_job", no_memory)  # a spec that slips past the caps on a small machine
+    async with asyncio.timeout(TIMEOUT), running_master(0) as master:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await master.stub.CreateJob(job_spec("uncoded", {"n": 1}))
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "ran out of memory while planning this job" in (error.value.details() or "")
+        assert not (await master.stub.ListWorkers(master_pb2.ListWorkersRequest())).workers  # still serving
