@@ -2,18 +2,27 @@
 
 :func:`plan_job` turns a wire :class:`JobSpec` into a :class:`JobPlan` (the code, model, dataset and
 partitions) or raises :class:`JobSpecError` with the precise reason, so CreateJob can refuse a bad
-spec before anything starts. :class:`JobRunner` then runs it:
+spec before anything starts; sizes are checked against the ``MAX_*`` caps (workers, partitions,
+samples, features, dataset and model bytes, data-file size) before anything is built, and a ``file``
+dataset must lie inside the master's data directory (``--data-dir``). :class:`JobRunner` then runs it:
 
 1. pick the workers (``worker_ids``, or the first ``n`` UP ones, waiting up to
    ``wait_for_workers_seconds`` for them to register);
-2. LoadJob every worker with exactly the partitions its rows need (streamed in chunks);
+2. LoadJob every worker with exactly the partitions its rows need (streamed in chunks; each partition
+   is serialised once per job, in a thread: :class:`PartitionBytes`);
 3. each iteration: ``code.assign(observation)`` (dynamic codes choose rows from the stragglers seen in
    the previous iteration), one Compute stream per UP worker through :func:`common.gather.gather`,
    which stops at the first decodable moment and cancels the rest; while undecodable it reloads
    workers that came back and keeps gathering until the iteration deadline, then fails the job
-   naming the missing workers; combine, verify (optional), add the L2 term, step;
-4. report an IterationReport to every watcher and append it to ``<run_dir>/<job_id>.jsonl``
-   (flushed every iteration, so a crash never loses what was measured).
+   naming the missing workers; combine, verify (optional), add the L2 term, step. The step and
+   ``iterations_done`` are committed together, so GetModel never runs ahead of its iteration number;
+   ``wall_seconds`` ends there. A report is ``exact`` only when the decode is exact and no message it
+   used was decoded approximately by a tree parent (:attr:`GatherResult.exact`);
+4. compute the full-training-set loss and accuracies in a thread *while the next iteration gathers*
+   (off the critical path), then report the IterationReport to every watcher and append it to
+   ``<run_dir>/<job_id>.jsonl`` (flushed every iteration, so a crash never loses what was measured).
+   The next iteration commits only after that report, so a target accuracy stops the job exactly at
+   the iteration that reached it.
 
 Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
 the code's worker index ``0..n-1`` (the index the code's rows and the straggler model refer to).
