@@ -148,20 +148,22 @@ async def _demo(args: argparse.Namespace) -> int:
     print(_summary(f"{'uncoded':>8}", uncoded))
     ratio = statistics.median(r.wall_seconds for r in uncoded) / statistics.median(r.wall_seconds for r in coded)
     print(f"Waiting for all workers would have cost {ratio:.1f}x more time per iteration.")
-    save_history(coded, out / "history.json")
-    save_history(coded, out / "history.csv")
-    plot_history({args.scheme: coded, "uncoded": uncoded}, out / "history.png")
-    print(f"History: {out / 'history.json'}, {out / 'history.csv'}; plot: {out / 'history.png'}")
+    _save(out, coded, {args.scheme: coded, "uncoded": uncoded})
     return 0
+
+
+def _save(out: Path, reports: list[master_pb2.IterationReport], runs: dict[str, Any]) -> None:
+    """Write the history as JSON and CSV and the loss/accuracy plot, and say where."""
+    paths = [save_history(reports, out / "history.json"), save_history(reports, out / "history.csv")]
+    plot = plot_history(runs, out / "history.png")
+    print(f"History: {', '.join(map(str, paths))}; plot: {plot}")
 
 
 async def _run(args: argparse.Namespace) -> int:
     async with GradcodeClient(args.master) as client:
         reports = await _follow(client, _spec_from_args(args), args.scheme)
     print(_summary(args.scheme, reports))
-    save_history(reports, args.out / "history.json")
-    plot_history({args.scheme: reports}, args.out / "history.png")
-    print(f"History: {args.out / 'history.json'}; plot: {args.out / 'history.png'}")
+    _save(args.out, reports, {args.scheme: reports})
     return 0
 
 
