@@ -27,18 +27,21 @@ worker's chunking (with CRC32) and serialization, and the master's parsing and r
 check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, its copies, the event
 loops) and the socket.
 
-**Chunk size.** The same measurement at p = 1e6 with the worker's chunk size (the ``chunk_bytes`` of
-:func:`common.wire.message_chunks`; default :data:`common.wire.DEFAULT_CHUNK_BYTES`) set to 64 KiB,
-256 KiB, 1 MiB and 4 MiB, each in its own worker process started through :func:`serve_worker`.
+**Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (the
+``chunk_bytes`` of :func:`common.wire.message_chunks`; default :data:`common.wire.DEFAULT_CHUNK_BYTES`)
+set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size (started through
+:func:`serve_worker`), all alive at once and called round-robin.
 
 **Per-iteration overhead.** A :class:`client.launch.LocalCluster` with 8 worker processes; jobs of
 softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
-stragglers, run through the SDK. From the reports: median ``wall_seconds`` (request to optimizer step),
-``decode_seconds`` (decoder + combine) and ``gather`` (iteration start to the last message used,
-the largest worker timing). These are compared with the gRPC unary round trip to one worker (a health
-``Check``, median of many) measured in the same run. ``overhead = wall - compute``, where ``compute``
-is one worker's gradient time for its partitions measured in this process (workers compute in
-parallel); reported as a multiple of the round trip, with the share of it that is decode.
+stragglers, 30 iterations each, run through the SDK. From the reports (first two iterations left out),
+medians of ``wall_seconds`` (request to optimizer step), ``decode_seconds`` (decoder + combine),
+``first`` and ``gather`` (iteration start to the first and to the last message used: the smallest and
+largest worker timing) and the period between reports. They are compared with the gRPC unary round
+trip to one worker (a health ``Check``, median of many) measured in the same run.
+``overhead = wall - compute``, where ``compute`` is one worker's gradient time for its partitions
+measured in this process (workers compute in parallel); it is reported as a multiple of the round
+trip, with the share of it that is decode.
 
 Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
 ``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
@@ -336,11 +339,16 @@ class LimitPeers:
         try:
             for process in self._processes:
                 process.start()
-            if not self._pipe.poll(START_TIMEOUT):
-                raise RuntimeError(f"the bare gRPC peer did not start within {START_TIMEOUT:.0f} s")
+            deadline = time.monotonic() + START_TIMEOUT
+            while not self._pipe.poll(0.05):
+                self._check_alive(deadline)
             self.raw_port = int(self._pipe.recv())
-            self._server.settimeout(START_TIMEOUT)
-            self._socket, _ = self._server.accept()
+            self._server.settimeout(0.05)
+            while self._socket is None:
+                with contextlib.suppress(TimeoutError):
+                    self._socket, _ = self._server.accept()
+                if self._socket is None:
+                    self._check_alive(deadline)
             self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._socket.settimeout(CALL_TIMEOUT)
         except BaseException:
@@ -350,6 +358,13 @@ class LimitPeers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_alive(self, deadline: float) -> None:
+        for process in self._processes:
+            if not process.is_alive():
+                raise RuntimeError(f"helper process {process.name} exited with status {process.exitcode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the helper processes did not start within {START_TIMEOUT:.0f} s")
 
     def exchange(self, outgoing: memoryview, incoming: memoryview) -> None:
         """Send ``outgoing`` to the echo peer and receive ``len(incoming)`` bytes back."""
@@ -601,6 +616,7 @@ async def _iteration_jobs(
                         "iterations": len(reports),
                         "wall_s": statistics.median(r.wall_seconds for r in kept),
                         "decode_s": statistics.median(r.decode_seconds for r in kept),
+                        "first_s": statistics.median(min((t.seconds for t in r.timings), default=0.0) for r in kept),
                         "gather_s": statistics.median(max((t.seconds for t in r.timings), default=0.0) for r in kept),
                         "period_s": statistics.median(
                             b - a
@@ -683,16 +699,18 @@ def _format_iterations(result: dict[str, Any]) -> str:
     lines = [
         f"Per-iteration overhead (softmax on digits, no stragglers); gRPC unary round trip to a worker "
         f"{rtt * 1e6:.0f} us",
-        f"{'n':>3} {'scheme':>8} {'wall ms':>8} {'gather':>7} {'decode':>7} {'compute':>8} {'period':>7}"
+        f"{'n':>3} {'scheme':>8} {'wall ms':>8} {'first':>6} {'gather':>7} {'decode':>7} {'compute':>8} {'period':>7}"
         f" {'overhead':>9} {'x RTT':>6} {'decode %':>9}",
     ]
     for r in result["rows"]:
         lines.append(
-            f"{r['n']:>3} {r['scheme']:>8} {r['wall_s'] * 1e3:>8.2f} {r['gather_s'] * 1e3:>7.2f}"
-            f" {r['decode_s'] * 1e3:>7.3f} {r['compute_s'] * 1e3:>8.3f} {r['period_s'] * 1e3:>7.2f}"
+            f"{r['n']:>3} {r['scheme']:>8} {r['wall_s'] * 1e3:>8.2f} {r['first_s'] * 1e3:>6.2f}"
+            f" {r['gather_s'] * 1e3:>7.2f} {r['decode_s'] * 1e3:>7.3f} {r['compute_s'] * 1e3:>8.3f}"
+            f" {r['period_s'] * 1e3:>7.2f}"
             f" {r['overhead_s'] * 1e3:>9.2f} {r['overhead_rtts']:>6.1f} {100 * r['decode_share']:>8.1f}%"
         )
-    lines.append("(medians in ms; overhead = wall - one worker's compute; period = time between iteration reports)")
+    lines.append("(medians in ms; first / gather = iteration start to the first / last message used; overhead = wall")
+    lines.append(" - one worker's compute; period = time between iteration reports; x RTT = overhead / round trip)")
     return "\n".join(lines)
 
 
