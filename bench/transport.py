@@ -499,12 +499,12 @@ async def _measure_sizes(
         await raw_channel.close(None)
 
 
-def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict[str, Any]]:
+async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict[str, Any]]:
     """gRPC transport rate per p against bare gRPC, loopback TCP and memcpy of the same bytes, interleaved."""
     (process,) = _start_workers([None], logs)
     try:
         with LimitPeers() as peers:
-            measured = asyncio.run(_measure_sizes(process.wait_ready(), peers, sizes, repeats))
+            measured = await _measure_sizes(process.wait_ready(), peers, sizes, repeats)
     finally:
         process.stop()
     rows = []
@@ -532,11 +532,11 @@ def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict[str, 
     return rows
 
 
-def chunk_sweep(p: int, chunk_sizes: Sequence[int], repeats: int, logs: Path) -> dict[str, Any]:
+async def chunk_sweep(p: int, chunk_sizes: Sequence[int], repeats: int, logs: Path) -> dict[str, Any]:
     """Transport at size p for each worker chunk size: one worker process per size, calls interleaved."""
     processes = _start_workers(chunk_sizes, logs)
     try:
-        timed = asyncio.run(_time_workers([w.wait_ready() for w in processes], p, repeats))
+        timed = await _time_workers([w.wait_ready() for w in processes], p, repeats)
     finally:
         for process in processes:
             process.stop()
@@ -628,10 +628,10 @@ async def _iteration_jobs(
     return rtt, rows
 
 
-def iteration_overhead(sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path) -> dict[str, Any]:
+async def iteration_overhead(sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path) -> dict[str, Any]:
     """Per-iteration wall and decode time of real jobs against the gRPC unary round trip to one worker."""
     with LocalCluster(max(sizes), run_dir=run_dir) as cluster:
-        rtt, rows = asyncio.run(_iteration_jobs(cluster, sizes, iterations, rtt_calls))
+        rtt, rows = await _iteration_jobs(cluster, sizes, iterations, rtt_calls)
     for row in rows:
         compute = worker_compute_time(row["n"], row["s"], 20)
         overhead = max(row["wall_s"] - compute, 0.0)
@@ -758,22 +758,29 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+async def _measure_all(
+    quick: bool, repeats: int, logs: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The three stages in one event loop (the helper processes and sockets block it only briefly)."""
+    stream_rows = await streaming(QUICK_SIZES if quick else FULL_SIZES, repeats, logs)
+    sweep = await chunk_sweep(
+        QUICK_CHUNK_P if quick else FULL_CHUNK_P, QUICK_CHUNKS if quick else FULL_CHUNKS, repeats, logs
+    )
+    iteration = await iteration_overhead(
+        QUICK_CLUSTER if quick else FULL_CLUSTER,
+        QUICK_ITERATIONS if quick else FULL_ITERATIONS,
+        QUICK_RTT_CALLS if quick else FULL_RTT_CALLS,
+        logs / "cluster",
+    )
+    return stream_rows, sweep, iteration
+
+
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     """Run the benchmark, print the tables, save JSON and PNG under ``out``; return the results."""
     repeats = QUICK_REPEATS if quick else FULL_REPEATS
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-transport-") as tmp:
-        logs = Path(tmp)
-        stream_rows = streaming(QUICK_SIZES if quick else FULL_SIZES, repeats, logs)
-        sweep = chunk_sweep(
-            QUICK_CHUNK_P if quick else FULL_CHUNK_P, QUICK_CHUNKS if quick else FULL_CHUNKS, repeats, logs
-        )
-        iteration = iteration_overhead(
-            QUICK_CLUSTER if quick else FULL_CLUSTER,
-            QUICK_ITERATIONS if quick else FULL_ITERATIONS,
-            QUICK_RTT_CALLS if quick else FULL_RTT_CALLS,
-            logs / "cluster",
-        )
+        stream_rows, sweep, iteration = asyncio.run(_measure_all(quick, repeats, Path(tmp)))
     results: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
