@@ -73,8 +73,9 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client.launch import LocalCluster, ServiceProcess, single_thread_env
+from client.launch import LocalCluster, ServiceProcess, service_env
 from client.sdk import GradcodeClient, build_job_spec
+from common.serving import reuse_large_buffers
 from common.wire import (
     CHANNEL_OPTIONS,
     DEFAULT_CHUNK_BYTES,
@@ -240,7 +241,7 @@ def _start_workers(chunk_sizes: Sequence[int | None], logs: Path) -> list[Servic
         for chunk_bytes in chunk_sizes:
             name = "worker" if chunk_bytes is None else f"worker-chunk-{chunk_bytes}"
             processes.append(
-                ServiceProcess(_worker_argv(chunk_bytes), log_path=logs / f"{name}.log", env=single_thread_env())
+                ServiceProcess(_worker_argv(chunk_bytes), log_path=logs / f"{name}.log", env=service_env())
             )
         for process in processes:
             process.wait_ready(START_TIMEOUT)
@@ -815,6 +816,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for transport.json and transport.png")
     args = parser.parse_args(argv)
+    reuse_large_buffers()  # this process plays the master; same malloc setting as python -m master
     run(quick=args.quick, out=args.out)
 
 

@@ -18,12 +18,12 @@ from types import TracebackType
 
 from common.serving import BLAS_THREAD_VARIABLES
 
-__all__ = ["LocalCluster", "ServiceProcess", "single_thread_env"]
+__all__ = ["LocalCluster", "ServiceProcess", "service_env"]
 
 _LISTENING = re.compile(r"(?:master|worker) listening on (\S+)")
 
 
-def single_thread_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The current environment with numerical libraries limited to one thread each."""
     env = dict(os.environ)
     for var in BLAS_THREAD_VARIABLES:
@@ -48,7 +48,7 @@ class ServiceProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=env or single_thread_env(),
+            env=env or service_env(),
             cwd=Path(__file__).resolve().parent.parent,
         )
         self.address: str | None = None

@@ -233,12 +233,13 @@ class MessageAssembler:
         itemsize = self._buffer.dtype.itemsize
         if chunk.offset != self._filled:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {self._filled}.")
-        if len(chunk.data) % itemsize:
+        payload = chunk.data  # each access copies the bytes out of the message: read it once
+        if len(payload) % itemsize:
             raise WireError(f"Chunk of row {chunk.row} from {where} is not a whole number of {itemsize}-byte items.")
-        count = len(chunk.data) // itemsize
+        count = len(payload) // itemsize
         if self._filled + count > self.length:
             raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
-        self._buffer[self._filled : self._filled + count] = np.frombuffer(chunk.data, dtype=self._buffer.dtype)
+        self._buffer[self._filled : self._filled + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
         self._filled += count
         if not chunk.HasField("trailer"):
             return None

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.serving import install_shutdown_signals, limit_blas_threads, parse_address
+from common.serving import install_shutdown_signals, limit_blas_threads, parse_address, reuse_large_buffers
 from master.job import DATA_DIR_ENV
 from master.pool import worker_address
 
@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
     limit_blas_threads(1)
+    reuse_large_buffers()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace))

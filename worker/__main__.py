@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common.serving import install_shutdown_signals, limit_blas_threads, parse_address
+from common.serving import install_shutdown_signals, limit_blas_threads, parse_address, reuse_large_buffers
 
 __all__ = ["build_parser", "main"]
 
@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     limit_blas_threads(args.threads)
+    reuse_large_buffers()
     try:
         asyncio.run(_serve(args, host, port))
     except OSError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from client.launch import ServiceProcess, single_thread_env
+from client.launch import ServiceProcess, service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def _local(value: str, master: str | None, runs: Path) -> str:
 
 
 def _env(service: dict, master: str | None, runs: Path) -> dict[str, str]:
-    return single_thread_env({k: _local(str(v), master, runs) for k, v in service.get("environment", {}).items()})
+    return service_env({k: _local(str(v), master, runs) for k, v in service.get("environment", {}).items()})
 
 
 def _healthcheck(service: dict, address: str) -> int:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.launch import single_thread_env
+from client.launch import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ def test_demo_trains_exactly_and_beats_waiting_for_all(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "client", "demo", "--n", "4", "--s", "1", "--iterations", "12"]
     done = subprocess.run(
         [*argv, "--delay", "0.2", "--out", str(out)],
-        capture_output=True, text=True, timeout=180, cwd=ROOT, env=single_thread_env(),
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env=service_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "exact gradients, worst verified error" in done.stdout
