@@ -139,7 +139,9 @@ async def _demo(args: argparse.Namespace) -> int:
             baseline_iterations = max(3, args.iterations // 4)
             uncoded = await _follow(
                 client,
-                _spec_from_args(args, scheme="uncoded", s=0, iterations=baseline_iterations, **common),
+                _spec_from_args(
+                    args, scheme="uncoded", s=0, code_params=None, iterations=baseline_iterations, **common
+                ),
                 "uncoded (wait for all)",
             )
     print()
