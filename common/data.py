@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from common.models import MODEL_KINDS
+from common.validation import check_int
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "partition_indices"]
 
@@ -128,12 +129,11 @@ def load_dataset(
         raise ValueError(f"Unknown dataset {name!r}; valid names are {list(DATASET_NAMES)}.")
     if not (isinstance(test_fraction, (int, float)) and 0.0 <= float(test_fraction) < 1.0):
         raise ValueError(f"Argument 'test_fraction' must be a number in [0, 1), not {test_fraction!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"Argument 'seed' must be a non-negative integer, not {seed!r}.")
+    check_int("seed", seed, 0)
     if num_samples is not None:
-        _check_positive("num_samples", num_samples, 2)
+        check_int("num_samples", num_samples, 2)
     if num_features is not None:
-        _check_positive("num_features", num_features, 1)
+        check_int("num_features", num_features, 1)
     if path is not None and name != "file":
         raise ValueError(f"Argument 'path' is only used by the 'file' dataset, not by {name!r}.")
     if model_kind is not None and name != "file":
@@ -171,9 +171,8 @@ def partition_indices(
     Raises:
         ValueError: negative/non-finite/all-zero weights, or fewer samples than positive weights.
     """
-    n = _check_positive("num_samples", num_samples, 0)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"Argument 'seed' must be a non-negative integer, not {seed!r}.")
+    n = check_int("num_samples", num_samples, 0)
+    check_int("seed", seed, 0)
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"Argument 'weights' must be a non-empty 1-D sequence, got shape {w.shape}.")
@@ -213,12 +212,6 @@ def _largest_remainder(n: int, weights: FloatArray) -> npt.NDArray[np.int64]:
     sizes[winners] += 1
     result: npt.NDArray[np.int64] = sizes
     return result
-
-
-def _check_positive(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"Argument {name!r} must be an integer >= {low}, not {value!r}.")
-    return int(value)
 
 
 def _split(

@@ -28,6 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from common.validation import check_int
+
 __all__ = [
     "MODEL_KINDS",
     "LinearRegression",
@@ -155,7 +157,7 @@ class LinearRegression(Model):
     kind = "linear"
 
     def __init__(self, num_features: int) -> None:
-        p = _check_count("num_features", num_features, 1)
+        p = check_int("num_features", num_features, 1)
         super().__init__(p, p + 1)
 
     def _check_labels(self, y: FloatArray) -> FloatArray:
@@ -208,7 +210,7 @@ class LogisticRegression(Model):
     kind = "logistic"
 
     def __init__(self, num_features: int) -> None:
-        p = _check_count("num_features", num_features, 1)
+        p = check_int("num_features", num_features, 1)
         super().__init__(p, p + 1)
 
     def _check_labels(self, y: FloatArray) -> FloatArray:
@@ -255,8 +257,8 @@ class SoftmaxRegression(Model):
     kind = "softmax"
 
     def __init__(self, num_features: int, num_classes: int) -> None:
-        p = _check_count("num_features", num_features, 1)
-        self.num_classes = _check_count("num_classes", num_classes, 2)
+        p = check_int("num_features", num_features, 1)
+        self.num_classes = check_int("num_classes", num_classes, 2)
         super().__init__(p, (p + 1) * self.num_classes)
 
     def _check_labels(self, y: FloatArray) -> FloatArray:
@@ -298,12 +300,6 @@ class SoftmaxRegression(Model):
 
     def __repr__(self) -> str:
         return f"<SoftmaxRegression(num_features={self.num_features}, num_classes={self.num_classes})>"
-
-
-def _check_count(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"Argument {name!r} must be an integer >= {low}, not {value!r}.")
-    return int(value)
 
 
 def make_model(kind: str, *, num_features: int, num_classes: int = 2) -> Model:

@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from common.validation import check_int, check_number
+
 __all__ = [
     "DELAY_MODEL_NAMES",
     "DelayModel",
@@ -51,23 +53,8 @@ _STREAM_MARKOV = 3
 _MARKOV_BLOCK = 1024
 
 
-def _check_index(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"Argument {name!r} must be a non-negative integer, not {value!r}.")
-    return int(value)
-
-
-def _check_number(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    v = float(value) if ok else math.nan  # type: ignore[arg-type]
-    if not ok or not math.isfinite(v) or v < low or (strict and v == low):
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ValueError(f"Argument {name!r} must be a finite number {bound}, not {value!r}.")
-    return v
-
-
 def _check_probability(name: str, value: object) -> float:
-    v = _check_number(name, value)
+    v = check_number(name, value)
     if v > 1.0:
         raise ValueError(f"Argument {name!r} must be a probability in [0, 1], not {value!r}.")
     return v
@@ -79,13 +66,13 @@ class DelayModel(ABC):
     name: ClassVar[str]
 
     def __init__(self, *, seed: int = 0, time_scale: float = 1.0) -> None:
-        self.seed = _check_index("seed", seed)
-        self.time_scale = _check_number("time_scale", time_scale)
+        self.seed = check_int("seed", seed, 0)
+        self.time_scale = check_number("time_scale", time_scale)
 
     def delay(self, worker_id: int, iteration: int) -> float:
         """Extra seconds for ``worker_id`` in ``iteration`` (both >= 0), already multiplied by ``time_scale``."""
-        w = _check_index("worker_id", worker_id)
-        t = _check_index("iteration", iteration)
+        w = check_int("worker_id", worker_id, 0)
+        t = check_int("iteration", iteration, 0)
         return self.time_scale * self._delay(w, t)
 
     def _rng(self, stream: int, a: int, b: int) -> np.random.Generator:
@@ -151,7 +138,7 @@ class FixedDelay(DelayModel):
         time_scale: float = 1.0,
     ) -> None:
         super().__init__(seed=seed, time_scale=time_scale)
-        self.delay_seconds = _check_number("delay_seconds", delay_seconds)
+        self.delay_seconds = check_number("delay_seconds", delay_seconds)
         if random_worker is not None and bool(random_worker) != bool(every_iteration_random):
             if every_iteration_random:
                 raise ValueError(
@@ -160,7 +147,7 @@ class FixedDelay(DelayModel):
                 )
             every_iteration_random = bool(random_worker)
         self.every_iteration_random = bool(every_iteration_random)
-        self.num_workers = None if num_workers is None else _check_index("num_workers", num_workers)
+        self.num_workers = None if num_workers is None else check_int("num_workers", num_workers, 0)
         if self.num_workers == 0:
             raise ValueError("Argument 'num_workers' must be a positive integer, not 0.")
         if workers is None:
@@ -168,13 +155,13 @@ class FixedDelay(DelayModel):
         else:
             if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
                 raise ValueError(f"Argument 'workers' must be a sequence of worker ids or None, not {workers!r}.")
-            self.workers = tuple(sorted({_check_index("workers[i]", w) for w in workers}))
+            self.workers = tuple(sorted({check_int("workers[i]", w, 0) for w in workers}))
             if self.num_workers is not None and any(w >= self.num_workers for w in self.workers):
                 raise ValueError(
                     f"Argument 'workers' must name workers in [0, {self.num_workers}), not {list(self.workers)}."
                 )
         self._workers_set = frozenset(self.workers or ())
-        self.count = _check_index("count", count)
+        self.count = check_int("count", count, 0)
         self._last_choice: tuple[int, tuple[int, ...]] | None = None
         if self.every_iteration_random:
             if self.workers is None and self.num_workers is None:
@@ -186,7 +173,7 @@ class FixedDelay(DelayModel):
 
     def stragglers(self, iteration: int) -> tuple[int, ...]:
         """The workers delayed in ``iteration`` (all of ``workers`` in fixed mode; ``()`` means all)."""
-        t = _check_index("iteration", iteration)
+        t = check_int("iteration", iteration, 0)
         if not self.every_iteration_random:
             return self.workers if self.workers is not None else ()
         cached = self._last_choice
@@ -241,9 +228,9 @@ class ShiftedExponential(DelayModel):
         self, shift: float, rate: float, scale: float = 1.0, *, seed: int = 0, time_scale: float = 1.0
     ) -> None:
         super().__init__(seed=seed, time_scale=time_scale)
-        self.shift = _check_number("shift", shift)
-        self.rate = _check_number("rate", rate, strict=True)
-        self.scale = _check_number("scale", scale)
+        self.shift = check_number("shift", shift)
+        self.rate = check_number("rate", rate, strict=True)
+        self.scale = check_number("scale", scale)
 
     def _delay(self, worker_id: int, iteration: int) -> float:
         exponential = self._rng(_STREAM_DELAY, worker_id, iteration).exponential(1.0 / self.rate)
@@ -269,8 +256,8 @@ class Pareto(DelayModel):
 
     def __init__(self, shape: float, scale: float, *, seed: int = 0, time_scale: float = 1.0) -> None:
         super().__init__(seed=seed, time_scale=time_scale)
-        self.shape = _check_number("shape", shape, strict=True)
-        self.scale = _check_number("scale", scale)
+        self.shape = check_number("shape", shape, strict=True)
+        self.scale = check_number("scale", scale)
 
     MAX_DRAW_SECONDS: ClassVar[float] = 3600.0
     """Cap on one unscaled draw: a tiny ``shape`` makes ``U^(-1/shape)`` overflow a float."""
@@ -325,20 +312,20 @@ class GilbertElliot(DelayModel):
         super().__init__(seed=seed, time_scale=time_scale)
         self.p_fast_to_slow = _check_probability("p_fast_to_slow", p_fast_to_slow)
         self.p_slow_to_fast = _check_probability("p_slow_to_fast", p_slow_to_fast)
-        self.slow_delay = _check_number("slow_delay", slow_delay)
-        self.fast_delay = _check_number("fast_delay", fast_delay)
+        self.slow_delay = check_number("slow_delay", slow_delay)
+        self.fast_delay = check_number("fast_delay", fast_delay)
         self.exponential = bool(exponential)
-        self.shift = _check_number("shift", shift)
+        self.shift = check_number("shift", shift)
         if self.exponential and self.shift > min(self.slow_delay, self.fast_delay):
             raise ValueError(
                 f"Argument 'shift' must not exceed the mean delays (fast {self.fast_delay:g}, slow "
                 f"{self.slow_delay:g}) with exponential=True, not {shift!r}."
             )
         if isinstance(initial_slow_workers, (int, np.integer)) and not isinstance(initial_slow_workers, bool):
-            self.initial_slow_workers = tuple(range(_check_index("initial_slow_workers", initial_slow_workers)))
+            self.initial_slow_workers = tuple(range(check_int("initial_slow_workers", initial_slow_workers, 0)))
         elif isinstance(initial_slow_workers, Sequence) and not isinstance(initial_slow_workers, (str, bytes)):
             self.initial_slow_workers = tuple(
-                sorted({_check_index("initial_slow_workers[i]", w) for w in initial_slow_workers})
+                sorted({check_int("initial_slow_workers[i]", w, 0) for w in initial_slow_workers})
             )
         else:
             raise ValueError(
@@ -363,10 +350,10 @@ class GilbertElliot(DelayModel):
         time_scale: float = 1.0,
     ) -> GilbertElliot:
         r"""The paper's parametrisation: switching probability $p$, rates $\mu_s, \mu_f$, shift $\alpha$, load $r$."""
-        mu_slow = _check_number("mu_slow", mu_slow, strict=True)
-        mu_fast = _check_number("mu_fast", mu_fast, strict=True)
-        alpha = _check_number("alpha", alpha)
-        r = _check_number("r", r)
+        mu_slow = check_number("mu_slow", mu_slow, strict=True)
+        mu_fast = check_number("mu_fast", mu_fast, strict=True)
+        alpha = check_number("alpha", alpha)
+        r = check_number("r", r)
         return cls(
             p,
             p,
@@ -381,8 +368,8 @@ class GilbertElliot(DelayModel):
 
     def is_slow(self, worker_id: int, iteration: int) -> bool:
         """Whether ``worker_id`` is in the slow state in ``iteration``."""
-        w = _check_index("worker_id", worker_id)
-        t = _check_index("iteration", iteration)
+        w = check_int("worker_id", worker_id, 0)
+        t = check_int("iteration", iteration, 0)
         with self._lock:
             chain = self._chains.setdefault(w, [w in self._initial_slow])
             while len(chain) <= t:

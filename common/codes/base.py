@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from common.exceptions import NotDecodableError
+from common.validation import check_int
 
 __all__ = [
     "SPAN_TOLERANCE",
@@ -52,18 +53,6 @@ _COMBINE_BLOCK_BYTES = 256 * 1024
 SPAN_TOLERANCE = 1e-9
 """Relative residual $\\|\\mathbf{1} - \\mathrm{proj}_{B_F}\\mathbf{1}\\| / \\|\\mathbf{1}\\|$ below which
 the all-ones vector counts as lying in the span of the received rows (generic decoder)."""
-
-
-def check_int(name: str, value: object, low: int, high: int | None = None, *, why: str = "") -> int:
-    """Return ``value`` as an int if ``low <= value <= high``, else raise a ValueError naming the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"Argument {name!r} must be an integer, not {value!r}.")
-    v = int(value)
-    if v < low or (high is not None and v > high):
-        valid = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        suffix = f" ({why})" if why else ""
-        raise ValueError(f"Argument {name!r} must be an integer {valid}{suffix}, not {v}.")
-    return v
 
 
 @dataclass(frozen=True)

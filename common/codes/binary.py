@@ -122,8 +122,9 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, check_int
+from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder
 from common.codes.registry import register
+from common.validation import check_int
 
 __all__ = [
     "BinaryCode",

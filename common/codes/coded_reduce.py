@@ -65,9 +65,10 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder, check_int
+from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
 from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
 from common.codes.registry import register
+from common.validation import check_int
 
 __all__ = [
     "DEFAULT_SEED",

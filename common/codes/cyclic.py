@@ -59,10 +59,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder, check_int
+from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
 from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
 from common.codes.registry import register
 from common.exceptions import NumericallyUnsafeError
+from common.validation import check_int
 
 __all__ = [
     "ERROR_ESTIMATE_SAFETY",

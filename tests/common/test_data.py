@@ -188,7 +188,7 @@ def test_load_dataset_argument_errors() -> None:
     assert DATASET_NAMES == ("digits", "gaussian_mixture", "linear", "file")
     with pytest.raises(ValueError, match=re.escape("'test_fraction' must be a number in [0, 1), not 1.0")):
         load_dataset("linear", test_fraction=1.0)
-    with pytest.raises(ValueError, match=re.escape("'seed' must be a non-negative integer, not -1")):
+    with pytest.raises(ValueError, match=re.escape("'seed' must be an integer >= 0, not -1")):
         load_dataset("linear", seed=-1)
     with pytest.raises(ValueError, match=re.escape("'num_samples' must be an integer >= 2, not 1")):
         load_dataset("linear", num_samples=1)
@@ -253,5 +253,5 @@ def test_partition_errors() -> None:
         partition_indices(10, [], seed=0)
     with pytest.raises(ValueError, match=re.escape("'num_samples' must be an integer >= 0, not -1")):
         partition_indices(-1, [1], seed=0)
-    with pytest.raises(ValueError, match=re.escape("'seed' must be a non-negative integer, not -3")):
+    with pytest.raises(ValueError, match=re.escape("'seed' must be an integer >= 0, not -3")):
         partition_indices(5, [1], seed=-3)

@@ -224,7 +224,7 @@ def test_make_delay_model_errors() -> None:
             lambda: GilbertElliot(0.1, 0.1, 1.0, 0.0, "ab"),
             "'initial_slow_workers' must be a list of worker ids or a count",
         ),
-        (lambda: NoDelay(seed=-1), "Argument 'seed' must be a non-negative integer, not -1."),
+        (lambda: NoDelay(seed=-1), "Argument 'seed' must be an integer >= 0, not -1."),
         (lambda: NoDelay(time_scale=-2), "Argument 'time_scale' must be a finite number >= 0, not -2."),
     ],
 )
@@ -234,9 +234,9 @@ def test_invalid_parameters(build: object, message: str) -> None:
 
 
 def test_invalid_delay_arguments() -> None:
-    with pytest.raises(ValueError, match=re.escape("Argument 'worker_id' must be a non-negative integer, not -1.")):
+    with pytest.raises(ValueError, match=re.escape("Argument 'worker_id' must be an integer >= 0, not -1.")):
         NoDelay().delay(-1, 0)
-    with pytest.raises(ValueError, match=re.escape("Argument 'iteration' must be a non-negative integer, not 1.5.")):
+    with pytest.raises(ValueError, match=re.escape("Argument 'iteration' must be an integer >= 0, not 1.5.")):
         Pareto(2.0, 1.0).delay(0, 1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape("Argument 'worker_id' must be in [0, 3), not 3.")):
         FixedDelay(1.0, every_iteration_random=True, num_workers=3).delay(3, 0)
