@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.serving import install_shutdown_signals, limit_blas_threads, parse_address, reuse_large_buffers
+from common.cli import add_service_arguments, env_default, prepare_process, service_address
+from common.serving import install_shutdown_signals
 from master.job import DATA_DIR_ENV
 from master.pool import worker_address
 
@@ -32,51 +31,35 @@ def build_parser() -> argparse.ArgumentParser:
             "exact gradient from the fastest workers and applies the optimizer step."
         ),
         epilog=(
-            "Workers join either from --workers or by registering themselves "
-            "(python -m worker --master HOST:PORT). Example: python -m master --listen 127.0.0.1:50050 "
-            "--workers 127.0.0.1:50051,127.0.0.1:50052"
+            "Every option can also come from the environment variable shown in brackets (a flag wins).\n\n"
+            "Workers join either from --workers or by registering themselves (python -m worker --master\n"
+            "HOST:PORT). Example:\n"
+            "  python -m master --listen 127.0.0.1:50050 --workers 127.0.0.1:50051,127.0.0.1:50052"
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--listen",
-        default=os.environ.get("GRADCODE_LISTEN", DEFAULT_LISTEN),
-        metavar="HOST:PORT",
-        help="address to serve on; port 0 picks a free port (env GRADCODE_LISTEN)",
-    )
+    add_service_arguments(parser, default_listen=DEFAULT_LISTEN)
     parser.add_argument(
         "--workers",
-        default=os.environ.get("GRADCODE_WORKERS", ""),
+        default=env_default("GRADCODE_WORKERS", ""),
         metavar="ADDR,ADDR,...",
-        help="comma-separated worker addresses known from the start (env GRADCODE_WORKERS)",
+        help="comma-separated worker addresses known from the start [GRADCODE_WORKERS]",
     )
     parser.add_argument(
         "--run-dir",
-        default=os.environ.get("GRADCODE_RUN_DIR", DEFAULT_RUN_DIR),
+        default=env_default("GRADCODE_RUN_DIR", DEFAULT_RUN_DIR),
         metavar="DIR",
-        help="where each job's per-iteration history (<job>.jsonl) is written as it runs (env GRADCODE_RUN_DIR)",
+        help="where each job's per-iteration history (<job>.jsonl) is written as it runs [GRADCODE_RUN_DIR] "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--data-dir",
-        default=os.environ.get(DATA_DIR_ENV) or None,
+        default=env_default(DATA_DIR_ENV, None),
         metavar="DIR",
         help=(
             "directory the 'file' dataset may read .npz/.csv files from (paths in job specs are relative to it); "
-            f"default: none, file datasets are refused (env {DATA_DIR_ENV})"
+            f"default: none, file datasets are refused [{DATA_DIR_ENV}]"
         ),
-    )
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=float(os.environ.get("GRADCODE_GRACE", "5")),
-        metavar="SECONDS",
-        help="on shutdown, how long in-flight calls may finish (env GRADCODE_GRACE)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("GRADCODE_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (env GRADCODE_LOG_LEVEL)",
     )
     return parser
 
@@ -97,16 +80,14 @@ async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_di
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    host, port = service_address(parser, args)
     try:
-        host, port = parse_address(args.listen, what="--listen")
         workers = [worker_address(a) for a in args.workers.split(",") if a.strip()]
     except ValueError as exc:
         parser.error(str(exc))
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
-    limit_blas_threads(1)
-    reuse_large_buffers()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prepare_process(threads=1, log_level=args.log_level)
     try:
         asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace))
     except OSError as exc:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
 import sys
 from collections.abc import Sequence
 
-from common.serving import install_shutdown_signals, limit_blas_threads, parse_address, reuse_large_buffers
+from common.cli import add_service_arguments, env_default, prepare_process, service_address
+from common.serving import install_shutdown_signals, parse_address
 
 __all__ = ["build_parser", "main"]
 
@@ -33,11 +32,6 @@ examples:
 """
 
 
-def _env(name: str, default: str | None) -> str | None:
-    value = os.environ.get(name)
-    return value if value else default
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m worker",
@@ -48,36 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_service_arguments(parser, default_listen="127.0.0.1:50051")
     parser.add_argument(
-        "--listen", metavar="HOST:PORT", default=_env("GRADCODE_LISTEN", "127.0.0.1:50051"),
-        help="address to serve on; port 0 picks a free port [GRADCODE_LISTEN] (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--master", metavar="HOST:PORT", default=_env("GRADCODE_MASTER", None),
+        "--master", metavar="HOST:PORT", default=env_default("GRADCODE_MASTER", None),
         help="master to register with; without it the master must be told this worker's address [GRADCODE_MASTER]",
     )  # fmt: skip
     parser.add_argument(
-        "--advertise", metavar="HOST:PORT", default=_env("GRADCODE_ADVERTISE", None),
+        "--advertise", metavar="HOST:PORT", default=env_default("GRADCODE_ADVERTISE", None),
         help="address the master should use to reach this worker (default: the listen address, with the "
         "hostname when listening on 0.0.0.0) [GRADCODE_ADVERTISE]",
     )  # fmt: skip
     parser.add_argument(
-        "--name", default=_env("GRADCODE_NAME", None),
+        "--name", default=env_default("GRADCODE_NAME", None),
         help="label shown by the master (default: the hostname) [GRADCODE_NAME]",
     )  # fmt: skip
     parser.add_argument(
-        "--threads", type=int, default=int(_env("GRADCODE_THREADS", "1") or 1),
+        "--threads", type=int, default=int(env_default("GRADCODE_THREADS", "1") or 1),
         help="numpy/BLAS threads; 1 keeps n workers on one machine from oversubscribing it [GRADCODE_THREADS] "
         "(default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--grace", type=float, default=float(_env("GRADCODE_GRACE", "5") or 5),
-        help="seconds in-flight calls get to finish on shutdown [GRADCODE_GRACE] (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--log-level", default=_env("GRADCODE_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-        help="logging verbosity, on stderr [GRADCODE_LOG_LEVEL] (default: %(default)s)",
     )  # fmt: skip
     return parser
 
@@ -85,22 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    host, port = service_address(parser, args)
     try:
-        host, port = parse_address(args.listen, what="--listen")
         for flag in ("master", "advertise"):
             if getattr(args, flag):
                 parse_address(getattr(args, flag), what=f"--{flag}")
         if args.threads < 1:
             raise ValueError(f"--threads must be a positive integer, not {args.threads}.")
-        if args.grace < 0:
-            raise ValueError(f"--grace must be >= 0 seconds, not {args.grace}.")
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    limit_blas_threads(args.threads)
-    reuse_large_buffers()
+    prepare_process(threads=args.threads, log_level=args.log_level)
     try:
         asyncio.run(_serve(args, host, port))
     except OSError as exc:
