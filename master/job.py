@@ -1001,7 +1001,7 @@ class JobRunner:
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
         decoder = code.decoder(assignment)
         point = self.optimizer.point.copy()
-        model_tensor = tensor_from_array(point)
+        model_bytes = worker_pb2.ComputeRequest(model=tensor_from_array(point)).SerializeToString()
         deadline = started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
         result: GatherResult | None = None
@@ -1025,7 +1025,7 @@ class JobRunner:
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
                 offset = time.perf_counter() - started
-                sources = [self._source(w, t, assignment.rows[w], model_tensor) for w in ask]
+                sources = [self._source(w, t, assignment.rows[w], model_bytes) for w in ask]
                 result = await gather(
                     decoder,
                     sources,
@@ -1057,10 +1057,12 @@ class JobRunner:
         assert result is not None and result.decoding is not None
         return await self._decoded(t, started, result, assignment, finished, failed, late, point)
 
-    def _source(self, w: int, t: int, rows: tuple[int, ...], model: common_pb2.Tensor) -> Source:
-        stub = self.workers[w].stub
-        request = worker_pb2.ComputeRequest(job_id=self.job_id, iteration=t, worker_id=w, model=model, rows=rows)
-        return Source(worker_id=w, rows=tuple(rows), open=lambda: stub.Compute(request))
+    def _source(self, w: int, t: int, rows: tuple[int, ...], model_bytes: bytes) -> Source:
+        """Worker ``w``'s Compute call: its own fields serialized, followed by the shared model bytes."""
+        head = worker_pb2.ComputeRequest(job_id=self.job_id, iteration=t, worker_id=w, rows=rows)
+        request = head.SerializeToString() + model_bytes
+        worker = self.workers[w]
+        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(request))
 
     async def _handle_failure(self, w: int, reason: str) -> None:
         worker = self.workers[w]

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.serving import format_address, parse_address
 from common.wire import CHANNEL_OPTIONS
-from protos.gradcode.v1 import master_pb2, worker_pb2_grpc
+from protos.gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
 
@@ -52,6 +52,9 @@ def worker_address(address: str) -> str:
     return format_address(host, port)
 
 
+_COMPUTE_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Compute"
+
+
 @dataclass(eq=False)
 class PoolWorker:
     """One worker: its id, address, channel and stubs, state, last error and the jobs it holds."""
@@ -74,6 +77,20 @@ class PoolWorker:
             self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
             self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
+
+    def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk]:
+        """Worker.Compute with an already serialized ComputeRequest.
+
+        The master serializes the model once per iteration and prepends each worker's small fields
+        (protobuf concatenation merges messages), instead of copying and serializing the model once
+        per worker on the event loop.
+        """
+        _ = self.stub  # opens the channel if needed
+        assert self.channel is not None
+        call = self.channel.unary_stream(
+            _COMPUTE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GradientChunk.FromString
+        )
+        return call(request)
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
