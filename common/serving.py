@@ -7,6 +7,7 @@
 * :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
   parents and the master stop routing to a node that is leaving; then in-flight calls get ``grace``
   seconds to finish.
+* :class:`ServiceNode` — the run()/shutdown()/async-with lifecycle MasterNode and WorkerNode share.
 * :func:`install_shutdown_signals` — two-stage SIGINT/SIGTERM handling for ``__main__`` entry points
   only (never library code or tests): the first signal starts a graceful shutdown, a second one exits
   at once.
@@ -25,7 +26,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; the stubs only know this name
@@ -36,6 +38,7 @@ from common.wire import CHANNEL_OPTIONS
 
 __all__ = [
     "BLAS_THREAD_VARIABLES",
+    "ServiceNode",
     "ServingHandle",
     "format_address",
     "install_shutdown_signals",
@@ -194,3 +197,112 @@ def limit_blas_threads(threads: int = 1) -> None:
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return
     threadpool_limits(limits=threads)
+
+
+class ServiceNode:
+    """A gradcode gRPC server with the lifecycle every node shares.
+
+    :meth:`start` binds and serves (health SERVING); :meth:`run` starts if needed and returns once
+    :meth:`shutdown` has completed, re-raising the crash of a background loop reported through
+    :meth:`_fail`; :meth:`shutdown` is idempotent and safe before start: health NOT_SERVING, then
+    :meth:`_before_stop`, then in-flight calls get ``grace`` seconds, then :meth:`_after_stop`.
+    ``async with node`` starts it and shuts it down on exit.
+
+    Subclasses set :attr:`service_name`, register their servicer in :meth:`_register` and put their
+    own background work in the three hooks.
+    """
+
+    service_name: str
+    """Full name of the node's service (``gradcode.v1.Worker``), for health and reflection."""
+
+    def __init__(self, host: str, port: int, *, grace: float) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError(f"Argument 'port' must be in [0, 65535], not {port!r}.")
+        if grace < 0:
+            raise ValueError(f"Argument 'grace' must be >= 0 seconds, not {grace!r}.")
+        self.host = host
+        self.port = port
+        self.grace = grace
+        self._handle: ServingHandle | None = None
+        self._shutdown_started = False
+        self._stopped = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """``host:port`` actually bound (available after :meth:`start`)."""
+        if self._handle is None:
+            raise RuntimeError(f"{type(self).__name__}.address is known only after start().")
+        return self._handle.address
+
+    @property
+    def is_running(self) -> bool:
+        return self._handle is not None and not self._shutdown_started
+
+    @property
+    def is_shutdown(self) -> bool:
+        return self._stopped.is_set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind and serve, then run :meth:`_on_started`. Idempotent; OSError if the port is taken."""
+        if self._handle is not None:
+            return
+        if self._shutdown_started:
+            raise RuntimeError(f"This {type(self).__name__} was shut down; create a new one.")
+        self._handle = await start_server(
+            self.host, self.port, registrars=[self._register], service_names=[self.service_name]
+        )
+        await self._on_started()
+
+    async def run(self) -> None:
+        """Start if needed and return once shutdown has completed; re-raises a background crash."""
+        await self.start()
+        await self._stopped.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    async def shutdown(self) -> None:
+        """Stop gracefully (see the class docstring) and wait until everything has stopped."""
+        if self._shutdown_started:
+            await self._stopped.wait()
+            return
+        self._shutdown_started = True
+        try:
+            if self._handle is not None:
+                await self._handle.set_serving(False)
+            await self._before_stop()
+            if self._handle is not None:
+                await self._handle.stop(self.grace)
+            await self._after_stop()
+        finally:
+            self._stopped.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        """A background loop crashed: remember it for :meth:`run` and shut down."""
+        self._failure = exc
+        logger.error("%r: background loop crashed: %r; shutting down", self, exc)
+        asyncio.get_running_loop().create_task(self.shutdown())
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _register(self, server: grpc.aio.Server) -> None:
+        raise NotImplementedError
+
+    async def _on_started(self) -> None:
+        """Background work that needs the bound server (registration, monitors)."""
+
+    async def _before_stop(self) -> None:
+        """After health went NOT_SERVING, before in-flight calls get their grace period."""
+
+    async def _after_stop(self) -> None:
+        """After the server stopped: free what the node holds."""

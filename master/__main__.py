@@ -68,13 +68,10 @@ async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_di
     from master.node import MasterNode
 
     node = MasterNode(host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace)
+    await node.start()
     install_shutdown_signals(node.shutdown, name="master")
-    run = asyncio.create_task(node.run())
-    await node.wait_started()
-    if run.done():
-        await run  # startup failed: raise its error
     print(f"master listening on {node.address}", flush=True)
-    await run
+    await node.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

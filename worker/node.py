@@ -6,8 +6,9 @@ Usage::
         print(node.address)
         await node.run()  # until node.shutdown() (or a signal handler in __main__) stops it
 
-``run()`` returns only after shutdown completes; ``shutdown()`` is idempotent and safe before start.
-On shutdown, health goes NOT_SERVING first, then in-flight calls get ``grace`` seconds.
+The lifecycle is :class:`common.serving.ServiceNode`'s: ``run()`` returns only after shutdown
+completes; ``shutdown()`` is idempotent and safe before start; health goes NOT_SERVING first, then
+in-flight calls get ``grace`` seconds.
 
 With ``master_address`` the node registers with the master (``Master.RegisterWorker`` with its
 advertised address), retrying with exponential backoff until the master answers, and then again
@@ -21,11 +22,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from types import TracebackType
 
 import grpc
 
-from common.serving import ServingHandle, format_address, start_server
+from common.serving import ServiceNode, format_address
 from common.wire import CHANNEL_OPTIONS
 from protos.gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from worker.compute import MAX_JOB_BYTES
@@ -41,7 +41,7 @@ WORKER_SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
 
-class WorkerNode:
+class WorkerNode(ServiceNode):
     """One worker: a grpc.aio server with the Worker, health and reflection services.
 
     Args:
@@ -56,6 +56,8 @@ class WorkerNode:
         max_job_bytes: cap on the data one job may hold on this worker.
     """
 
+    service_name = WORKER_SERVICE_NAME
+
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -68,18 +70,12 @@ class WorkerNode:
         reregister_seconds: float = 5.0,
         max_job_bytes: int = MAX_JOB_BYTES,
     ) -> None:
-        if not 0 <= port <= 65535:
-            raise ValueError(f"Argument 'port' must be in [0, 65535], not {port!r}.")
-        if grace < 0 or reregister_seconds <= 0:
-            raise ValueError(
-                f"'grace' must be >= 0 and 'reregister_seconds' > 0, not {grace!r}, {reregister_seconds!r}."
-            )
-        self.host = host
-        self.port = port
+        if reregister_seconds <= 0:
+            raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
+        super().__init__(host, port, grace=grace)
         self.master_address = master_address
         self.advertise_address = advertise_address
         self.name = name or socket.gethostname()
-        self.grace = grace
         self.reregister_seconds = reregister_seconds
         self.servicer = WorkerServicer(max_job_bytes=max_job_bytes)
         self.worker_id: int | None = None
@@ -87,27 +83,7 @@ class WorkerNode:
         self.registered = asyncio.Event()
         self.registration_failures = 0
         """Failed RegisterWorker attempts so far (for logs and tests)."""
-        self._handle: ServingHandle | None = None
         self._registration: asyncio.Task[None] | None = None
-        self._shutdown_started = False
-        self._stopped = asyncio.Event()
-        self._failure: BaseException | None = None
-
-    # ---- state ---------------------------------------------------------------------------------
-    @property
-    def is_running(self) -> bool:
-        return self._handle is not None and not self._shutdown_started
-
-    @property
-    def is_shutdown(self) -> bool:
-        return self._stopped.is_set()
-
-    @property
-    def address(self) -> str:
-        """``host:port`` actually bound (available after :meth:`start`)."""
-        if self._handle is None:
-            raise RuntimeError("WorkerNode.address is known only after start().")
-        return self._handle.address
 
     @property
     def advertised(self) -> str:
@@ -119,59 +95,25 @@ class WorkerNode:
         host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
         return format_address(host, self._handle.port)
 
-    # ---- lifecycle -----------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Bind and serve; start registering with the master. Idempotent; OSError if the port is taken."""
-        if self._handle is not None:
-            return
-        if self._shutdown_started:
-            raise RuntimeError("This WorkerNode was shut down; create a new one.")
-        self._handle = await start_server(
-            self.host, self.port,
-            registrars=[self._register_servicer],
-            service_names=[WORKER_SERVICE_NAME],
-        )  # fmt: skip
+    # ---- lifecycle hooks -----------------------------------------------------------------------
+    def _register(self, server: grpc.aio.Server) -> None:
+        worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+
+    async def _on_started(self) -> None:
         logger.info("worker %s serving on %s", self.name, self.address)
         if self.master_address:
             self._registration = asyncio.create_task(self._register_forever(self.master_address), name="register")
             self._registration.add_done_callback(self._on_registration_done)
 
-    def _register_servicer(self, server: grpc.aio.Server) -> None:
-        worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+    async def _before_stop(self) -> None:
+        if self._registration is not None:
+            self._registration.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._registration
 
-    async def run(self) -> None:
-        """Start if needed and return once shutdown has completed; re-raises a crash of a background loop."""
-        await self.start()
-        await self._stopped.wait()
-        if self._failure is not None:
-            raise self._failure
-
-    async def shutdown(self) -> None:
-        """Health NOT_SERVING, stop registering, let in-flight calls finish (``grace``), free the jobs."""
-        if self._shutdown_started:
-            await self._stopped.wait()
-            return
-        self._shutdown_started = True
-        try:
-            if self._registration is not None:
-                self._registration.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._registration
-            if self._handle is not None:
-                await self._handle.stop(self.grace)
-            await self.servicer.close()
-        finally:
-            self._stopped.set()
-            logger.info("worker %s stopped", self.name)
-
-    async def __aenter__(self) -> WorkerNode:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.shutdown()
+    async def _after_stop(self) -> None:
+        await self.servicer.close()
+        logger.info("worker %s stopped", self.name)
 
     # ---- registration --------------------------------------------------------------------------
     async def _register_forever(self, master_address: str) -> None:
@@ -203,8 +145,5 @@ class WorkerNode:
                 await asyncio.sleep(self.reregister_seconds)
 
     def _on_registration_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        self._failure = task.exception()
-        logger.error("registration loop crashed: %r; shutting down", self._failure)
-        asyncio.get_running_loop().create_task(self.shutdown())
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._fail(exc)
