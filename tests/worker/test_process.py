@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from client.launch import ServiceProcess, service_env
 from common.codes import make_code
-from common.serving import BLAS_THREAD_VARIABLES
 from common.wire import CHANNEL_OPTIONS, MessageAssembler, tensor_from_array
 from protos.gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.worker.conftest import (
@@ -32,54 +29,27 @@ from tests.worker.conftest import (
     softmax_model,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
 TEST_TIMEOUT = 15.0
 
 
-def _spawn() -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **dict.fromkeys(BLAS_THREAD_VARIABLES, "1")}
-    env.pop("GRADCODE_MASTER", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "worker", "--listen", "127.0.0.1:0", "--log-level", "WARNING", "--grace", "1"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = _readline(proc, START_TIMEOUT)
-    prefix = "worker listening on "
-    if not line.startswith(prefix):
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-        pytest.fail(f"worker did not announce itself; first line {line!r}; stderr:\n{err}")
-    return proc, line[len(prefix) :].strip()
-
-
-def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
-    """First stdout line, or '' if none comes within ``timeout`` seconds (the process is killed then)."""
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(timeout)
-    if not lines:
-        proc.kill()
-        return ""
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
-def worker_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    proc, address = _spawn()
+def worker_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    argv = [sys.executable, "-m", "worker", "--listen", "127.0.0.1:0", "--log-level", "WARNING", "--grace", "1"]
+    env = service_env()
+    env.pop("GRADCODE_MASTER", None)
+    proc = ServiceProcess(argv, log_path=tmp_path_factory.mktemp("worker") / "worker.log", env=env)
     try:
-        yield proc, address
+        proc.wait_ready(START_TIMEOUT)
+        yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
+        proc.stop()
 
 
 @pytest.fixture
-async def channel(worker_process: tuple[subprocess.Popen[str], str]) -> AsyncIterator[grpc.aio.Channel]:
-    async with grpc.aio.insecure_channel(worker_process[1], options=CHANNEL_OPTIONS) as ch:
+async def channel(worker_process: ServiceProcess) -> AsyncIterator[grpc.aio.Channel]:
+    assert worker_process.address is not None
+    async with grpc.aio.insecure_channel(worker_process.address, options=CHANNEL_OPTIONS) as ch:
         yield ch
 
 
@@ -133,14 +103,15 @@ async def test_health_and_reflection_answer(channel: grpc.aio.Channel) -> None:
         assert {"gradcode.v1.Worker", "grpc.health.v1.Health"} <= names
 
 
-def test_sigterm_exits_cleanly(worker_process: tuple[subprocess.Popen[str], str]) -> None:
+def test_sigterm_exits_cleanly(worker_process: ServiceProcess) -> None:
     """Runs last in this module: the worker stops gracefully with status 0."""
-    proc, _ = worker_process
-    proc.send_signal(signal.SIGTERM)
+    worker_process.process.send_signal(signal.SIGTERM)
     try:
-        _, err = proc.communicate(timeout=TEST_TIMEOUT)
+        status = worker_process.process.wait(TEST_TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        worker_process.kill()
         pytest.fail("worker did not exit within 15 s of SIGTERM")
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err, err
+    worker_process.stop()  # collects the rest of its output
+    output = worker_process.log_path.read_text()
+    assert status == 0, output
+    assert "Traceback" not in output, output
