@@ -13,9 +13,8 @@ COPY common ./common
 COPY master ./master
 COPY worker ./worker
 COPY protos ./protos
-COPY client ./client
-COPY bench ./bench
+COPY gradcode ./gradcode
 RUN pip install .
 
 EXPOSE 50050 50051
-CMD ["python", "-m", "master"]
+CMD ["gradcode", "master"]

@@ -1,4 +1,4 @@
-"""What ``python -m master`` and ``python -m worker`` share: flags with environment defaults and the
+"""What ``python -m gradcode.master`` and ``python -m gradcode.worker`` share: flags with environment defaults and the
 process set-up every gradcode service does before serving."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from common.serving import limit_blas_threads, parse_address, reuse_large_buffers
+from gradcode.common.serving import limit_blas_threads, parse_address, reuse_large_buffers
 
 __all__ = ["add_service_arguments", "env_default", "prepare_process", "service_address"]
 

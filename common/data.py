@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from common.models import MODEL_KINDS
-from common.validation import check_int
+from gradcode.common.models import MODEL_KINDS
+from gradcode.common.validation import check_int
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "partition_indices"]
 
@@ -52,7 +52,7 @@ class Dataset:
         num_classes: number of classes, 0 for regression.
         model_kind: the natural model (``"softmax"``, ``"logistic"`` or ``"linear"``).
         true_params: for synthetic data, the generating parameters in that model's layout
-            (:mod:`common.models`), so experiments can report $\\|\\theta - \\theta_*\\|^2 / \\|\\theta_*\\|^2$
+            (:mod:`gradcode.common.models`), so experiments can report $\\|\\theta - \\theta_*\\|^2 / \\|\\theta_*\\|^2$
             (CodedReduce eq. (11)); ``None`` otherwise.
     """
 
@@ -276,7 +276,7 @@ def _gaussian_mixture(*, num_samples: int | None, num_features: int | None, seed
     Our reading: $\mu_1, \mu_2 \sim N(0, I_p)$ and $\beta^* \sim N(0, I_p / p)$, so that $2 x^\top \beta^*$
     stays of order one whatever $p$ and the labels are noisy but learnable. The paper's sizes are
     $d = 554400$, $p = 100$; the defaults here are 2000 × 20. ``true_params`` is the generating
-    logistic model in :class:`~common.models.LogisticRegression` layout: $[-2\beta^*, 0]$.
+    logistic model in :class:`~gradcode.common.models.LogisticRegression` layout: $[-2\beta^*, 0]$.
     """
     d = 2000 if num_samples is None else num_samples
     p = 20 if num_features is None else num_features
@@ -305,7 +305,7 @@ def _linear(*, num_samples: int | None, num_features: int | None, seed: int, tes
     r"""CodedReduce §VI eq. (10): $y_j = x_j^\top \theta_* + z_j$, $x_j, \theta_* \sim N(0, I_p)$, $z_j \sim N(0, 1)$.
 
     The paper uses $(d, p) = (7644, 6500)$; the defaults here are 1000 × 50. ``true_params`` is
-    $[\theta_*, 0]$ in :class:`~common.models.LinearRegression` layout, for the normalized error
+    $[\theta_*, 0]$ in :class:`~gradcode.common.models.LinearRegression` layout, for the normalized error
     rate of eq. (11).
     """
     d = 1000 if num_samples is None else num_samples

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from common.codes.base import Decoding, OnlineDecoder
-from common.wire import CompletedMessage, MessageAssembler, WireError
-from protos.gradcode.v1 import worker_pb2
+from gradcode.common.codes.base import Decoding, OnlineDecoder
+from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError
+from gradcode.v1 import worker_pb2
 
 __all__ = ["ChunkStream", "GatherResult", "Source", "gather"]
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from common.validation import check_int
+from gradcode.common.validation import check_int
 
 __all__ = [
     "MODEL_KINDS",

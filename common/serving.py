@@ -1,7 +1,7 @@
 """Small helpers every gradcode gRPC server shares (worker and master).
 
 * :func:`start_server` — the canonical grpc.aio sequence: create the server with
-  :data:`~common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
+  :data:`~gradcode.common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
   (grpcio-health-checking) and server reflection (grpcio-reflection), bind ``host:port`` (port 0
   picks a free port) and start. Returns a :class:`ServingHandle`.
 * :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
@@ -34,7 +34,7 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.wire import CHANNEL_OPTIONS
+from gradcode.common.wire import CHANNEL_OPTIONS
 
 __all__ = [
     "BLAS_THREAD_VARIABLES",
@@ -175,7 +175,7 @@ def reuse_large_buffers() -> bool:
 
     By default glibc returns every buffer above 128 KiB to the kernel on free, so each iteration
     page-faults its multi-megabyte messages afresh; keeping them made gradient streaming 1.4-1.6x
-    faster (``python -m bench.transport``, p = 1e5 to 4e6). Returns False where malloc is not glibc's.
+    faster (``python -m gradcode.bench.transport``, p = 1e5 to 4e6). Returns False where malloc is not glibc's.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from common.validation import check_int, check_number
+from gradcode.common.validation import check_int, check_number
 
 __all__ = [
     "DELAY_MODEL_NAMES",

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from google.protobuf import struct_pb2
 
-from common.codes.base import Array
-from protos.gradcode.v1 import common_pb2, worker_pb2
+from gradcode.common.codes.base import Array
+from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
     "CHANNEL_OPTIONS",

@@ -1,4 +1,4 @@
-"""``python -m master``: run the gradcode master (worker registry + job control API).
+"""``gradcode master``: run the gradcode master (worker registry + job control API).
 
 Every flag has an environment variable, so docker-compose can configure the master without a
 command line; a flag given on the command line wins. Prints ``master listening on HOST:PORT`` once
@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.cli import add_service_arguments, env_default, prepare_process, service_address
-from common.serving import install_shutdown_signals
-from master.job import DATA_DIR_ENV
-from master.pool import worker_address
+from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
+from gradcode.common.serving import install_shutdown_signals
+from gradcode.master.job import DATA_DIR_ENV
+from gradcode.master.pool import worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_RUN_DIR = "runs"
@@ -24,7 +24,7 @@ DEFAULT_RUN_DIR = "runs"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m master",
+        prog="gradcode master",
         description=(
             "The gradcode master: keeps the list of workers, accepts training jobs from clients "
             "(gradcode run / the SDK), sends each iteration's model to the workers, decodes the "
@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Every option can also come from the environment variable shown in brackets (a flag wins).\n\n"
-            "Workers join either from --workers or by registering themselves (python -m worker --master\n"
+            "Workers join either from --workers or by registering themselves (gradcode worker --master\n"
             "HOST:PORT). Example:\n"
-            "  python -m master --listen 127.0.0.1:50050 --workers 127.0.0.1:50051,127.0.0.1:50052"
+            "  gradcode master --listen 127.0.0.1:50050 --workers 127.0.0.1:50051,127.0.0.1:50052"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_dir: str | None, grace: float) -> None:
-    from master.node import MasterNode
+    from gradcode.master.node import MasterNode
 
     node = MasterNode(host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace)
     await node.start()

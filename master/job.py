@@ -11,7 +11,7 @@ dataset must lie inside the master's data directory (``--data-dir``). :class:`Jo
 2. LoadJob every worker with exactly the partitions its rows need (streamed in chunks; each partition
    is serialised once per job, in a thread: :class:`PartitionBytes`);
 3. each iteration: ``code.assign(observation)`` (dynamic codes choose rows from the stragglers seen in
-   the previous iteration), one Compute stream per UP worker through :func:`common.gather.gather`,
+   the previous iteration), one Compute stream per UP worker through :func:`gradcode.common.gather.gather`,
    which stops at the first decodable moment and cancels the rest; while undecodable it reloads
    workers that came back and keeps gathering until the iteration deadline, then fails the job
    naming the missing workers; combine, verify (optional), add the L2 term, step. The step and
@@ -30,7 +30,7 @@ the code's worker index ``0..n-1`` (the index the code's rows and the straggler 
 Tree jobs (``coded_reduce`` with ``L > 1``; :class:`TreeLayout`)
     Every non-root node of the (n, L)-regular CodedReduce tree is a worker process, so the job
     takes N = n + n^2 + ... + n^L workers. Worker index ``w`` (the wire id, also the straggler
-    model's id) is tree node ``w + 1`` of :class:`~common.codes.coded_reduce.CodedReduceTree`
+    model's id) is tree node ``w + 1`` of :class:`~gradcode.common.codes.coded_reduce.CodedReduceTree`
     (breadth first, the master is node 0), so ``0..n-1`` are the first layer and the master-view
     code's worker ``i`` is worker ``i``; the pool workers are assigned to indices in ``worker_ids``
     order (or pool order), as for flat jobs. A node is loaded with exactly its stored base
@@ -69,17 +69,17 @@ import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
-from common.codes.base import Assignment, GradientCode, Observation
-from common.codes.coded_reduce import DEFAULT_SEED as CODED_REDUCE_SEED
-from common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, TreeNode
-from common.codes.partial import naive_partitions_per_worker
-from common.codes.registry import available_codes, make_code
-from common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
-from common.exceptions import NumericallyUnsafeError
-from common.gather import GatherResult, Source, gather
-from common.models import MODEL_KINDS, Model, make_model
-from common.stragglers import DELAY_MODEL_NAMES, make_delay_model
-from common.wire import (
+from gradcode.common.codes.base import Assignment, GradientCode, Observation
+from gradcode.common.codes.coded_reduce import DEFAULT_SEED as CODED_REDUCE_SEED
+from gradcode.common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, TreeNode
+from gradcode.common.codes.partial import naive_partitions_per_worker
+from gradcode.common.codes.registry import available_codes, make_code
+from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from gradcode.common.exceptions import NumericallyUnsafeError
+from gradcode.common.gather import GatherResult, Source, gather
+from gradcode.common.models import MODEL_KINDS, Model, make_model
+from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
+from gradcode.common.wire import (
     DEFAULT_CHUNK_BYTES,
     CompletedMessage,
     dict_from_struct,
@@ -87,9 +87,9 @@ from common.wire import (
     struct_from_dict,
     tensor_from_array,
 )
-from master.optimizer import OPTIMIZER_KINDS, Optimizer, make_optimizer, mean_gradient
-from master.pool import PoolWorker, WorkerPool
-from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2
+from gradcode.master.optimizer import OPTIMIZER_KINDS, Optimizer, make_optimizer, mean_gradient
+from gradcode.master.pool import PoolWorker, WorkerPool
+from gradcode.v1 import common_pb2, master_pb2, worker_pb2
 
 __all__ = [
     "DEFAULT_ITERATION_DEADLINE_SECONDS",
@@ -145,7 +145,7 @@ MAX_DATA_FILE_BYTES = 256 << 20
 MAX_MODEL_BYTES = 64 << 20
 """float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
 _SYNTHETIC_DEFAULT_SIZE = {"gaussian_mixture": (2000, 20), "linear": (1000, 50), "digits": (1797, 64)}
-"""(samples, features) a dataset has when the spec leaves them 0 (see common.data.load_dataset)."""
+"""(samples, features) a dataset has when the spec leaves them 0 (see gradcode.common.data.load_dataset)."""
 DATA_DIR_ENV = "GRADCODE_DATA_DIR"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TERMINAL = (master_pb2.JOB_STATE_SUCCEEDED, master_pb2.JOB_STATE_FAILED, master_pb2.JOB_STATE_CANCELLED)
@@ -627,7 +627,7 @@ def regularised_loss(
 
 # ---- running ----------------------------------------------------------------------------------------
 def _status_name(reason: str) -> str:
-    """The gRPC status name that :func:`common.gather.gather` put in front of a failure reason."""
+    """The gRPC status name that :func:`gradcode.common.gather.gather` put in front of a failure reason."""
     return reason.split(":", 1)[0]
 
 

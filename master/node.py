@@ -1,6 +1,6 @@
 """MasterNode: the master's gRPC server, worker pool and jobs, with a run()/shutdown()/async-with lifecycle.
 
-The lifecycle is :class:`common.serving.ServiceNode`'s: on shutdown health goes NOT_SERVING, running
+The lifecycle is :class:`gradcode.common.serving.ServiceNode`'s: on shutdown health goes NOT_SERVING, running
 jobs are cancelled (their watchers' streams end), in-flight calls get ``grace`` seconds, then the
 worker channels close. ``async with MasterNode(...) as node`` serves until the block ends;
 ``node.address`` is the bound ``host:port``.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 
-from common.serving import ServiceNode, format_address
-from master.pool import WorkerPool
-from master.service import MAX_FINISHED_JOBS, MasterServicer
-from protos.gradcode.v1 import master_pb2, master_pb2_grpc
+from gradcode.common.serving import ServiceNode, format_address
+from gradcode.master.pool import WorkerPool
+from gradcode.master.service import MAX_FINISHED_JOBS, MasterServicer
+from gradcode.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MASTER_SERVICE_NAME", "MasterNode"]
 

@@ -23,9 +23,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.serving import format_address, parse_address
-from common.wire import CHANNEL_OPTIONS
-from protos.gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.common.serving import format_address, parse_address
+from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
 
@@ -45,7 +45,7 @@ _CHANNEL_OPTIONS = [
 
 
 def worker_address(address: str) -> str:
-    """A worker's ``host:port`` in canonical form (:func:`common.serving.parse_address`, port not 0)."""
+    """A worker's ``host:port`` in canonical form (:func:`gradcode.common.serving.parse_address`, port not 0)."""
     host, port = parse_address(address, what="Worker address")
     if port == 0:
         raise ValueError(f"Worker address {address!r} has port 0; a worker's address needs its real port (1..65535).")

@@ -5,8 +5,8 @@ Usage (from the repository root)::
     python -m protos.generate          # rewrite the generated modules
     python -m protos.generate --check  # exit 1 if the committed modules differ from a fresh build
 
-Runs ``grpc_tools.protoc -I . --python_out --pyi_out --grpc_python_out`` from the repository root,
-so the generated code imports itself as ``protos.gradcode.v1.*`` (package-qualified).
+Runs ``grpc_tools.protoc -I protos --python_out --pyi_out --grpc_python_out``, so the generated code
+imports itself as ``gradcode.v1.*``: the installed package maps ``gradcode.v1`` to ``protos/gradcode/v1``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_DIR = ROOT / "protos" / "gradcode" / "v1"
+PROTO_ROOT = ROOT / "protos"
+PROTO_DIR = PROTO_ROOT / "gradcode" / "v1"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -32,16 +33,16 @@ def generate(out_root: Path) -> list[Path]:
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [
         "grpc_tools.protoc",
-        f"-I{ROOT}",
+        f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
-        *[str(p.relative_to(ROOT)) for p in protos],
+        *[str(p.relative_to(PROTO_ROOT)) for p in protos],
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
-    out_dir = out_root / PROTO_DIR.relative_to(ROOT)
+    out_dir = out_root / PROTO_DIR.relative_to(PROTO_ROOT)
     return sorted(p for p in out_dir.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.wire import struct_from_dict
-from protos.gradcode.v1 import common_pb2
+from gradcode.common.wire import struct_from_dict
+from gradcode.v1 import common_pb2
 
 
 def fixed_delay(seconds: float, *, seed: int = 7, **params: Any) -> common_pb2.StragglerSpec:

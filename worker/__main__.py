@@ -1,4 +1,4 @@
-"""Run one gradcode worker: ``python -m worker --listen HOST:PORT [--master HOST:PORT] ...``.
+"""Run one gradcode worker: ``gradcode worker --listen HOST:PORT [--master HOST:PORT] ...``.
 
 Prints ``worker listening on HOST:PORT`` (with the bound port) once it serves, so launchers can
 wait for that line. The first SIGINT/SIGTERM shuts down gracefully (exit status 0); a second one
@@ -12,8 +12,8 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from common.cli import add_service_arguments, env_default, prepare_process, service_address
-from common.serving import install_shutdown_signals, parse_address
+from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
+from gradcode.common.serving import install_shutdown_signals, parse_address
 
 __all__ = ["build_parser", "main"]
 
@@ -22,19 +22,19 @@ Every option can also come from the environment variable shown in brackets (a fl
 variable).
 
 examples:
-  python -m worker --listen 127.0.0.1:50061
+  gradcode worker --listen 127.0.0.1:50061
       a worker on a fixed local port; point the master at it (--workers 127.0.0.1:50061).
-  python -m worker --listen 0.0.0.0:50061 --master master:50050 --advertise worker-1:50061
+  gradcode worker --listen 0.0.0.0:50061 --master master:50050 --advertise worker-1:50061
       listen on every interface and register with the master, which reaches it as worker-1:50061
       (what docker-compose does).
-  python -m worker --listen 127.0.0.1:0
+  gradcode worker --listen 127.0.0.1:0
       any free port; read the chosen one from the "worker listening on HOST:PORT" line.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m worker",
+        prog="gradcode worker",
         description=(
             "A gradcode worker: holds the data partitions the master sends it, computes coded partial "
             "gradients on request and streams them back; in a tree it also decodes its children."
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
-    from worker.node import WorkerNode  # after the BLAS limit, so numpy's pools start small
+    from gradcode.worker.node import WorkerNode  # after the BLAS limit, so numpy's pools start small
 
     node = WorkerNode(
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace

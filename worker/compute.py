@@ -1,7 +1,7 @@
 r"""What a worker computes, without any gRPC: its job's data and the coded messages of one iteration.
 
-A job arrives as a :class:`~protos.gradcode.v1.worker_pb2.JobSetup` followed by the data of every
-partition its rows need, in :class:`~protos.gradcode.v1.worker_pb2.PartitionData` chunks.
+A job arrives as a :class:`~gradcode.v1.worker_pb2.JobSetup` followed by the data of every
+partition its rows need, in :class:`~gradcode.v1.worker_pb2.PartitionData` chunks.
 :class:`JobBuilder` validates each piece as it arrives (offsets, sizes, which partitions the rows
 need, a cap on the total bytes) and :meth:`JobBuilder.finish` returns the immutable :class:`WorkerJob`.
 
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from common.codes.base import Array
-from common.models import Model, make_model
-from protos.gradcode.v1 import common_pb2, worker_pb2
+from gradcode.common.codes.base import Array
+from gradcode.common.models import Model, make_model
+from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
     "MAX_JOB_BYTES",

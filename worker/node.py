@@ -6,7 +6,7 @@ Usage::
         print(node.address)
         await node.run()  # until node.shutdown() (or a signal handler in __main__) stops it
 
-The lifecycle is :class:`common.serving.ServiceNode`'s: ``run()`` returns only after shutdown
+The lifecycle is :class:`gradcode.common.serving.ServiceNode`'s: ``run()`` returns only after shutdown
 completes; ``shutdown()`` is idempotent and safe before start; health goes NOT_SERVING first, then
 in-flight calls get ``grace`` seconds.
 
@@ -25,11 +25,11 @@ import socket
 
 import grpc
 
-from common.serving import ServiceNode, format_address
-from common.wire import CHANNEL_OPTIONS
-from protos.gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from worker.compute import MAX_JOB_BYTES
-from worker.service import WorkerServicer
+from gradcode.common.serving import ServiceNode, format_address
+from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.worker.compute import MAX_JOB_BYTES
+from gradcode.worker.service import WorkerServicer
 
 __all__ = ["WORKER_SERVICE_NAME", "WorkerNode"]
 

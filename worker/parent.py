@@ -2,7 +2,7 @@
 
 A worker whose JobSetup has ``parent`` set is an inner node of a tree. For each Compute call it
 sends the same model and iteration to its children (child ``i`` computes the child code's static
-rows of worker ``i``), runs the shared online gather-and-decode loop (:func:`common.gather.gather`)
+rows of worker ``i``), runs the shared online gather-and-decode loop (:func:`gradcode.common.gather.gather`)
 with the child code's decoder, and combines the survivors into the decoded sum of the children's
 messages. Its upward message for every requested row is its own coded message for that row plus
 that sum (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
@@ -25,12 +25,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from common.codes.base import Array, Assignment, GradientCode
-from common.codes.registry import code_class, make_code
-from common.gather import GatherResult, Source, gather
-from common.wire import CHANNEL_OPTIONS, dict_from_struct
-from protos.gradcode.v1 import worker_pb2, worker_pb2_grpc
-from worker.compute import ComputeCancelledError
+from gradcode.common.codes.base import Array, Assignment, GradientCode
+from gradcode.common.codes.registry import code_class, make_code
+from gradcode.common.gather import GatherResult, Source, gather
+from gradcode.common.wire import CHANNEL_OPTIONS, dict_from_struct
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.worker.compute import ComputeCancelledError
 
 __all__ = ["ChildrenSum", "ChildrenUnavailableError", "ParentRunner"]
 

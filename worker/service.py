@@ -1,4 +1,5 @@
-"""The gradcode.v1.Worker gRPC service: a thin adapter over :mod:`worker.compute` and :mod:`worker.parent`.
+"""The gradcode.v1.Worker gRPC service: a thin adapter over :mod:`gradcode.worker.compute` and
+:mod:`gradcode.worker.parent`.
 
 * ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data; replaces an earlier
   job with the same id.
@@ -29,11 +30,11 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import numpy as np
 
-from common.codes.base import Array
-from common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
-from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
-from worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
+from gradcode.common.codes.base import Array
+from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
+from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
+from gradcode.worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
 
 __all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
 
@@ -357,7 +358,7 @@ def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
     """The job's delay model, or None when emulation is off."""
     if spec.model in ("", "none"):
         return None
-    from common.stragglers import make_delay_model
+    from gradcode.common.stragglers import make_delay_model
 
     try:
         return make_delay_model(spec.model, dict_from_struct(spec.params), int(spec.seed))

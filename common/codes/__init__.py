@@ -4,7 +4,7 @@ Choose a scheme by name with :func:`make_code` (``available_codes()`` lists them
 exported for direct use and for their scheme-specific attributes.
 """
 
-from common.codes.base import (
+from gradcode.common.codes.base import (
     Assignment,
     Decoding,
     GradientCode,
@@ -13,15 +13,15 @@ from common.codes.base import (
     SpanDecoder,
     SpanTracker,
 )
-from common.codes.baseline import IgnoreStragglers, Uncoded
-from common.codes.binary import BinaryCode, HeterogeneousBinaryCode
-from common.codes.clustered import ClusteredCode, DynamicClusteredCode
-from common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, CompAllocCode
-from common.codes.cyclic import CyclicRepetitionCode
-from common.codes.fractional import FractionalRepetitionCode
-from common.codes.partial import PartialStragglerCode
-from common.codes.reed_solomon import ReedSolomonCode
-from common.codes.registry import available_codes, code_class, code_parameters, make_code, register
+from gradcode.common.codes.baseline import IgnoreStragglers, Uncoded
+from gradcode.common.codes.binary import BinaryCode, HeterogeneousBinaryCode
+from gradcode.common.codes.clustered import ClusteredCode, DynamicClusteredCode
+from gradcode.common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, CompAllocCode
+from gradcode.common.codes.cyclic import CyclicRepetitionCode
+from gradcode.common.codes.fractional import FractionalRepetitionCode
+from gradcode.common.codes.partial import PartialStragglerCode
+from gradcode.common.codes.reed_solomon import ReedSolomonCode
+from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code, register
 
 __all__ = [
     "Assignment",

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.codes.base import Array
-from common.validation import check_int
+from gradcode.common.codes.base import Array
+from gradcode.common.validation import check_int
 
 __all__ = ["column_arcs", "column_weights", "mask_matrix", "row_balanced_mask"]
 

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from common.exceptions import NotDecodableError
-from common.validation import check_int
+from gradcode.common.exceptions import NotDecodableError
+from gradcode.common.validation import check_int
 
 __all__ = [
     "SPAN_TOLERANCE",

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
-from common.codes.registry import register
+from gradcode.common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
+from gradcode.common.codes.registry import register
 
 __all__ = ["IgnoreStragglers", "Uncoded"]
 

@@ -25,10 +25,10 @@ cluster is decoded on its own (eq. (4)) and the gradient is decodable when every
 The per-cluster code is the *real* cyclic MDS construction, drawn from ``seed``: eq. (6) fixes the
 cyclic support, and a 0/1 code with that support (fractional repetition) exists only when $r \mid \ell$
 and changes the support, so the paper's layout needs Algorithm 2. One draw of
-:func:`~common.codes.cyclic.draw_cyclic_repetition` serves every cluster: seeded, its decode error
+:func:`~gradcode.common.codes.cyclic.draw_cyclic_repetition` serves every cluster: seeded, its decode error
 measured against the default bound (1e-9) and redrawn deterministically if it fails, exactly as for
 the plain ``cyclic`` scheme; each cluster is decoded with the weights that guard measured
-(:func:`~common.codes.cyclic.equilibrated_decoding_weights`). The two degenerate loads are 0/1
+(:func:`~gradcode.common.codes.cyclic.equilibrated_decoding_weights`). The two degenerate loads are 0/1
 exactly: $r = 1$ gives the identity, $r = \ell$ gives all-ones rows (Algorithm 2's exact output there).
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import (
+from gradcode.common.codes.base import (
     Array,
     Assignment,
     Decoding,
@@ -51,8 +51,8 @@ from common.codes.base import (
     SpanTracker,
     check_int,
 )
-from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from common.codes.registry import register
+from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.registry import register
 
 __all__ = [
     "ClusterPlacement",

@@ -65,10 +65,10 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
-from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from common.codes.registry import register
-from common.validation import check_int
+from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
+from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.registry import register
+from gradcode.common.validation import check_int
 
 __all__ = [
     "DEFAULT_SEED",
@@ -138,10 +138,10 @@ class CompAllocCode(GradientCode):
     cyclic band. By default $B$ is Tandon et al.'s cyclic-repetition construction (their Algorithm 2):
     a seeded Gaussian $H \in \mathbb{R}^{s \times n}$ with $H\mathbf{1} = 0$ and each row the vector of
     the band's support in $\ker H$ with leading entry 1, so any $n - s$ rows span $\ker H \ni \mathbf{1}$.
-    It is :func:`~common.codes.cyclic.draw_cyclic_repetition` from ``seed``: the draw's decode error is
+    It is :func:`~gradcode.common.codes.cyclic.draw_cyclic_repetition` from ``seed``: the draw's decode error is
     measured against the default bound (1e-9) and redrawn deterministically if it fails, as for the
     ``cyclic`` scheme, and the decoder uses the weights that guard measured
-    (:func:`~common.codes.cyclic.equilibrated_decoding_weights`). ``s = 0`` gives the identity and
+    (:func:`~gradcode.common.codes.cyclic.equilibrated_decoding_weights`). ``s = 0`` gives the identity and
     ``s = n - 1`` the all-ones matrix, exactly.
 
     ``encoding`` overrides $B$ (e.g. the paper's eq. (4) matrix for Example 2): it must be $n \times n$,
@@ -485,7 +485,7 @@ def simulate_coded_reduce(
     Every parent feeds arrivals to a fresh online decoder of the shared per-parent code and stops at
     the first decodable moment (later children are dropped); its upward message is
     $\sum_i a_i m_{c_i} + g_{\mathcal{D}(v)}$. Only sub-trees whose message is used are evaluated.
-    Raises :class:`~common.exceptions.NotDecodableError` if a used parent cannot decode and
+    Raises :class:`~gradcode.common.exceptions.NotDecodableError` if a used parent cannot decode and
     ``ValueError`` for an arrival that is not a child of that parent.
     """
     g = np.asarray(partial_gradients)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.codes.base import GradientCode
-from common.codes.numerics import survivor_sets, worst_decode_error
-from common.codes.registry import available_codes, code_class
+from gradcode.common.codes.base import GradientCode
+from gradcode.common.codes.numerics import survivor_sets, worst_decode_error
+from gradcode.common.codes.registry import available_codes, code_class
 
 __all__ = ["SchemeRow", "format_table", "scheme_rows"]
 

@@ -32,13 +32,13 @@ contiguous survivor sets, the :data:`ADVERSARIAL_CHECK_SETS` worst straggler set
 :data:`EXHAUSTIVE_SEARCH_LIMIT`, so small codes are cheap to check), and :data:`RANDOM_CHECK_SETS`
 seeded random sets; while the worst exceeds ``max_decode_error`` it redraws $H$ from the next child
 of ``SeedSequence(seed)``, at most :data:`MAX_DRAWS` draws, then raises
-:class:`~common.exceptions.NumericallyUnsafeError`. After the search, random unchecked sets stayed
+:class:`~gradcode.common.exceptions.NumericallyUnsafeError`. After the search, random unchecked sets stayed
 within 3.5x of the measured worst (7,960 sets, $n \le 64$).
 Since the check is a sample, each decoding also carries an a-posteriori estimate
 (:func:`estimated_decode_error`); above ``max_decode_error`` the decoding is flagged ``exact=False``
 (5 of those 7,960 sets, all false alarms; none unflagged above 1e-9).
 
-Measured limits, default seed and bound 1e-9 (``python -m common.codes.cyclic 96 128`` and a sweep of
+Measured limits, default seed and bound 1e-9 (``python -m gradcode.common.codes.cyclic 96 128`` and a sweep of
 every $(n, s)$, $n \le 64$): every $(n, s)$ with $n \le 64$ is accepted; up to $n \approx 20$ at the
 first draw, above that a growing share (1 in 10 to 1 in 3 for $n$ = 50–64) needs 1 to 3 redraws;
 accepted worst errors reach 1.0e-9 (the bound). At $n = 128$: $s \in \{1, 2, 3, 32, 127\}$ at the first draw,
@@ -59,11 +59,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
-from common.codes.registry import register
-from common.exceptions import NumericallyUnsafeError
-from common.validation import check_int
+from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
+from gradcode.common.codes.registry import register
+from gradcode.common.exceptions import NumericallyUnsafeError
+from gradcode.common.validation import check_int
 
 __all__ = [
     "ERROR_ESTIMATE_SAFETY",
@@ -144,7 +144,7 @@ class ExplicitCode(GradientCode):
     """An explicit ``B`` (one message per worker) claimed to tolerate ``s`` stragglers; not registered.
 
     For published example matrices (e.g. Tandon et al. §2.1) and experiments. Decoded by the generic
-    :class:`~common.codes.base.SpanDecoder`; the claim about ``s`` is the caller's and is not verified.
+    :class:`~gradcode.common.codes.base.SpanDecoder`; the claim about ``s`` is the caller's and is not verified.
     """
 
     name = "explicit"
@@ -350,7 +350,7 @@ def draw_cyclic_repetition(
     :data:`ADVERSARIAL_CHECK_SETS` worst found by :func:`adversarial_straggler_sets` (all straggler sets
     scored when there are few) and :data:`RANDOM_CHECK_SETS` seeded random ones. The first draw whose
     worst measured error is at most ``max_decode_error`` is returned; after :data:`MAX_DRAWS` draws
-    :class:`~common.exceptions.NumericallyUnsafeError` is raised, its message ending with ``advice``.
+    :class:`~gradcode.common.exceptions.NumericallyUnsafeError` is raised, its message ending with ``advice``.
 
     ``s = 0`` ($B = I$) and ``s = n - 1`` (all-ones rows) are exact 0/1 codes that do not depend on
     $H$: they are measured (one survivor set says it all) but never redrawn.
@@ -403,7 +403,7 @@ def _check_sets(b: Array, s: int, seed: int) -> list[list[int]]:
 def _worst_decode_error(b: Array, survivor_sets: Sequence[Sequence[int]], seed: int) -> float:
     """Largest relative error of decoding random partial gradients from each set's rows of ``b``.
 
-    The measurement of :func:`~common.codes.numerics.decode_error`, with the weights the decoders of
+    The measurement of :func:`~gradcode.common.codes.numerics.decode_error`, with the weights the decoders of
     this construction use (:func:`equilibrated_decoding_weights`) and no code object to build.
     """
     rng = np.random.default_rng(seed)

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
-from common.codes.registry import register
-from common.validation import check_int
+from gradcode.common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
+from gradcode.common.codes.registry import register
+from gradcode.common.validation import check_int
 
 __all__ = ["FractionalRepetitionCode", "valid_fractional_stragglers"]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from common.codes.base import Array, Assignment, GradientCode
+from gradcode.common.codes.base import Array, Assignment, GradientCode
 
 __all__ = [
     "DEFAULT_MAX_DECODE_ERROR",

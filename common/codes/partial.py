@@ -33,11 +33,11 @@ from typing import Literal
 
 import numpy as np
 
-from common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
-from common.codes.cyclic import CyclicRepetitionCode
-from common.codes.fractional import FractionalRepetitionCode, valid_fractional_stragglers
-from common.codes.registry import register
-from common.validation import check_int
+from gradcode.common.codes.base import Assignment, Decoding, GradientCode, OnlineDecoder
+from gradcode.common.codes.cyclic import CyclicRepetitionCode
+from gradcode.common.codes.fractional import FractionalRepetitionCode, valid_fractional_stragglers
+from gradcode.common.codes.registry import register
+from gradcode.common.validation import check_int
 
 __all__ = ["INNER_CODES", "PartialStragglerCode", "naive_partitions_per_worker"]
 

@@ -6,7 +6,7 @@ $s = \lfloor nw/k \rfloor - 1$ stragglers (the bound (2), met with equality), i.
 $f = n - s$ workers determine the full gradient.
 
 Construction (§3, Algorithm 2)
-    The support of $B$ is the balanced mask of Algorithm 4 (:mod:`common.codes.balanced_mask`).
+    The support of $B$ is the balanced mask of Algorithm 4 (:mod:`gradcode.common.codes.balanced_mask`).
     With $\alpha = e^{2\pi i/n}$, worker $i$ evaluates at $\alpha^i$, and column $j$ of $B$ is the
     evaluation vector of $t_j(x) = \prod_{r: M_{rj} = 0} (x - \alpha^r)/(-\alpha^r)$, a polynomial
     of degree $n - d_j \le f - 1$ with $t_j(0) = 1$. Since $(\alpha^i - \alpha^r)/(-\alpha^r) =
@@ -90,8 +90,8 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.balanced_mask import column_arcs, column_weights, mask_matrix
-from common.codes.base import (
+from gradcode.common.codes.balanced_mask import column_arcs, column_weights, mask_matrix
+from gradcode.common.codes.base import (
     SPAN_TOLERANCE,
     Array,
     Assignment,
@@ -101,9 +101,9 @@ from common.codes.base import (
     SpanTracker,
     check_int,
 )
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets
-from common.codes.registry import register
-from common.exceptions import NumericallyUnsafeError
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets
+from gradcode.common.codes.registry import register
+from gradcode.common.exceptions import NumericallyUnsafeError
 
 __all__ = [
     "ReedSolomonCode",
@@ -329,7 +329,7 @@ class ReedSolomonCode(GradientCode):
     def _measure_decode_error(self) -> float:
         """Worst relative error of $\\sum_l a_l m_l$ vs $\\sum_j g_j$ over :meth:`guard_survivor_sets`.
 
-        Same quantity as :func:`common.codes.numerics.decode_error` (random $G$, messages $B_F G$,
+        Same quantity as :func:`gradcode.common.codes.numerics.decode_error` (random $G$, messages $B_F G$,
         relative 2-norm), but the messages are formed once and the weights come straight from
         :func:`decoding_weights`: $O(nkp + n f s)$ in total.
         """

@@ -6,7 +6,7 @@ import importlib
 import inspect
 from typing import Any, TypeVar
 
-from common.codes.base import GradientCode
+from gradcode.common.codes.base import GradientCode
 
 __all__ = ["available_codes", "code_class", "code_parameters", "make_code", "register"]
 
@@ -60,14 +60,14 @@ def make_code(name: str, **params: Any) -> GradientCode:
 
 
 BUILTIN_SCHEME_MODULES = (
-    "common.codes.baseline",
-    "common.codes.fractional",
-    "common.codes.cyclic",
-    "common.codes.partial",
-    "common.codes.reed_solomon",
-    "common.codes.binary",
-    "common.codes.clustered",
-    "common.codes.coded_reduce",
+    "gradcode.common.codes.baseline",
+    "gradcode.common.codes.fractional",
+    "gradcode.common.codes.cyclic",
+    "gradcode.common.codes.partial",
+    "gradcode.common.codes.reed_solomon",
+    "gradcode.common.codes.binary",
+    "gradcode.common.codes.clustered",
+    "gradcode.common.codes.coded_reduce",
 )
 """Modules whose import registers the built-in schemes (each decorates its classes)."""
 

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m bench.transport --quick``: real worker, master and cluster processes on loopback,
+"""Smoke test of ``python -m gradcode.bench.transport --quick``: real worker, master and cluster processes on loopback,
 every stage of the benchmark runs and saves its outputs. No timing is asserted, only that every figure
 is there and positive."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import transport
+from gradcode.bench import transport
 
 STREAMING_FIELDS = (
     "total_s", "compute_s", "transport_s", "transport_GBps", "raw_grpc_s", "raw_grpc_GBps", "loopback_s",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.codes import GradientCode
+from gradcode.common.codes import GradientCode
 
 EXACT_BINARY_TOLERANCE = 1e-12
 """Relative decode error allowed for codes whose B and weights are 0/1 (float64 sums only)."""

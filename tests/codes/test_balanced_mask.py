@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.codes.balanced_mask import column_arcs, column_weights, mask_matrix, row_balanced_mask
+from gradcode.common.codes.balanced_mask import column_arcs, column_weights, mask_matrix, row_balanced_mask
 
 # Eq. (5) of the paper: (n, k, w) = (8, 4, 3), every column of weight nw/k = 6.
 PAPER_EQ5 = np.array(

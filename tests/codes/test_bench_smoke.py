@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m bench.decode --quick``: the whole benchmark path runs and saves its outputs."""
+"""Smoke test of ``python -m gradcode.bench.decode --quick``: the whole benchmark path runs and saves its outputs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import decode
+from gradcode.bench import decode
 
 
 def test_quick_decode_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.codes import make_code
-from common.codes.base import Decoding
-from common.codes.binary import (
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Decoding
+from gradcode.common.codes.binary import (
     BinaryCode,
     BinaryCodeBase,
     BinaryDecoding,
@@ -20,8 +20,8 @@ from common.codes.binary import (
     binary_run_lengths,
     equal_time_loads,
 )
-from common.codes.numerics import contiguous_survivor_sets, decode_error, ones_in_span
-from common.exceptions import NotDecodableError
+from gradcode.common.codes.numerics import contiguous_survivor_sets, decode_error, ones_in_span
+from gradcode.common.exceptions import NotDecodableError
 from tests.codes.conftest import EXACT_BINARY_TOLERANCE
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.codes import Observation, make_code
-from common.codes.clustered import ClusteredCode, DynamicClusteredCode, observation_from_speeds
-from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, decode_error, ones_in_span
+from gradcode.common.codes import Observation, make_code
+from gradcode.common.codes.clustered import ClusteredCode, DynamicClusteredCode, observation_from_speeds
+from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, decode_error, ones_in_span
 
 TOLERANCE = 1e-9
 
@@ -211,7 +211,7 @@ def test_degenerate_loads_are_exactly_binary() -> None:
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_every_cluster_runs_the_shared_checked_cyclic_draw(dynamic: bool) -> None:
-    # One implementation of Algorithm 2 (common.codes.cyclic): the same checked draw in every diagonal block.
+    # One implementation of Algorithm 2 (gradcode.common.codes.cyclic): the same checked draw in every diagonal block.
     code = DynamicClusteredCode(12, 3, 3, 2, seed=5) if dynamic else ClusteredCode(12, 3, 3, seed=5)
     accepted = draw_cyclic_repetition(4, 2, seed=5)
     assert accepted.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.codes import make_code
-from common.codes.coded_reduce import (
+from gradcode.common.codes import make_code
+from gradcode.common.codes.coded_reduce import (
     DEFAULT_SEED,
     CodedReduceCode,
     CodedReduceTree,
@@ -27,9 +27,9 @@ from common.codes.coded_reduce import (
     simulate_coded_reduce_latency,
     uncoded_latency,
 )
-from common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR
-from common.exceptions import NotDecodableError
+from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR
+from gradcode.common.exceptions import NotDecodableError
 
 TOLERANCE = 1e-9
 
@@ -294,7 +294,7 @@ def test_draw_is_deterministic_and_seeded() -> None:
 
 @pytest.mark.parametrize(("n", "s", "seed"), [(6, 2, DEFAULT_SEED), (9, 4, 1), (5, 1, 0), (12, 5, 3)])
 def test_per_parent_code_is_the_shared_checked_cyclic_draw(n: int, s: int, seed: int) -> None:
-    # One implementation of Algorithm 2 (common.codes.cyclic), with its decode-error guard.
+    # One implementation of Algorithm 2 (gradcode.common.codes.cyclic), with its decode-error guard.
     accepted = draw_cyclic_repetition(n, s, seed=seed)
     assert accepted.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
     code = CompAllocCode(n, s, seed=seed)

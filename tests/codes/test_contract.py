@@ -13,9 +13,9 @@ import itertools
 import numpy as np
 import pytest
 
-from common.codes import GradientCode, available_codes, code_class, make_code
-from common.codes.numerics import decode_error, ones_in_span
-from common.exceptions import NotDecodableError
+from gradcode.common.codes import GradientCode, available_codes, code_class, make_code
+from gradcode.common.codes.numerics import decode_error, ones_in_span
+from gradcode.common.exceptions import NotDecodableError
 from tests.codes.conftest import tolerance_for
 
 MAX_N = 10

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from common.codes import make_code
-from common.codes.cyclic import (
+from gradcode.common.codes import make_code
+from gradcode.common.codes.cyclic import (
     MAX_DRAWS,
     CyclicRepetitionCode,
     adversarial_straggler_sets,
@@ -22,8 +22,13 @@ from common.codes.cyclic import (
     equilibrated_decoding_weights,
     estimated_decode_error,
 )
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets, decode_error, ones_in_span
-from common.exceptions import NumericallyUnsafeError
+from gradcode.common.codes.numerics import (
+    DEFAULT_MAX_DECODE_ERROR,
+    contiguous_survivor_sets,
+    decode_error,
+    ones_in_span,
+)
+from gradcode.common.exceptions import NumericallyUnsafeError
 
 TOLERANCE = 1e-9
 

@@ -1,7 +1,7 @@
-"""The public surface of common.codes: sorted __all__, every name importable, every scheme exported."""
+"""The public surface of gradcode.common.codes: sorted __all__, every name importable, every scheme exported."""
 
-import common.codes as codes
-from common.codes import GradientCode, available_codes, code_class
+import gradcode.common.codes as codes
+from gradcode.common.codes import GradientCode, available_codes, code_class
 
 
 def test_all_is_sorted_and_importable() -> None:
@@ -15,4 +15,4 @@ def test_every_registered_scheme_is_exported() -> None:
     for name in available_codes():
         cls = code_class(name)
         assert issubclass(cls, GradientCode)
-        assert cls in exported, f"{cls.__name__} ({name!r}) is registered but not exported from common.codes"
+        assert cls in exported, f"{cls.__name__} ({name!r}) is registered but not exported from gradcode.common.codes"

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.codes import make_code
-from common.codes.fractional import FractionalRepetitionCode, valid_fractional_stragglers
-from common.codes.numerics import contiguous_survivor_sets, decode_error, ones_in_span
-from common.exceptions import NotDecodableError
+from gradcode.common.codes import make_code
+from gradcode.common.codes.fractional import FractionalRepetitionCode, valid_fractional_stragglers
+from gradcode.common.codes.numerics import contiguous_survivor_sets, decode_error, ones_in_span
+from gradcode.common.exceptions import NotDecodableError
 
 TOLERANCE = 1e-12
 

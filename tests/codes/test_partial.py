@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from common.codes import make_code
-from common.codes.numerics import decode_error, ones_in_span
-from common.codes.partial import PartialStragglerCode, naive_partitions_per_worker
-from common.exceptions import NotDecodableError
+from gradcode.common.codes import make_code
+from gradcode.common.codes.numerics import decode_error, ones_in_span
+from gradcode.common.codes.partial import PartialStragglerCode, naive_partitions_per_worker
+from gradcode.common.exceptions import NotDecodableError
 
 TOLERANCE = 1e-9
 

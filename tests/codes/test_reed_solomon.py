@@ -9,22 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import common.codes.reed_solomon as rs
-from common.codes import code_parameters, make_code
-from common.codes.numerics import (
+import gradcode.common.codes.reed_solomon as rs
+from gradcode.common.codes import code_parameters, make_code
+from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
     contiguous_survivor_sets,
     decode_error,
     ones_in_span,
     worst_decode_error,
 )
-from common.codes.reed_solomon import (
+from gradcode.common.codes.reed_solomon import (
     ReedSolomonCode,
     decoding_weights,
     decoding_weights_algorithm3,
     encoding_matrix,
 )
-from common.exceptions import NumericallyUnsafeError
+from gradcode.common.exceptions import NumericallyUnsafeError
 
 TOLERANCE = 1e-9
 

@@ -11,8 +11,8 @@ import itertools
 import numpy as np
 import pytest
 
-from common.codes.cyclic import ExplicitCode, cyclic_matrix
-from common.codes.numerics import decode_error, ones_in_span
+from gradcode.common.codes.cyclic import ExplicitCode, cyclic_matrix
+from gradcode.common.codes.numerics import decode_error, ones_in_span
 
 PAPER_B = np.array([[0.5, 1.0, 0.0], [0.0, 1.0, -1.0], [0.5, 0.0, 1.0]])
 PAPER_A = np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, -1.0, 0.0]])

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from common.codes import make_code
-from common.gather import Source, gather
-from common.wire import message_chunks
-from protos.gradcode.v1 import worker_pb2
+from gradcode.common.codes import make_code
+from gradcode.common.gather import Source, gather
+from gradcode.common.wire import message_chunks
+from gradcode.v1 import worker_pb2
 
 
 class _FakeStream:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.models import (
+from gradcode.common.models import (
     MODEL_KINDS,
     LinearRegression,
     LogisticRegression,

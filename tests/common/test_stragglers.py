@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from common.stragglers import (
+from gradcode.common.stragglers import (
     DELAY_MODEL_NAMES,
     DelayModel,
     FixedDelay,

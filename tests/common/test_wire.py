@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.wire import (
+from gradcode.common.wire import (
     MessageAssembler,
     WireError,
     array_from_tensor,

@@ -1,10 +1,10 @@
 """End-to-end helpers: a real master and real workers as separate processes on loopback (port 0).
 
-:func:`start_cluster` starts them with :class:`client.launch.LocalCluster` (each process limited to
+:func:`start_cluster` starts them with :class:`gradcode.client.launch.LocalCluster` (each process limited to
 one BLAS thread), waits until the master lists every worker UP, and always stops every process.
 :class:`Cluster` knows which process is which pool worker, can SIGKILL one and restart it (at the same
 address when the port is still free; it re-registers and is UP again). :func:`run_job` runs a job
-through :meth:`client.sdk.GradcodeClient.run` and returns its final info and reports.
+through :meth:`gradcode.client.sdk.GradcodeClient.run` and returns its final info and reports.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
-from client.launch import LocalCluster, ServiceProcess
-from client.sdk import GradcodeClient, ReportCallback
-from common.wire import struct_from_dict
-from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
+from gradcode.client.launch import LocalCluster, ServiceProcess
+from gradcode.client.sdk import GradcodeClient, ReportCallback
+from gradcode.common.wire import struct_from_dict
+from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 START_TIMEOUT = 60.0
 RESTART_ATTEMPTS = 3
@@ -75,7 +75,7 @@ class Cluster:
         host = self.addresses[index].rpartition(":")[0]
         for attempt in range(RESTART_ATTEMPTS + 1):
             listen = self.addresses[index] if attempt < RESTART_ATTEMPTS else f"{host}:0"
-            argv = [sys.executable, "-m", "worker", "--listen", listen, "--master", self.master_address]
+            argv = [sys.executable, "-m", "gradcode.worker", "--listen", listen, "--master", self.master_address]
             log = old.log_path.with_name(f"{old.log_path.stem}-restart-{int(time.time() * 1000)}.log")
             proc = ServiceProcess(argv, log_path=log)
             self.local.workers.append(proc)  # so LocalCluster.stop() stops it too

@@ -17,10 +17,10 @@ import grpc
 import numpy as np
 import pytest
 
-from common.models import make_model
-from common.serving import start_server
-from common.wire import message_chunks, tensor_from_array
-from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.common.models import make_model
+from gradcode.common.serving import start_server
+from gradcode.common.wire import message_chunks, tensor_from_array
+from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.helpers import fixed_delay
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from client.launch import ServiceProcess, service_env
+from gradcode.client.launch import ServiceProcess, service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def _argv(command: list[str]) -> list[str]:
     if head == "python":
         return [sys.executable, *rest]
     if head == "gradcode":
-        return [sys.executable, "-m", "client", *rest]
+        return [sys.executable, "-m", "gradcode", *rest]
     raise AssertionError(f"unexpected entry point {head!r} in docker-compose.yml")
 
 

@@ -1,4 +1,4 @@
-"""The README's main job, `python -m client demo`, run as a user would (smaller, same code path)."""
+"""The README's main job, `python -m gradcode.client demo`, run as a user would (smaller, same code path)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.launch import service_env
+from gradcode.client.launch import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_trains_exactly_and_beats_waiting_for_all(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    argv = [sys.executable, "-m", "client", "demo", "--n", "4", "--s", "1", "--iterations", "12"]
+    argv = [sys.executable, "-m", "gradcode.client", "demo", "--n", "4", "--s", "1", "--iterations", "12"]
     done = subprocess.run(
         [*argv, "--delay", "0.2", "--out", str(out)],
         capture_output=True, text=True, timeout=180, cwd=ROOT, env=service_env(),

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from common.codes.registry import make_code
-from common.data import load_dataset
-from common.models import make_model
-from common.wire import array_from_tensor
-from protos.gradcode.v1 import master_pb2
+from gradcode.common.codes.registry import make_code
+from gradcode.common.data import load_dataset
+from gradcode.common.models import make_model
+from gradcode.common.wire import array_from_tensor
+from gradcode.v1 import master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.helpers import fixed_delay
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from common.wire import array_from_tensor, tensor_from_array
-from protos.gradcode.v1 import worker_pb2
+from gradcode.common.wire import array_from_tensor, tensor_from_array
+from gradcode.v1 import worker_pb2
 
 
 def test_per_worker_fields_prepended_to_shared_model_bytes_parse_to_the_whole_request() -> None:

@@ -10,19 +10,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.codes.registry import available_codes
-from common.stragglers import Pareto, make_delay_model
-from common.wire import array_from_tensor, struct_from_dict
-from master import job
-from master.job import (
+from gradcode.common.codes.registry import available_codes
+from gradcode.common.stragglers import Pareto, make_delay_model
+from gradcode.common.wire import array_from_tensor, struct_from_dict
+from gradcode.master import job
+from gradcode.master.job import (
     DEFAULT_ITERATION_DEADLINE_SECONDS,
     JobPlan,
     JobRunner,
     JobSpecError,
     plan_job,
 )
-from master.pool import WorkerPool
-from protos.gradcode.v1 import common_pb2, master_pb2
+from gradcode.master.pool import WorkerPool
+from gradcode.v1 import common_pb2, master_pb2
 
 
 def spec(code: str = "cyclic", params: dict[str, Any] | None = None, **fields: Any) -> master_pb2.JobSpec:

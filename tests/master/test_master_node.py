@@ -20,15 +20,15 @@ import grpc
 import numpy as np
 import pytest
 
-from common.data import load_dataset
-from common.models import Model, make_model
-from common.serving import ServingHandle, start_server
-from common.wire import array_from_tensor, message_chunks, struct_from_dict
-from master import service
-from master.job import JobRunner
-from master.node import MasterNode
-from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from worker.node import WorkerNode
+from gradcode.common.data import load_dataset
+from gradcode.common.models import Model, make_model
+from gradcode.common.serving import ServingHandle, start_server
+from gradcode.common.wire import array_from_tensor, message_chunks, struct_from_dict
+from gradcode.master import service
+from gradcode.master.job import JobRunner
+from gradcode.master.node import MasterNode
+from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.worker.node import WorkerNode
 
 TIMEOUT = 60.0
 SAMPLES = 200

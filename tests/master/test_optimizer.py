@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from master.optimizer import GradientDescent, Nesterov, make_optimizer, mean_gradient
+from gradcode.master.optimizer import GradientDescent, Nesterov, make_optimizer, mean_gradient
 
 RNG_SEED = 20240611
 

@@ -3,7 +3,7 @@
 The bottom-up check below uses only what the master sends (every JobSetup) plus the library: each
 node's own message from its loaded rows and data, each parent's decode with the child code it is
 told to build, and the master's decoder. It must equal the centralized gradient and
-:func:`~common.codes.coded_reduce.simulate_coded_reduce`.
+:func:`~gradcode.common.codes.coded_reduce.simulate_coded_reduce`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.codes.coded_reduce import CompAllocCode, simulate_coded_reduce
-from common.codes.registry import make_code
-from common.wire import dict_from_struct
-from master.job import JobPlan, JobRunner, JobSpecError, plan_job
-from master.pool import PoolWorker, WorkerPool
-from protos.gradcode.v1 import master_pb2, worker_pb2
+from gradcode.common.codes.coded_reduce import CompAllocCode, simulate_coded_reduce
+from gradcode.common.codes.registry import make_code
+from gradcode.common.wire import dict_from_struct
+from gradcode.master.job import JobPlan, JobRunner, JobSpecError, plan_job
+from gradcode.master.pool import PoolWorker, WorkerPool
+from gradcode.v1 import master_pb2, worker_pb2
 from tests.master.test_job_spec import spec
 
 TREES = [(2, 1, 2), (3, 1, 2), (2, 0, 2), (3, 2, 2), (2, 1, 3)]

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from common.codes.base import Array, GradientCode
-from common.models import Model, make_model
-from common.serving import ServingHandle, start_server
-from protos.gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from worker.service import WorkerServicer
+from gradcode.common.codes.base import Array, GradientCode
+from gradcode.common.models import Model, make_model
+from gradcode.common.serving import ServingHandle, start_server
+from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.worker.service import WorkerServicer
 
 NUM_FEATURES = 6
 NUM_CLASSES = 3

@@ -7,8 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from common.codes import make_code
-from protos.gradcode.v1 import common_pb2, worker_pb2
+from gradcode.common.codes import make_code
+from gradcode.v1 import common_pb2, worker_pb2
+from gradcode.worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
 from tests.worker.conftest import (
     TOLERANCE,
     data_for,
@@ -18,7 +19,6 @@ from tests.worker.conftest import (
     partition_data,
     random_params,
 )
-from worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
 
 
 @pytest.mark.parametrize(

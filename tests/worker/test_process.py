@@ -1,4 +1,4 @@
-"""``python -m worker`` as a real subprocess: the ready line, LoadJob + Compute, health, reflection, SIGTERM."""
+"""``gradcode worker`` as a real subprocess: the ready line, LoadJob + Compute, health, reflection, SIGTERM."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from client.launch import ServiceProcess, service_env
-from common.codes import make_code
-from common.wire import CHANNEL_OPTIONS, MessageAssembler, tensor_from_array
-from protos.gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.client.launch import ServiceProcess, service_env
+from gradcode.common.codes import make_code
+from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, tensor_from_array
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.worker.conftest import (
     TOLERANCE,
     data_for,
@@ -35,7 +35,8 @@ TEST_TIMEOUT = 15.0
 
 @pytest.fixture(scope="module")
 def worker_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    argv = [sys.executable, "-m", "worker", "--listen", "127.0.0.1:0", "--log-level", "WARNING", "--grace", "1"]
+    argv = [sys.executable, "-m", "gradcode", "worker", "--listen", "127.0.0.1:0"]
+    argv += ["--log-level", "WARNING", "--grace", "1"]
     env = service_env()
     env.pop("GRADCODE_MASTER", None)
     proc = ServiceProcess(argv, log_path=tmp_path_factory.mktemp("worker") / "worker.log", env=env)

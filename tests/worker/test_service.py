@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.codes import make_code
-from common.codes.base import Array, GradientCode
-from common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
-from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Array, GradientCode
+from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
+from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.worker.compute import ComputeCancelledError
+from gradcode.worker.node import WorkerNode
+from gradcode.worker.parent import ParentRunner
+from gradcode.worker.service import WorkerServicer
 from tests.helpers import fixed_delay
 from tests.worker.conftest import (
     TOLERANCE,
@@ -32,10 +36,6 @@ from tests.worker.conftest import (
     softmax_model,
     stop_worker,
 )
-from worker.compute import ComputeCancelledError
-from worker.node import WorkerNode
-from worker.parent import ParentRunner
-from worker.service import WorkerServicer
 
 TEST_TIMEOUT = 10.0
 ANY_DTYPE = (np.dtype("<f8"), np.dtype("<c16"), np.dtype("<f4"))

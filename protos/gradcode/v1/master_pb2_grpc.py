@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.gradcode.v1 import master_pb2 as protos_dot_gradcode_dot_v1_dot_master__pb2
+from gradcode.v1 import master_pb2 as gradcode_dot_v1_dot_master__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/gradcode/v1/master_pb2_grpc.py depends on'
+        + ' but the generated code in gradcode/v1/master_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class MasterStub:
         """
         self.RegisterWorker = channel.unary_unary(
                 '/gradcode.v1.Master/RegisterWorker',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/gradcode.v1.Master/ListWorkers',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
                 _registered_method=True)
         self.CreateJob = channel.unary_unary(
                 '/gradcode.v1.Master/CreateJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobSpec.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.JobSpec.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/gradcode.v1.Master/GetJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
                 _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/gradcode.v1.Master/WatchJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.WatchJobRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.IterationReport.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.IterationReport.FromString,
                 _registered_method=True)
         self.GetModel = channel.unary_unary(
                 '/gradcode.v1.Master/GetModel',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.GetModelRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ModelReply.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.ModelReply.FromString,
                 _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/gradcode.v1.Master/CancelJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+                request_serializer=gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
                 _registered_method=True)
 
 
@@ -123,38 +123,38 @@ def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersReply.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.ListWorkersReply.SerializeToString,
             ),
             'CreateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobSpec.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.JobSpec.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.GetJobRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.GetJobRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.WatchJobRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.IterationReport.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.WatchJobRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.IterationReport.SerializeToString,
             ),
             'GetModel': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModel,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.GetModelRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.ModelReply.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.GetModelRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.ModelReply.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_master__pb2.CancelJobRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.CancelJobRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,8 +182,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/RegisterWorker',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.FromString,
+            gradcode_dot_v1_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.RegisterWorkerReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -209,8 +209,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/ListWorkers',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
+            gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -236,8 +236,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/CreateJob',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.JobSpec.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+            gradcode_dot_v1_dot_master__pb2.JobSpec.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -263,8 +263,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/GetJob',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.GetJobRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+            gradcode_dot_v1_dot_master__pb2.GetJobRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -290,8 +290,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/WatchJob',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.WatchJobRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.IterationReport.FromString,
+            gradcode_dot_v1_dot_master__pb2.WatchJobRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.IterationReport.FromString,
             options,
             channel_credentials,
             insecure,
@@ -317,8 +317,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/GetModel',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.GetModelRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.ModelReply.FromString,
+            gradcode_dot_v1_dot_master__pb2.GetModelRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.ModelReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -344,8 +344,8 @@ class Master:
             request,
             target,
             '/gradcode.v1.Master/CancelJob',
-            protos_dot_gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+            gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,

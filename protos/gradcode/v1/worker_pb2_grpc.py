@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.gradcode.v1 import worker_pb2 as protos_dot_gradcode_dot_v1_dot_worker__pb2
+from gradcode.v1 import worker_pb2 as gradcode_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/gradcode/v1/worker_pb2_grpc.py depends on'
+        + ' but the generated code in gradcode/v1/worker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class WorkerStub:
         """
         self.LoadJob = channel.stream_unary(
                 '/gradcode.v1.Worker/LoadJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobReply.FromString,
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.LoadJobReply.FromString,
                 _registered_method=True)
         self.Compute = channel.unary_stream(
                 '/gradcode.v1.Worker/Compute',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
                 _registered_method=True)
         self.EndJob = channel.unary_unary(
                 '/gradcode.v1.Worker/EndJob',
-                request_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
-                response_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
                 _registered_method=True)
 
 
@@ -82,18 +82,18 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'LoadJob': grpc.stream_unary_rpc_method_handler(
                     servicer.LoadJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobReply.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.LoadJobReply.SerializeToString,
             ),
             'Compute': grpc.unary_stream_rpc_method_handler(
                     servicer.Compute,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.ComputeRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.GradientChunk.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.SerializeToString,
             ),
             'EndJob': grpc.unary_unary_rpc_method_handler(
                     servicer.EndJob,
-                    request_deserializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobRequest.FromString,
-                    response_serializer=protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobReply.SerializeToString,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -121,8 +121,8 @@ class Worker:
             request_iterator,
             target,
             '/gradcode.v1.Worker/LoadJob',
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.LoadJobReply.FromString,
+            gradcode_dot_v1_dot_worker__pb2.LoadJobChunk.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.LoadJobReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -148,8 +148,8 @@ class Worker:
             request,
             target,
             '/gradcode.v1.Worker/Compute',
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
+            gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -175,8 +175,8 @@ class Worker:
             request,
             target,
             '/gradcode.v1.Worker/EndJob',
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
-            protos_dot_gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
+            gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
             options,
             channel_credentials,
             insecure,

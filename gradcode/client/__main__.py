@@ -1,5 +1,7 @@
 """The ``gradcode`` command line.
 
+    gradcode master ...                run a master (`gradcode master --help`)
+    gradcode worker ...                run a worker (`gradcode worker --help`)
     gradcode demo                      local master + workers as processes, train on digits, compare
     gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
     gradcode run --master ADDR ...     start a job on a running master and follow it
@@ -13,24 +15,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import inspect
 import json
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 
-from client.history import plot_history, save_history
-from client.launch import LocalCluster
-from client.sdk import GradcodeClient, JobFailedError, build_job_spec
-from common.codes.compare import format_table, scheme_rows
-from common.codes.registry import available_codes, code_parameters
-from protos.gradcode.v1 import master_pb2
+from gradcode.client.history import plot_history, save_history
+from gradcode.client.launch import LocalCluster
+from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
+from gradcode.common.codes.compare import format_table, scheme_rows
+from gradcode.common.codes.registry import available_codes, code_parameters
+from gradcode.v1 import master_pb2
 
 DEFAULT_MASTER = "127.0.0.1:50050"
 
@@ -221,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for name in SERVICES:
+        sub.add_parser(name, add_help=False, help=f"run a {name} service (`gradcode {name} --help` lists its flags)")
     master_default = os.environ.get("GRADCODE_MASTER", DEFAULT_MASTER)
 
     demo = sub.add_parser("demo", help="run a local master + workers and train on the bundled digits data")
@@ -255,7 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SERVICES = {"master": "gradcode.master.__main__", "worker": "gradcode.worker.__main__"}
+"""Subcommands that run a service: the rest of the command line is the service's own."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SERVICES:
+        service_main: Callable[[list[str]], int] = importlib.import_module(SERVICES[argv[0]]).main
+        return int(service_main(argv[1:]))
     args = build_parser().parse_args(argv)
     handler = args.handler
     try:

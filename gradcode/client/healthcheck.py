@@ -1,6 +1,6 @@
 """Exit 0 when the gRPC server at ADDRESS reports SERVING on the standard health service.
 
-Usage: ``python -m client.healthcheck HOST:PORT [--timeout SECONDS]`` (used by docker-compose).
+Usage: ``python -m gradcode.client.healthcheck HOST:PORT [--timeout SECONDS]`` (used by docker-compose).
 """
 
 from __future__ import annotations

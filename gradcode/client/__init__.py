@@ -1,5 +1,5 @@
 """gradcode's client: a Python SDK over the master's control API, a CLI, and a local launcher."""
 
-from client.sdk import GradcodeClient, JobFailedError, build_job_spec
+from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 
 __all__ = ["GradcodeClient", "JobFailedError", "build_job_spec"]

@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from common.codes.registry import code_class
-from common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
-from protos.gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
+from gradcode.common.codes.registry import code_class
+from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
+from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 __all__ = ["GradcodeClient", "JobFailedError", "ReportCallback", "build_job_spec", "code_params_for"]
 

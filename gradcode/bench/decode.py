@@ -1,11 +1,11 @@
 """How fast is Reed–Solomon decoding? Decoding coefficients vs generic solvers, combine vs memory copy.
 
-    python -m bench.decode [--quick] [--out DIR]
+    python -m gradcode.bench.decode [--quick] [--out DIR]
 
 Decoding coefficients, for n in {10, 20, ..., 1280}, s = n / 5, f = n - s, on one seeded random
 survivor set per n (the same set for every method):
 
-* ``rs_fast``: :func:`common.codes.reed_solomon.decoding_weights`, the O(f·s) closed form the decoder
+* ``rs_fast``: :func:`gradcode.common.codes.reed_solomon.decoding_weights`, the O(f·s) closed form the decoder
   uses;
 * ``rs_alg3``: Algorithm 3 of Halbawi et al., O(f²) table look-ups;
 * ``rs_online``: a whole online decoder (f ``add`` calls, then ``decoding()``; the guard is off, so
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from common.codes.base import Decoding
-from common.codes.reed_solomon import (
+from gradcode.common.codes.base import Decoding
+from gradcode.common.codes.reed_solomon import (
     ReedSolomonCode,
     decoding_weights,
     decoding_weights_algorithm3,
@@ -241,7 +241,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.decode", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run of a few seconds")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for decode.json and decode.png")
     args = parser.parse_args(argv)

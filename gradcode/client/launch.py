@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from common.serving import BLAS_THREAD_VARIABLES
+from gradcode.common.serving import BLAS_THREAD_VARIABLES
 
 __all__ = ["LocalCluster", "ServiceProcess", "service_env"]
 
@@ -36,7 +36,7 @@ def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class ServiceProcess:
     """A master or worker child process whose announced address is read from its output.
 
-    ``argv`` is the whole command (e.g. ``[sys.executable, "-m", "worker", "--listen", ...]``).
+    ``argv`` is the whole command (e.g. ``[sys.executable, "-m", "gradcode.worker", "--listen", ...]``).
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None):
@@ -128,7 +128,7 @@ class LocalCluster:
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         self.master = ServiceProcess(
-            [sys.executable, "-m", "master", "--listen", f"{self.host}:0", "--run-dir", str(self.run_dir)],
+            [sys.executable, "-m", "gradcode.master", "--listen", f"{self.host}:0", "--run-dir", str(self.run_dir)],
             log_path=logs / "master.log",
         )
         master = self.master.wait_ready(timeout)
@@ -142,7 +142,7 @@ class LocalCluster:
         """Start one more worker that registers with the master (also used to bring one back)."""
         master_address = master_address or self.master_address
         log_path = log_path or self.run_dir / "logs" / f"worker-{len(self.workers)}.log"
-        argv = [sys.executable, "-m", "worker", "--listen", f"{self.host}:0", "--master", master_address]
+        argv = [sys.executable, "-m", "gradcode.worker", "--listen", f"{self.host}:0", "--master", master_address]
         worker = ServiceProcess([*argv, "--name", log_path.stem], log_path=log_path)
         self.workers.append(worker)
         return worker

@@ -1,13 +1,13 @@
 """How fast is gradcode's transport? Gradient streaming and per-iteration overhead against the machine's limits.
 
-    python -m bench.transport [--quick] [--out DIR]
+    python -m gradcode.bench.transport [--quick] [--out DIR]
 
 Everything runs on loopback with real processes, in one run, so the limits are this machine's now.
 
-**Gradient streaming.** One real worker process (``python -m worker``) holds a linear-regression job
+**Gradient streaming.** One real worker process (``python -m gradcode.worker``) holds a linear-regression job
 with p parameters (one sample, one partition, one row: the compute is tiny), for p in {1e4, 1e5,
 1e6, 4e6}. This process plays the master: it sends Compute (the model, 8p bytes, down), reassembles
-the streamed message (8p bytes, up) with :class:`common.wire.MessageAssembler` and stops the clock
+the streamed message (8p bytes, up) with :class:`gradcode.common.wire.MessageAssembler` and stops the clock
 when the message is complete. ``transport = total - compute``, where ``compute`` is the worker's own
 ``compute_seconds`` from the message trailer; the transport rate is ``16p bytes / transport``. It is
 compared with, measured in rounds interleaved with the Compute calls (so slow drift of a shared
@@ -28,11 +28,12 @@ check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, it
 loops) and the socket.
 
 **Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (the
-``chunk_bytes`` of :func:`common.wire.message_chunks`; default :data:`common.wire.DEFAULT_CHUNK_BYTES`)
+``chunk_bytes`` of :func:`gradcode.common.wire.message_chunks`;
+default :data:`gradcode.common.wire.DEFAULT_CHUNK_BYTES`)
 set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size (started through
 :func:`serve_worker`), all alive at once and called round-robin.
 
-**Per-iteration overhead.** A :class:`client.launch.LocalCluster` with 8 worker processes; jobs of
+**Per-iteration overhead.** A :class:`gradcode.client.launch.LocalCluster` with 8 worker processes; jobs of
 softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
 stragglers, 30 iterations each, run through the SDK. From the reports (first two iterations left out),
 medians of ``wall_seconds`` (request to optimizer step), ``decode_seconds`` (decoder + combine),
@@ -73,10 +74,10 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client.launch import LocalCluster, ServiceProcess, service_env
-from client.sdk import GradcodeClient, build_job_spec
-from common.serving import reuse_large_buffers
-from common.wire import (
+from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
+from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.serving import reuse_large_buffers
+from gradcode.common.wire import (
     CHANNEL_OPTIONS,
     DEFAULT_CHUNK_BYTES,
     MessageAssembler,
@@ -84,7 +85,7 @@ from common.wire import (
     message_chunks,
     tensor_from_array,
 )
-from protos.gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["main", "run", "serve_worker"]
 
@@ -128,24 +129,25 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def serve_worker(chunk_bytes: int, worker_argv: Sequence[str]) -> int:
-    """Run ``python -m worker`` with its gradient messages split into ``chunk_bytes`` chunks.
+    """Run ``python -m gradcode.worker`` with its gradient messages split into ``chunk_bytes`` chunks.
 
-    The worker service calls :func:`common.wire.message_chunks` with its default chunk size; this
+    The worker service calls :func:`gradcode.common.wire.message_chunks` with its default chunk size; this
     rebinds the service's reference to a version with another default, then runs the unchanged worker.
     Used only by the chunk-size sweep, in a child process of its own.
     """
-    import worker.service
-    from worker.__main__ import main as worker_main
+    import gradcode.worker.service
+    from gradcode.worker.__main__ import main as worker_main
 
-    worker.service.message_chunks = functools.partial(message_chunks, chunk_bytes=chunk_bytes)  # type: ignore[attr-defined]
+    gradcode.worker.service.message_chunks = functools.partial(message_chunks, chunk_bytes=chunk_bytes)  # type: ignore[attr-defined]
     return worker_main(list(worker_argv))
 
 
 def _worker_argv(chunk_bytes: int | None) -> list[str]:
     if chunk_bytes is None:
-        return [sys.executable, "-m", "worker", "--listen", "127.0.0.1:0"]
+        return [sys.executable, "-m", "gradcode.worker", "--listen", "127.0.0.1:0"]
     code = (
-        "import sys; from bench.transport import serve_worker; sys.exit(serve_worker(int(sys.argv[1]), sys.argv[2:]))"
+        "import sys; from gradcode.bench.transport import serve_worker; "
+        "sys.exit(serve_worker(int(sys.argv[1]), sys.argv[2:]))"
     )
     return [sys.executable, "-c", code, str(chunk_bytes), "--listen", "127.0.0.1:0"]
 
@@ -235,7 +237,7 @@ async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[
 
 
 def _start_workers(chunk_sizes: Sequence[int | None], logs: Path) -> list[ServiceProcess]:
-    """One worker process per chunk size (None: plain ``python -m worker``), started concurrently."""
+    """One worker process per chunk size (None: plain ``python -m gradcode.worker``), started concurrently."""
     processes: list[ServiceProcess] = []
     try:
         for chunk_bytes in chunk_sizes:
@@ -584,8 +586,8 @@ async def _wait_workers_up(client: GradcodeClient, count: int) -> None:
 
 def worker_compute_time(n: int, s: int, repeats: int) -> float:
     """Median seconds of one worker's gradient over its s + 1 partitions of the digits training set."""
-    from common.data import load_dataset
-    from common.models import make_model
+    from gradcode.common.data import load_dataset
+    from gradcode.common.models import make_model
 
     dataset = load_dataset("digits")
     model = make_model(dataset.model_kind, num_features=dataset.X_train.shape[1], num_classes=dataset.num_classes)
@@ -812,11 +814,11 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.transport", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.transport", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for transport.json and transport.png")
     args = parser.parse_args(argv)
-    reuse_large_buffers()  # this process plays the master; same malloc setting as python -m master
+    reuse_large_buffers()  # this process plays the master; same malloc setting as python -m gradcode.master
     run(quick=args.quick, out=args.out)
 
 

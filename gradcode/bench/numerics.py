@@ -1,6 +1,6 @@
 """How exact is each scheme as n grows? Worst relative decode error per scheme and n.
 
-    python -m bench.numerics [--sizes 8 16 32 64 128] [--straggler-fraction 0.25]
+    python -m gradcode.bench.numerics [--sizes 8 16 32 64 128] [--straggler-fraction 0.25]
 
 For each registered exact scheme and each n, builds the scheme's ``for_stragglers(n, s)`` with
 ``s = n * fraction`` rounded so that ``(s + 1) | n`` (so fractional repetition is comparable), and
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets, worst_decode_error
-from common.codes.registry import available_codes, code_class
-from common.exceptions import NumericallyUnsafeError
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets, worst_decode_error
+from gradcode.common.codes.registry import available_codes, code_class
+from gradcode.common.exceptions import NumericallyUnsafeError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from protos.gradcode.v1 import master_pb2
+from gradcode.v1 import master_pb2
 
 __all__ = ["plot_history", "report_rows", "save_history"]
 
