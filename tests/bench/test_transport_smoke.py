@@ -12,6 +12,8 @@ import pytest
 
 from gradcode.bench import transport
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 STREAMING_FIELDS = (
     "total_s", "compute_s", "transport_s", "transport_GBps", "raw_grpc_s", "raw_grpc_GBps", "loopback_s",
     "loopback_GBps", "memcpy_s", "memcpy_GBps", "ratio_raw_grpc", "ratio_loopback", "ratio_memcpy", "codec_s",

@@ -9,6 +9,8 @@ import pytest
 
 from gradcode.bench import decode
 
+pytestmark = pytest.mark.slow
+
 
 def test_quick_decode_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     decode.main(["--quick", "--out", str(tmp_path)])

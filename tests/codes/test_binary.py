@@ -287,6 +287,7 @@ def _brute_force_best_min_speed(n1: int, n2: int, m: int, v1: Fraction, v2: Frac
 SPEED_PAIRS = [(2.0, 1.0), (3.0, 2.0), (1.0, 5.0), (1.5, 1.25), (1.0, 1.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("speed1", "speed2"), SPEED_PAIRS)
 def test_allocation_minimises_the_largest_expected_time(speed1: float, speed2: float) -> None:
     for n1, n2 in itertools.product(range(6), repeat=2):

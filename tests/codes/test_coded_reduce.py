@@ -191,7 +191,15 @@ def test_tree_structure() -> None:
 # ---- CR.Execute: exact decoding bottom-up --------------------------------------------------------
 
 
-@pytest.mark.parametrize(("n", "s", "L"), [(2, 1, 2), (3, 1, 2), (3, 2, 2), (2, 0, 3), (2, 1, 3), (4, 1, 2)])
+@pytest.mark.parametrize(
+    ("n", "s", "L"),
+    [
+        (2, 1, 2),
+        (3, 1, 2),
+        (2, 0, 3),
+        *(pytest.param(*p, marks=pytest.mark.slow) for p in [(3, 2, 2), (2, 1, 3), (4, 1, 2)]),
+    ],
+)
 def test_every_combination_of_surviving_children(n: int, s: int, L: int) -> None:
     tree = CodedReduceTree(n, s, L)
     rng = np.random.default_rng(11)

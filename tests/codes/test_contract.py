@@ -19,6 +19,8 @@ from gradcode.common.exceptions import NotDecodableError
 from tests.codes.conftest import tolerance_for
 
 MAX_N = 10
+QUICK_MAX_N = 7
+"""Configurations up to this n form the quick loop; larger ones are marked slow (CI runs them all)."""
 SEED = 20161205
 
 
@@ -27,7 +29,8 @@ def _configs() -> list[pytest.param]:  # type: ignore[valid-type]
     for name in available_codes():
         for cfg in code_class(name).small_configs(MAX_N):
             ident = name + "-" + "-".join(f"{k}{v}" for k, v in cfg.items())
-            params.append(pytest.param(name, cfg, id=ident))
+            marks = [pytest.mark.slow] if int(cfg.get("n", 0)) > QUICK_MAX_N else []
+            params.append(pytest.param(name, cfg, id=ident, marks=marks))
     return params
 
 

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 from collections.abc import AsyncIterator
 
 import numpy as np
+import pytest
 
 from gradcode.common.codes.registry import make_code
 from gradcode.common.data import load_dataset
 from gradcode.common.models import make_model
-from gradcode.common.wire import array_from_tensor
-from gradcode.v1 import master_pb2
+from gradcode.common.stragglers import make_delay_model
+from gradcode.common.wire import array_from_tensor, dict_from_struct
+from gradcode.v1 import common_pb2, master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.helpers import fixed_delay
+
+pytestmark = pytest.mark.e2e
 
 EXACT = 1e-9
 KILL_MARGIN = 5
@@ -56,7 +59,7 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
         verify=True,
         straggler=fixed_delay(0.03),  # every worker: keeps the kill well inside the run
     )
-    async with asyncio.timeout(90), master_stub(cluster6.master_address) as stub:
+    async with asyncio.timeout(240), master_stub(cluster6.master_address) as stub:
         info, reports = await run_job(cluster6.master_address, spec, kill_two)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
 
@@ -85,29 +88,38 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
     assert abs(reports[-1].test_accuracy - accuracy) <= 0.01
 
 
-async def _per_iteration_seconds(cluster: Cluster, code: str, params: dict[str, int], straggler: object) -> list[float]:
-    spec = job_spec(code, params, iterations=4, worker_ids=cluster.ids, straggler=straggler)  # type: ignore[arg-type]
-    async with asyncio.timeout(60):
+async def _reports(
+    cluster: Cluster, code: str, params: dict[str, int], straggler: common_pb2.StragglerSpec
+) -> list[master_pb2.IterationReport]:
+    spec = job_spec(code, params, iterations=4, worker_ids=cluster.ids, straggler=straggler)
+    async with asyncio.timeout(180):
         info, reports = await run_job(cluster.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
-    return [r.wall_seconds for r in reports]
+    return reports
 
 
 async def test_coded_iterations_do_not_wait_for_a_fixed_or_random_straggler(cluster6: Cluster) -> None:
+    """The coded job decodes without the delayed worker; "wait for all" waits for it.
+
+    Asserted on events (who was used), not on speed: the delayed worker of each iteration (computed
+    from the same seeded model the workers evaluate) is never among the coded job's used workers.
+    The only timing figure is a lower bound the uncoded job cannot beat: it waits out the delay.
+    """
     cluster6.ensure_all_up()
-    delay = 0.5
+    delay = 2.0
     modes = {
         "same worker every iteration": fixed_delay(delay, workers=[0]),
         "random worker each iteration": fixed_delay(delay, every_iteration_random=True, num_workers=6, count=1),
     }
-    async with asyncio.timeout(90):
+    async with asyncio.timeout(300):
         for mode, straggler in modes.items():
-            coded = await _per_iteration_seconds(cluster6, "cyclic", {"n": 6, "s": 1}, straggler)
-            uncoded = await _per_iteration_seconds(cluster6, "uncoded", {"n": 6}, straggler)
-            coded_median, uncoded_median = statistics.median(coded), statistics.median(uncoded)
-            assert uncoded_median >= delay, (mode, uncoded)
-            assert coded_median < delay / 2, (mode, coded)
-            assert uncoded_median >= 3 * coded_median, (mode, coded, uncoded)
+            model = make_delay_model(straggler.model, dict_from_struct(straggler.params), straggler.seed)
+            coded = await _reports(cluster6, "cyclic", {"n": 6, "s": 1}, straggler)
+            for r in coded:
+                delayed = {cluster6.ids[w] for w in range(6) if model.delay(w, r.iteration) > 0}
+                assert len(delayed) == 1 and not delayed & set(r.used_workers), (mode, r.iteration, delayed, r)
+            uncoded = await _reports(cluster6, "uncoded", {"n": 6}, straggler)
+            assert all(len(r.used_workers) == 6 and r.wall_seconds >= delay for r in uncoded), (mode, uncoded)
 
 
 async def test_more_failures_than_the_code_tolerates_fail_the_job_naming_the_missing_workers(
@@ -118,7 +130,7 @@ async def test_more_failures_than_the_code_tolerates_fail_the_job_naming_the_mis
     for i in victims:
         cluster6.kill(i)
     spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=5, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
-    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+    async with asyncio.timeout(120), master_stub(cluster6.master_address) as stub:
         started = asyncio.get_running_loop().time()
         info, reports = await run_job(cluster6.master_address, spec)
         elapsed = asyncio.get_running_loop().time() - started
@@ -141,7 +153,7 @@ async def test_restarted_workers_are_reloaded_and_used_again(cluster6: Cluster) 
         cluster6.kill(i)
     cluster6.ensure_all_up()  # restarts them at their old addresses; they register again
     spec = job_spec("uncoded", {"n": 6}, iterations=3, worker_ids=cluster6.ids, verify=True)
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(sorted(r.used_workers) == sorted(cluster6.ids) for r in reports)
@@ -154,20 +166,21 @@ async def test_dynamic_clustering_moves_observed_stragglers_into_different_clust
     params = {"n": 6, "clusters": 2, "load": 2, "clusters_per_worker": 2}
     static_cluster = make_code("dynamic_clustered", **params).place(None).clusters[0]  # type: ignore[attr-defined]
     slow = list(static_cluster[:2])  # load 2 tolerates one straggler per cluster, not two
-    delay = 0.6
+    delay = 2.0
     spec = job_spec(
         "dynamic_clustered", params, iterations=6, worker_ids=cluster6.ids, verify=True,
         straggler=fixed_delay(delay, workers=slow),
     )  # fmt: skip
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(180):
         info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and r.verify_error <= EXACT for r in reports)
-    walls = [r.wall_seconds for r in reports]
-    assert walls[0] >= 0.8 * delay, walls  # the static placement has to wait for one of them
-    assert statistics.median(walls[2:]) < delay / 2, walls  # re-clustered: neither is waited for
     slow_ids = {cluster6.ids[w] for w in slow}
-    assert all(slow_ids <= set(r.late_workers) for r in reports[2:]), [list(r.late_workers) for r in reports]
+    # The static placement has to wait for one of them; once re-clustered, neither is waited for.
+    assert reports[0].wall_seconds >= delay and slow_ids & set(reports[0].used_workers), reports[0]
+    assert all(slow_ids <= set(r.late_workers) and not slow_ids & set(r.used_workers) for r in reports[2:]), [
+        (list(r.used_workers), list(r.late_workers)) for r in reports
+    ]
 
 
 async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluster6: Cluster) -> None:
@@ -175,7 +188,7 @@ async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluste
     cluster6.ensure_all_up()
     spec = job_spec("partial_stragglers", {"n": 6, "s": 2, "alpha": 2.0}, iterations=4, worker_ids=cluster6.ids,
                     verify=True)  # fmt: skip
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(180):
         info, reports = await run_job(cluster6.master_address, spec)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     for r in reports:
@@ -186,7 +199,7 @@ async def test_partial_stragglers_code_uses_both_messages_of_every_worker(cluste
 async def test_cancel_stops_a_running_job_and_ends_its_watch_stream(cluster6: Cluster) -> None:
     cluster6.ensure_all_up()
     spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=50, worker_ids=cluster6.ids, straggler=fixed_delay(0.2))
-    async with asyncio.timeout(30), master_stub(cluster6.master_address) as stub:
+    async with asyncio.timeout(120), master_stub(cluster6.master_address) as stub:
         info = await stub.CreateJob(spec)
         seen = [r async for r in _until_first(stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)))]
         cancelled = await stub.CancelJob(master_pb2.CancelJobRequest(job_id=info.job_id))

@@ -17,11 +17,15 @@ import asyncio
 import statistics
 
 import numpy as np
+import pytest
 
 from gradcode.common.wire import array_from_tensor
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.e2e.test_training import EXACT, centralized_gd
+from tests.helpers import fixed_delay
+
+pytestmark = pytest.mark.e2e
 
 TREE = {"n": 2, "s": 1, "L": 2}
 FIRST_LAYER = (0, 1)
@@ -38,7 +42,7 @@ async def test_a_healthy_tree_trains_exactly_like_centralized_gradient_descent(c
     cluster6.ensure_all_up()
     iterations, lr = 8, 0.5
     spec = job_spec("coded_reduce", TREE, iterations=iterations, learning_rate=lr, worker_ids=cluster6.ids, verify=True)
-    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+    async with asyncio.timeout(180), master_stub(cluster6.master_address) as stub:
         info, reports = await run_job(cluster6.master_address, spec)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
         flat = {}
@@ -69,7 +73,10 @@ async def test_a_healthy_tree_trains_exactly_like_centralized_gradient_descent(c
 
 async def test_killed_leaves_and_a_killed_first_layer_node_leave_the_gradient_exact(cluster6: Cluster) -> None:
     cluster6.ensure_all_up()
-    iterations, lr = 14, 0.5
+    # Every worker sleeps 50 ms per iteration, so the job is still running well after the kills the
+    # watcher triggers (the master never waits for watchers); what is asserted is the order of events:
+    # once first-layer node 0 has failed, every later iteration decodes from node 1 alone, exactly.
+    iterations, lr = 30, 0.5
     leaves = (CHILDREN[0][1], CHILDREN[1][0])  # one leaf under each first-layer parent
     killed: dict[int, tuple[int, ...]] = {}
 
@@ -88,18 +95,22 @@ async def test_killed_leaves_and_a_killed_first_layer_node_leave_the_gradient_ex
         worker_ids=cluster6.ids,
         verify=True,
         iteration_deadline_seconds=10.0,
+        straggler=fixed_delay(0.05),
     )
-    async with asyncio.timeout(60), master_stub(cluster6.master_address) as stub:
+    async with asyncio.timeout(180), master_stub(cluster6.master_address) as stub:
         info, reports = await run_job(cluster6.master_address, spec, kill)
         model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
 
     assert killed == {3: leaves, 7: (0,)}
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert_exact(reports, iterations)
-    survivor = cluster6.ids[1]
-    after = [r for r in reports if r.iteration > 8]
-    assert after and all(r.used_workers == [survivor] for r in after)
-    assert all(cluster6.ids[0] in r.failed_workers for r in after)
+    survivor, victim = cluster6.ids[1], cluster6.ids[0]
+    lost = [r.iteration for r in reports if r.iteration > 7 and victim in r.failed_workers]
+    assert lost, "first-layer node 0 was killed but never reported failed"
+    after = [r for r in reports if r.iteration >= lost[0]]
+    assert all(r.used_workers == [survivor] and victim in r.failed_workers for r in after), [
+        (r.iteration, list(r.used_workers), list(r.failed_workers)) for r in after
+    ]
     params, _ = centralized_gd(iterations, lr)
     np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
 
@@ -109,7 +120,7 @@ async def test_a_parent_without_decodable_children_fails_the_job_naming_them_and
     for i in (0, 3, 4, 5):
         cluster6.kill(i)
     spec = job_spec("coded_reduce", TREE, iterations=3, worker_ids=cluster6.ids, iteration_deadline_seconds=1.5)
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         info, reports = await run_job(cluster6.master_address, spec)
 
     assert info.state == master_pb2.JOB_STATE_FAILED

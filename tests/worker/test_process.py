@@ -29,6 +29,8 @@ from tests.worker.conftest import (
     softmax_model,
 )
 
+pytestmark = pytest.mark.e2e
+
 START_TIMEOUT = 30.0
 TEST_TIMEOUT = 15.0
 
