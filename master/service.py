@@ -3,7 +3,7 @@
 Every refusal is a gRPC status with a precise message (INVALID_ARGUMENT for a bad spec or request,
 NOT_FOUND for an unknown or evicted job, ALREADY_EXISTS for a duplicate job id, FAILED_PRECONDITION when
 too few workers are up and the spec does not wait, RESOURCE_EXHAUSTED when planning a job runs out of
-memory despite the size caps of :func:`gradcode.master.job.plan_job`); a bad request never disturbs the other
+memory despite the size caps of :mod:`gradcode.master.limits`); a bad request never disturbs the other
 calls or jobs.
 
 Finished jobs are kept in memory (GetJob, WatchJob, GetModel) only up to ``max_finished_jobs``
@@ -23,8 +23,10 @@ from typing import Any
 
 import grpc
 
-from gradcode.master.job import JobRunner, JobSpecError, plan_job
+from gradcode.common.exceptions import JobSpecError
+from gradcode.master.job import JobRunner
 from gradcode.master.pool import WorkerPool
+from gradcode.master.spec import plan_job
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MAX_FINISHED_JOBS", "MasterServicer"]

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gradcode.common.codes.base import Array
+from gradcode.common.exceptions import ComputeCancelledError, JobSetupError
 from gradcode.common.models import Model, make_model
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -48,14 +49,6 @@ _MESSAGE_DTYPES: dict[int, np.dtype[Any]] = {
     common_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
     common_pb2.DTYPE_COMPLEX128: np.dtype("<c16"),
 }
-
-
-class JobSetupError(ValueError):
-    """A JobSetup or its partition data is invalid; the message says what and what would be valid."""
-
-
-class ComputeCancelledError(Exception):
-    """The iteration was cancelled (the flag was set) before its messages were complete."""
 
 
 class CancelFlag(Protocol):

@@ -31,10 +31,11 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.base import Array
+from gradcode.common.round import Round
 from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
-from gradcode.worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
+from gradcode.worker.parent import ChildrenUnavailableError, ParentRunner
 
 __all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
 
@@ -305,21 +306,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """
         job = runtime.job
         started = time.perf_counter()
-        children: asyncio.Task[ChildrenSum] = asyncio.create_task(parent.children_sum(request))
+        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request))
         try:
             computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, request.iteration))
             own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
-            decoded = await flag.race(children)
+            gathered = await flag.race(children)
         finally:
             if not children.done():
                 children.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await children
+        decoded = gathered.decode()
         seconds = time.perf_counter() - started
         logger.log(
             logging.DEBUG if decoded.exact else logging.WARNING,
             "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
-            job.job_id, request.iteration, decoded.used, decoded.late, decoded.failed, decoded.exact,
+            job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
         )  # fmt: skip
         out: dict[int, tuple[Array, float]] = {}
         for row in rows:

@@ -1,4 +1,4 @@
-"""The online gather loop over in-process streams (the gRPC path is covered end to end)."""
+"""The round's online gather loop over in-process streams (the gRPC path is covered end to end)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from gradcode.common.codes import make_code
-from gradcode.common.gather import Source, gather
+from gradcode.common.round import Round, Source
 from gradcode.common.wire import message_chunks
 from gradcode.v1 import worker_pb2
 
@@ -43,7 +43,8 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
         for w in range(4)
     ]
     sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
-    result = await gather(code.decoder(), sources, job_id="j", iteration=0, length=50, timeout=2.0)
+    result = Round(code.decoder(), job_id="j", iteration=0, length=50)
+    await result.gather(sources, timeout=2.0)
     assert result.decoding is None and result.failed.keys() == {1}  # worker 2 never came in time
     assert result.timed_out
 
@@ -52,9 +53,8 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
         for w in range(4)
     ]
     sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
-    result = await asyncio.wait_for(
-        gather(code.decoder(), sources, job_id="j", iteration=0, length=50, timeout=10.0), 2.0
-    )
+    result = Round(code.decoder(), job_id="j", iteration=0, length=50)
+    await asyncio.wait_for(result.gather(sources, timeout=10.0), 2.0)
     assert result.decoding is not None
     assert result.used_workers == [0, 1, 3]
     assert result.late == [2]
