@@ -13,8 +13,15 @@
     │                                  CANCELLED (client); the message says why
     ├── ComputeCancelledError          a worker's computation was abandoned (a later iteration started,
     │                                  or its job ended or was replaced); Compute answers ABORTED
-    └── ChildrenUnavailableError       a tree parent's children that answered are not decodable;
-                                       Compute answers UNAVAILABLE
+    ├── ChildrenUnavailableError       a tree parent's children that answered are not decodable;
+    │                                  Compute answers UNAVAILABLE
+    └── RequestError                   a call is refused; each subclass is one gRPC status:
+        ├── InvalidRequestError        (also ValueError) INVALID_ARGUMENT
+        ├── NotFoundError              (also LookupError) NOT_FOUND: an unknown or evicted job
+        ├── AlreadyExistsError         ALREADY_EXISTS: a job id in use
+        ├── FailedPreconditionError    FAILED_PRECONDITION: e.g. too few workers up
+        ├── AbortedError               ABORTED: e.g. an iteration older than one already started
+        └── ResourceExhaustedError     RESOURCE_EXHAUSTED: out of memory
 
 Invalid parameters of library calls raise plain ``ValueError`` (or ``KeyError`` for an unknown
 message/scheme name) with a message that says what would be valid. The gRPC status each error maps
@@ -26,14 +33,21 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AbortedError",
+    "AlreadyExistsError",
     "ChildrenUnavailableError",
     "ComputeCancelledError",
+    "FailedPreconditionError",
     "GradcodeError",
+    "InvalidRequestError",
     "JobFailedError",
     "JobSetupError",
     "JobSpecError",
     "NotDecodableError",
+    "NotFoundError",
     "NumericallyUnsafeError",
+    "RequestError",
+    "ResourceExhaustedError",
     "WireError",
 ]
 
@@ -86,3 +100,31 @@ class ComputeCancelledError(GradcodeError):
 
 class ChildrenUnavailableError(GradcodeError):
     """Not enough children answered (in time) to decode their sum; the message names the missing ones."""
+
+
+class RequestError(GradcodeError):
+    """A gRPC call is refused; the subclass says with which status, the message says why."""
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """The request is malformed (INVALID_ARGUMENT)."""
+
+
+class NotFoundError(RequestError, LookupError):
+    """The request names something unknown, e.g. a job (NOT_FOUND)."""
+
+
+class AlreadyExistsError(RequestError):
+    """The request would create something that exists, e.g. a job id in use (ALREADY_EXISTS)."""
+
+
+class FailedPreconditionError(RequestError):
+    """The request cannot be served in the current state, e.g. too few workers (FAILED_PRECONDITION)."""
+
+
+class AbortedError(RequestError):
+    """The request was overtaken, e.g. a newer iteration started (ABORTED)."""
+
+
+class ResourceExhaustedError(RequestError):
+    """Serving the request ran out of a resource, e.g. memory (RESOURCE_EXHAUSTED)."""

@@ -29,14 +29,12 @@ from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.round import Round, Source
-from gradcode.common.wire import CHANNEL_OPTIONS, dict_from_struct
+from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner"]
 
 logger = logging.getLogger(__name__)
-
-_COMPLEX = np.dtype("<c16")
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ class ParentRunner:
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
         dtype = np.dtype(message_dtype)
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
-            (dtype, _COMPLEX) if self.code.is_complex and dtype != _COMPLEX else (dtype,)
+            (dtype, COMPLEX128) if self.code.is_complex and dtype != COMPLEX128 else (dtype,)
         )
         self._channels: list[ChildChannel] | None = None
         self._closed = False

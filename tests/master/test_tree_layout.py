@@ -135,7 +135,7 @@ async def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradie
             return own
         children = [c.worker_id for c in setup.parent.children]
         decoder = child_code.decoder()
-        for c in arrivals[w]:  # like common.gather: stop at the first decodable moment
+        for c in arrivals[w]:  # like common.round: stop at the first decodable moment
             if decoder.add(child_code.static_assignment().rows[children.index(c)][0]):
                 break
         decoding = decoder.decoding()
