@@ -81,6 +81,7 @@ from gradcode.common.wire import (
     MessageAssembler,
     array_from_tensor,
     message_chunks,
+    row_definition,
     tensor_from_array,
 )
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
@@ -141,7 +142,7 @@ def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
         job_id=job_id,
         worker_id=0,
         model=common_pb2.ModelSpec(kind="linear", num_features=p - 1),
-        rows=[worker_pb2.RowDefinition(row=0, partitions=[0], coefficients_real=[1.0])],
+        rows=[row_definition(0, [0], [1.0])],
         num_partitions_sent=1,
     )
 

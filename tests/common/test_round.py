@@ -60,3 +60,30 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     assert result.late == [2]
     assert streams[2].cancelled
     np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)
+
+
+async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> None:
+    """The master's retry: the round keeps the messages and timings of its first gather; a failure that
+    is not a gRPC status says which exception it was, and a worker that delivers later is no longer failed."""
+    code = make_code("ignore_stragglers", n=4, s=1)  # any 3 of 4
+    g = np.random.default_rng(2).standard_normal((4, 50))
+
+    def stream(w: int, fail: bool = False) -> _FakeStream:
+        return _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), 0.0, fail=fail)
+
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=50)
+    first = {0: stream(0), 1: stream(1, fail=True)}
+    failures = await round_.gather([Source(w, (w,), lambda w=w: first[w]) for w in first])  # type: ignore[misc]
+    assert not round_.decodable and set(round_.finished) == {0} and set(failures) == set(round_.failed) == {1}
+    failure = round_.failed[1]
+    assert (
+        failure.status is None and failure.error == "ConnectionError" and str(failure) == "ConnectionError: worker died"
+    )
+    second = {1: stream(1), 2: stream(2)}
+    await round_.gather([Source(w, (w,), lambda w=w: second[w]) for w in second])  # type: ignore[misc]
+    assert round_.decodable and set(round_.finished) == {0, 1, 2} and not round_.failed
+    decoded = round_.decode()
+    assert not decoded.exact  # ignore_stragglers rescales the survivors: an approximate scheme
+    assert decoded.used_workers == [0, 1, 2] and decoded.decode_seconds >= 0
+    np.testing.assert_allclose(decoded.vector, g[[0, 1, 2]].sum(axis=0) * 4 / 3)
+    np.testing.assert_array_equal(round_.combine(), decoded.vector)  # decoding never changes the round
