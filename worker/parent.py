@@ -101,6 +101,11 @@ class ParentRunner:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def connected(self) -> bool:
+        """True once the children's channels are open (they are opened by the first Compute)."""
+        return self._channels is not None
+
     def _open(self) -> list[ChildChannel]:
         if self._closed:
             raise ComputeCancelledError(

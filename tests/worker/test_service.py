@@ -539,7 +539,7 @@ async def test_closed_parent_runner_opens_no_channel() -> None:
         await runner.close()
         with pytest.raises(ComputeCancelledError, match="tree parent of job 'tree' was closed"):
             await runner.children_sum(_request("tree", 0, (0,), random_params()))
-        assert runner._channels is None
+        assert not runner.connected
         await runner.close()  # idempotent
 
 
