@@ -106,13 +106,15 @@ class Round:
         iteration: int,
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
+        started: float | None = None,
     ) -> None:
         self.decoder = decoder
         self.job_id = job_id
         self.iteration = iteration
         self.length = length
         self.dtypes = dtypes
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if started is None else started
+        """``time.perf_counter()`` when the iteration started (default: now); :attr:`finished` counts from it."""
         self.messages: dict[int, CompletedMessage] = {}
         self.finished: dict[int, float] = {}
         self.failed: dict[int, WorkerFailure] = {}

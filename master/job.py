@@ -260,11 +260,12 @@ class JobRunner:
     # ---- one iteration -----------------------------------------------------------------------------
     async def _iteration(self, t: int) -> _Gathered:
         """Gather, decode and verify iteration ``t``; nothing is committed here."""
+        started = time.perf_counter()
         code = self.plan.code
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
         point = self.optimizer.point.copy()
         model_bytes = worker_pb2.ComputeRequest(model=tensor_from_array(point)).SerializeToString()
-        round_ = await self.rounds.run(t, assignment, model_bytes, job_started=self._started)
+        round_ = await self.rounds.run(t, assignment, model_bytes, started=started, job_started=self._started)
         decoded = round_.decode()
         error = await verify_error(self.plan, t, point, decoded, self._pool_ids())
         asked = [w for w in range(code.n) if assignment.rows[w]]

@@ -35,8 +35,10 @@ class RoundPolicy:
         self.plan = loader.plan
         self.pool = pool
 
-    async def run(self, t: int, assignment: Assignment, model_bytes: bytes, *, job_started: float) -> Round:
-        """Gather iteration ``t`` until decodable; JobFailedError (with its report) at the deadline."""
+    async def run(
+        self, t: int, assignment: Assignment, model_bytes: bytes, *, started: float, job_started: float
+    ) -> Round:
+        """Gather iteration ``t`` (begun at ``started``) until decodable; JobFailedError at the deadline."""
         plan, code, workers = self.plan, self.plan.code, self.loader.workers
         round_ = Round(
             code.decoder(assignment),
@@ -44,6 +46,7 @@ class RoundPolicy:
             iteration=t,
             length=plan.model.num_params,
             dtypes=(dtype_from_wire(plan.message_dtype),),
+            started=started,
         )
         deadline = round_.started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
