@@ -1,15 +1,18 @@
-"""Conversions between numpy arrays and the gradcode.v1 wire types, shared by master and worker.
+"""Everything about the gradcode.v1 wire types, shared by master and worker: the one home of wire knowledge.
 
-Coded gradients travel as raw little-endian bytes split into chunks (:func:`message_chunks`); the
-receiver reassembles and validates them with :class:`MessageAssembler`, which refuses anything that
-does not fit the iteration it expects with a :class:`WireError` saying exactly what is wrong.
+* dtypes: the numpy dtype of every wire ``DType`` (:data:`MESSAGE_DTYPES` for coded messages);
+* conversions: tensors, Structs, code specs (:func:`code_spec`) and message rows (:func:`row_definition`);
+* framing: coded gradients travel as raw little-endian bytes split into chunks (:func:`message_chunks`);
+  the receiver reassembles and validates them with :class:`MessageAssembler`, which refuses anything
+  that does not fit the iteration it expects with a :class:`WireError` saying exactly what is wrong;
+  a job's partitions travel to a worker in :func:`partition_chunks`.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,20 +20,28 @@ import numpy as np
 from google.protobuf import struct_pb2
 
 from gradcode.common.codes.base import Array
+from gradcode.common.exceptions import WireError
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "COMPLEX128",
     "DEFAULT_CHUNK_BYTES",
+    "FLOAT32",
+    "FLOAT64",
     "MAX_MESSAGE_BYTES",
+    "MESSAGE_DTYPES",
     "CompletedMessage",
     "MessageAssembler",
     "WireError",
     "array_from_tensor",
+    "code_spec",
     "dict_from_struct",
     "dtype_from_wire",
     "dtype_to_wire",
     "message_chunks",
+    "partition_chunks",
+    "row_definition",
     "struct_from_dict",
     "tensor_from_array",
 ]
@@ -45,16 +56,22 @@ CHANNEL_OPTIONS = [
 ]
 """Options for every gradcode server and channel."""
 
+FLOAT64: np.dtype[Any] = np.dtype("<f8")
+FLOAT32: np.dtype[Any] = np.dtype("<f4")
+COMPLEX128: np.dtype[Any] = np.dtype("<c16")
 _DTYPES: dict[int, np.dtype[Any]] = {
-    common_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
-    common_pb2.DTYPE_COMPLEX128: np.dtype("<c16"),
-    common_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
+    common_pb2.DTYPE_FLOAT64: FLOAT64,
+    common_pb2.DTYPE_COMPLEX128: COMPLEX128,
+    common_pb2.DTYPE_FLOAT32: FLOAT32,
     common_pb2.DTYPE_INT64: np.dtype("<i8"),
 }
-
-
-class WireError(ValueError):
-    """A message on the wire does not match what the receiver expects."""
+MESSAGE_DTYPES: dict[int, np.dtype[Any]] = {
+    common_pb2.DTYPE_UNSPECIFIED: FLOAT64,
+    common_pb2.DTYPE_FLOAT64: FLOAT64,
+    common_pb2.DTYPE_FLOAT32: FLOAT32,
+    common_pb2.DTYPE_COMPLEX128: COMPLEX128,
+}
+"""The dtypes a coded message may have (a JobSetup's ``message_dtype``; unspecified is float64)."""
 
 
 def dtype_from_wire(code: int) -> np.dtype[Any]:
@@ -113,6 +130,42 @@ def dict_from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
     return {key: convert(v) for key, v in MessageToDict(s).items()}
+
+
+def code_spec(name: str, params: Mapping[str, Any]) -> common_pb2.CodeSpec:
+    """The wire CodeSpec of a code given by registry name and parameters."""
+    return common_pb2.CodeSpec(name=name, params=struct_from_dict(params))
+
+
+def row_definition(row: int, partitions: Sequence[int], coefficients: Any) -> worker_pb2.RowDefinition:
+    """The RowDefinition of message ``row``: ``sum(coefficients[i] * g[partitions[i]])`` (complex: real + imag)."""
+    values = np.asarray(coefficients)
+    definition = worker_pb2.RowDefinition(
+        row=row, partitions=[int(j) for j in partitions], coefficients_real=values.real.tolist()
+    )
+    if np.iscomplexobj(values):
+        definition.coefficients_imag.extend(values.imag.tolist())
+    return definition
+
+
+def partition_chunks(
+    partition: int, num_samples: int, features: bytes, labels: bytes, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[worker_pb2.LoadJobChunk]:
+    """One partition's float64 feature and label bytes as LoadJob data chunks of at most ``chunk_bytes`` each."""
+    step = max(8, chunk_bytes - chunk_bytes % 8)
+    count = max(1, -(-len(features) // step), -(-len(labels) // step))
+    for i in range(count):
+        lo = i * step
+        yield worker_pb2.LoadJobChunk(
+            data=worker_pb2.PartitionData(
+                partition=partition,
+                num_samples=num_samples,
+                features_offset=min(lo, len(features)),
+                features=features[lo : lo + step],
+                labels_offset=min(lo, len(labels)),
+                labels=labels[lo : lo + step],
+            )
+        )
 
 
 def message_chunks(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
 from gradcode.common.serving import install_shutdown_signals
-from gradcode.master.job import DATA_DIR_ENV
+from gradcode.master.datafile import DATA_DIR_ENV
 from gradcode.master.pool import worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"

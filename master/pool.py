@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,38 @@ def worker_address(address: str) -> str:
     return format_address(host, port)
 
 
-_COMPUTE_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Compute"
+class _SerializedRequests:
+    """A channel whose methods also accept an already serialized request (bytes), for the generated stub.
+
+    The master serializes the model once per iteration and prepends each worker's small fields
+    (protobuf concatenation merges messages) instead of serializing the model once per worker; the
+    generated :class:`WorkerStub` then sends those bytes as they are. Requests given as messages are
+    serialized as usual.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+
+    @staticmethod
+    def _serializer(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
+        def serializer(request: Any) -> bytes:
+            if isinstance(request, bytes):
+                return request
+            return serialize(request) if serialize is not None else bytes(request)
+
+        return serializer
+
+    def unary_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        return self._channel.unary_unary(method, request_serializer=self._serializer(request_serializer), **kwargs)
+
+    def unary_stream(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        return self._channel.unary_stream(method, request_serializer=self._serializer(request_serializer), **kwargs)
+
+    def stream_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        return self._channel.stream_unary(method, request_serializer=self._serializer(request_serializer), **kwargs)
+
+    def stream_stream(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        return self._channel.stream_stream(method, request_serializer=self._serializer(request_serializer), **kwargs)
 
 
 @dataclass(eq=False)
@@ -75,22 +106,13 @@ class PoolWorker:
         """The Worker stub, opening the channel on first use (inside the event loop)."""
         if self._stub is None:
             self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
-            self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
+            self._stub = worker_pb2_grpc.WorkerStub(_SerializedRequests(self.channel))  # type: ignore[no-untyped-call]
         return self._stub
 
     def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk]:
-        """Worker.Compute with an already serialized ComputeRequest.
-
-        The master serializes the model once per iteration and prepends each worker's small fields
-        (protobuf concatenation merges messages), instead of copying and serializing the model once
-        per worker on the event loop.
-        """
-        _ = self.stub  # opens the channel if needed
-        assert self.channel is not None
-        call = self.channel.unary_stream(
-            _COMPUTE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GradientChunk.FromString
-        )
-        return call(request)
+        """Worker.Compute with an already serialized ComputeRequest (see :class:`_SerializedRequests`)."""
+        call: grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk] = self.stub.Compute(request)
+        return call
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""

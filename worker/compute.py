@@ -23,7 +23,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from gradcode.common.codes.base import Array
+from gradcode.common.exceptions import ComputeCancelledError, JobSetupError
 from gradcode.common.models import Model, make_model
+from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -40,22 +42,6 @@ __all__ = [
 
 MAX_JOB_BYTES = 8 * 1024**3
 """Default cap on the features + labels bytes one job may hold on a worker (8 GiB)."""
-
-_FLOAT64 = np.dtype("<f8")
-_MESSAGE_DTYPES: dict[int, np.dtype[Any]] = {
-    common_pb2.DTYPE_UNSPECIFIED: _FLOAT64,
-    common_pb2.DTYPE_FLOAT64: _FLOAT64,
-    common_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
-    common_pb2.DTYPE_COMPLEX128: np.dtype("<c16"),
-}
-
-
-class JobSetupError(ValueError):
-    """A JobSetup or its partition data is invalid; the message says what and what would be valid."""
-
-
-class ComputeCancelledError(Exception):
-    """The iteration was cancelled (the flag was set) before its messages were complete."""
 
 
 class CancelFlag(Protocol):
@@ -147,7 +133,7 @@ class WorkerJob:
 
     def row_dtype(self, row: int) -> np.dtype[Any]:
         """Wire dtype of ``row``'s message: complex128 for complex rows, else the job's message dtype."""
-        return np.dtype("<c16") if self.rows[row].is_complex else self.message_dtype
+        return COMPLEX128 if self.rows[row].is_complex else self.message_dtype
 
     def check_params(self, params: Array) -> Array:
         """Return ``params`` as float64 if it is a flat vector of the model's length; else ValueError."""
@@ -157,7 +143,7 @@ class WorkerJob:
                 f"The model has {p.size} parameters (shape {p.shape}); job {self.job_id!r} "
                 f"({self.model!r}) expects {self.num_params}."
             )
-        if p.dtype != _FLOAT64:
+        if p.dtype != FLOAT64:
             raise ValueError(f"The model parameters must be float64, not {p.dtype}.")
         return p
 
@@ -281,18 +267,18 @@ class JobBuilder:
             if row.row in self.rows:
                 raise JobSetupError(f"Row {row.row} is defined twice in JobSetup.rows.")
             self.rows[row.row] = row
-        if setup.message_dtype not in _MESSAGE_DTYPES:
-            valid = [common_pb2.DType.Name(d) for d in _MESSAGE_DTYPES if d]
+        if setup.message_dtype not in MESSAGE_DTYPES:
+            valid = [common_pb2.DType.Name(d) for d in MESSAGE_DTYPES if d]
             raise JobSetupError(
                 f"JobSetup.message_dtype {common_pb2.DType.Name(setup.message_dtype)} is not a message type; "
                 f"valid: {valid}."
             )
-        self.message_dtype = _MESSAGE_DTYPES[setup.message_dtype]
+        self.message_dtype = MESSAGE_DTYPES[setup.message_dtype]
         complex_rows = sorted(r for r, spec_ in self.rows.items() if spec_.is_complex)
-        if complex_rows and self.message_dtype == np.dtype("<f4"):
+        if complex_rows and self.message_dtype == FLOAT32:
             raise JobSetupError(
                 f"Rows {complex_rows} have complex coefficients, which DTYPE_FLOAT32 messages cannot carry; "
-                "use DTYPE_FLOAT64 (complex rows are then sent as complex128)."
+                "use DTYPEFLOAT64 (complex rows are then sent as complex128)."
             )
         self.needed = sorted({p for row in self.rows.values() for p in row.partitions})
         if setup.num_partitions_sent != len(self.needed):
@@ -335,8 +321,8 @@ class JobBuilder:
         self._bytes_declared += size
         buffer = _PartitionBuffer(
             num_samples=num_samples,
-            features=np.empty((num_samples, num_features), dtype=_FLOAT64),
-            labels=np.empty(num_samples, dtype=_FLOAT64),
+            features=np.empty((num_samples, num_features), dtype=FLOAT64),
+            labels=np.empty(num_samples, dtype=FLOAT64),
         )
         self._buffers[partition] = buffer
         return buffer

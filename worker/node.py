@@ -26,7 +26,7 @@ import socket
 import grpc
 
 from gradcode.common.serving import ServiceNode, format_address
-from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.common.wire import CHANNEL_OPTIONS, DEFAULT_CHUNK_BYTES
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES
 from gradcode.worker.service import WorkerServicer
@@ -54,6 +54,7 @@ class WorkerNode(ServiceNode):
         grace: seconds in-flight calls get to finish on shutdown.
         reregister_seconds: interval between re-registrations once registered.
         max_job_bytes: cap on the data one job may hold on this worker.
+        chunk_bytes: payload bytes per gradient chunk this worker sends.
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -69,6 +70,7 @@ class WorkerNode(ServiceNode):
         grace: float = 5.0,
         reregister_seconds: float = 5.0,
         max_job_bytes: int = MAX_JOB_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         if reregister_seconds <= 0:
             raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
@@ -77,7 +79,7 @@ class WorkerNode(ServiceNode):
         self.advertise_address = advertise_address
         self.name = name or socket.gethostname()
         self.reregister_seconds = reregister_seconds
-        self.servicer = WorkerServicer(max_job_bytes=max_job_bytes)
+        self.servicer = WorkerServicer(max_job_bytes=max_job_bytes, chunk_bytes=chunk_bytes)
         self.worker_id: int | None = None
         """The id the master gave this worker (None until registered)."""
         self.registered = asyncio.Event()

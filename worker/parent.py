@@ -2,10 +2,10 @@
 
 A worker whose JobSetup has ``parent`` set is an inner node of a tree. For each Compute call it
 sends the same model and iteration to its children (child ``i`` computes the child code's static
-rows of worker ``i``), runs the shared online gather-and-decode loop (:func:`gradcode.common.gather.gather`)
-with the child code's decoder, and combines the survivors into the decoded sum of the children's
-messages. Its upward message for every requested row is its own coded message for that row plus
-that sum (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
+rows of worker ``i``), runs one :class:`~gradcode.common.round.Round` (the same gather-and-decode
+the master runs) with the child code's decoder, whose decode is the sum of the children's messages.
+Its upward message for every requested row is its own coded message for that row plus that sum
+(Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
 
 The master loads every worker (children included) directly, so the parent only needs the
 children's addresses; the children's row ids are the child code's row ids.
@@ -25,22 +25,16 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.common.codes.base import Array, Assignment, GradientCode
+from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
-from gradcode.common.gather import GatherResult, Source, gather
-from gradcode.common.wire import CHANNEL_OPTIONS, dict_from_struct
+from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
+from gradcode.common.round import Round, Source
+from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import ComputeCancelledError
 
-__all__ = ["ChildrenSum", "ChildrenUnavailableError", "ParentRunner"]
+__all__ = ["ChildrenUnavailableError", "ParentRunner"]
 
 logger = logging.getLogger(__name__)
-
-_COMPLEX = np.dtype("<c16")
-
-
-class ChildrenUnavailableError(Exception):
-    """Not enough children answered (in time) to decode their sum; the message names the missing ones."""
 
 
 @dataclass(frozen=True)
@@ -50,18 +44,6 @@ class ChildChannel:
     rows: tuple[int, ...]
     channel: grpc.aio.Channel
     stub: worker_pb2_grpc.WorkerStub
-
-
-@dataclass(frozen=True)
-class ChildrenSum:
-    """The decoded sum of the children's messages and who contributed."""
-
-    vector: Array
-    used: list[int]
-    late: list[int]
-    failed: dict[int, str]
-    exact: bool
-    """False when the decoding is flagged not exact or uses a child's message that was itself approximate."""
 
 
 class ParentRunner:
@@ -110,7 +92,7 @@ class ParentRunner:
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
         dtype = np.dtype(message_dtype)
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
-            (dtype, _COMPLEX) if self.code.is_complex and dtype != _COMPLEX else (dtype,)
+            (dtype, COMPLEX128) if self.code.is_complex and dtype != COMPLEX128 else (dtype,)
         )
         self._channels: list[ChildChannel] | None = None
         self._closed = False
@@ -118,6 +100,11 @@ class ParentRunner:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def connected(self) -> bool:
+        """True once the children's channels are open (they are opened by the first Compute)."""
+        return self._channels is not None
 
     def _open(self) -> list[ChildChannel]:
         if self._closed:
@@ -132,32 +119,28 @@ class ParentRunner:
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, stub))
         return self._channels
 
-    async def children_sum(self, request: worker_pb2.ComputeRequest) -> ChildrenSum:
-        """Ask every child for this iteration and decode their sum.
+    async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
+        """Ask every child for this iteration; the returned round is decodable (its decode is the sum).
 
         Raises ChildrenUnavailableError when the children that answered are not decodable, and
         ComputeCancelledError when the runner is (or gets) closed.
         """
         sources = [self._source(child, request) for child in self._open()]
-        result = await gather(
+        round_ = Round(
             self.code.decoder(self.assignment),
-            sources,
             job_id=self.job_id,
             iteration=int(request.iteration),
             length=self.num_params,
             dtypes=self.child_dtypes,
-            timeout=self.wait_seconds,
         )
+        await round_.gather(sources, timeout=self.wait_seconds)
         if self._closed:  # closed while gathering: the failures are our own doing, and nobody wants the sum
             raise ComputeCancelledError(
                 f"The tree parent of job {self.job_id!r} was closed during iteration {request.iteration}."
             )
-        if result.decoding is None:
-            raise ChildrenUnavailableError(self._describe_failure(result, int(request.iteration)))
-        vector = result.combine()
-        return ChildrenSum(
-            vector=vector, used=result.used_workers, late=result.late, failed=result.failed, exact=result.exact
-        )
+        if not round_.decodable:
+            raise ChildrenUnavailableError(self._describe_failure(round_))
+        return round_
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
         child_request = worker_pb2.ComputeRequest(
@@ -170,12 +153,14 @@ class ParentRunner:
 
         return Source(worker_id=child.worker_id, rows=child.rows, open=open_stream)
 
-    def _describe_failure(self, result: GatherResult, iteration: int) -> str:
+    def _describe_failure(self, result: Round) -> str:
+        iteration = result.iteration
         delivered = set(result.finished)
         missing = [w for w, _, _ in self.children if w not in delivered]
         addresses = {w: a for w, a, _ in self.children}
         details = "; ".join(
-            f"child {w} at {addresses[w]}: " + result.failed.get(w, "no answer in time" if result.timed_out else "late")
+            f"child {w} at {addresses[w]}: "
+            + str(result.failed.get(w, "no answer in time" if result.timed_out else "late"))
             for w in missing
         )
         limit = f" within {self.wait_seconds:g} s" if self.wait_seconds is not None else ""

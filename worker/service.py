@@ -1,5 +1,6 @@
-"""The gradcode.v1.Worker gRPC service: a thin adapter over :mod:`gradcode.worker.compute` and
-:mod:`gradcode.worker.parent`.
+"""The gradcode.v1.Worker gRPC service: the protocol only, over :mod:`gradcode.worker.runtime` (a loaded
+job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emulation) and
+:mod:`gradcode.worker.compute` (what a worker computes).
 
 * ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data; replaces an earlier
   job with the same id.
@@ -13,149 +14,70 @@
   wake an abandoned call from its straggler sleep at once.
 * ``EndJob``: forget a job.
 
-Every refusal is a gRPC status with a precise message; the server keeps serving.
+Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,
+mapped by :func:`gradcode.common.status.grpc_errors`); the server keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
-import numpy as np
 
-from gradcode.common.codes.base import Array
-from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
+from gradcode.common.exceptions import (
+    AbortedError,
+    ComputeCancelledError,
+    FailedPreconditionError,
+    InvalidRequestError,
+    JobSetupError,
+    NotFoundError,
+)
+from gradcode.common.status import grpc_errors
+from gradcode.common.wire import DEFAULT_CHUNK_BYTES, array_from_tensor, message_chunks
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
-from gradcode.worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
+from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder
+from gradcode.worker.parent import ParentRunner
+from gradcode.worker.runtime import JobRuntime, PartitionObserver
+from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
 
 logger = logging.getLogger(__name__)
 
-PartitionObserver = Callable[[str, int, int], None]
-"""Called from the compute thread after each partial gradient: ``(job_id, iteration, partition)``."""
-
-_T = TypeVar("_T")
-
-
-class Cancellation:
-    """One computation's cancel flag: polled by its compute thread, awaited by its straggler sleep.
-
-    :meth:`set` must be called from the event loop's thread (every caller in this module is).
-    """
-
-    def __init__(self) -> None:
-        self._flag = threading.Event()
-        self._event = asyncio.Event()
-
-    def set(self) -> None:
-        self._flag.set()
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._flag.is_set()
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``, but raise ComputeCancelledError as soon as the flag is set."""
-        if seconds > 0 and not self.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), seconds)
-        if self.is_set():
-            raise ComputeCancelledError("Cancelled during the emulated straggler delay.")
-
-    async def race(self, task: asyncio.Task[_T]) -> _T:
-        """``task``'s result, or ComputeCancelledError as soon as the flag is set (``task`` keeps running)."""
-        waiter = asyncio.create_task(self._event.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if self.is_set():
-            raise ComputeCancelledError("Cancelled while waiting for the children.")
-        return task.result()
-
-
-@dataclass
-class JobRuntime:
-    """A loaded job plus what serving it needs: delay model, parent role, running computations."""
-
-    job: WorkerJob
-    delay_model: Any | None = None
-    parent: ParentRunner | None = None
-    active: dict[int, set[Cancellation]] = field(default_factory=dict)
-    """Cancellation flags of the computations running now, by iteration."""
-    newest_iteration: int = -1
-    """The highest iteration a Compute has started for this job; older ones are refused."""
-
-    def cancel_all(self, *, before: int | None = None) -> None:
-        """Set the flags of every running computation (of iterations before ``before``, if given)."""
-        for iteration, flags in self.active.items():
-            if before is None or iteration < before:
-                for flag in flags:
-                    flag.set()
-
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Holds the jobs loaded on this worker and serves LoadJob / Compute / EndJob."""
 
-    def __init__(self, *, max_job_bytes: int = MAX_JOB_BYTES, on_partition: PartitionObserver | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_job_bytes: int = MAX_JOB_BYTES,
+        on_partition: PartitionObserver | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         self.jobs: dict[str, JobRuntime] = {}
         self.max_job_bytes = max_job_bytes
         self.on_partition = on_partition
+        self.chunk_bytes = chunk_bytes
 
     # ---- LoadJob -------------------------------------------------------------------------------
+    @grpc_errors
     async def LoadJob(  # noqa: N802 - proto name
         self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.LoadJobReply:
-        builder: JobBuilder | None = None
-        error: str | None = None
         try:
-            index = 0
-            async for chunk in request_iterator:
-                kind = chunk.WhichOneof("payload")
-                if kind == "setup":
-                    if builder is not None:
-                        raise JobSetupError(
-                            f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
-                            "exactly one setup, first."
-                        )
-                    builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
-                elif kind == "data":
-                    if builder is None:
-                        raise JobSetupError(
-                            f"Chunk {index} carries data for partition {chunk.data.partition} before any setup; "
-                            "send the setup chunk first."
-                        )
-                    builder.add(chunk.data)
-                else:
-                    raise JobSetupError(f"Chunk {index} is empty; set either 'setup' or 'data'.")
-                index += 1
-            if builder is None:
-                raise JobSetupError("The LoadJob stream ended without a setup chunk; send the setup first.")
-            job = await asyncio.to_thread(builder.finish)
-            runtime = JobRuntime(job=job)
-            runtime.delay_model = _delay_model(job.setup.straggler)
-            if job.setup.HasField("parent"):
-                runtime.parent = ParentRunner(
-                    job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
-                )
+            runtime = await self._receive(request_iterator)
         except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
-            error = str(exc)
-        if error is not None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"LoadJob refused: {error}")
+            raise InvalidRequestError(f"LoadJob refused: {exc}") from None
+        job = runtime.job
         old = self.jobs.get(job.job_id)
         self.jobs[job.job_id] = runtime
         if old is not None:
             logger.info("job %r replaced by a new LoadJob", job.job_id)
-            await self._retire(old)
+            await old.retire()
         logger.info(
             "job %r loaded: worker %d, rows %s, partitions %s, %d bytes",
             job.job_id, job.worker_id, job.row_ids, sorted(job.partitions), job.bytes_received,
@@ -165,83 +87,90 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             bytes_received=job.bytes_received,
         )  # fmt: skip
 
+    async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk]) -> JobRuntime:
+        """The job a LoadJob stream carries: one setup chunk first, then the partition data."""
+        builder: JobBuilder | None = None
+        index = 0
+        async for chunk in request_iterator:
+            kind = chunk.WhichOneof("payload")
+            if kind == "setup":
+                if builder is not None:
+                    raise JobSetupError(
+                        f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
+                        "exactly one setup, first."
+                    )
+                builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
+            elif kind == "data":
+                if builder is None:
+                    raise JobSetupError(
+                        f"Chunk {index} carries data for partition {chunk.data.partition} before any setup; "
+                        "send the setup chunk first."
+                    )
+                builder.add(chunk.data)
+            else:
+                raise JobSetupError(f"Chunk {index} is empty; set either 'setup' or 'data'.")
+            index += 1
+        if builder is None:
+            raise JobSetupError("The LoadJob stream ended without a setup chunk; send the setup first.")
+        job = await asyncio.to_thread(builder.finish)
+        runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
+        if job.setup.HasField("parent"):
+            runtime.parent = ParentRunner(
+                job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
+            )
+        return runtime
+
     # ---- Compute -------------------------------------------------------------------------------
+    @grpc_errors
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[worker_pb2.GradientChunk]:
-        runtime = self.jobs.get(request.job_id)
-        if runtime is None:
-            known = sorted(self.jobs)
-            await _abort(
-                context, grpc.StatusCode.NOT_FOUND,
-                f"Unknown job {request.job_id!r}; this worker holds {known or 'no jobs'}. Load it with LoadJob first.",
-            )  # fmt: skip
+        runtime = self._runtime(request.job_id)
         job = runtime.job
         if request.worker_id != job.worker_id:
-            await _abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION,
+            raise FailedPreconditionError(
                 f"This worker is worker {job.worker_id} of job {job.job_id!r}; the request is for worker "
-                f"{request.worker_id}.",
-            )  # fmt: skip
-        error = None
+                f"{request.worker_id}."
+            )
         try:
             if request.model.dtype != common_pb2.DTYPE_FLOAT64:
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             params = job.check_params(array_from_tensor(request.model))
             rows = job.check_rows(list(request.rows))
-        except (ValueError, WireError) as exc:
-            error = str(exc)
-        if error is not None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"Compute refused: {error}")
-
+        except ValueError as exc:  # WireError is a ValueError
+            raise InvalidRequestError(f"Compute refused: {exc}") from None
         iteration = int(request.iteration)
         if iteration < runtime.newest_iteration:
-            await _abort(
-                context, grpc.StatusCode.ABORTED,
+            raise AbortedError(
                 f"Compute refused: iteration {iteration} is older than iteration {runtime.newest_iteration} already "
-                f"started for job {job.job_id!r}; its gradient could no longer be used.",
-            )  # fmt: skip
+                f"started for job {job.job_id!r}; its gradient could no longer be used."
+            )
         try:
-            delay = self._delay(runtime, iteration)
+            delay = runtime.stragglers.delay(job.worker_id, iteration)
         except ValueError as exc:
-            error = (
+            raise InvalidRequestError(
                 f"Compute refused: the straggler delay model of job {job.job_id!r} fails for worker {job.worker_id}, "
                 f"iteration {iteration}: {exc}"
-            )
-        if error is not None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+            ) from None
 
         runtime.newest_iteration = iteration
         flag = Cancellation()
         runtime.cancel_all(before=iteration)  # an older iteration still running can no longer be used
         runtime.active.setdefault(iteration, set()).add(flag)
         try:
-            if runtime.parent is not None:
-                await self._straggle(runtime, flag, delay)
-                parent = runtime.parent
-                messages, approximate = await self._parent_messages(runtime, parent, request, params, rows, flag)
-                for row, (vector, seconds) in messages.items():
-                    for chunk in self._chunks(job, iteration, row, vector, seconds, delay, approximate=approximate):
-                        yield chunk
-            else:
-                # A straggler is slow, not dead: its delay is spread over its messages, so a worker with
-                # several messages (partial stragglers) still delivers its first ones early.
-                computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, iteration))
-                for index, row in enumerate(rows):
-                    await self._straggle(runtime, flag, delay / len(rows))
-                    vector, seconds = await asyncio.to_thread(computation.message, row)
-                    straggled = delay * (index + 1) / len(rows)
-                    for chunk in self._chunks(job, iteration, row, vector, seconds, straggled):
-                        yield chunk
+            async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
+                for chunk in message_chunks(
+                    m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
+                    compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
+                    approximate=m.approximate, chunk_bytes=self.chunk_bytes,
+                ):  # fmt: skip
+                    yield chunk
             job.stats.add(iterations_completed=1)
         except ComputeCancelledError:
-            error = (
+            raise AbortedError(
                 f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
                 "was ended or replaced."
-            )
-        except ChildrenUnavailableError as exc:
-            error = str(exc)
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, error)
+            ) from None
         except asyncio.CancelledError:
             job.stats.add(calls_cancelled=1)
             logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
@@ -253,120 +182,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 flags.discard(flag)
                 if not flags:
                     del runtime.active[iteration]
-        if error is not None:
-            await _abort(context, grpc.StatusCode.ABORTED, error)
 
-    def _chunks(
-        self,
-        job: WorkerJob,
-        iteration: int,
-        row: int,
-        vector: Array,
-        seconds: float,
-        straggle: float,
-        *,
-        approximate: bool = False,
-    ) -> Iterator[worker_pb2.GradientChunk]:
-        return message_chunks(
-            vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
-            compute_seconds=seconds, straggle_seconds=straggle, approximate=approximate,
-        )  # fmt: skip
-
-    async def _straggle(self, runtime: JobRuntime, flag: Cancellation, seconds: float) -> None:
-        """The emulated delay; ComputeCancelledError if the call is abandoned or its job is gone by the end."""
-        await flag.sleep(seconds)
-        if self.jobs.get(runtime.job.job_id) is not runtime:  # ended or replaced (its flags are set too)
-            raise ComputeCancelledError(f"Job {runtime.job.job_id!r} was ended or replaced during the delay.")
-
-    def _observer(self, job_id: str, iteration: int) -> Callable[[int], None] | None:
-        observer = self.on_partition
-        if observer is None:
-            return None
-        return lambda partition: observer(job_id, iteration, partition)
-
-    def _delay(self, runtime: JobRuntime, iteration: int) -> float:
-        """This iteration's emulated straggler delay for this worker (0 when emulation is off)."""
-        if runtime.delay_model is None:
-            return 0.0
-        return max(0.0, float(runtime.delay_model.delay(runtime.job.worker_id, iteration)))
-
-    async def _parent_messages(
-        self,
-        runtime: JobRuntime,
-        parent: ParentRunner,
-        request: worker_pb2.ComputeRequest,
-        params: Array,
-        rows: tuple[int, ...],
-        flag: Cancellation,
-    ) -> tuple[dict[int, tuple[Array, float]], bool]:
-        """Own messages (in a thread) and the children's decoded sum (gather), concurrently; then add.
-
-        Returns the messages by row and whether they are approximate (the children's decode was not exact).
-        """
-        job = runtime.job
-        started = time.perf_counter()
-        children: asyncio.Task[ChildrenSum] = asyncio.create_task(parent.children_sum(request))
-        try:
-            computation = job.start(params, cancelled=flag, on_partition=self._observer(job.job_id, request.iteration))
-            own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
-            decoded = await flag.race(children)
-        finally:
-            if not children.done():
-                children.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await children
-        seconds = time.perf_counter() - started
-        logger.log(
-            logging.DEBUG if decoded.exact else logging.WARNING,
-            "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
-            job.job_id, request.iteration, decoded.used, decoded.late, decoded.failed, decoded.exact,
-        )  # fmt: skip
-        out: dict[int, tuple[Array, float]] = {}
-        for row in rows:
-            total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
-            out[row] = (total.astype(job.row_dtype(row), copy=False), seconds)
-        return out, not decoded.exact
+    def _runtime(self, job_id: str) -> JobRuntime:
+        runtime = self.jobs.get(job_id)
+        if runtime is None:
+            known = sorted(self.jobs)
+            raise NotFoundError(
+                f"Unknown job {job_id!r}; this worker holds {known or 'no jobs'}. Load it with LoadJob first."
+            )
+        return runtime
 
     # ---- EndJob --------------------------------------------------------------------------------
+    @grpc_errors
     async def EndJob(  # noqa: N802 - proto name
         self, request: worker_pb2.EndJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.EndJobReply:
         runtime = self.jobs.pop(request.job_id, None)
         if runtime is None:
-            known = sorted(self.jobs)
-            await _abort(
-                context, grpc.StatusCode.NOT_FOUND, f"Unknown job {request.job_id!r}; this worker holds {known}."
-            )
-        await self._retire(runtime)
+            raise NotFoundError(f"Unknown job {request.job_id!r}; this worker holds {sorted(self.jobs)}.")
+        await runtime.retire()
         logger.info("job %r ended", request.job_id)
         return worker_pb2.EndJobReply()
-
-    async def _retire(self, runtime: JobRuntime) -> None:
-        runtime.cancel_all()
-        if runtime.parent is not None:
-            await runtime.parent.close()
 
     async def close(self) -> None:
         """Stop every computation and close the children's channels (on node shutdown)."""
         runtimes = list(self.jobs.values())
         self.jobs.clear()
         for runtime in runtimes:
-            await self._retire(runtime)
-
-
-def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:
-    """The job's delay model, or None when emulation is off."""
-    if spec.model in ("", "none"):
-        return None
-    from gradcode.common.stragglers import make_delay_model
-
-    try:
-        return make_delay_model(spec.model, dict_from_struct(spec.params), int(spec.seed))
-    except ValueError as exc:
-        raise ValueError(f"JobSetup.straggler is invalid: {exc}") from None
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, details: str) -> NoReturn:
-    logger.info("refusing call: %s: %s", code.name, details)
-    await context.abort(code, details)
-    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+            await runtime.retire()

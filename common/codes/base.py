@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from gradcode.common.codes.topology import CodeSize, Topology, size_parameter
 from gradcode.common.exceptions import NotDecodableError
 from gradcode.common.validation import check_int
 
@@ -391,6 +392,25 @@ class GradientCode(ABC):
         w = check_int("worker", worker, 0, self._n - 1)
         rows = self.static_assignment().rows[w]
         return tuple(sorted({j for r in rows for j in self.support(r)}))
+
+    def rows_for_worker(self, worker: int) -> tuple[int, ...]:
+        """Every row ``worker`` can be asked for: its static rows, or (dynamic codes) every row its stored
+        partitions cover."""
+        w = check_int("worker", worker, 0, self._n - 1)
+        if not self.dynamic:
+            return self.static_assignment().rows[w]
+        held = set(self.partitions_of_worker(w))
+        return tuple(r for r in range(self.num_messages) if set(self.support(r)) <= held)
+
+    # ---- what the master needs -----------------------------------------------------------------
+    @classmethod
+    def implied_size(cls, params: Mapping[str, object]) -> CodeSize:
+        """Worker processes and partitions ``params`` imply, before building (default: ``n`` workers)."""
+        return CodeSize(workers=size_parameter(params, "n"))
+
+    def topology(self) -> Topology | None:
+        """The worker layout when not every worker answers the master (a tree); None for flat codes."""
+        return None
 
     # ---- decoding ------------------------------------------------------------------------------
     def decoder(self, assignment: Assignment | None = None) -> OnlineDecoder:

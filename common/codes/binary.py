@@ -115,7 +115,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -124,6 +124,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder
 from gradcode.common.codes.registry import register
+from gradcode.common.codes.topology import CodeSize, size_parameter
 from gradcode.common.validation import check_int
 
 __all__ = [
@@ -504,6 +505,12 @@ class HeterogeneousBinaryCode(BinaryCodeBase):
     """
 
     name = "binary_heterogeneous"
+
+    @classmethod
+    def implied_size(cls, params: Mapping[str, object]) -> CodeSize:
+        """``n1 + n2`` workers."""
+        n1, n2 = size_parameter(params, "n1"), size_parameter(params, "n2")
+        return CodeSize(workers=None if n1 is None or n2 is None else n1 + n2)
 
     def __init__(self, n1: int, n2: int, s: int, speed1: float = 2.0, speed2: float = 1.0) -> None:
         n1 = check_int("n1", n1, 0)

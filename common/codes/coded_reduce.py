@@ -68,11 +68,13 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
 from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
 from gradcode.common.codes.registry import register
+from gradcode.common.codes.topology import CodeRef, CodeSize, NodeRow, size_parameter
 from gradcode.common.validation import check_int
 
 __all__ = [
     "DEFAULT_SEED",
     "CodedReduceCode",
+    "CodedReduceTopology",
     "CodedReduceTree",
     "CompAllocCode",
     "LatencyBounds",
@@ -575,11 +577,27 @@ class CodedReduceCode(GradientCode):
     def L(self) -> int:  # noqa: N802 - the paper's name
         return self._L
 
+    @property
+    def seed(self) -> int:
+        return self._seed
+
     def decoder(self, assignment: Assignment | None = None) -> OnlineDecoder:
         return _RootDecoder(self, assignment or self.static_assignment())
 
     def _params(self) -> dict[str, object]:
         return {"n": self.n, "s": self.s, "L": self._L, "seed": self._seed}
+
+    @classmethod
+    def implied_size(cls, params: Mapping[str, object]) -> CodeSize:
+        """Every non-root node of the tree is a worker: n + n^2 + ... + n^L."""
+        n, depth = size_parameter(params, "n"), size_parameter(params, "L", 1)
+        if n is None or depth is None or depth <= 1:
+            return CodeSize(workers=n)
+        return CodeSize(workers=math.inf if depth > 64 else sum(n**layer for layer in range(1, int(depth) + 1)))
+
+    def topology(self) -> CodedReduceTopology | None:
+        """The tree's worker layout when ``L > 1`` (ValueError if the parents could not decode their children)."""
+        return None if self._L == 1 else CodedReduceTopology(self)
 
     @classmethod
     def for_stragglers(cls, n: int, s: int) -> GradientCode:
@@ -593,6 +611,73 @@ class CodedReduceCode(GradientCode):
             for s in range(n):
                 for L in (1, 2, 3) if n <= 4 else (1, 2):
                     yield {"n": n, "s": s, "L": L}
+
+
+class CodedReduceTopology:
+    """Which worker index runs which CodedReduce tree node, and what each one is loaded with.
+
+    Every non-root node of the (n, L)-regular tree is a worker process. Worker index ``w`` (the wire
+    id, also the straggler model's id) is tree node ``w + 1`` (breadth first, the master is node 0),
+    so ``0..n-1`` are the first layer and the master-view code's worker ``i`` is worker ``i``. A node
+    is loaded with exactly its stored base partitions and ONE row: its slot in its parent's code, over
+    its own coded part. ``child_code`` is what every inner node decodes its children with:
+    ``coded_reduce`` with ``L = 1`` and the tree's seed, whose matrix is the tree's per-parent code
+    (checked here; ValueError otherwise). A parent at layer ``l`` waits ``deadline x (L + 1 - l) / (L + 1)``
+    for its children, so a deeper parent gives up before the one above it.
+    """
+
+    def __init__(self, code: CodedReduceCode) -> None:
+        self.tree: CodedReduceTree = code.tree
+        self.n, self.s, self.L = code.n, code.s, code.L
+        params = {"n": self.n, "s": self.s, "L": 1, "seed": code.seed}
+        child = CodedReduceCode(**params)
+        if not np.array_equal(child.B, self.tree.code.B):
+            raise ValueError(
+                f"coded_reduce(n={self.n}, s={self.s}, L=1, seed={code.seed}) does not reproduce the tree's "
+                f"per-parent code {self.tree.code!r}; the tree parents could not decode their children with it."
+            )
+        static = child.static_assignment().rows
+        slots = [self.node(w).slot for w in range(self.n)]
+        if (
+            any(static[i] != (i,) for i in range(self.n))
+            or code.static_assignment().rows != tuple((i,) for i in range(self.n))
+            or slots != list(range(self.n))
+        ):
+            raise ValueError(f"{code!r}: worker i of the per-parent code must compute exactly row i (its slot).")
+        self.child_code = CodeRef(CodedReduceCode.name, params)
+
+    @property
+    def num_workers(self) -> int:
+        """N = n + ... + n^L: every non-root node is a worker."""
+        return self.tree.num_workers
+
+    def describe(self) -> str:
+        return f"every node of the n={self.n}, L={self.L} tree"
+
+    def node(self, w: int) -> TreeNode:
+        """The tree node worker index ``w`` runs."""
+        return self.tree.nodes[w + 1]
+
+    def children(self, w: int) -> list[int]:
+        """Worker indices of ``w``'s children, in slot order (empty for a leaf)."""
+        return [child - 1 for child in self.node(w).children]
+
+    def parent_of(self) -> list[int]:
+        """The parent worker index of every worker, -1 under the master."""
+        return [-1 if node.parent in (None, 0) else int(node.parent) - 1 for node in self.tree.nodes[1:]]
+
+    def row(self, w: int) -> NodeRow:
+        """Worker ``w``'s one row: its slot in its parent's code, over its own stored partitions."""
+        node = self.node(w)
+        weights: dict[int, float] = {}
+        for j, c in zip(node.partitions, node.coefficients, strict=True):
+            weights[j] = weights.get(j, 0.0) + float(c)
+        parts = tuple(sorted(weights))
+        return NodeRow(row=node.slot, partitions=parts, coefficients=tuple(weights[j] for j in parts))
+
+    def wait_seconds(self, w: int, deadline_seconds: float) -> float:
+        """How long inner node ``w`` waits for its children: less the deeper it is, so it reports first."""
+        return deadline_seconds * (self.L + 1 - self.node(w).layer) / (self.L + 1)
 
 
 # ---- latency model (Theorem 2) -----------------------------------------------------------------

@@ -28,7 +28,7 @@ that never answers loses its naive data: in the full-straggler sense the scheme 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 import numpy as np
@@ -37,6 +37,7 @@ from gradcode.common.codes.base import Assignment, Decoding, GradientCode, Onlin
 from gradcode.common.codes.cyclic import CyclicRepetitionCode
 from gradcode.common.codes.fractional import FractionalRepetitionCode, valid_fractional_stragglers
 from gradcode.common.codes.registry import register
+from gradcode.common.codes.topology import CodeSize, size_parameter
 from gradcode.common.validation import check_int
 
 __all__ = ["INNER_CODES", "PartialStragglerCode", "naive_partitions_per_worker"]
@@ -101,6 +102,15 @@ class PartialStragglerCode(GradientCode):
 
     name = "partial_stragglers"
     decode_cost = "O(1) per naive message + the inner code's decoder on the coded messages"
+
+    @classmethod
+    def implied_size(cls, params: Mapping[str, object]) -> CodeSize:
+        """``n`` workers and ``n * (naive_partitions_per_worker(s, alpha) + 1)`` partitions."""
+        n, s, alpha = size_parameter(params, "n"), size_parameter(params, "s"), size_parameter(params, "alpha", 2.0)
+        if n is None or s is None or alpha is None or s < 0 or alpha <= 1:
+            return CodeSize(workers=n)
+        partitions = n * (naive_partitions_per_worker(int(s), alpha) + 1)
+        return CodeSize(workers=n, partitions=partitions, advice="use a larger alpha")
 
     def __init__(self, n: int, s: int, alpha: float = 2.0, inner: InnerCode = "cyclic", seed: int = 0) -> None:
         n = check_int("n", n, 1)

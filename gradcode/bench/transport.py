@@ -27,11 +27,10 @@ worker's chunking (with CRC32) and serialization, and the master's parsing and r
 check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, its copies, the event
 loops) and the socket.
 
-**Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (the
-``chunk_bytes`` of :func:`gradcode.common.wire.message_chunks`;
-default :data:`gradcode.common.wire.DEFAULT_CHUNK_BYTES`)
-set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size (started through
-:func:`serve_worker`), all alive at once and called round-robin.
+**Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (its
+``--chunk-bytes`` option; default :data:`gradcode.common.wire.DEFAULT_CHUNK_BYTES`)
+set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size, all alive at once and called
+round-robin.
 
 **Per-iteration overhead.** A :class:`gradcode.client.launch.LocalCluster` with 8 worker processes; jobs of
 softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
@@ -53,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import math
 import multiprocessing
@@ -83,11 +81,12 @@ from gradcode.common.wire import (
     MessageAssembler,
     array_from_tensor,
     message_chunks,
+    row_definition,
     tensor_from_array,
 )
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 
-__all__ = ["main", "run", "serve_worker"]
+__all__ = ["main", "run"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KiB = 1024
@@ -128,28 +127,10 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def serve_worker(chunk_bytes: int, worker_argv: Sequence[str]) -> int:
-    """Run ``python -m gradcode.worker`` with its gradient messages split into ``chunk_bytes`` chunks.
-
-    The worker service calls :func:`gradcode.common.wire.message_chunks` with its default chunk size; this
-    rebinds the service's reference to a version with another default, then runs the unchanged worker.
-    Used only by the chunk-size sweep, in a child process of its own.
-    """
-    import gradcode.worker.service
-    from gradcode.worker.__main__ import main as worker_main
-
-    gradcode.worker.service.message_chunks = functools.partial(message_chunks, chunk_bytes=chunk_bytes)  # type: ignore[attr-defined]
-    return worker_main(list(worker_argv))
-
-
 def _worker_argv(chunk_bytes: int | None) -> list[str]:
-    if chunk_bytes is None:
-        return [sys.executable, "-m", "gradcode.worker", "--listen", "127.0.0.1:0"]
-    code = (
-        "import sys; from gradcode.bench.transport import serve_worker; "
-        "sys.exit(serve_worker(int(sys.argv[1]), sys.argv[2:]))"
-    )
-    return [sys.executable, "-c", code, str(chunk_bytes), "--listen", "127.0.0.1:0"]
+    """``python -m gradcode.worker`` on loopback, its gradient messages in ``chunk_bytes`` chunks (None: default)."""
+    argv = [sys.executable, "-m", "gradcode.worker", "--listen", "127.0.0.1:0"]
+    return argv if chunk_bytes is None else [*argv, "--chunk-bytes", str(chunk_bytes)]
 
 
 # ---- gradient streaming over gRPC -----------------------------------------------------------------------
@@ -161,7 +142,7 @@ def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
         job_id=job_id,
         worker_id=0,
         model=common_pb2.ModelSpec(kind="linear", num_features=p - 1),
-        rows=[worker_pb2.RowDefinition(row=0, partitions=[0], coefficients_real=[1.0])],
+        rows=[row_definition(0, [0], [1.0])],
         num_partitions_sent=1,
     )
 

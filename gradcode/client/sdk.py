@@ -20,14 +20,11 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.registry import code_class
+from gradcode.common.exceptions import JobFailedError
 from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 __all__ = ["GradcodeClient", "JobFailedError", "ReportCallback", "build_job_spec", "code_params_for"]
-
-
-class JobFailedError(RuntimeError):
-    """The job ended FAILED or CANCELLED; the message is the master's."""
 
 
 def code_params_for(scheme: str, n: int, s: int) -> dict[str, Any]:

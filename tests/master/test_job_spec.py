@@ -13,7 +13,7 @@ import pytest
 from gradcode.common.codes.registry import available_codes
 from gradcode.common.stragglers import Pareto, make_delay_model
 from gradcode.common.wire import array_from_tensor, struct_from_dict
-from gradcode.master import job
+from gradcode.master import limits
 from gradcode.master.job import (
     DEFAULT_ITERATION_DEADLINE_SECONDS,
     JobPlan,
@@ -128,7 +128,7 @@ async def loaded(
     plan: JobPlan, worker: int, runner: JobRunner | None = None
 ) -> tuple[Any, dict[int, tuple[np.ndarray, np.ndarray]]]:
     runner = runner or JobRunner(plan, WorkerPool())
-    chunks = [chunk async for chunk in runner._load_chunks(worker)]
+    chunks = [chunk async for chunk in runner.loader.load_stream(worker)]
     setup = chunks[0].setup
     data: dict[int, tuple[bytearray, bytearray]] = {}
     for chunk in chunks[1:]:
@@ -169,10 +169,10 @@ async def test_each_partition_is_serialised_once_however_many_workers_hold_it() 
     runner = JobRunner(plan, WorkerPool())
     first = await asyncio.gather(*(loaded(plan, w, runner) for w in range(plan.code.n)))
     again, _ = await loaded(plan, 0, runner), await loaded(plan, 3, runner)  # reloads (a restarted worker)
-    assert runner._partition_bytes.serialisations == plan.code.k
+    assert runner.loader.partition_bytes.serialisations == plan.code.k
     assert again[1].keys() == first[0][1].keys()
-    features, labels = await runner._partition_bytes.get(0)
-    assert features is (await runner._partition_bytes.get(0))[0]  # the cached bytes, not a copy
+    features, labels = await runner.loader.partition_bytes.get(0)
+    assert features is (await runner.loader.partition_bytes.get(0))[0]  # the cached bytes, not a copy
     assert features == plan.dataset.X_train[plan.partitions[0]].astype("<f8").tobytes()
     assert labels == plan.dataset.y_train[plan.partitions[0]].astype("<f8").tobytes()
 
@@ -240,7 +240,7 @@ def test_oversized_specs_are_refused_quickly_before_anything_is_built(bad: maste
 
 
 def test_a_model_larger_than_the_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(job, "MAX_MODEL_BYTES", 4096)  # digits softmax has 650 parameters = 5200 bytes
+    monkeypatch.setattr(limits, "MAX_MODEL_BYTES", 4096)  # digits softmax has 650 parameters = 5200 bytes
     with pytest.raises(JobSpecError, match=r"Model 'softmax' over 64 features has 650 parameters .* at most 512 "):
         plan_job(spec())
 
@@ -324,6 +324,6 @@ def test_file_errors_never_echo_the_files_content(tmp_path: Path) -> None:
 
 def test_a_data_file_larger_than_the_cap_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_csv(tmp_path / "big.csv", rows=100)
-    monkeypatch.setattr(job, "MAX_DATA_FILE_BYTES", 100)
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 100)
     with pytest.raises(JobSpecError, match=r"Dataset file 'big.csv' has \d+ bytes; a job may load at most"):
         plan_job(file_spec("big.csv"), data_dir=tmp_path)

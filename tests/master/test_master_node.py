@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -24,9 +25,9 @@ from gradcode.common.data import load_dataset
 from gradcode.common.models import Model, make_model
 from gradcode.common.serving import ServingHandle, start_server
 from gradcode.common.wire import array_from_tensor, message_chunks, struct_from_dict
-from gradcode.master import service
-from gradcode.master.job import JobRunner
+from gradcode.master import reporting, service
 from gradcode.master.node import MasterNode
+from gradcode.master.spec import JobPlan
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
 
@@ -189,15 +190,16 @@ async def test_a_cancel_while_metrics_run_leaves_the_model_at_the_iteration_it_r
 ) -> None:
     """The optimizer step and iterations_done are committed together: a cancel in between cannot split them."""
     entered = threading.Event()
-    original = JobRunner._metrics
+    original = reporting.metrics
+    calls = itertools.count(1)
 
-    def slow_metrics(self: JobRunner, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
-        if self.iterations_done == 3 and not entered.is_set():  # hold iteration 3's metrics (in their thread)
+    def slow_metrics(plan: JobPlan, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
+        if next(calls) == 3 and not entered.is_set():  # hold iteration 3's metrics (in their thread)
             entered.set()
             time.sleep(0.5)
-        return original(self, params)
+        return original(plan, params)
 
-    monkeypatch.setattr(JobRunner, "_metrics", slow_metrics)
+    monkeypatch.setattr(reporting, "metrics", slow_metrics)
     async with asyncio.timeout(TIMEOUT), running_master(2) as master:
         ids = await master.wait_workers(2)
         info = await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, iterations=200, worker_ids=ids))

@@ -15,7 +15,7 @@ import pytest
 
 from gradcode.common.codes.coded_reduce import CompAllocCode, simulate_coded_reduce
 from gradcode.common.codes.registry import make_code
-from gradcode.common.wire import dict_from_struct
+from gradcode.common.wire import code_spec, dict_from_struct
 from gradcode.master.job import JobPlan, JobRunner, JobSpecError, plan_job
 from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.v1 import master_pb2, worker_pb2
@@ -27,7 +27,7 @@ TREES = [(2, 1, 2), (3, 1, 2), (2, 0, 2), (3, 2, 2), (2, 1, 3)]
 def runner_for(plan: JobPlan) -> JobRunner:
     """A runner whose worker index ``w`` is pool worker ``w`` at a made-up loopback address."""
     runner = JobRunner(plan, WorkerPool())
-    runner.workers = [PoolWorker(worker_id=w, address=f"127.0.0.1:{20000 + w}") for w in range(plan.num_workers)]
+    runner.loader.workers = [PoolWorker(worker_id=w, address=f"127.0.0.1:{20000 + w}") for w in range(plan.num_workers)]
     return runner
 
 
@@ -36,7 +36,7 @@ async def setups_and_data(plan: JobPlan) -> list[tuple[worker_pb2.JobSetup, dict
     runner = runner_for(plan)
     out = []
     for w in range(plan.num_workers):
-        chunks = [chunk async for chunk in runner._load_chunks(w)]
+        chunks = [chunk async for chunk in runner.loader.load_stream(w)]
         data: dict[int, tuple[bytearray, bytearray]] = {}
         for chunk in chunks[1:]:
             d = chunk.data
@@ -54,15 +54,15 @@ async def setups_and_data(plan: JobPlan) -> list[tuple[worker_pb2.JobSetup, dict
 @pytest.mark.parametrize(("n", "s", "L"), TREES)
 def test_a_tree_job_takes_every_node_as_a_worker_in_breadth_first_order(n: int, s: int, L: int) -> None:
     plan = plan_job(spec("coded_reduce", {"n": n, "s": s, "L": L}))
-    assert plan.tree is not None
+    assert plan.topology is not None
     assert plan.num_workers == sum(n**level for level in range(1, L + 1))
-    parent_of = plan.tree.parent_of()
+    parent_of = plan.topology.parent_of()
     assert parent_of[:n] == [-1] * n
     for w in range(n, plan.num_workers):
         assert parent_of[w] == (w - n) // n  # breadth first: children of w are n + n*w .. n + n*w + n - 1
-        assert w in plan.tree.children(parent_of[w])
+        assert w in plan.topology.children(parent_of[w])
     for w in range(n):
-        assert plan.tree.node(w).slot == w == plan.code.static_assignment().rows[w][0]
+        assert plan.topology.node(w).slot == w == plan.code.static_assignment().rows[w][0]
 
 
 @pytest.mark.parametrize(("n", "s", "L"), [*TREES, (4, 1, 2)])
@@ -70,21 +70,21 @@ def test_a_tree_job_takes_every_node_as_a_worker_in_breadth_first_order(n: int, 
 def test_the_child_code_spec_builds_the_trees_per_parent_code(n: int, s: int, L: int, seed: int | None) -> None:
     params: dict[str, Any] = {"n": n, "s": s, "L": L} | ({} if seed is None else {"seed": seed})
     plan = plan_job(spec("coded_reduce", params))
-    assert plan.tree is not None
-    child_spec = plan.tree.child_code
+    assert plan.topology is not None
+    child_spec = code_spec(plan.topology.child_code.name, plan.topology.child_code.params)  # what LoadJob carries
     child = make_code(child_spec.name, **dict_from_struct(child_spec.params))  # what worker/parent.py does
     reference = CompAllocCode(n, s) if seed is None else CompAllocCode(n, s, seed=seed)
     np.testing.assert_array_equal(child.B, reference.B)
-    np.testing.assert_array_equal(child.B, plan.tree.tree.code.B)
+    np.testing.assert_array_equal(child.B, plan.topology.tree.code.B)
     assert child.static_assignment().rows == tuple((i,) for i in range(n))
 
 
 @pytest.mark.parametrize(("n", "s", "L"), TREES)
 async def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_children(n: int, s: int, L: int) -> None:
     plan = plan_job(spec("coded_reduce", {"n": n, "s": s, "L": L}, iteration_deadline_seconds=6.0))
-    assert plan.tree is not None
+    assert plan.topology is not None
     for w, (setup, arrays) in enumerate(await setups_and_data(plan)):
-        node = plan.tree.node(w)
+        node = plan.topology.node(w)
         assert setup.worker_id == w
         assert len(setup.rows) == 1
         row = setup.rows[0]
@@ -96,14 +96,14 @@ async def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_c
         for j, (X, y) in arrays.items():
             np.testing.assert_array_equal(X, plan.dataset.X_train[plan.partitions[j]])
             np.testing.assert_array_equal(y, plan.dataset.y_train[plan.partitions[j]])
-        children = plan.tree.children(w)
+        children = plan.topology.children(w)
         assert setup.HasField("parent") == bool(children)
         if children:
             role = setup.parent
             assert [c.worker_id for c in role.children] == children
             assert [c.address for c in role.children] == [f"127.0.0.1:{20000 + c}" for c in children]
-            assert [plan.tree.node(c).slot for c in children] == list(range(n))
-            assert role.child_code == plan.tree.child_code
+            assert [plan.topology.node(c).slot for c in children] == list(range(n))
+            assert role.child_code == code_spec(plan.topology.child_code.name, plan.topology.child_code.params)
             assert role.wait_seconds == pytest.approx(6.0 * (L + 1 - node.layer) / (L + 1))
             assert 0 < role.wait_seconds < 6.0
 
@@ -111,12 +111,12 @@ async def test_each_node_is_loaded_with_exactly_its_partitions_one_row_and_its_c
 @pytest.mark.parametrize(("n", "s", "L"), TREES)
 async def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradient(n: int, s: int, L: int) -> None:
     plan = plan_job(spec("coded_reduce", {"n": n, "s": s, "L": L}))
-    tree = plan.tree
+    tree = plan.topology
     assert tree is not None
     rng = np.random.default_rng(n * 100 + s * 10 + L)
     params = rng.standard_normal(plan.model.num_params)
     loaded = await setups_and_data(plan)
-    child_spec = tree.child_code
+    child_spec = code_spec(tree.child_code.name, tree.child_code.params)
     child_code = make_code(child_spec.name, **dict_from_struct(child_spec.params))
     # Every parent hears from a random n - s of its children, in random order (the rest straggle).
     arrivals = {w: [int(c) for c in rng.permutation(tree.children(w))[: n - s]] for w in range(plan.num_workers)}
@@ -135,7 +135,7 @@ async def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradie
             return own
         children = [c.worker_id for c in setup.parent.children]
         decoder = child_code.decoder()
-        for c in arrivals[w]:  # like common.gather: stop at the first decodable moment
+        for c in arrivals[w]:  # like common.round: stop at the first decodable moment
             if decoder.add(child_code.static_assignment().rows[children.index(c)][0]):
                 break
         decoding = decoder.decoding()
@@ -190,9 +190,9 @@ def test_an_explicit_tree_that_matches_the_implied_one_is_accepted() -> None:
     plan = plan_job(
         spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, tree=master_pb2.TreeSpec(parent_of=[-1, -1, 0, 0, 1, 1]))
     )
-    assert plan.tree is not None and plan.num_workers == 6
+    assert plan.topology is not None and plan.num_workers == 6
 
 
 def test_a_one_layer_coded_reduce_stays_a_flat_job() -> None:
     plan = plan_job(spec("coded_reduce", {"n": 3, "s": 1}))
-    assert plan.tree is None and plan.num_workers == 3
+    assert plan.topology is None and plan.num_workers == 3

@@ -539,7 +539,7 @@ async def test_closed_parent_runner_opens_no_channel() -> None:
         await runner.close()
         with pytest.raises(ComputeCancelledError, match="tree parent of job 'tree' was closed"):
             await runner.children_sum(_request("tree", 0, (0,), random_params()))
-        assert runner._channels is None
+        assert not runner.connected
         await runner.close()  # idempotent
 
 
@@ -686,3 +686,22 @@ async def test_node_lifecycle_run_shutdown_and_health() -> None:
         await asyncio.gather(node.shutdown(), node.shutdown())  # idempotent, concurrent
         await runner
         assert node.is_shutdown
+
+
+async def test_the_chunk_size_is_a_worker_option() -> None:
+    """``--chunk-bytes`` (WorkerServicer's ``chunk_bytes``): the same message, in chunks of at most that size."""
+    code = make_code("uncoded", n=1)
+    partitions = make_partitions(code.k)
+    theta = random_params()
+    for chunk_bytes, expect_chunks in ((1 << 20, 1), (64, -(-softmax_model().num_params * 8 // 64))):
+        served = await serve_worker(WorkerServicer(chunk_bytes=chunk_bytes))
+        try:
+            async with asyncio.timeout(TEST_TIMEOUT), grpc.aio.insecure_channel(served.address) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                await _load(stub, load_chunks(job_setup(code, 0), data_for(code, 0, partitions)))
+                chunks = [c async for c in stub.Compute(_request("job", 0, (0,), theta))]
+                messages, _ = await _compute(stub, _request("job", 0, (0,), theta, iteration=1))
+        finally:
+            await stop_worker(served)
+        assert len(chunks) == expect_chunks and all(len(c.data) <= chunk_bytes for c in chunks)
+        _assert_close(messages[0], expected_message(code, 0, theta, partitions))

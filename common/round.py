@@ -1,0 +1,242 @@
+"""One iteration's gather-and-decode: the round the master and every tree parent run.
+
+A :class:`Round` owns everything about one iteration's gather: the scheme's online decoder, the
+messages received so far, when each worker finished, which ones failed and why (a typed
+:class:`WorkerFailure`, never a string to parse back), and the decoding. :meth:`Round.gather` opens
+one streaming call per :class:`Source` (a worker or a child), reassembles and validates the messages
+as they arrive, feeds each to the decoder and stops at the first decodable moment: every call still
+running is cancelled (the cancellation reaches the worker, which abandons its stale computation), so
+no late message can leak into a later iteration.
+
+A caller may call :meth:`Round.gather` again on the same round with other sources (the master's retry
+policy asks workers that came back); what already arrived is kept. :meth:`Round.decode` then combines
+the decodable set into a :class:`Decoded` without changing the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+import numpy as np
+
+from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
+from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError
+from gradcode.v1 import worker_pb2
+
+__all__ = ["ChunkStream", "Decoded", "Round", "Source", "WorkerFailure"]
+
+
+class ChunkStream(Protocol):
+    """A server-streaming call yielding GradientChunks (``grpc.aio.UnaryStreamCall`` fits)."""
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk]: ...
+
+    def cancel(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """One worker to ask: its id, the rows it computes this iteration, and how to open its stream."""
+
+    worker_id: int
+    rows: tuple[int, ...]
+    open: Callable[[], ChunkStream]
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """Why a worker gave no usable answer this round.
+
+    ``status`` is the gRPC status its call ended with (None when it failed otherwise: a malformed
+    message, a broken stream, or ``down`` when it was not asked because it is DOWN); ``error`` names the
+    exception type in that case. ``str()`` reads ``"STATUS: details"`` for people.
+    """
+
+    details: str
+    status: grpc.StatusCode | None = None
+    error: str = ""
+    down: bool = False
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> WorkerFailure:
+        if isinstance(exc, grpc.aio.AioRpcError):
+            return cls(details=str(exc.details()), status=exc.code())
+        return cls(details=str(exc), error=type(exc).__name__)
+
+    @classmethod
+    def worker_down(cls, reason: str) -> WorkerFailure:
+        return cls(details=reason, down=True)
+
+    def __str__(self) -> str:
+        label = "DOWN" if self.down else self.status.name if self.status is not None else self.error
+        return f"{label}: {self.details}"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A round's combined gradient and what it rests on."""
+
+    vector: Array
+    exact: bool
+    """The decoding is exact and no message it uses was itself decoded approximately (by a tree parent)."""
+    used_workers: list[int]
+    rows: tuple[int, ...]
+    decode_seconds: float
+    """Online decoding while gathering plus the combine."""
+
+
+class Round:
+    """One iteration's gather: decoder, received messages, timings, failures and decoding.
+
+    ``finished`` maps each worker that delivered every requested row to its seconds since the round
+    started; ``failed`` the workers whose last attempt failed; ``late`` the workers still running
+    when the last :meth:`gather` ended (cancelled then).
+    """
+
+    def __init__(
+        self,
+        decoder: OnlineDecoder,
+        *,
+        job_id: str,
+        iteration: int,
+        length: int,
+        dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
+        started: float | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.job_id = job_id
+        self.iteration = iteration
+        self.length = length
+        self.dtypes = dtypes
+        self.started = time.perf_counter() if started is None else started
+        """``time.perf_counter()`` when the iteration started (default: now); :attr:`finished` counts from it."""
+        self.messages: dict[int, CompletedMessage] = {}
+        self.finished: dict[int, float] = {}
+        self.failed: dict[int, WorkerFailure] = {}
+        self.late: list[int] = []
+        self.decoding: Decoding | None = None
+        self.timed_out = False
+        self.gather_decode_seconds = 0.0
+
+    @property
+    def decodable(self) -> bool:
+        return self.decoding is not None
+
+    @property
+    def exact(self) -> bool:
+        """True when the decoding is exact and no message it uses was itself decoded approximately."""
+        if self.decoding is None or not self.decoding.exact:
+            return False
+        return not any(self.messages[r].approximate for r in self.decoding.rows)
+
+    @property
+    def used_workers(self) -> list[int]:
+        """Workers whose messages the decoding uses."""
+        if self.decoding is None:
+            return []
+        return sorted({self.messages[r].worker_id for r in self.decoding.rows})
+
+    def fail(self, worker_id: int, failure: WorkerFailure) -> None:
+        """Record a failure found outside a gather (a worker that is DOWN), unless one is known already."""
+        self.failed.setdefault(worker_id, failure)
+
+    def combine(self) -> Array:
+        """The decoded gradient: the decoding's combination of the received messages."""
+        if self.decoding is None:
+            raise ValueError("Nothing to combine: the gather did not reach a decodable set.")
+        return self.decoding.combine({r: m.vector for r, m in self.messages.items()})
+
+    def decode(self) -> Decoded:
+        """:meth:`combine`, timed, with what the decoding rests on."""
+        if self.decoding is None:
+            raise ValueError("Nothing to decode: the gather did not reach a decodable set.")
+        started = time.perf_counter()
+        vector = self.combine()
+        seconds = self.gather_decode_seconds + time.perf_counter() - started
+        return Decoded(vector, self.exact, self.used_workers, tuple(self.decoding.rows), seconds)
+
+    async def gather(self, sources: list[Source], *, timeout: float | None = None) -> dict[int, WorkerFailure]:
+        """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
+
+        Returns the failures of this attempt (also recorded in :attr:`failed`); on expiry
+        :attr:`timed_out` is set.
+        """
+        queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
+        streams: dict[int, ChunkStream] = {}
+        failures: dict[int, WorkerFailure] = {}
+        started = time.perf_counter()
+        self.timed_out = False
+
+        async def pump(source: Source) -> None:
+            assembler = MessageAssembler(
+                job_id=self.job_id, iteration=self.iteration, worker_id=source.worker_id, rows=source.rows,
+                length=self.length, dtypes=self.dtypes,
+            )  # fmt: skip
+            try:
+                stream = source.open()
+                streams[source.worker_id] = stream
+                async for chunk in stream:
+                    done = assembler.feed(chunk)
+                    if done is not None:
+                        queue.put_nowait((source.worker_id, done))
+                if not assembler.complete:
+                    raise WireError(f"stream ended before all rows {source.rows} were sent")
+                queue.put_nowait((source.worker_id, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                queue.put_nowait((source.worker_id, exc))
+
+        def finish(worker_id: int) -> None:
+            self.finished[worker_id] = time.perf_counter() - self.started
+            self.failed.pop(worker_id, None)
+
+        tasks = {s.worker_id: asyncio.create_task(pump(s), name=f"gather-w{s.worker_id}") for s in sources}
+        pending = set(tasks)
+        deadline = None if timeout is None else started + timeout
+        decoder = self.decoder
+        try:
+            while not decoder.decodable and pending:
+                remaining = None if deadline is None else deadline - time.perf_counter()
+                if remaining is not None and remaining <= 0:
+                    self.timed_out = True
+                    break
+                try:
+                    worker_id, item = await asyncio.wait_for(queue.get(), remaining)
+                except TimeoutError:
+                    self.timed_out = True
+                    break
+                if isinstance(item, CompletedMessage):
+                    self.messages[item.row] = item
+                    t0 = time.perf_counter()
+                    decoder.add(item.row)
+                    self.gather_decode_seconds += time.perf_counter() - t0
+                elif item is None:
+                    pending.discard(worker_id)
+                    finish(worker_id)
+                else:
+                    pending.discard(worker_id)
+                    failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
+            if decoder.decodable and self.decoding is None:
+                t0 = time.perf_counter()
+                self.decoding = decoder.decoding()
+                self.gather_decode_seconds += time.perf_counter() - t0
+        finally:
+            rows_of = {s.worker_id: s.rows for s in sources}
+            for w in list(pending):
+                if all(r in self.messages for r in rows_of[w]):  # delivered everything; end-of-stream not seen yet
+                    pending.discard(w)
+                    finish(w)
+            self.late = sorted(pending)
+            for worker_id in pending:
+                stream = streams.get(worker_id)
+                if stream is not None:
+                    stream.cancel()
+                tasks[worker_id].cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        return failures

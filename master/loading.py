@@ -1,0 +1,188 @@
+"""Putting a job on its workers: which pool workers run it, and LoadJob for each of them.
+
+:class:`WorkerLoader` picks the pool workers for the job's worker indices (``worker_ids``, or the
+first ``n`` UP ones, waiting up to ``wait_for_workers_seconds`` for them to register), and loads every
+worker with exactly the partitions its rows need (streamed in chunks; each partition is serialised
+once per job, in a thread: :class:`PartitionBytes`). A worker of a flat code gets every row it can be
+asked for (:meth:`~gradcode.common.codes.base.GradientCode.rows_for_worker`); a node of a code with a
+topology gets its one row and, when it has children, its parent role (the child code, the children's
+ids and addresses in slot order, and how long to wait for them).
+
+Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
+the code's worker index ``0..N-1`` (the index the code's rows and the straggler model refer to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from gradcode.common.data import Dataset
+from gradcode.common.exceptions import JobFailedError
+from gradcode.common.wire import code_spec, partition_chunks, row_definition
+from gradcode.master.pool import PoolWorker, WorkerPool
+from gradcode.master.spec import JobPlan
+from gradcode.v1 import worker_pb2
+
+__all__ = ["END_JOB_TIMEOUT_SECONDS", "LOAD_TIMEOUT_SECONDS", "PartitionBytes", "WorkerLoader"]
+
+LOAD_TIMEOUT_SECONDS = 120.0
+END_JOB_TIMEOUT_SECONDS = 2.0
+
+
+class PartitionBytes:
+    """Each data partition's features and labels as little-endian float64 bytes, for LoadJob.
+
+    A partition is serialised once per job (however many workers hold it, and however often a
+    restarted worker is reloaded), in a thread so the event loop keeps serving; concurrent requests
+    for the same partition share one serialisation. :meth:`clear` frees the bytes when the job ends.
+    """
+
+    def __init__(self, dataset: Dataset, partitions: list[np.ndarray[Any, Any]]) -> None:
+        self._dataset = dataset
+        self._partitions = partitions
+        self._cache: dict[int, asyncio.Task[tuple[bytes, bytes]]] = {}
+        self.serialisations = 0
+        """How many partitions have been serialised (each at most once)."""
+
+    async def get(self, j: int) -> tuple[bytes, bytes]:
+        """Partition ``j``'s (features, labels) bytes."""
+        task = self._cache.get(j)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._serialise, j))
+            self._cache[j] = task
+        return await asyncio.shield(task)  # a cancelled LoadJob must not cancel the shared serialisation
+
+    def _serialise(self, j: int) -> tuple[bytes, bytes]:
+        idx = self._partitions[j]
+        self.serialisations += 1
+        features = np.ascontiguousarray(self._dataset.X_train[idx], dtype="<f8").tobytes()
+        labels = np.ascontiguousarray(self._dataset.y_train[idx], dtype="<f8").tobytes()
+        return features, labels
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+class WorkerLoader:
+    """The pool worker behind each of the job's worker indices, and loading the job onto them."""
+
+    def __init__(self, plan: JobPlan, pool: WorkerPool) -> None:
+        self.plan = plan
+        self.pool = pool
+        self.workers: list[PoolWorker] = []
+        """The pool worker behind each worker index (set by :meth:`select`)."""
+        self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
+
+    @property
+    def job_id(self) -> str:
+        return self.plan.job_id
+
+    async def select(self) -> None:
+        """Choose :attr:`workers`, the pool workers for the job's worker indices."""
+        self.workers = await self._choose()
+
+    async def _choose(self) -> list[PoolWorker]:
+        """The pool workers for the job's worker indices, waiting up to ``wait_for_workers_seconds``."""
+        spec, n = self.plan.spec, self.plan.num_workers
+        deadline = time.monotonic() + spec.wait_for_workers_seconds
+        while True:
+            if spec.worker_ids:
+                chosen = [self.pool.get(i) for i in spec.worker_ids]
+                if all(w.is_up for w in chosen):
+                    return chosen
+            else:
+                up = self.pool.up()
+                if len(up) >= n:
+                    return up[:n]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.pool.wait_changed(min(remaining, 0.5))
+        if spec.worker_ids:
+            return [self.pool.get(i) for i in spec.worker_ids]  # go on; DOWN ones count as failed
+        known = sorted(self.pool.workers, key=lambda w: (not w.is_up, w.worker_id))
+        if len(known) >= n:
+            return known[:n]
+        raise JobFailedError(
+            f"Gradient code {self.plan.code!r} needs {n} workers but only {len(known)} registered "
+            f"(ids {[w.worker_id for w in known]}) within wait_for_workers_seconds = "
+            f"{spec.wait_for_workers_seconds:g}; start more workers or choose a smaller n."
+        )
+
+    def job_setup(self, w: int) -> worker_pb2.JobSetup:
+        """Worker ``w``'s JobSetup: its rows (and, for a parent in the code's topology, its children)."""
+        plan, code, topology = self.plan, self.plan.code, self.plan.topology
+        setup = worker_pb2.JobSetup(
+            job_id=plan.job_id,
+            worker_id=w,
+            model=plan.spec.model,
+            straggler=plan.spec.straggler,
+            message_dtype=plan.message_dtype,  # type: ignore[arg-type]
+        )
+        if topology is None:
+            setup.rows.extend(row_definition(r, code.support(r), code.coefficients(r)) for r in code.rows_for_worker(w))
+        else:
+            node = topology.row(w)
+            setup.rows.append(row_definition(node.row, node.partitions, node.coefficients))
+            children = topology.children(w)
+            if children:
+                setup.parent.CopyFrom(
+                    worker_pb2.ParentRole(
+                        child_code=code_spec(topology.child_code.name, topology.child_code.params),
+                        children=[worker_pb2.ChildSpec(worker_id=c, address=self.workers[c].address) for c in children],
+                        wait_seconds=topology.wait_seconds(w, plan.spec.iteration_deadline_seconds),
+                    )
+                )
+        setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
+        return setup
+
+    async def load_stream(self, w: int) -> AsyncIterator[worker_pb2.LoadJobChunk]:
+        """Worker ``w``'s LoadJob stream: its setup, then the data of every partition its rows need."""
+        setup = self.job_setup(w)
+        parts = sorted({j for row in setup.rows for j in row.partitions})
+        yield worker_pb2.LoadJobChunk(setup=setup)
+        for j in parts:
+            features, labels = await self.partition_bytes.get(j)
+            for chunk in partition_chunks(j, len(self.plan.partitions[j]), features, labels):
+                yield chunk
+
+    async def load(self, w: int) -> bool:
+        """LoadJob worker ``w``; on failure mark it DOWN and return False (the job goes on)."""
+        worker = self.workers[w]
+        if not worker.is_up:
+            return False
+        try:
+            await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
+            return False
+        worker.jobs.add(self.job_id)
+        self.pool.mark_seen(worker)
+        return True
+
+    async def load_all(self, indices: range | list[int] | None = None) -> None:
+        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet."""
+        chosen = range(self.plan.num_workers) if indices is None else indices
+        await asyncio.gather(
+            *(self.load(w) for w in chosen if self.workers[w].is_up and not self.workers[w].has_job(self.job_id))
+        )
+
+    async def end(self) -> None:
+        """EndJob on every worker that holds the job (best effort), and free the partition bytes."""
+        self.partition_bytes.clear()
+
+        async def end(worker: PoolWorker) -> None:
+            worker.jobs.discard(self.job_id)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await worker.stub.EndJob(worker_pb2.EndJobRequest(job_id=self.job_id), timeout=END_JOB_TIMEOUT_SECONDS)
+
+        holders = [w for w in self.workers if w.is_up and w.has_job(self.job_id)]
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.gather(*(end(w) for w in holders), return_exceptions=True))

@@ -1,0 +1,126 @@
+"""The master's use of a :class:`~gradcode.common.round.Round`: whom to ask, when to retry, when to give up.
+
+Each iteration the master asks every UP worker that has rows (one Compute stream each, through one
+round, which stops at the first decodable moment and cancels the rest). While the round is not
+decodable it reloads workers that came back (a restarted worker lost the job: NOT_FOUND) and asks
+them again, until the iteration deadline; then the job fails naming the missing workers. A worker
+whose call fails is marked DOWN, except a worker that lost the job (reloaded) and, for a code with a
+topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its children
+are not decodable, so it only counts as failed for this iteration.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from gradcode.common.codes.base import Assignment
+from gradcode.common.exceptions import JobFailedError
+from gradcode.common.round import Round, Source, WorkerFailure
+from gradcode.common.wire import dtype_from_wire
+from gradcode.master.loading import WorkerLoader
+from gradcode.master.pool import WorkerPool
+from gradcode.master.reporting import failure_report
+from gradcode.v1 import worker_pb2
+
+__all__ = ["RoundPolicy"]
+
+
+class RoundPolicy:
+    """Runs one iteration's round against the job's workers under the iteration deadline."""
+
+    def __init__(self, loader: WorkerLoader, pool: WorkerPool) -> None:
+        self.loader = loader
+        self.plan = loader.plan
+        self.pool = pool
+
+    async def run(
+        self, t: int, assignment: Assignment, model_bytes: bytes, *, started: float, job_started: float
+    ) -> Round:
+        """Gather iteration ``t`` (begun at ``started``) until decodable; JobFailedError at the deadline."""
+        plan, code, workers = self.plan, self.plan.code, self.loader.workers
+        round_ = Round(
+            code.decoder(assignment),
+            job_id=plan.job_id,
+            iteration=t,
+            length=plan.model.num_params,
+            dtypes=(dtype_from_wire(plan.message_dtype),),
+            started=started,
+        )
+        deadline = round_.started + plan.spec.iteration_deadline_seconds
+        needed = [w for w in range(code.n) if assignment.rows[w]]
+        spent: set[int] = set()
+        """Parents that answered this iteration that their children are not decodable (not asked again)."""
+        if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
+            await self.loader.load_all(range(code.n, plan.num_workers))
+        while True:
+            askable = [w for w in needed if w not in round_.finished and w not in spent and workers[w].is_up]
+            await self.loader.load_all(askable)
+            ask = [w for w in askable if workers[w].is_up and workers[w].has_job(plan.job_id)]
+            for w in needed:
+                if w not in round_.finished and not workers[w].is_up:
+                    round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
+            remaining = deadline - time.perf_counter()
+            if ask and remaining > 0:
+                sources = [self._source(w, t, assignment.rows[w], model_bytes) for w in ask]
+                failures = await round_.gather(sources, timeout=remaining)
+                for w in round_.finished:
+                    self.pool.mark_seen(workers[w])
+                for w, failure in failures.items():
+                    if await self._alive_parent(w, failure):
+                        spent.add(w)
+                if round_.decodable:
+                    return round_
+            if deadline - time.perf_counter() <= 0:
+                pool_ids = [w.worker_id for w in workers]
+                raise JobFailedError(
+                    self._undecodable_message(round_, needed),
+                    failure_report(
+                        plan.job_id, t, round_, pool_ids=pool_ids, exact=code.exact,
+                        elapsed_seconds=time.perf_counter() - job_started,
+                        wall_seconds=time.perf_counter() - round_.started,
+                    ),
+                )  # fmt: skip
+            if not ask:
+                await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
+
+    def _source(self, w: int, t: int, rows: tuple[int, ...], model_bytes: bytes) -> Source:
+        """Worker ``w``'s Compute call: its own fields serialized, followed by the shared model bytes."""
+        head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows)
+        request = head.SerializeToString() + model_bytes
+        worker = self.loader.workers[w]
+        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(request))
+
+    async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
+        """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
+        worker = self.loader.workers[w]
+        if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
+            worker.jobs.discard(self.plan.job_id)
+            return False
+        if (
+            self.plan.topology is not None
+            and failure.status is grpc.StatusCode.UNAVAILABLE
+            and await self.pool.probe(worker)
+        ):
+            return True
+        self.pool.mark_down(worker, f"Compute for job {self.plan.job_id!r}: {failure}")
+        return False
+
+    def _undecodable_message(self, round_: Round, needed: list[int]) -> str:
+        plan, workers = self.plan, self.loader.workers
+        late = set(round_.late)
+        missing = sorted((w for w in needed if w not in round_.finished), key=lambda w: workers[w].worker_id)
+        detail = "; ".join(
+            f"{workers[w].describe()}: "
+            + (str(round_.failed[w]) if w in round_.failed else "no answer (late)" if w in late else "not asked")
+            for w in missing
+        )
+        got = sorted({workers[m.worker_id].worker_id for m in round_.messages.values()})
+        return (
+            f"Iteration {round_.iteration}: not decodable within the iteration deadline of "
+            f"{plan.spec.iteration_deadline_seconds:g} s; missing workers "
+            f"{[workers[w].worker_id for w in missing]} ({detail}). Messages arrived from workers {got}; "
+            f"{plan.code!r} tolerates {plan.code.s} straggler(s)"
+            + ("." if plan.topology is None else " among the children of every parent.")
+        )

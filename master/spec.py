@@ -1,0 +1,316 @@
+"""A job spec, validated and planned: :func:`plan_job` turns a wire JobSpec into a :class:`JobPlan`.
+
+:func:`plan_job` fills in the defaults and builds the code, model, dataset and partitions, or raises
+:class:`~gradcode.common.exceptions.JobSpecError` with the precise reason, so CreateJob can refuse a
+bad spec before anything starts. Sizes are checked against the caps of :mod:`gradcode.master.limits`
+before anything is built, and a ``file`` dataset must lie inside the master's data directory
+(:mod:`gradcode.master.datafile`). The code says what the job needs (its size, its topology), so no
+scheme is named here: a code with a topology (a CodedReduce tree, ``L > 1``) takes a worker process
+for every node, and ``JobSpec.tree``, if given, must equal the implied topology.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradcode.common.codes.base import GradientCode
+from gradcode.common.codes.registry import available_codes, make_code
+from gradcode.common.codes.topology import Topology
+from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
+from gradcode.common.models import MODEL_KINDS, Model, make_model
+from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
+from gradcode.common.wire import dict_from_struct
+from gradcode.master import limits
+from gradcode.master.datafile import data_file as file_in_data_dir
+from gradcode.master.datafile import file_error
+from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
+from gradcode.v1 import common_pb2, master_pb2
+
+__all__ = [
+    "DEFAULT_ITERATION_DEADLINE_SECONDS",
+    "DEFAULT_TEST_FRACTION",
+    "EXACT_TOLERANCE",
+    "FLOAT32_TOLERANCE",
+    "JobPlan",
+    "JobSpecError",
+    "plan_job",
+]
+
+DEFAULT_ITERATION_DEADLINE_SECONDS = 30.0
+"""Used when the spec's ``iteration_deadline_seconds`` is 0."""
+DEFAULT_TEST_FRACTION = 0.2
+"""Used when the spec's ``dataset.test_fraction`` is 0 (proto3 cannot tell "unset" from 0)."""
+EXACT_TOLERANCE = 1e-9
+"""Largest relative error an exact decode may have against the centralized gradient (verify mode)."""
+FLOAT32_TOLERANCE = 1e-5
+"""The same bound when the workers send float32 messages."""
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, eq=False)
+class JobPlan:
+    """A validated job: the normalised spec and everything built from it."""
+
+    spec: master_pb2.JobSpec
+    """The spec with defaults filled in (job id, model kind and sizes, optimizer kind, deadline)."""
+    code: GradientCode
+    model: Model
+    dataset: Dataset
+    partitions: list[np.ndarray[Any, Any]]
+    """Training-sample indices of each of the code's ``k`` partitions."""
+    message_dtype: int
+    """Wire dtype of the workers' messages."""
+    topology: Topology | None = None
+    """The code's worker layout when not every worker answers the master (a tree); None for flat jobs."""
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes the job needs: the code's ``n``, or every node of its topology."""
+        return self.code.n if self.topology is None else self.topology.num_workers
+
+    @property
+    def tolerance(self) -> float:
+        return FLOAT32_TOLERANCE if self.message_dtype == common_pb2.DTYPE_FLOAT32 else EXACT_TOLERANCE
+
+
+def _finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf) -> float:
+    if not math.isfinite(value) or not low <= value <= high:
+        rng = f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        raise JobSpecError(f"JobSpec.{name} must be a finite number {rng}, not {value!r}.")
+    return value
+
+
+def plan_job(
+    spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = None, data_dir: str | Path | None = None
+) -> JobPlan:
+    """Validate ``spec`` and build its code, model, dataset and partitions; JobSpecError says what is wrong.
+
+    ``known_worker_ids`` are the pool's ids, to check an explicit ``worker_ids`` list against.
+    ``data_dir`` is the only directory a ``file`` dataset may be read from (None: file datasets are
+    refused). Sizes are checked against the ``MAX_*`` caps before anything is built. Loads (or
+    generates) the dataset, so callers on an event loop should run it in a thread.
+    """
+    spec = master_pb2.JobSpec.FromString(spec.SerializeToString())
+    if not spec.job_id:
+        spec.job_id = f"job-{uuid.uuid4().hex[:12]}"
+    elif not _JOB_ID.match(spec.job_id):
+        raise JobSpecError(
+            f"JobSpec.job_id {spec.job_id!r} is invalid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names the history file)."
+        )
+
+    # The gradient code: the library's own message for anything it refuses.
+    if not spec.code.name:
+        raise JobSpecError(f"JobSpec.code.name is empty; available schemes: {', '.join(available_codes())}.")
+    if spec.code.name not in available_codes():
+        raise JobSpecError(
+            f"Unknown gradient code {spec.code.name!r}; available schemes: {', '.join(available_codes())}."
+        )
+    code_params = dict_from_struct(spec.code.params)
+    limits.check_code_size(spec.code.name, code_params)
+    try:
+        code = make_code(spec.code.name, **code_params)
+    except (ValueError, KeyError, TypeError, NumericallyUnsafeError) as exc:
+        detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise JobSpecError(f"Invalid parameters for gradient code {spec.code.name!r}: {detail}") from None
+    if code.k > limits.MAX_PARTITIONS:
+        raise JobSpecError(
+            f"{code!r} cuts the data into {code.k} partitions; a job may use at most {limits.MAX_PARTITIONS}."
+        )
+    topology = _topology(spec, code)
+
+    # Dataset, then model (its sizes default to the dataset's).
+    ds = spec.dataset
+    if ds.name not in DATASET_NAMES:
+        raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
+    if ds.test_fraction == 0:
+        ds.test_fraction = DEFAULT_TEST_FRACTION
+    limits.check_dataset_size(ds)
+    data_file = file_in_data_dir(ds.path, data_dir) if ds.name == "file" else None
+    try:
+        dataset = load_dataset(
+            ds.name,
+            path=data_file if data_file is not None else (ds.path or None),
+            num_samples=int(ds.num_samples) or None,
+            num_features=int(ds.num_features) or None,
+            seed=int(ds.seed),
+            test_fraction=float(ds.test_fraction),
+        )
+    except MemoryError:
+        raise
+    except (ValueError, OSError) as exc:
+        if data_file is not None:  # never echo what the library quoted from the file
+            raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
+        raise JobSpecError(f"Dataset {ds.name!r} refused: {exc}") from None
+    except Exception as exc:  # e.g. csv.Error from a file that is not text
+        if data_file is None:
+            raise
+        raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
+    samples = dataset.num_train + len(dataset.y_test)
+    if dataset.num_features > limits.MAX_FEATURES or dataset.num_features * samples * 8 > limits.MAX_DATASET_BYTES:
+        raise JobSpecError(
+            f"Dataset {ds.name!r} has {samples} samples x {dataset.num_features} features; a job may use at most "
+            f"{limits.MAX_FEATURES} features and {limits.MAX_DATASET_BYTES >> 20} MiB of features."
+        )
+    ms = spec.model
+    if not ms.kind:
+        ms.kind = dataset.model_kind
+    if ms.kind not in MODEL_KINDS:
+        raise JobSpecError(f"Unknown model kind {ms.kind!r}; valid kinds are {list(MODEL_KINDS)}.")
+    if ms.num_features and ms.num_features != dataset.num_features:
+        raise JobSpecError(
+            f"JobSpec.model.num_features is {ms.num_features} but dataset {dataset.name!r} has "
+            f"{dataset.num_features} features (leave it 0 to use the dataset's)."
+        )
+    ms.num_features = dataset.num_features
+    if ms.kind == "linear":
+        ms.num_classes = 0
+    else:
+        if dataset.num_classes < 2:
+            raise JobSpecError(
+                f"Model {ms.kind!r} needs class labels but dataset {dataset.name!r} is a regression set; "
+                f"use model kind {dataset.model_kind!r}."
+            )
+        if ms.num_classes and ms.num_classes != dataset.num_classes:
+            raise JobSpecError(
+                f"JobSpec.model.num_classes is {ms.num_classes} but dataset {dataset.name!r} has "
+                f"{dataset.num_classes} classes (leave it 0 to use the dataset's)."
+            )
+        ms.num_classes = dataset.num_classes
+    _finite("model.l2", ms.l2)
+    try:
+        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2))
+    except ValueError as exc:
+        raise JobSpecError(f"Model refused: {exc}") from None
+    if model.num_params * 8 > limits.MAX_MODEL_BYTES:
+        raise JobSpecError(
+            f"Model {ms.kind!r} over {ms.num_features} features has {model.num_params} parameters "
+            f"({model.num_params * 8 / 2**20:.0f} MiB); a job may use at most {limits.MAX_MODEL_BYTES // 8} "
+            f"({limits.MAX_MODEL_BYTES >> 20} MiB)."
+        )
+
+    # Optimizer and loop parameters.
+    opt = spec.optimizer
+    if not opt.kind:
+        opt.kind = "gd"
+    if opt.kind not in OPTIMIZER_KINDS:
+        raise JobSpecError(f"Unknown optimizer {opt.kind!r}; valid optimizers are {list(OPTIMIZER_KINDS)}.")
+    try:
+        make_optimizer(opt.kind, model.init_params(), learning_rate=opt.learning_rate, momentum=opt.momentum)
+    except ValueError as exc:
+        raise JobSpecError(f"Optimizer refused: {exc}") from None
+    if not 1 <= spec.iterations <= limits.MAX_ITERATIONS:
+        raise JobSpecError(f"JobSpec.iterations must be in [1, {limits.MAX_ITERATIONS}], not {spec.iterations}.")
+    _finite("target_accuracy", spec.target_accuracy, high=1.0)
+    _finite("iteration_deadline_seconds", spec.iteration_deadline_seconds)
+    if spec.iteration_deadline_seconds == 0:
+        spec.iteration_deadline_seconds = DEFAULT_ITERATION_DEADLINE_SECONDS
+    _finite("wait_for_workers_seconds", spec.wait_for_workers_seconds)
+
+    # Straggler emulation (validated here so the workers never see a model they would refuse).
+    st = spec.straggler
+    if st.model and st.model != "none":
+        if st.model not in DELAY_MODEL_NAMES:
+            raise JobSpecError(f"Unknown straggler model {st.model!r}; valid models are {list(DELAY_MODEL_NAMES)}.")
+        try:
+            delays = make_delay_model(st.model, dict_from_struct(st.params), int(st.seed))
+        except ValueError as exc:
+            raise JobSpecError(f"Straggler model {st.model!r} refused: {exc}") from None
+        # Every worker evaluates its own delay each iteration: one it would refuse (e.g. 'fixed' with
+        # num_workers smaller than the job's) must refuse the job now, not fail every Compute later.
+        num_workers = code.n if topology is None else topology.num_workers
+        for w in range(num_workers):
+            try:
+                delays.delay(w, 0)
+            except (ValueError, OverflowError) as exc:
+                raise JobSpecError(
+                    f"Straggler model {st.model!r} refused for worker {w} of this job's {num_workers} workers "
+                    f"(ids 0..{num_workers - 1}): {exc}"
+                ) from None
+
+    # Message dtype: complex codes send complex128; real codes float64 (default) or float32.
+    message_dtype = _message_dtype(spec.message_dtype, code)
+    spec.message_dtype = message_dtype  # type: ignore[assignment]
+
+    # Workers.
+    ids = list(spec.worker_ids)
+    if ids:
+        needed = code.n if topology is None else topology.num_workers
+        if len(ids) != needed or len(set(ids)) != len(ids):
+            what = "the code's n" if topology is None else topology.describe()
+            raise JobSpecError(f"JobSpec.worker_ids must list {needed} distinct worker ids ({what}), not {ids}.")
+        if known_worker_ids is not None:
+            unknown = sorted(set(ids) - set(known_worker_ids))
+            if unknown:
+                raise JobSpecError(
+                    f"JobSpec.worker_ids names unknown worker id(s) {unknown}; known worker ids are "
+                    f"{sorted(known_worker_ids)}."
+                )
+
+    try:
+        partitions = partition_indices(dataset.num_train, code.partition_weights, seed=int(spec.seed))
+    except ValueError as exc:
+        split = f"Cannot split the {dataset.num_train} training samples into {code.k} partitions"
+        raise JobSpecError(f"{split}: {exc}") from None
+    return JobPlan(
+        spec=spec,
+        code=code,
+        model=model,
+        dataset=dataset,
+        partitions=partitions,
+        message_dtype=message_dtype,
+        topology=topology,
+    )
+
+
+def _topology(spec: master_pb2.JobSpec, code: GradientCode) -> Topology | None:
+    """The code's topology (None for a flat code); checks JobSpec.tree against it."""
+    given = list(spec.tree.parent_of)
+    try:
+        tree = code.topology()
+    except ValueError as exc:
+        raise JobSpecError(f"Tree job refused: {exc}") from None
+    if tree is None:
+        if given:
+            raise JobSpecError(
+                f"JobSpec.tree is only for coded_reduce with L > 1 (its topology is implied); {code!r} is a flat "
+                "scheme: leave JobSpec.tree empty."
+            )
+        return None
+    if given and given != tree.parent_of():
+        raise JobSpecError(
+            f"JobSpec.tree.parent_of {given} does not match the {code!r} tree; leave it empty or give "
+            f"{tree.parent_of()} (worker w is tree node w + 1, breadth first)."
+        )
+    return tree
+
+
+def _message_dtype(requested: int, code: GradientCode) -> int:
+    names = common_pb2.DType.Name
+    if code.is_complex:
+        if requested not in (common_pb2.DTYPE_UNSPECIFIED, common_pb2.DTYPE_COMPLEX128):
+            raise JobSpecError(
+                f"Gradient code {code.name!r} has complex coefficients; its messages are DTYPE_COMPLEX128, "
+                f"not {names(requested)}."
+            )
+        return common_pb2.DTYPE_COMPLEX128
+    if requested in (common_pb2.DTYPE_UNSPECIFIED, common_pb2.DTYPE_FLOAT64):
+        return common_pb2.DTYPE_FLOAT64
+    if requested == common_pb2.DTYPE_FLOAT32:
+        return common_pb2.DTYPE_FLOAT32
+    raise JobSpecError(
+        f"JobSpec.message_dtype {names(requested) if requested in common_pb2.DType.values() else requested} "
+        "is not valid for a real code; use DTYPE_FLOAT64 (default) or DTYPE_FLOAT32."
+    )

@@ -1,0 +1,157 @@
+"""A loaded job on a worker and its two ways of producing an iteration's messages.
+
+:class:`JobRuntime` holds the job (:class:`~gradcode.worker.compute.WorkerJob`), its straggler
+emulation, its parent role when it is an inner tree node, and the computations running now.
+:meth:`JobRuntime.messages` yields the iteration's messages, one :class:`Message` per requested row:
+
+* a leaf computes its own rows in a worker thread, spreading the emulated delay over its messages (a
+  worker with several messages, e.g. partial stragglers, still delivers its first ones early);
+* a parent sleeps the delay, then computes its own rows while its :class:`~gradcode.worker.parent.ParentRunner`
+  gathers and decodes the children (one :class:`~gradcode.common.round.Round`), and adds the two
+  (Reisizadeh et al., Algorithm 2); its messages are approximate when the children's decode was not exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradcode.common.codes.base import Array
+from gradcode.common.exceptions import ComputeCancelledError
+from gradcode.common.round import Round
+from gradcode.v1 import worker_pb2
+from gradcode.worker.compute import WorkerJob
+from gradcode.worker.parent import ParentRunner
+from gradcode.worker.straggling import Cancellation, StragglerEmulation
+
+__all__ = ["JobRuntime", "Message", "PartitionObserver"]
+
+logger = logging.getLogger(__name__)
+
+PartitionObserver = Callable[[str, int, int], None]
+"""Called from the compute thread after each partial gradient: ``(job_id, iteration, partition)``."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One coded message ready to send."""
+
+    row: int
+    vector: Array
+    compute_seconds: float
+    straggle_seconds: float
+    approximate: bool = False
+
+
+@dataclass
+class JobRuntime:
+    """A loaded job plus what serving it needs: straggler emulation, parent role, running computations."""
+
+    job: WorkerJob
+    stragglers: StragglerEmulation
+    parent: ParentRunner | None = None
+    active: dict[int, set[Cancellation]] = field(default_factory=dict)
+    """Cancellation flags of the computations running now, by iteration."""
+    newest_iteration: int = -1
+    """The highest iteration a Compute has started for this job; older ones are refused."""
+    retired: bool = False
+    """Set when the job was ended or replaced: running computations stop at their next step."""
+
+    def cancel_all(self, *, before: int | None = None) -> None:
+        """Set the flags of every running computation (of iterations before ``before``, if given)."""
+        for iteration, flags in self.active.items():
+            if before is None or iteration < before:
+                for flag in flags:
+                    flag.set()
+
+    async def retire(self) -> None:
+        """Stop every computation and close the parent role for good (the job ended or was replaced)."""
+        self.retired = True
+        self.cancel_all()
+        if self.parent is not None:
+            await self.parent.close()
+
+    async def messages(
+        self,
+        request: worker_pb2.ComputeRequest,
+        params: Array,
+        rows: tuple[int, ...],
+        delay: float,
+        flag: Cancellation,
+        observer: PartitionObserver | None,
+    ) -> AsyncIterator[Message]:
+        """This iteration's messages, row by row; ComputeCancelledError when abandoned."""
+        on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
+        if self.parent is None:
+            async for message in self._leaf_messages(params, rows, delay, flag, on_partition):
+                yield message
+        else:
+            await self._straggle(flag, delay)
+            for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
+                yield message
+
+    async def _straggle(self, flag: Cancellation, seconds: float) -> None:
+        """The emulated delay; ComputeCancelledError if the call is abandoned or its job is gone by the end."""
+        await flag.sleep(seconds)
+        if self.retired:  # ended or replaced (its flags are set too)
+            raise ComputeCancelledError(f"Job {self.job.job_id!r} was ended or replaced during the delay.")
+
+    async def _leaf_messages(
+        self,
+        params: Array,
+        rows: tuple[int, ...],
+        delay: float,
+        flag: Cancellation,
+        on_partition: Callable[[int], None] | None,
+    ) -> AsyncIterator[Message]:
+        computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
+        for index, row in enumerate(rows):
+            await self._straggle(flag, delay / len(rows))
+            vector, seconds = await asyncio.to_thread(computation.message, row)
+            yield Message(row, vector, seconds, delay * (index + 1) / len(rows))
+
+    async def _parent_messages(
+        self,
+        parent: ParentRunner,
+        request: worker_pb2.ComputeRequest,
+        params: Array,
+        rows: tuple[int, ...],
+        delay: float,
+        flag: Cancellation,
+        on_partition: Callable[[int], None] | None,
+    ) -> list[Message]:
+        """Own messages (in a thread) and the children's decoded sum (a round), concurrently; then add."""
+        job = self.job
+        started = time.perf_counter()
+        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request))
+        try:
+            computation = job.start(params, cancelled=flag, on_partition=on_partition)
+            own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
+            gathered = await flag.race(children)
+        finally:
+            if not children.done():
+                children.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await children
+        decoded = gathered.decode()
+        seconds = time.perf_counter() - started
+        logger.log(
+            logging.DEBUG if decoded.exact else logging.WARNING,
+            "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
+            job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
+        )  # fmt: skip
+        out = []
+        for row in rows:
+            total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
+            out.append(Message(row, total.astype(job.row_dtype(row), copy=False), seconds, delay, not decoded.exact))
+        return out
+
+
+def _bind(observer: PartitionObserver, job_id: str, iteration: int) -> Callable[[int], None]:
+    return lambda partition: observer(job_id, iteration, partition)
