@@ -69,13 +69,13 @@ class ParentRunner:
 
     The constructor validates the :class:`ParentRole` and raises ``ValueError`` saying what is wrong;
     channels are opened lazily (inside the event loop) and closed for good by :meth:`close`.
+    ``length`` is the job's message length, which the children's messages share (they are loaded
+    with the same ``append_statistics``).
     ``message_dtype`` is the job's message type, the only one accepted from children besides
     complex128 for a complex child code.
     """
 
-    def __init__(
-        self, role: worker_pb2.ParentRole, *, job_id: str, num_params: int, message_dtype: np.dtype[Any]
-    ) -> None:
+    def __init__(self, role: worker_pb2.ParentRole, *, job_id: str, length: int, message_dtype: np.dtype[Any]) -> None:
         name = role.child_code.name
         if not name:
             raise ValueError("ParentRole.child_code.name is empty; name the code the parent decodes its children with.")
@@ -104,7 +104,8 @@ class ParentRunner:
         if role.wait_seconds < 0:
             raise ValueError(f"ParentRole.wait_seconds must be >= 0 (0: no limit), not {role.wait_seconds}.")
         self.job_id = job_id
-        self.num_params = num_params
+        self.length = length
+        """Elements of every child message: the job's message length (parameters, plus statistics if appended)."""
         self.wait_seconds = float(role.wait_seconds) or None
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
@@ -144,7 +145,7 @@ class ParentRunner:
             sources,
             job_id=self.job_id,
             iteration=int(request.iteration),
-            length=self.num_params,
+            length=self.length,
             dtypes=self.child_dtypes,
             timeout=self.wait_seconds,
         )

@@ -145,7 +145,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             runtime.delay_model = _delay_model(job.setup.straggler)
             if job.setup.HasField("parent"):
                 runtime.parent = ParentRunner(
-                    job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
+                    job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype
                 )
         except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
             error = str(exc)
