@@ -62,6 +62,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default="softmax", choices=["softmax", "logistic", "linear"])
     t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
     t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
+    t.add_argument(
+        "--test-fraction", type=float, default=0.0,
+        help="share of the dataset held out for the test accuracy, in [0, 1) (default 0: the master's default)",
+    )  # fmt: skip
     t.add_argument("--optimizer", default="nesterov", choices=["gd", "nesterov"])
     t.add_argument("--learning-rate", type=float, default=0.5)
     t.add_argument("--l2", type=float, default=1e-4)
@@ -86,6 +90,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "model": args.model,
         "dataset": args.dataset,
         "dataset_path": args.dataset_path,
+        "test_fraction": args.test_fraction,
         "optimizer": args.optimizer,
         "learning_rate": args.learning_rate,
         "l2": args.l2,
