@@ -7,6 +7,7 @@
     gradcode run --master ADDR ...     start a job on a running master and follow it
     gradcode watch|model|cancel JOB    follow, fetch the model of, or cancel a job
     gradcode workers                   list the workers a master knows
+    gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
 
 The master address comes from ``--master`` or ``GRADCODE_MASTER`` (default 127.0.0.1:50050).
 """
@@ -262,7 +263,20 @@ def build_parser() -> argparse.ArgumentParser:
     workers = sub.add_parser("workers", help="list the workers a master knows")
     workers.add_argument("--master", default=master_default)
     workers.set_defaults(handler=_workers)
+    bench = sub.add_parser("bench", help="run a benchmark (`gradcode bench training --help`)")
+    bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(handler=_bench)
     return parser
+
+
+BENCHMARKS = {"training": "gradcode.bench.training", "transport": "gradcode.bench.transport"}
+"""``gradcode bench NAME ARGS``: runs ``python -m MODULE ARGS``."""
+
+
+def _bench(args: argparse.Namespace) -> int:
+    importlib.import_module(BENCHMARKS[args.benchmark]).main(args.bench_args)
+    return 0
 
 
 SERVICES = {"master": "gradcode.master.__main__", "worker": "gradcode.worker.__main__"}
