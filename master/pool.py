@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.common.serving import format_address, parse_address
-from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.common.wire import CHANNEL_OPTIONS, ReceivedChunk, parse_chunk
 from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
@@ -78,7 +78,7 @@ class PoolWorker:
             self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
 
-    def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk]:
+    def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, ReceivedChunk]:
         """Worker.Compute with an already serialized ComputeRequest.
 
         The master serializes the model once per iteration and prepends each worker's small fields
@@ -87,9 +87,7 @@ class PoolWorker:
         """
         _ = self.stub  # opens the channel if needed
         assert self.channel is not None
-        call = self.channel.unary_stream(
-            _COMPUTE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GradientChunk.FromString
-        )
+        call = self.channel.unary_stream(_COMPUTE_METHOD, request_serializer=None, response_deserializer=parse_chunk)
         return call(request)
 
     def reconnect(self) -> None:

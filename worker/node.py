@@ -27,9 +27,9 @@ import grpc
 
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.wire import CHANNEL_OPTIONS
-from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
-from gradcode.worker.service import WorkerServicer
+from gradcode.worker.service import WorkerServicer, add_worker_service
 
 __all__ = ["WORKER_SERVICE_NAME", "WorkerNode"]
 
@@ -97,7 +97,7 @@ class WorkerNode(ServiceNode):
 
     # ---- lifecycle hooks -----------------------------------------------------------------------
     def _register(self, server: grpc.aio.Server) -> None:
-        worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        add_worker_service(self.servicer, server)
 
     async def _on_started(self) -> None:
         logger.info("worker %s serving on %s", self.name, self.address)

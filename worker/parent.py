@@ -28,8 +28,8 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.gather import GatherResult, Source, gather
-from gradcode.common.wire import CHANNEL_OPTIONS, dict_from_struct
-from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.common.wire import CHANNEL_OPTIONS, compute_stream, dict_from_struct
+from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import ComputeCancelledError
 
 __all__ = ["ChildrenSum", "ChildrenUnavailableError", "ParentRunner"]
@@ -49,7 +49,8 @@ class ChildChannel:
     address: str
     rows: tuple[int, ...]
     channel: grpc.aio.Channel
-    stub: worker_pb2_grpc.WorkerStub
+    compute: Any
+    """Worker.Compute yielding chunks whose payload is not copied (:func:`~gradcode.common.wire.compute_stream`)."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,7 @@ class ParentRunner:
             self._channels = []
             for worker_id, address, rows in self.children:
                 channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-                self._channels.append(ChildChannel(worker_id, address, rows, channel, stub))
+                self._channels.append(ChildChannel(worker_id, address, rows, channel, compute_stream(channel)))
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> ChildrenSum:
@@ -167,7 +167,7 @@ class ParentRunner:
         )  # fmt: skip
 
         def open_stream() -> Any:
-            return child.stub.Compute(child_request)
+            return child.compute(child_request)
 
         return Source(worker_id=child.worker_id, rows=child.rows, open=open_stream)
 

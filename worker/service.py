@@ -31,12 +31,12 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.base import Array
-from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
+from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
 from gradcode.worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
 
-__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
+__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer", "add_worker_service"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # ---- Compute -------------------------------------------------------------------------------
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+    ) -> AsyncIterator[bytes]:
+        """Serialized GradientChunks (:func:`gradcode.common.wire.message_chunk_bytes`); register the servicer
+        with :func:`add_worker_service`, whose Compute sends them as they are."""
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
             known = sorted(self.jobs)
@@ -266,8 +268,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         straggle: float,
         *,
         approximate: bool = False,
-    ) -> Iterator[worker_pb2.GradientChunk]:
-        return message_chunks(
+    ) -> Iterator[bytes]:
+        return message_chunk_bytes(
             vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
             compute_seconds=seconds, straggle_seconds=straggle, approximate=approximate,
         )  # fmt: skip
@@ -352,6 +354,33 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.jobs.clear()
         for runtime in runtimes:
             await self._retire(runtime)
+
+
+class _HandlerRecorder:
+    """Stands in for a server to capture the generated Worker method handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute sends the
+    serialized chunks it yields as they are (:func:`~gradcode.common.wire.serialize_chunk`)."""
+    recorder = _HandlerRecorder()
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
+    compute = recorder.handlers["Compute"]
+    recorder.handlers["Compute"] = grpc.unary_stream_rpc_method_handler(
+        compute.unary_stream, request_deserializer=compute.request_deserializer, response_serializer=serialize_chunk
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(recorder.service, recorder.handlers),))
+    server.add_registered_method_handlers(recorder.service, recorder.handlers)
 
 
 def _delay_model(spec: common_pb2.StragglerSpec) -> Any | None:

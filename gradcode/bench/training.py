@@ -203,16 +203,13 @@ async def _gradcode_run(
     }
 
 
-async def _verify(client: GradcodeClient, workload: Workload, iterations: int) -> dict[str, float]:
-    """A short verify job per scheme: the worst relative error of the decoded gradient against the centralized."""
-    worst = {}
-    for scheme in SCHEMES:
-        _, reports = await client.run(_spec(workload, scheme, 1, Delays("none"), iterations, verify=True))
-        errors = [r.verify_error for r in reports]
-        if any(e < 0 for e in errors) or not all(r.exact for r in reports):
-            raise RuntimeError(f"verify job of {scheme} did not verify every iteration exactly: {errors}")
-        worst[scheme] = max(errors)
-    return worst
+async def _verify(client: GradcodeClient, workload: Workload, scheme: str, iterations: int) -> float:
+    """A short verify job: the worst relative error of the decoded gradient against the centralized one."""
+    _, reports = await client.run(_spec(workload, scheme, 1, Delays("none"), iterations, verify=True))
+    errors = [r.verify_error for r in reports]
+    if any(e < 0 for e in errors) or not all(r.exact for r in reports):
+        raise RuntimeError(f"verify job of {scheme} did not verify every iteration exactly: {errors}")
+    return max(errors)
 
 
 # ---- the allreduce baseline (torch.distributed, gloo) ----------------------------------------------------------
@@ -344,6 +341,42 @@ def time_to_target(elapsed: Sequence[float], loss: Sequence[float], target: floa
     return math.nan
 
 
+JOBS_PER_CLUSTER = 6
+"""gradcode jobs run on one LocalCluster before it is replaced: today's master keeps its most recent
+finished jobs in memory, datasets included (about 0.5 GB each at full size)."""
+
+
+class _Clusters:
+    """A LocalCluster and its client, replaced by a fresh one every :data:`JOBS_PER_CLUSTER` jobs."""
+
+    def __init__(self, n: int, run_dir: Path) -> None:
+        self.n, self.run_dir = n, run_dir
+        self.started = 0
+        self.jobs = 0
+        self._cluster: LocalCluster | None = None
+        self._client: GradcodeClient | None = None
+
+    async def client(self) -> GradcodeClient:
+        if self._client is not None and self.jobs >= JOBS_PER_CLUSTER:
+            await self.close()
+        if self._client is None:
+            self._cluster = LocalCluster(self.n, run_dir=self.run_dir / f"cluster-{self.started}")
+            self.started += 1
+            self._cluster.start(START_TIMEOUT)
+            self._client = GradcodeClient(self._cluster.master_address)
+            await self._client.wait_ready(START_TIMEOUT)
+            self.jobs = 0
+        self.jobs += 1
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        if self._cluster is not None:
+            self._cluster.stop()
+        self._client, self._cluster = None, None
+
+
 async def _experiments(
     workload: Workload, quick: bool, run_dir: Path, data_dir: Path, loss: Callable[[np.ndarray[Any, Any]], float]
 ) -> dict[str, Any]:
@@ -354,34 +387,35 @@ async def _experiments(
     systems = (*SCHEMES, ALLREDUCE)
     sweep: list[dict[str, Any]] = []
     pareto: list[dict[str, Any]] = []
+    clusters = _Clusters(workload.n, run_dir)
     pool = AllreducePool(workload, data_dir)
     try:
-        with LocalCluster(workload.n, run_dir=run_dir) as cluster:
-            async with GradcodeClient(cluster.master_address) as client:
-                await client.wait_ready(START_TIMEOUT)
-                verified = await _verify(client, workload, 2 if quick else 3)
+        verified = {}
+        for scheme in SCHEMES:
+            verified[scheme] = await _verify(await clusters.client(), workload, scheme, 2 if quick else 3)
 
-                async def one(system: str, s: int, delays: Delays, iterations: int) -> dict[str, Any]:
-                    if system == ALLREDUCE:
-                        return await asyncio.to_thread(_allreduce_run, pool, delays, iterations, loss)
-                    return await _gradcode_run(client, workload, system, s, delays, iterations)
+        async def one(system: str, s: int, delays: Delays, iterations: int) -> dict[str, Any]:
+            if system == ALLREDUCE:
+                return await asyncio.to_thread(_allreduce_run, pool, delays, iterations, loss)
+            return await _gradcode_run(await clusters.client(), workload, system, s, delays, iterations)
 
-                for round_ in range(rounds):
-                    for delay in delays_grid:
-                        for s in stragglers:
-                            for system in systems:
-                                delays = Delays.random_workers(delay, s, workload.n, seed=round_)
-                                row = await one(system, s, delays, sweep_iterations)
-                                row.update(round=round_, delay_s=delay, s=s)
-                                sweep.append(row)
-                                print(_progress(row), flush=True)
+        for round_ in range(rounds):
+            for delay in delays_grid:
+                for s in stragglers:
                     for system in systems:
-                        delays = Delays("pareto", dict(PARETO), seed=7)
-                        row = await one(system, 1, delays, workload.iterations)
-                        row.update(round=round_, s=1)
-                        pareto.append(row)
+                        delays = Delays.random_workers(delay, s, workload.n, seed=round_)
+                        row = await one(system, s, delays, sweep_iterations)
+                        row.update(round=round_, delay_s=delay, s=s)
+                        sweep.append(row)
                         print(_progress(row), flush=True)
+            for system in systems:
+                delays = Delays("pareto", dict(PARETO), seed=7)
+                row = await one(system, 1, delays, workload.iterations)
+                row.update(round=round_, s=1)
+                pareto.append(row)
+                print(_progress(row), flush=True)
     finally:
+        await clusters.close()
         pool.close()
     return {"verify_max_error": verified, "sweep": sweep, "pareto": pareto}
 

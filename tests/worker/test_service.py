@@ -420,12 +420,13 @@ class _ChildWorker(WorkerServicer):
 
     async def Compute(  # noqa: N802
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+    ) -> AsyncIterator[bytes]:
         self.compute_calls += 1
-        async for chunk in super().Compute(request, context):
+        async for data in super().Compute(request, context):
+            chunk = worker_pb2.GradientChunk.FromString(data)
             if self.approximate and chunk.HasField("trailer"):
                 chunk.trailer.approximate = True
-            yield chunk
+            yield chunk.SerializeToString()
 
 
 def _parent_role(child_code: str, params: dict[str, int], addresses: list[str], wait: float) -> worker_pb2.ParentRole:
