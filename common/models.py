@@ -17,12 +17,21 @@ protocol ships. Each model keeps an explicit bias (it does not append a ones col
   rows are the weights and whose last row is the bias; loss is the summed cross-entropy
   (Halbawi et al. §5, the MNIST experiment).
 
+Training statistics travel with the gradient. :meth:`Model.gradient_and_statistics` returns
+$[g, \ell, c]$: the summed gradient, the summed (unregularised) loss and the summed *score* of a
+batch (the number of correct predictions for classifiers, the residual sum of squares for linear
+regression). All three are sums over samples, so a worker's coded message $\sum_j b_j [g_j, \ell_j, c_j]$
+decodes with the same coefficients as the gradient alone, and :func:`training_metrics` turns the
+decoded vector into the mean training loss (plus the L2 term) and the training accuracy without the
+master touching the data.
+
 All computations are vectorised numpy in float64; nothing loops over samples.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,17 +41,24 @@ from gradcode.common.validation import check_int
 
 __all__ = [
     "MODEL_KINDS",
+    "NUM_STATISTICS",
     "LinearRegression",
     "LogisticRegression",
     "Model",
     "SoftmaxRegression",
+    "TrainingMetrics",
     "make_model",
+    "message_length",
+    "training_metrics",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 
 MODEL_KINDS = ("linear", "logistic", "softmax")
 """Names accepted by :func:`make_model`."""
+
+NUM_STATISTICS = 2
+"""Coordinates :meth:`Model.gradient_and_statistics` appends to the gradient: summed loss, summed score."""
 
 
 def _as_float_array(name: str, value: Any) -> FloatArray:
@@ -112,7 +128,33 @@ class Model(ABC):
         """Both the summed loss and its gradient, sharing one forward pass (what a worker needs)."""
         p = self._check_params(params)
         x, labels = self._check_features_labels(X, y)
-        return self._loss_and_gradient(p, x, labels)
+        loss, grad, _ = self._evaluate(p, x, labels, score=False)
+        return loss, grad
+
+    def gradient_and_statistics(self, params: Any, X: Any, y: Any) -> FloatArray:
+        """``[gradient, summed loss, summed score]`` of one batch, length ``num_params + NUM_STATISTICS``.
+
+        The score is the number of correct predictions (classifiers) or the residual sum of squares
+        (linear regression); like the loss it is unregularised and summed, so the vectors of disjoint
+        batches add up to the vector of their union. One forward pass serves all three.
+        """
+        p = self._check_params(params)
+        x, labels = self._check_features_labels(X, y)
+        out = np.empty(self.num_params + NUM_STATISTICS, dtype=np.float64)
+        loss, out[: self.num_params], score = self._evaluate(p, x, labels, score=True)
+        out[self.num_params :] = (loss, score)
+        return out
+
+    def accuracy_from_score(self, score: float, y: Any) -> float:
+        """:meth:`accuracy` over the samples labelled ``y``, from their summed score.
+
+        Classifiers: the correct-prediction count (rounded to the nearest integer: a decoded count
+        carries floating-point error) over the number of samples.
+        """
+        labels = _as_float_array("y", y)
+        if labels.size == 0:
+            raise ValueError("accuracy needs at least one sample; y is empty.")
+        return float(round(score)) / labels.size
 
     def predict(self, params: Any, X: Any) -> FloatArray:
         """Predicted class labels (classifiers) or values (linear regression), float64."""
@@ -130,8 +172,10 @@ class Model(ABC):
         return y
 
     @abstractmethod
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
-        """Loss and gradient on already validated arrays."""
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
+        """Summed loss, gradient and (when ``score``, else 0.0) summed score on already validated arrays."""
 
     @abstractmethod
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
@@ -165,13 +209,16 @@ class LinearRegression(Model):
             raise ValueError("y must hold finite values for linear regression.")
         return y
 
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
         w, b = _split_bias(params)
         residual = X @ w + (b - y)
         grad = np.empty(self.num_params, dtype=np.float64)
         grad[:-1] = X.T @ residual
         grad[-1] = residual.sum()
-        return 0.5 * float(residual @ residual), grad
+        squares = float(residual @ residual)
+        return 0.5 * squares, grad, squares if score else 0.0
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         w, b = _split_bias(params)
@@ -185,12 +232,18 @@ class LinearRegression(Model):
         if x.shape[0] == 0:
             raise ValueError("accuracy needs at least one sample; X and y are empty.")
         residual = labels - self._predict(p, x)
-        ss_res = float(residual @ residual)
+        return self.accuracy_from_score(float(residual @ residual), labels)
+
+    def accuracy_from_score(self, score: float, y: Any) -> float:
+        """$R^2$ of the samples labelled ``y`` from their residual sum of squares ``score``."""
+        labels = _as_float_array("y", y)
+        if labels.size == 0:
+            raise ValueError("accuracy needs at least one sample; y is empty.")
         centred = labels - labels.mean()
         ss_tot = float(centred @ centred)
         if ss_tot == 0.0:
-            return 1.0 if ss_res == 0.0 else 0.0
-        return 1.0 - ss_res / ss_tot
+            return 1.0 if score == 0.0 else 0.0
+        return 1.0 - score / ss_tot
 
 
 def _sigmoid(z: FloatArray) -> FloatArray:
@@ -226,7 +279,9 @@ class LogisticRegression(Model):
         out: FloatArray = (y > 0).astype(np.float64)
         return out
 
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
         w, b = _split_bias(params)
         z = X @ w + b
         positive = y > 0
@@ -236,7 +291,8 @@ class LogisticRegression(Model):
         grad = np.empty(self.num_params, dtype=np.float64)
         grad[:-1] = X.T @ residual
         grad[-1] = residual.sum()
-        return loss, grad
+        correct = float(np.count_nonzero((z > 0) == positive)) if score else 0.0
+        return loss, grad, correct
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         w, b = _split_bias(params)
@@ -279,10 +335,13 @@ class SoftmaxRegression(Model):
         out: FloatArray = X @ weights + bias
         return out
 
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
         logits = self._logits(params, X)
         labels = y.astype(np.intp)
         rows = np.arange(X.shape[0])
+        correct = float(np.count_nonzero(logits.argmax(axis=1) == labels)) if score and X.shape[0] else 0.0
         shifted = logits - logits.max(axis=1, keepdims=True) if X.shape[0] else logits
         exp = np.exp(shifted)
         norm = exp.sum(axis=1)
@@ -292,7 +351,7 @@ class SoftmaxRegression(Model):
         grad = np.empty((self.num_features + 1, self.num_classes), dtype=np.float64)
         grad[:-1] = X.T @ residual
         grad[-1] = residual.sum(axis=0)
-        return loss, grad.reshape(-1)
+        return loss, grad.reshape(-1), correct
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         out: FloatArray = self._logits(params, X).argmax(axis=1).astype(np.float64)
@@ -319,3 +378,54 @@ def make_model(kind: str, *, num_features: int, num_classes: int = 2) -> Model:
     if kind == "softmax":
         return SoftmaxRegression(num_features, num_classes)
     raise ValueError(f"Unknown model kind {kind!r}; valid kinds are {list(MODEL_KINDS)}.")
+
+
+def message_length(model: Model, *, statistics: bool) -> int:
+    """Elements of a coded message for ``model``: its parameters, plus :data:`NUM_STATISTICS` with statistics."""
+    return model.num_params + (NUM_STATISTICS if statistics else 0)
+
+
+@dataclass(frozen=True)
+class TrainingMetrics:
+    """What a decoded ``[gradient, loss, score]`` vector says about the training set at the current parameters."""
+
+    gradient: FloatArray
+    """The summed, unregularised gradient (a view into the decoded vector)."""
+    loss_sum: float
+    score_sum: float
+    loss: float
+    """Mean training loss plus ``l2 / 2 * ||params||^2``: the objective the optimizer minimises."""
+    accuracy: float
+    """Training accuracy (R^2 for linear regression), as :meth:`Model.accuracy` would compute it."""
+
+
+def training_metrics(model: Model, decoded: Any, params: Any, y_train: Any, *, l2: float) -> TrainingMetrics:
+    """Split a decoded statistics message into gradient, loss and score, and turn them into training metrics.
+
+    ``decoded`` is the decoded sum over all partitions of :meth:`Model.gradient_and_statistics`
+    (length ``num_params + NUM_STATISTICS``; a complex decoding contributes its real part);
+    ``params`` are the parameters the workers evaluated; ``y_train`` are the training labels (only
+    their count, and for linear regression their spread, are used); ``l2`` is the regularisation weight.
+    """
+    vector = np.asarray(decoded)
+    if np.iscomplexobj(vector):
+        vector = vector.real
+    vector = vector.astype(np.float64, copy=False)
+    want = message_length(model, statistics=True)
+    if vector.shape != (want,):
+        raise ValueError(
+            f"A decoded statistics vector for {model!r} has shape ({want},) "
+            f"({model.num_params} gradient entries + loss + score), got shape {vector.shape}."
+        )
+    p = model._check_params(params)
+    labels = _as_float_array("y_train", y_train)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"y_train must be a non-empty vector of training labels, got shape {labels.shape}.")
+    loss_sum, score_sum = float(vector[-2]), float(vector[-1])
+    return TrainingMetrics(
+        gradient=vector[: model.num_params],
+        loss_sum=loss_sum,
+        score_sum=score_sum,
+        loss=loss_sum / labels.size + 0.5 * l2 * float(p @ p),
+        accuracy=model.accuracy_from_score(score_sum, labels),
+    )

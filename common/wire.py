@@ -2,20 +2,35 @@
 
 * dtypes: the numpy dtype of every wire ``DType`` (:data:`MESSAGE_DTYPES` for coded messages);
 * conversions: tensors, Structs, code specs (:func:`code_spec`) and message rows (:func:`row_definition`);
-* framing: coded gradients travel as raw little-endian bytes split into chunks (:func:`message_chunks`);
-  the receiver reassembles and validates them with :class:`MessageAssembler`, which refuses anything
-  that does not fit the iteration it expects with a :class:`WireError` saying exactly what is wrong;
-  a job's partitions travel to a worker in :func:`partition_chunks`.
+* framing: a job's partitions travel to a worker in :func:`partition_chunks`; coded gradients as below.
+
+Coded gradients travel as raw little-endian bytes split into chunks; the receiver reassembles and
+validates them with :class:`MessageAssembler`, which refuses anything that does not fit the iteration
+it expects with a :class:`WireError` saying exactly what is wrong.
+
+The gradient path is built to copy the payload as little as protobuf allows:
+
+* the sender (:func:`message_chunk_bytes`) copies the vector out of numpy once, checksums it with
+  hardware CRC-32C (``google-crc32c``) and writes each serialized GradientChunk as the small metadata
+  message followed by the ``data`` field spliced in by hand (protobuf concatenation merges
+  messages), so protobuf never copies or re-encodes the payload; :func:`serialize_chunk` lets a
+  gRPC server send those bytes as they are;
+* the receiver (:func:`parse_chunk`, a gRPC response deserializer) parses only the metadata with
+  protobuf and keeps ``data`` as a view into the received bytes; :class:`MessageAssembler` copies it
+  once into the message's buffer and checks CRC and finiteness chunk by chunk as they arrive, so
+  little work is left when the last chunk lands;
+* :func:`chunk_bytes_for` picks the chunk size from the message size.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import google_crc32c
+import grpc
 import numpy as np
 from google.protobuf import struct_pb2
 
@@ -26,22 +41,31 @@ from gradcode.v1 import common_pb2, worker_pb2
 __all__ = [
     "CHANNEL_OPTIONS",
     "COMPLEX128",
+    "COMPUTE_METHOD",
     "DEFAULT_CHUNK_BYTES",
     "FLOAT32",
     "FLOAT64",
+    "MAX_CHUNK_BYTES",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
     "CompletedMessage",
     "MessageAssembler",
+    "ReceivedChunk",
     "WireError",
     "array_from_tensor",
+    "chunk_bytes_for",
     "code_spec",
+    "compute_stream",
     "dict_from_struct",
     "dtype_from_wire",
     "dtype_to_wire",
+    "message_chunk_bytes",
     "message_chunks",
+    "model_request_bytes",
+    "parse_chunk",
     "partition_chunks",
     "row_definition",
+    "serialize_chunk",
     "struct_from_dict",
     "tensor_from_array",
 ]
@@ -49,7 +73,13 @@ __all__ = [
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest single gRPC message accepted (models are sent whole; gradients are chunked)."""
 DEFAULT_CHUNK_BYTES = 1 << 20
-"""Payload bytes per gradient chunk: large enough to amortise per-message cost, small enough to stream."""
+"""Smallest payload of a chunk of a multi-chunk message (see :func:`chunk_bytes_for`)."""
+MAX_CHUNK_BYTES = 4 << 20
+"""Largest chunk payload :func:`chunk_bytes_for` picks."""
+CHUNKS_PER_MESSAGE = 4
+"""A large message is cut into about this many chunks: enough to overlap the sender's serialization,
+the transfer and the receiver's assembly, few enough that per-message costs stay small."""
+COMPUTE_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Compute"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -168,7 +198,26 @@ def partition_chunks(
         )
 
 
-def message_chunks(
+def chunk_bytes_for(nbytes: int) -> int:
+    """Payload bytes per chunk for a message of ``nbytes``: about :data:`CHUNKS_PER_MESSAGE` chunks,
+    each between :data:`DEFAULT_CHUNK_BYTES` and :data:`MAX_CHUNK_BYTES` (a message up to the first is one chunk)."""
+    return min(MAX_CHUNK_BYTES, max(DEFAULT_CHUNK_BYTES, -(-nbytes // CHUNKS_PER_MESSAGE)))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_DATA_FIELD = worker_pb2.GradientChunk.DESCRIPTOR.fields_by_name["data"].number
+_DATA_TAG = _varint(_DATA_FIELD << 3 | 2)  # wire type 2: length-delimited
+
+
+def message_chunk_bytes(
     vector: Array,
     *,
     job_id: str,
@@ -178,38 +227,150 @@ def message_chunks(
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
     approximate: bool = False,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> Iterator[worker_pb2.GradientChunk]:
-    """Split one coded message into GradientChunks: header on the first, CRC trailer on the last.
+    chunk_bytes: int | None = None,
+) -> Iterator[bytes]:
+    """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
-    ``approximate`` marks a tree parent's message whose decoded part is not exact.
+    ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
+    ``approximate`` marks a tree parent's message whose decoded part is not exact. The payload is
+    copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
+    small fields.
     """
     v = np.ascontiguousarray(vector)
     wire = dtype_to_wire(v.dtype)
-    data = v.astype(_DTYPES[wire], copy=False).view(np.uint8).data
+    blob = v.astype(_DTYPES[wire], copy=False).tobytes()  # google-crc32c reads only bytes objects
+    crc = google_crc32c.value(blob)
     itemsize = _DTYPES[wire].itemsize
-    step = max(itemsize, chunk_bytes - chunk_bytes % itemsize)
-    total = len(data)
+    total = len(blob)
+    size = chunk_bytes_for(total) if chunk_bytes is None else chunk_bytes
+    step = max(itemsize, size - size % itemsize)
     starts = range(0, total, step) if total else range(1)
     last = starts[-1]
+    view = memoryview(blob)
     for start in starts:
-        chunk = worker_pb2.GradientChunk(
-            job_id=job_id,
-            iteration=iteration,
-            worker_id=worker_id,
-            row=row,
-            offset=start // itemsize,
-            data=bytes(data[start : start + step]),
+        meta = worker_pb2.GradientChunk(
+            job_id=job_id, iteration=iteration, worker_id=worker_id, row=row, offset=start // itemsize
         )
         if start == 0:
-            chunk.header.dtype = wire  # type: ignore[assignment]
-            chunk.header.length = v.size
+            meta.header.dtype = wire  # type: ignore[assignment]
+            meta.header.length = v.size
         if start == last:
-            chunk.trailer.crc32 = zlib.crc32(data)
-            chunk.trailer.compute_seconds = compute_seconds
-            chunk.trailer.straggle_seconds = straggle_seconds
-            chunk.trailer.approximate = approximate
-        yield chunk
+            meta.trailer.crc32c = crc
+            meta.trailer.compute_seconds = compute_seconds
+            meta.trailer.straggle_seconds = straggle_seconds
+            meta.trailer.approximate = approximate
+        piece = view[start : start + step]
+        if len(piece):
+            yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
+        else:
+            yield meta.SerializeToString()
+
+
+def message_chunks(vector: Array, **kwargs: Any) -> Iterator[worker_pb2.GradientChunk]:
+    """:func:`message_chunk_bytes` (same arguments) as GradientChunk messages, for code that edits them."""
+    for data in message_chunk_bytes(vector, **kwargs):
+        yield worker_pb2.GradientChunk.FromString(data)
+
+
+def serialize_chunk(chunk: bytes | worker_pb2.GradientChunk) -> bytes:
+    """Response serializer of Worker.Compute: already serialized chunks pass through untouched."""
+    if isinstance(chunk, bytes):
+        return chunk
+    return chunk.SerializeToString()
+
+
+@dataclass(frozen=True)
+class ReceivedChunk:
+    """A received GradientChunk whose ``data`` is a view into the bytes gRPC delivered (never copied).
+
+    ``meta`` holds every other field; :class:`MessageAssembler` reads either form.
+    """
+
+    meta: worker_pb2.GradientChunk
+    data: memoryview
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(raw) or shift > 63:
+            raise WireError("A GradientChunk is malformed: truncated or overlong varint.")
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def parse_chunk(raw: bytes) -> ReceivedChunk:
+    """Response deserializer of Worker.Compute: protobuf parses the metadata, ``data`` stays a view of ``raw``.
+
+    Walks the top-level fields (a handful per chunk); a repeated ``data`` field keeps the last one,
+    as protobuf does. Raises :class:`WireError` (or protobuf's DecodeError) on malformed input.
+    """
+    pos, size = 0, len(raw)
+    data = memoryview(b"")
+    spans: list[tuple[int, int]] = []
+    while pos < size:
+        start = pos
+        key, pos = _read_varint(raw, pos)
+        field, kind = key >> 3, key & 7
+        if kind == 0:
+            _, pos = _read_varint(raw, pos)
+        elif kind == 1:
+            pos += 8
+        elif kind == 5:
+            pos += 4
+        elif kind == 2:
+            length, pos = _read_varint(raw, pos)
+            if field == _DATA_FIELD:
+                if pos + length > size:
+                    raise WireError(
+                        f"A GradientChunk is malformed: its data field runs past the end of its {size} bytes."
+                    )
+                data = memoryview(raw)[pos : pos + length]
+                pos += length
+                continue
+            pos += length
+        else:
+            raise WireError(f"A GradientChunk is malformed: field {field} has unsupported wire type {kind}.")
+        spans.append((start, pos))
+    if pos > size:
+        raise WireError(f"A GradientChunk is malformed: a field runs past the end of its {size} bytes.")
+    meta = worker_pb2.GradientChunk.FromString(b"".join(raw[a:b] for a, b in spans))
+    return ReceivedChunk(meta=meta, data=data)
+
+
+_MODEL_FIELD_TAG = _varint(worker_pb2.ComputeRequest.DESCRIPTOR.fields_by_name["model"].number << 3 | 2)
+_TENSOR_DATA_TAG = _varint(common_pb2.Tensor.DESCRIPTOR.fields_by_name["data"].number << 3 | 2)
+
+
+def model_request_bytes(params: Array) -> bytes:
+    """``ComputeRequest(model=tensor_from_array(params))`` serialized, copying the parameters once.
+
+    The master serializes this once per iteration and sends each worker its own small fields
+    followed by these bytes (protobuf concatenation merges messages).
+    """
+    a = np.ascontiguousarray(params)
+    wire = dtype_to_wire(a.dtype)
+    a = np.ascontiguousarray(a.astype(_DTYPES[wire], copy=False)).reshape(-1)
+    head = common_pb2.Tensor(dtype=wire, shape=list(np.shape(params))).SerializeToString()  # type: ignore[arg-type]
+    data: list[bytes | memoryview] = [_TENSOR_DATA_TAG, _varint(a.nbytes), a.view(np.uint8).data] if a.nbytes else []
+    tensor_length = len(head) + sum(len(part) for part in data)
+    return b"".join([_MODEL_FIELD_TAG, _varint(tensor_length), head, *data])
+
+
+def compute_stream(channel: grpc.aio.Channel) -> Any:
+    """Worker.Compute on ``channel`` taking a ComputeRequest (or its serialized bytes) and yielding
+    :class:`ReceivedChunk` s (:func:`parse_chunk`): what the master and tree parents call."""
+    return channel.unary_stream(
+        COMPUTE_METHOD, request_serializer=_serialize_request, response_deserializer=parse_chunk
+    )
+
+
+def _serialize_request(request: bytes | worker_pb2.ComputeRequest) -> bytes:
+    return request if isinstance(request, bytes) else request.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -252,10 +413,17 @@ class MessageAssembler:
         self._row: int | None = None
         self._buffer: Array | None = None
         self._filled = 0
+        self._crc = 0
         self._done: set[int] = set()
 
-    def feed(self, chunk: worker_pb2.GradientChunk) -> CompletedMessage | None:
+    def feed(self, received: worker_pb2.GradientChunk | ReceivedChunk) -> CompletedMessage | None:
         """Add a chunk; return the message it completes, if any."""
+        # google-crc32c reads only bytes objects: the payload is copied once into bytes (protobuf's .data
+        # access does that copy already), checksummed, and copied once into the message's buffer.
+        if isinstance(received, ReceivedChunk):
+            chunk, payload = received.meta, bytes(received.data)
+        else:
+            chunk, payload = received, received.data  # each .data access copies: read it once
         where = f"worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration}"
         if chunk.job_id != self.job_id:
             raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
@@ -278,6 +446,7 @@ class MessageAssembler:
             self._row = chunk.row
             self._buffer = np.empty(self.length, dtype=dtype)
             self._filled = 0
+            self._crc = 0
         elif chunk.row != self._row:
             raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
         elif chunk.HasField("header"):
@@ -286,22 +455,33 @@ class MessageAssembler:
         itemsize = self._buffer.dtype.itemsize
         if chunk.offset != self._filled:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {self._filled}.")
-        payload = chunk.data  # each access copies the bytes out of the message: read it once
         if len(payload) % itemsize:
             raise WireError(f"Chunk of row {chunk.row} from {where} is not a whole number of {itemsize}-byte items.")
         count = len(payload) // itemsize
         if self._filled + count > self.length:
             raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
-        self._buffer[self._filled : self._filled + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
+        if count:
+            piece = self._buffer[self._filled : self._filled + count]
+            piece[:] = np.frombuffer(payload, dtype=self._buffer.dtype)
+            self._crc = google_crc32c.extend(self._crc, payload)
+            if not np.isfinite(piece).all():
+                raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
         self._filled += count
         if not chunk.HasField("trailer"):
             return None
         if self._filled != self.length:
             raise WireError(f"Row {chunk.row} from {where} ended after {self._filled} of {self.length} elements.")
-        if zlib.crc32(self._buffer.view(np.uint8).data) != chunk.trailer.crc32:
-            raise WireError(f"Row {chunk.row} from {where} failed its CRC32 check.")
-        if not np.isfinite(self._buffer).all():
-            raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
+        if not chunk.trailer.HasField("crc32c"):
+            raise WireError(
+                f"Row {chunk.row} from {where} has no CRC32C checksum in its trailer (field crc32c); a sender "
+                "from before CRC32C replaced zlib's CRC32 (field 1) is not accepted: run the same gradcode "
+                "version on master and workers."
+            )
+        if self._crc != chunk.trailer.crc32c:
+            raise WireError(
+                f"Row {chunk.row} from {where} failed its CRC32C check: the trailer says {chunk.trailer.crc32c:#010x}, "
+                f"the bytes received give {self._crc:#010x}."
+            )
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -311,7 +491,7 @@ class MessageAssembler:
             approximate=chunk.trailer.approximate,
         )
         self._done.add(chunk.row)
-        self._row, self._buffer, self._filled = None, None, 0
+        self._row, self._buffer, self._filled, self._crc = None, None, 0, 0
         return done
 
     @property

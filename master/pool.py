@@ -24,8 +24,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.common.serving import format_address, parse_address
-from gradcode.common.wire import CHANNEL_OPTIONS
-from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.common.wire import CHANNEL_OPTIONS, ReceivedChunk, compute_stream
+from gradcode.v1 import master_pb2, worker_pb2_grpc
 
 __all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
 
@@ -109,9 +109,17 @@ class PoolWorker:
             self._stub = worker_pb2_grpc.WorkerStub(_SerializedRequests(self.channel))  # type: ignore[no-untyped-call]
         return self._stub
 
-    def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk]:
-        """Worker.Compute with an already serialized ComputeRequest (see :class:`_SerializedRequests`)."""
-        call: grpc.aio.UnaryStreamCall[bytes, worker_pb2.GradientChunk] = self.stub.Compute(request)
+    def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, ReceivedChunk]:
+        """Worker.Compute with an already serialized ComputeRequest.
+
+        The master serializes the model once per iteration and prepends each worker's small fields
+        (protobuf concatenation merges messages). The call is the generated stub's Compute method with
+        the zero-copy deserializer of :func:`~gradcode.common.wire.compute_stream`, so the gradient
+        payload stays a view into the bytes gRPC delivered.
+        """
+        _ = self.stub  # opens the channel if needed
+        assert self.channel is not None
+        call: grpc.aio.UnaryStreamCall[bytes, ReceivedChunk] = compute_stream(self.channel)(request)
         return call
 
     def reconnect(self) -> None:

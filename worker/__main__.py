@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
 from gradcode.common.serving import install_shutdown_signals, parse_address
-from gradcode.common.wire import DEFAULT_CHUNK_BYTES, MAX_MESSAGE_BYTES
+from gradcode.common.wire import MAX_MESSAGE_BYTES
 
 __all__ = ["build_parser", "main"]
 
@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="label shown by the master (default: the hostname) [GRADCODE_NAME]",
     )  # fmt: skip
     parser.add_argument(
-        "--chunk-bytes", type=int, default=int(env_default("GRADCODE_CHUNK_BYTES", str(DEFAULT_CHUNK_BYTES)) or 0),
-        help="payload bytes per gradient chunk sent back [GRADCODE_CHUNK_BYTES] (default: %(default)s)",
+        "--chunk-bytes", type=int, default=int(env_default("GRADCODE_CHUNK_BYTES", "0") or 0),
+        help="payload bytes per gradient chunk sent back; 0 sizes chunks to each message "
+        "[GRADCODE_CHUNK_BYTES] (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=int(env_default("GRADCODE_THREADS", "1") or 1),
@@ -79,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parse_address(getattr(args, flag), what=f"--{flag}")
         if args.threads < 1:
             raise ValueError(f"--threads must be a positive integer, not {args.threads}.")
-        if not 16 <= args.chunk_bytes <= MAX_MESSAGE_BYTES // 2:
-            raise ValueError(f"--chunk-bytes must be in [16, {MAX_MESSAGE_BYTES // 2}], not {args.chunk_bytes}.")
+        if args.chunk_bytes != 0 and not 16 <= args.chunk_bytes <= MAX_MESSAGE_BYTES // 2:
+            raise ValueError(
+                f"--chunk-bytes must be 0 (sized to each message) or in [16, {MAX_MESSAGE_BYTES // 2}], "
+                f"not {args.chunk_bytes}."
+            )
     except ValueError as exc:
         parser.error(str(exc))
     prepare_process(threads=args.threads, log_level=args.log_level)
@@ -97,7 +101,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
 
     node = WorkerNode(
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
-        chunk_bytes=args.chunk_bytes,
+        chunk_bytes=args.chunk_bytes or None,
     )  # fmt: skip
     await node.start()
     install_shutdown_signals(node.shutdown, name="worker")

@@ -10,6 +10,11 @@ $m_r = \sum_{j \in S_r} c_j g_j$, where $g_j$ is the summed gradient of the mode
 :class:`IterationComputation` computes each $g_j$ at most once per iteration, even when two rows
 share a partition, and checks a cancellation flag between partitions, so a call the receiver has
 given up on stops early instead of delaying the next iteration.
+
+With ``JobSetup.append_statistics`` each $g_j$ is extended to $[g_j, \ell_j, c_j]$
+(:meth:`~gradcode.common.models.Model.gradient_and_statistics`: the partition's summed loss and
+score), so every message carries the coded training statistics too and is
+:attr:`WorkerJob.message_length` long.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError
-from gradcode.common.models import Model, make_model
+from gradcode.common.models import Model, make_model, message_length
 from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -125,6 +130,9 @@ class WorkerJob:
         self.partitions = partitions
         self.message_dtype = message_dtype
         self.bytes_received = bytes_received
+        self.append_statistics = bool(setup.append_statistics)
+        self.message_length = message_length(model, statistics=self.append_statistics)
+        """Elements of every message: the parameters, plus loss and score with ``append_statistics``."""
         self.stats = JobStats()
 
     @property
@@ -200,7 +208,8 @@ class IterationComputation:
         self._cancel_counted = False
 
     def partial(self, partition: int) -> Array:
-        """$g_j$: the summed gradient over ``partition`` (cached for this iteration)."""
+        """$g_j$: the summed gradient over ``partition``, with its loss and score appended when the job
+        asks for statistics (cached for this iteration)."""
         cached = self.partials.get(partition)
         if cached is not None:
             return cached
@@ -210,7 +219,12 @@ class IterationComputation:
                 self.job.stats.add(iterations_cancelled=1)
             raise ComputeCancelledError(f"Iteration cancelled before partition {partition} was computed.")
         X, y = self.job.partitions[partition]
-        g = self.job.model.gradient(self.params, X, y)
+        model = self.job.model
+        g = (
+            model.gradient_and_statistics(self.params, X, y)
+            if self.job.append_statistics
+            else model.gradient(self.params, X, y)
+        )
         self.partials[partition] = g
         self.job.stats.add(partitions_computed=1)
         if self.on_partition is not None:
@@ -221,7 +235,7 @@ class IterationComputation:
         """Row ``row``'s message in its wire dtype, and the seconds since this computation started."""
         spec = self.job.rows[row]
         acc_dtype = np.complex128 if spec.is_complex else np.float64
-        out = np.zeros(self.job.num_params, dtype=acc_dtype)
+        out = np.zeros(self.job.message_length, dtype=acc_dtype)
         for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
             out += c * self.partial(partition)
         return out.astype(self.job.row_dtype(row), copy=False), time.perf_counter() - self._started

@@ -26,10 +26,10 @@ import socket
 import grpc
 
 from gradcode.common.serving import ServiceNode, format_address
-from gradcode.common.wire import CHANNEL_OPTIONS, DEFAULT_CHUNK_BYTES
-from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
-from gradcode.worker.service import WorkerServicer
+from gradcode.worker.service import WorkerServicer, add_worker_service
 
 __all__ = ["WORKER_SERVICE_NAME", "WorkerNode"]
 
@@ -54,7 +54,8 @@ class WorkerNode(ServiceNode):
         grace: seconds in-flight calls get to finish on shutdown.
         reregister_seconds: interval between re-registrations once registered.
         max_job_bytes: cap on the data one job may hold on this worker.
-        chunk_bytes: payload bytes per gradient chunk this worker sends.
+        chunk_bytes: payload bytes per gradient chunk this worker sends (None: sized to each message,
+            :func:`~gradcode.common.wire.chunk_bytes_for`).
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -70,7 +71,7 @@ class WorkerNode(ServiceNode):
         grace: float = 5.0,
         reregister_seconds: float = 5.0,
         max_job_bytes: int = MAX_JOB_BYTES,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
     ) -> None:
         if reregister_seconds <= 0:
             raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
@@ -99,7 +100,7 @@ class WorkerNode(ServiceNode):
 
     # ---- lifecycle hooks -----------------------------------------------------------------------
     def _register(self, server: grpc.aio.Server) -> None:
-        worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        add_worker_service(self.servicer, server)
 
     async def _on_started(self) -> None:
         logger.info("worker %s serving on %s", self.name, self.address)

@@ -29,8 +29,8 @@ from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.round import Round, Source
-from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
-from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, compute_stream, dict_from_struct
+from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner"]
 
@@ -43,7 +43,8 @@ class ChildChannel:
     address: str
     rows: tuple[int, ...]
     channel: grpc.aio.Channel
-    stub: worker_pb2_grpc.WorkerStub
+    compute: Any
+    """Worker.Compute yielding chunks whose payload is not copied (:func:`~gradcode.common.wire.compute_stream`)."""
 
 
 class ParentRunner:
@@ -51,13 +52,13 @@ class ParentRunner:
 
     The constructor validates the :class:`ParentRole` and raises ``ValueError`` saying what is wrong;
     channels are opened lazily (inside the event loop) and closed for good by :meth:`close`.
+    ``length`` is the job's message length, which the children's messages share (they are loaded
+    with the same ``append_statistics``).
     ``message_dtype`` is the job's message type, the only one accepted from children besides
     complex128 for a complex child code.
     """
 
-    def __init__(
-        self, role: worker_pb2.ParentRole, *, job_id: str, num_params: int, message_dtype: np.dtype[Any]
-    ) -> None:
+    def __init__(self, role: worker_pb2.ParentRole, *, job_id: str, length: int, message_dtype: np.dtype[Any]) -> None:
         name = role.child_code.name
         if not name:
             raise ValueError("ParentRole.child_code.name is empty; name the code the parent decodes its children with.")
@@ -86,7 +87,8 @@ class ParentRunner:
         if role.wait_seconds < 0:
             raise ValueError(f"ParentRole.wait_seconds must be >= 0 (0: no limit), not {role.wait_seconds}.")
         self.job_id = job_id
-        self.num_params = num_params
+        self.length = length
+        """Elements of every child message: the job's message length (parameters, plus statistics if appended)."""
         self.wait_seconds = float(role.wait_seconds) or None
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
@@ -115,8 +117,7 @@ class ParentRunner:
             self._channels = []
             for worker_id, address, rows in self.children:
                 channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-                self._channels.append(ChildChannel(worker_id, address, rows, channel, stub))
+                self._channels.append(ChildChannel(worker_id, address, rows, channel, compute_stream(channel)))
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
@@ -130,7 +131,7 @@ class ParentRunner:
             self.code.decoder(self.assignment),
             job_id=self.job_id,
             iteration=int(request.iteration),
-            length=self.num_params,
+            length=self.length,
             dtypes=self.child_dtypes,
         )
         await round_.gather(sources, timeout=self.wait_seconds)
@@ -149,7 +150,7 @@ class ParentRunner:
         )  # fmt: skip
 
         def open_stream() -> Any:
-            return child.stub.Compute(child_request)
+            return child.compute(child_request)
 
         return Source(worker_id=child.worker_id, rows=child.rows, open=open_stream)
 

@@ -36,14 +36,14 @@ from gradcode.common.exceptions import (
     NotFoundError,
 )
 from gradcode.common.status import grpc_errors
-from gradcode.common.wire import DEFAULT_CHUNK_BYTES, array_from_tensor, message_chunks
+from gradcode.common.wire import array_from_tensor, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder
 from gradcode.worker.parent import ParentRunner
 from gradcode.worker.runtime import JobRuntime, PartitionObserver
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
-__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
+__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer", "add_worker_service"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         *,
         max_job_bytes: int = MAX_JOB_BYTES,
         on_partition: PartitionObserver | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
     ) -> None:
         self.jobs: dict[str, JobRuntime] = {}
         self.max_job_bytes = max_job_bytes
@@ -116,7 +116,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
-                job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
+                job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype
             )
         return runtime
 
@@ -124,7 +124,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @grpc_errors
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+    ) -> AsyncIterator[bytes]:
+        """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_bytes`); register the servicer
+        with :func:`add_worker_service`, whose Compute sends them as they are."""
         runtime = self._runtime(request.job_id)
         job = runtime.job
         if request.worker_id != job.worker_id:
@@ -159,7 +161,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runtime.active.setdefault(iteration, set()).add(flag)
         try:
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
-                for chunk in message_chunks(
+                for chunk in message_chunk_bytes(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, chunk_bytes=self.chunk_bytes,
@@ -210,3 +212,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.jobs.clear()
         for runtime in runtimes:
             await runtime.retire()
+
+
+class _HandlerRecorder:
+    """Stands in for a server to capture the generated Worker method handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute sends the
+    serialized chunks it yields as they are (:func:`~gradcode.common.wire.serialize_chunk`)."""
+    recorder = _HandlerRecorder()
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
+    compute = recorder.handlers["Compute"]
+    recorder.handlers["Compute"] = grpc.unary_stream_rpc_method_handler(
+        compute.unary_stream, request_deserializer=compute.request_deserializer, response_serializer=serialize_chunk
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(recorder.service, recorder.handlers),))
+    server.add_registered_method_handlers(recorder.service, recorder.handlers)

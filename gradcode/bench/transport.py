@@ -63,11 +63,11 @@ import struct
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -80,9 +80,12 @@ from gradcode.common.wire import (
     DEFAULT_CHUNK_BYTES,
     MessageAssembler,
     array_from_tensor,
-    message_chunks,
+    chunk_bytes_for,
+    compute_stream,
+    message_chunk_bytes,
+    model_request_bytes,
+    parse_chunk,
     row_definition,
-    tensor_from_array,
 )
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 
@@ -94,8 +97,9 @@ MiB = 1024 * KiB
 
 FULL_SIZES = (10_000, 100_000, 1_000_000, 4_000_000)
 QUICK_SIZES = (10_000, 100_000)
-FULL_CHUNKS = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
-QUICK_CHUNKS = (64 * KiB, 1 * MiB)
+FULL_CHUNKS: tuple[int | None, ...] = (None, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB)
+QUICK_CHUNKS: tuple[int | None, ...] = (None, 64 * KiB)
+"""Worker chunk sizes swept; None is the default, :func:`gradcode.common.wire.chunk_bytes_for` the message size."""
 FULL_CHUNK_P = 1_000_000
 QUICK_CHUNK_P = 100_000
 FULL_REPEATS = 15
@@ -162,19 +166,16 @@ def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
     return job_id, chunks()
 
 
-async def _compute_call(
-    stub: worker_pb2_grpc.WorkerStub, job_id: str, iteration: int, params: Any
-) -> tuple[float, float, int]:
+async def _compute_call(compute: Any, job_id: str, iteration: int, params: Any) -> tuple[float, float, int]:
     """One Compute as the master makes it: (seconds until the message is complete, its compute_seconds, chunks)."""
     p = len(params)
     started = time.perf_counter()
-    request = worker_pb2.ComputeRequest(
-        job_id=job_id, iteration=iteration, worker_id=0, model=tensor_from_array(params), rows=[0]
-    )
+    head = worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=0, rows=[0])
+    request = head.SerializeToString() + model_request_bytes(params)  # as the master sends it
     assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p)
     done = None
     count = 0
-    async for chunk in stub.Compute(request, timeout=CALL_TIMEOUT):
+    async for chunk in compute(request, timeout=CALL_TIMEOUT):
         count += 1
         done = assembler.feed(chunk) or done
     elapsed = time.perf_counter() - started
@@ -204,9 +205,10 @@ async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[
             await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
         params = np.random.default_rng(0).standard_normal(p)
         calls: list[list[tuple[float, float, int]]] = [[] for _ in stubs]
+        computes = [compute_stream(channel) for channel in channels]
         for iteration in range(1, WARMUP_CALLS + repeats + 1):
-            for stub, record in zip(stubs, calls, strict=True):
-                result = await _compute_call(stub, job_id, iteration, params)
+            for compute, record in zip(computes, calls, strict=True):
+                result = await _compute_call(compute, job_id, iteration, params)
                 if iteration > WARMUP_CALLS:
                     record.append(result)
         for stub in stubs:
@@ -389,27 +391,22 @@ async def _raw_call(call: Any, request: bytes, size: int) -> float:
     return elapsed
 
 
-def codec_times(p: int, repeats: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, float]:
+def codec_times(p: int, repeats: int, chunk_bytes: int | None = None) -> dict[str, float]:
     """Median seconds of each protobuf/numpy step of one Compute's data path, without a socket."""
     params = np.random.default_rng(3).standard_normal(p)
     message = np.random.default_rng(4).standard_normal(p)
 
     def master_encode() -> bytes:
-        request = worker_pb2.ComputeRequest(
-            job_id="j", iteration=1, worker_id=0, model=tensor_from_array(params), rows=[0]
-        )
-        return request.SerializeToString()
+        head = worker_pb2.ComputeRequest(job_id="j", iteration=1, worker_id=0, rows=[0])
+        return head.SerializeToString() + model_request_bytes(params)
 
     wire_request = master_encode()
 
     def worker_decode() -> object:
         return array_from_tensor(worker_pb2.ComputeRequest.FromString(wire_request).model)
 
-    def chunks() -> list[worker_pb2.GradientChunk]:
-        return list(message_chunks(message, job_id="j", iteration=1, worker_id=0, row=0, chunk_bytes=chunk_bytes))
-
     def worker_encode() -> list[bytes]:
-        return [chunk.SerializeToString() for chunk in chunks()]
+        return list(message_chunk_bytes(message, job_id="j", iteration=1, worker_id=0, row=0, chunk_bytes=chunk_bytes))
 
     wire_chunks = worker_encode()
 
@@ -417,7 +414,7 @@ def codec_times(p: int, repeats: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) ->
         assembler = MessageAssembler(job_id="j", iteration=1, worker_id=0, rows=(0,), length=p)
         done = None
         for data in wire_chunks:
-            done = assembler.feed(worker_pb2.GradientChunk.FromString(data)) or done
+            done = assembler.feed(parse_chunk(data)) or done
         return done
 
     data = message.tobytes()
@@ -426,7 +423,7 @@ def codec_times(p: int, repeats: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) ->
         "worker_decode_s": median_time(worker_decode, repeats),
         "worker_encode_s": median_time(worker_encode, repeats),
         "master_decode_s": median_time(master_decode, repeats),
-        "crc32_s": median_time(lambda: zlib.crc32(data), repeats),
+        "crc32c_s": median_time(lambda: google_crc32c.value(data), repeats),
     }
 
 
@@ -438,6 +435,7 @@ async def _measure_sizes(
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
     try:
         stub = worker_pb2_grpc.WorkerStub(worker_channel)  # type: ignore[no-untyped-call]
+        compute = compute_stream(worker_channel)
         raw = raw_channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
         rows = []
         for p in sizes:
@@ -445,7 +443,7 @@ async def _measure_sizes(
             await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
             params = np.random.default_rng(0).standard_normal(p)
             half = 8 * p
-            raw_request = struct.pack("<QQ", half, DEFAULT_CHUNK_BYTES) + bytes(half - 16)
+            raw_request = struct.pack("<QQ", half, chunk_bytes_for(half)) + bytes(half - 16)  # gradcode's chunks
             outgoing, incoming = memoryview(np.random.default_rng(1).bytes(half)), memoryview(bytearray(half))
             copy_source = np.random.default_rng(2).standard_normal(2 * p)
             copy_target = np.empty_like(copy_source)
@@ -454,7 +452,7 @@ async def _measure_sizes(
             loop_times: list[float] = []
             copy_times: list[float] = []
             for iteration in range(1, WARMUP_CALLS + repeats + 1):
-                call = await _compute_call(stub, job_id, iteration, params)
+                call = await _compute_call(compute, job_id, iteration, params)
                 raw_s = await _raw_call(raw, raw_request, half)
                 started = time.perf_counter()
                 peers.exchange(outgoing, incoming)
@@ -496,7 +494,7 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
         p = int(row["p"])
         nbytes = 16 * p
         codec = codec_times(p, repeats)
-        codec_total = sum(v for k, v in codec.items() if k != "crc32_s")
+        codec_total = sum(v for k, v in codec.items() if k != "crc32c_s")
         rows.append(
             {
                 **row,
@@ -511,31 +509,53 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
                 "codec": codec,
                 "codec_s": codec_total,
                 "codec_share": codec_total / row["transport_s"],
+                "where": _where_time_goes(row["transport_s"], row["raw_grpc_s"], row["loopback_s"], codec_total),
             }
         )
     return rows
 
 
-async def chunk_sweep(p: int, chunk_sizes: Sequence[int], repeats: int, logs: Path) -> dict[str, Any]:
-    """Transport at size p for each worker chunk size: one worker process per size, calls interleaved."""
+def _where_time_goes(transport: float, raw_grpc: float, loopback: float, codec: float) -> dict[str, float]:
+    """Split gradcode's transport time into the socket floor, gRPC's own cost, gradcode's codec and the rest.
+
+    * ``loopback``: the same bytes over a plain TCP socket (the floor);
+    * ``grpc``: what a bare gRPC call adds on top for the same bytes and chunks (HTTP/2, its copies, its loops);
+    * ``codec``: gradcode's protobuf/numpy/CRC work on the path, timed without a socket;
+    * ``rest``: what remains (per-message costs of the generated servicer and stubs, the worker's thread
+      hop and event loop, allocation of fresh buffers); negative means the parts overlap (pipelining).
+    """
+    grpc_cost = max(raw_grpc - loopback, 0.0)
+    return {
+        "loopback_s": loopback,
+        "grpc_s": grpc_cost,
+        "codec_s": codec,
+        "rest_s": transport - loopback - grpc_cost - codec,
+    }
+
+
+async def chunk_sweep(p: int, chunk_sizes: Sequence[int | None], repeats: int, logs: Path) -> dict[str, Any]:
+    """Transport at size p for each worker chunk size (None: the default, chunk_bytes_for the message size):
+    one worker process per size, calls interleaved."""
     processes = _start_workers(chunk_sizes, logs)
     try:
         timed = await _time_workers([w.wait_ready() for w in processes], p, repeats)
     finally:
         for process in processes:
             process.stop()
+    auto = chunk_bytes_for(8 * p)
     rows = [
-        {"chunk_bytes": chunk_bytes, **row, "transport_GBps": 16 * p / row["transport_s"] / 1e9}
+        {"chunk_bytes": chunk_bytes or auto, "auto": chunk_bytes is None, **row,
+         "transport_GBps": 16 * p / row["transport_s"] / 1e9}
         for chunk_bytes, row in zip(chunk_sizes, timed, strict=True)
-    ]
+    ]  # fmt: skip
     best = min(rows, key=lambda r: r["transport_s"])
-    default = next((r for r in rows if r["chunk_bytes"] == DEFAULT_CHUNK_BYTES), None)
+    default = next(r for r in rows if r["auto"])
     return {
         "p": p,
-        "default_chunk_bytes": DEFAULT_CHUNK_BYTES,
+        "default_chunk_bytes": auto,
         "rows": rows,
         "best_chunk_bytes": best["chunk_bytes"],
-        "best_vs_default": default["transport_s"] / best["transport_s"] if default else math.nan,
+        "best_vs_default": default["transport_s"] / best["transport_s"],
     }
 
 
@@ -652,28 +672,41 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
         " loopbk = plain TCP socket, memcpy = numpy copy; x raw / x loop / x copy = that time / gRPC transport)"
     )
     lines.append("")
-    lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32 alone)")
+    lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32C alone)")
     for r in rows:
         c = r["codec"]
         lines.append(
             f"{r['p']:>9} {c['master_encode_s'] * 1e3:>8.2f} {c['worker_decode_s'] * 1e3:>8.2f}"
-            f" {c['worker_encode_s'] * 1e3:>8.2f} {c['master_decode_s'] * 1e3:>8.2f}   ({c['crc32_s'] * 1e3:.2f})"
+            f" {c['worker_encode_s'] * 1e3:>8.2f} {c['master_decode_s'] * 1e3:>8.2f}   ({c['crc32c_s'] * 1e3:.2f})"
         )
+    lines.append("")
+    lines.append("Where the transport time goes, ms (% of transport): loopback TCP floor | gRPC's own cost over it")
+    lines.append(
+        " (bare gRPC call - loopback) | gradcode codec | rest (servicer/stub per-message work, thread hop, loops)"
+    )
+    for r in rows:
+        w, t = r["where"], r["transport_s"]
+        parts = " | ".join(
+            f"{w[k] * 1e3:>7.2f} ({100 * w[k] / t:>4.0f}%)" for k in ("loopback_s", "grpc_s", "codec_s", "rest_s")
+        )
+        lines.append(f"{r['p']:>9} {parts}")
     return "\n".join(lines)
 
 
 def _format_chunks(sweep: dict[str, Any]) -> str:
     lines = [
-        f"Chunk size at p = {sweep['p']} (worker's message_chunks chunk_bytes; default {sweep['default_chunk_bytes']})",
+        f"Chunk size at p = {sweep['p']} (worker's chunk_bytes; auto = chunk_bytes_for the message size, "
+        f"{sweep['default_chunk_bytes'] // KiB} KiB here)",
         f"{'chunk':>9} {'chunks':>7} {'total ms':>9} {'transp. ms':>11} {'GB/s':>6}",
     ]
     for r in sweep["rows"]:
         lines.append(
-            f"{r['chunk_bytes'] // KiB:>6} KiB {r['chunks']:>7} {r['total_s'] * 1e3:>9.2f}"
+            f"{r['chunk_bytes'] // KiB:>6} KiB{'*' if r['auto'] else ' '}{r['chunks']:>6} {r['total_s'] * 1e3:>9.2f}"
             f" {r['transport_s'] * 1e3:>11.2f} {r['transport_GBps']:>6.2f}"
         )
     lines.append(
-        f"best: {sweep['best_chunk_bytes'] // KiB} KiB, {sweep['best_vs_default']:.2f}x the default's transport speed"
+        f"(* = auto, the default) best: {sweep['best_chunk_bytes'] // KiB} KiB, "
+        f"{sweep['best_vs_default']:.2f}x the default's transport speed"
     )
     return "\n".join(lines)
 
@@ -721,8 +754,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     left.legend(fontsize=8)
 
     sweep = results["chunk_sweep"]
-    labels = [f"{r['chunk_bytes'] // KiB} KiB" for r in sweep["rows"]]
-    colors = ["tab:orange" if r["chunk_bytes"] == sweep["default_chunk_bytes"] else "tab:blue" for r in sweep["rows"]]
+    labels = [f"{r['chunk_bytes'] // KiB} KiB" + (" (auto)" if r["auto"] else "") for r in sweep["rows"]]
+    colors = ["tab:orange" if r["auto"] else "tab:blue" for r in sweep["rows"]]
     middle.bar(labels, [r["transport_GBps"] for r in sweep["rows"]], color=colors)
     middle.set_ylabel("gRPC transport GB/s")
     middle.set_title(f"Worker chunk size at p = {sweep['p']:.0e} (orange: default)")

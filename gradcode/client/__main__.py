@@ -7,6 +7,7 @@
     gradcode run --master ADDR ...     start a job on a running master and follow it
     gradcode watch|model|cancel JOB    follow, fetch the model of, or cancel a job
     gradcode workers                   list the workers a master knows
+    gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
 
 The master address comes from ``--master`` or ``GRADCODE_MASTER`` (default 127.0.0.1:50050).
 """
@@ -62,6 +63,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default="softmax", choices=["softmax", "logistic", "linear"])
     t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
     t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
+    t.add_argument(
+        "--test-fraction", type=float, default=0.0,
+        help="share of the dataset held out for the test accuracy, in [0, 1) (default 0: the master's default)",
+    )  # fmt: skip
     t.add_argument("--optimizer", default="nesterov", choices=["gd", "nesterov"])
     t.add_argument("--learning-rate", type=float, default=0.5)
     t.add_argument("--l2", type=float, default=1e-4)
@@ -86,6 +91,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "model": args.model,
         "dataset": args.dataset,
         "dataset_path": args.dataset_path,
+        "test_fraction": args.test_fraction,
         "optimizer": args.optimizer,
         "learning_rate": args.learning_rate,
         "l2": args.l2,
@@ -257,7 +263,20 @@ def build_parser() -> argparse.ArgumentParser:
     workers = sub.add_parser("workers", help="list the workers a master knows")
     workers.add_argument("--master", default=master_default)
     workers.set_defaults(handler=_workers)
+    bench = sub.add_parser("bench", help="run a benchmark (`gradcode bench training --help`)")
+    bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(handler=_bench)
     return parser
+
+
+BENCHMARKS = {"training": "gradcode.bench.training", "transport": "gradcode.bench.transport"}
+"""``gradcode bench NAME ARGS``: runs ``python -m MODULE ARGS``."""
+
+
+def _bench(args: argparse.Namespace) -> int:
+    importlib.import_module(BENCHMARKS[args.benchmark]).main(args.bench_args)
+    return 0
 
 
 SERVICES = {"master": "gradcode.master.__main__", "worker": "gradcode.worker.__main__"}

@@ -43,6 +43,7 @@ def build_job_spec(
     dataset_path: str = "",
     num_samples: int = 0,
     num_features: int = 0,
+    test_fraction: float = 0.0,
     optimizer: str = "nesterov",
     learning_rate: float = 0.5,
     l2: float = 1e-4,
@@ -57,7 +58,13 @@ def build_job_spec(
     wait_for_workers_seconds: float = 30.0,
     job_id: str = "",
 ) -> master_pb2.JobSpec:
-    """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s)."""
+    """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
+
+    ``test_fraction`` is the share of the dataset held out for the test accuracy, in [0, 1); 0 lets
+    the master use its default.
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1) (0: the master's default), not {test_fraction!r}.")
     if code_params is None:
         if n is None or s is None:
             raise ValueError("Give either code_params or both n and s.")
@@ -67,7 +74,12 @@ def build_job_spec(
         code=common_pb2.CodeSpec(name=scheme, params=struct_from_dict(code_params)),
         model=common_pb2.ModelSpec(kind=model, l2=l2),
         dataset=master_pb2.DatasetSpec(
-            name=dataset, path=dataset_path, num_samples=num_samples, num_features=num_features, seed=seed
+            name=dataset,
+            path=dataset_path,
+            num_samples=num_samples,
+            num_features=num_features,
+            seed=seed,
+            test_fraction=test_fraction,
         ),
         optimizer=master_pb2.OptimizerSpec(kind=optimizer, learning_rate=learning_rate),
         iterations=iterations,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench import transport
+from gradcode.common.wire import chunk_bytes_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,7 +29,7 @@ def _positive(value: object) -> bool:
 def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     transport.main(["--quick", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    for title in ("Gradient streaming", "Chunk size", "Per-iteration overhead"):
+    for title in ("Gradient streaming", "Where the transport time goes", "Chunk size", "Per-iteration overhead"):
         assert title in printed
     results = json.loads((tmp_path / "transport.json").read_text())
     assert results["quick"] is True
@@ -41,10 +42,23 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
         for name in STREAMING_FIELDS:
             assert _positive(row[name]), (row["p"], name, row[name])
         assert all(_positive(seconds) for seconds in row["codec"].values())
+        assert set(row["codec"]) == {
+            "master_encode_s",
+            "worker_decode_s",
+            "worker_encode_s",
+            "master_decode_s",
+            "crc32c_s",
+        }
+        where = row["where"]  # the breakdown adds up to the transport time
+        assert sum(where.values()) == pytest.approx(row["transport_s"])
+        assert where["loopback_s"] == row["loopback_s"] and where["codec_s"] == row["codec_s"]
 
     sweep = results["chunk_sweep"]
-    assert [row["chunk_bytes"] for row in sweep["rows"]] == list(transport.QUICK_CHUNKS)
-    assert sweep["best_chunk_bytes"] in transport.QUICK_CHUNKS
+    auto = chunk_bytes_for(8 * transport.QUICK_CHUNK_P)
+    assert [row["chunk_bytes"] for row in sweep["rows"]] == [c or auto for c in transport.QUICK_CHUNKS]
+    assert [row["auto"] for row in sweep["rows"]] == [c is None for c in transport.QUICK_CHUNKS]
+    assert sweep["default_chunk_bytes"] == auto
+    assert sweep["best_chunk_bytes"] in [row["chunk_bytes"] for row in sweep["rows"]]
     for row in sweep["rows"]:
         assert _positive(row["transport_s"]) and _positive(row["transport_GBps"])
     # A smaller chunk size can only mean as many chunks or more for the same message.

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gradcode.common.models import (
     MODEL_KINDS,
+    NUM_STATISTICS,
     LinearRegression,
     LogisticRegression,
     Model,
@@ -251,3 +252,32 @@ def test_invalid_labels_raise() -> None:
     bad[0] = np.nan
     with pytest.raises(ValueError, match="y must hold finite values"):
         model.gradient(params, X, bad)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gradient_and_statistics_match_loss_gradient_and_accuracy(kind: str, seed: int) -> None:
+    model, X, y, params = _data(kind, seed)
+    stats = model.gradient_and_statistics(params, X, y)
+    assert stats.shape == (model.num_params + NUM_STATISTICS,) and stats.dtype == np.float64
+    np.testing.assert_array_equal(stats[: model.num_params], model.gradient(params, X, y))
+    assert stats[-2] == model.loss(params, X, y)
+    assert model.accuracy_from_score(stats[-1], y) == pytest.approx(model.accuracy(params, X, y), rel=1e-14)
+    if kind != "linear":
+        assert stats[-1] == np.sum(model.predict(params, X) == (y > 0 if kind == "logistic" else y))
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_statistics_of_disjoint_batches_add_up(kind: str) -> None:
+    model, X, y, params = _data(kind, 4)
+    whole = model.gradient_and_statistics(params, X, y)
+    parts = model.gradient_and_statistics(params, X[:13], y[:13]) + model.gradient_and_statistics(
+        params, X[13:], y[13:]
+    )
+    np.testing.assert_allclose(parts, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_statistics_of_an_empty_batch_are_zero() -> None:
+    for kind in MODEL_KINDS:
+        model, X, y, params = _data(kind)
+        np.testing.assert_array_equal(model.gradient_and_statistics(params, X[:0], y[:0]), 0.0)

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import google_crc32c
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradcode.common.wire import (
+    DEFAULT_CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
     MessageAssembler,
     WireError,
     array_from_tensor,
+    chunk_bytes_for,
     dict_from_struct,
+    message_chunk_bytes,
     message_chunks,
+    model_request_bytes,
+    parse_chunk,
+    serialize_chunk,
     struct_from_dict,
     tensor_from_array,
 )
+from gradcode.v1 import common_pb2, worker_pb2
 
 
 def _assembler(**overrides: object) -> MessageAssembler:
@@ -131,3 +143,109 @@ def test_absurd_tensor_shapes_get_a_precise_error() -> None:
     t.shape.extend([2**32, 2**32])
     with pytest.raises(WireError, match="needs 147573952589676412928 bytes"):
         array_from_tensor(t)
+
+
+# ---- the copy-light gradient path: serialized chunks, parse_chunk views, CRC-32C -------------------------------
+
+
+def _bytes_chunks(vec: np.ndarray, row: int = 5, **kw: object) -> list[bytes]:
+    args: dict[str, object] = {"job_id": "j", "iteration": 3, "worker_id": 1, "row": row, "chunk_bytes": 800}
+    args.update(kw)
+    return list(message_chunk_bytes(vec, **args))  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    length=st.integers(0, 700),
+    chunk=st.integers(1, 3000),
+    job_id=st.text(max_size=20),
+    compute=st.floats(0, 1e3),
+    approximate=st.booleans(),
+)
+def test_serialized_chunks_parse_like_protobuf_and_reassemble(
+    length: int, chunk: int, job_id: str, compute: float, approximate: bool
+) -> None:
+    vec = np.random.default_rng(length).standard_normal(length)
+    raw = list(
+        message_chunk_bytes(
+            vec, job_id=job_id, iteration=9, worker_id=2, row=4, chunk_bytes=chunk, compute_seconds=compute,
+            approximate=approximate,
+        )
+    )  # fmt: skip
+    asm = MessageAssembler(job_id=job_id, iteration=9, worker_id=2, rows=(4,), length=length)
+    done = None
+    for data in raw:
+        received = parse_chunk(data)
+        reference = worker_pb2.GradientChunk.FromString(data)
+        assert bytes(received.data) == reference.data
+        reference.ClearField("data")
+        assert received.meta == reference
+        done = asm.feed(received) or done
+    assert done is not None and asm.complete
+    np.testing.assert_array_equal(done.vector, vec)
+    assert done.compute_seconds == compute and done.approximate == approximate
+    trailer = worker_pb2.GradientChunk.FromString(raw[-1]).trailer
+    assert trailer.crc32c == google_crc32c.value(vec.astype("<f8").tobytes())
+
+
+def test_parse_chunk_accepts_any_field_order_and_keeps_the_last_data() -> None:
+    meta = worker_pb2.GradientChunk(job_id="j", iteration=3, worker_id=1, row=5, offset=0)
+    meta.header.dtype = common_pb2.DTYPE_FLOAT64
+    first = worker_pb2.GradientChunk(data=b"\x00" * 8).SerializeToString()
+    second = worker_pb2.GradientChunk(data=np.arange(2.0).tobytes()).SerializeToString()
+    received = parse_chunk(first + meta.SerializeToString() + second)  # protobuf merges concatenations
+    assert received.meta == meta
+    assert bytes(received.data) == np.arange(2.0).tobytes()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\x0a\x05ab", b"\x3a\x10" + b"x" * 3, b"\x80", b"\x0b"],
+    ids=["short-string", "short-data", "varint", "group"],
+)
+def test_parse_chunk_refuses_malformed_bytes(raw: bytes) -> None:
+    with pytest.raises((WireError, DecodeError)):
+        parse_chunk(raw)
+
+
+def test_serialize_chunk_passes_bytes_through() -> None:
+    (data,) = _bytes_chunks(np.arange(10.0))
+    assert serialize_chunk(data) is data
+    message = worker_pb2.GradientChunk.FromString(data)
+    assert worker_pb2.GradientChunk.FromString(serialize_chunk(message)) == message
+
+
+def test_a_bad_or_missing_crc32c_is_refused_precisely() -> None:
+    chunks = _chunks(np.arange(1000.0))
+    chunks[-1].trailer.crc32c ^= 1
+    asm = _assembler()
+    with pytest.raises(
+        WireError, match=r"Row 5 from worker 1, job 'j', iteration 3 failed its CRC32C check: the trailer"
+    ):
+        for c in chunks:
+            asm.feed(c)
+    chunks[-1].trailer.ClearField("crc32c")  # what a sender from before CRC-32C looks like (field 1 is gone)
+    asm = _assembler()
+    with pytest.raises(WireError, match=r"has no CRC32C checksum in its trailer \(field crc32c\)"):
+        for c in chunks:
+            asm.feed(c)
+
+
+def test_chunk_size_suits_the_message_size() -> None:
+    assert chunk_bytes_for(1000) == DEFAULT_CHUNK_BYTES  # one chunk
+    assert chunk_bytes_for(8_000_000) == 2_000_000  # about CHUNKS_PER_MESSAGE chunks
+    assert chunk_bytes_for(10**9) == MAX_CHUNK_BYTES
+    assert len(list(message_chunk_bytes(np.zeros(10**6), job_id="j", iteration=0, worker_id=0, row=0))) == 4
+    assert len(list(message_chunk_bytes(np.zeros(1000), job_id="j", iteration=0, worker_id=0, row=0))) == 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [np.arange(5.0), np.zeros(0), np.arange(6.0).reshape(2, 3), np.arange(3, dtype=np.float32), np.arange(20_000.0)],
+    ids=["small", "empty", "matrix", "float32", "large"],
+)
+def test_model_request_bytes_equal_protobufs_serialization(params: np.ndarray) -> None:
+    head = worker_pb2.ComputeRequest(job_id="j", iteration=4, worker_id=2, rows=[1, 3])
+    got = worker_pb2.ComputeRequest.FromString(head.SerializeToString() + model_request_bytes(params))
+    want = worker_pb2.ComputeRequest(job_id="j", iteration=4, worker_id=2, rows=[1, 3], model=tensor_from_array(params))
+    assert got == want

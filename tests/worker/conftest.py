@@ -11,8 +11,8 @@ import pytest
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import Model, make_model
 from gradcode.common.serving import ServingHandle, start_server
-from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.service import WorkerServicer
+from gradcode.v1 import common_pb2, worker_pb2
+from gradcode.worker.service import WorkerServicer, add_worker_service
 
 NUM_FEATURES = 6
 NUM_CLASSES = 3
@@ -121,7 +121,7 @@ async def serve_worker(servicer: WorkerServicer | None = None) -> ServedWorker:
     servicer = servicer or WorkerServicer()
     handle = await start_server(
         "127.0.0.1", 0,
-        registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)],
+        registrars=[lambda server: add_worker_service(servicer, server)],
         service_names=[worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name],
     )  # fmt: skip
     return ServedWorker(handle.address, servicer, handle)

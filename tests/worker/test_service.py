@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
+from gradcode.common.models import message_length
 from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import ComputeCancelledError
@@ -65,12 +66,12 @@ def _request(
 
 
 async def _compute(
-    stub: worker_pb2_grpc.WorkerStub, request: worker_pb2.ComputeRequest
+    stub: worker_pb2_grpc.WorkerStub, request: worker_pb2.ComputeRequest, *, statistics: bool = False
 ) -> tuple[dict[int, Array], list[worker_pb2.GradientChunk]]:
     """Run one Compute call and reassemble (and validate) its messages."""
     assembler = MessageAssembler(
         job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, rows=tuple(request.rows),
-        length=softmax_model().num_params, dtypes=ANY_DTYPE,
+        length=message_length(softmax_model(), statistics=statistics), dtypes=ANY_DTYPE,
     )  # fmt: skip
     messages: dict[int, Array] = {}
     trailers = []
@@ -419,12 +420,13 @@ class _ChildWorker(WorkerServicer):
 
     async def Compute(  # noqa: N802
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[worker_pb2.GradientChunk]:
+    ) -> AsyncIterator[bytes]:
         self.compute_calls += 1
-        async for chunk in super().Compute(request, context):
+        async for data in super().Compute(request, context):
+            chunk = worker_pb2.GradientChunk.FromString(data)
             if self.approximate and chunk.HasField("trailer"):
                 chunk.trailer.approximate = True
-            yield chunk
+            yield chunk.SerializeToString()
 
 
 def _parent_role(child_code: str, params: dict[str, int], addresses: list[str], wait: float) -> worker_pb2.ParentRole:
@@ -535,7 +537,7 @@ async def test_end_job_during_parent_sleep_never_asks_the_children() -> None:
 async def test_closed_parent_runner_opens_no_channel() -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         role = _parent_role("cyclic", {"n": 3, "s": 1}, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], 1.0)
-        runner = ParentRunner(role, job_id="tree", num_params=21, message_dtype=np.dtype("<f8"))
+        runner = ParentRunner(role, job_id="tree", length=21, message_dtype=np.dtype("<f8"))
         await runner.close()
         with pytest.raises(ComputeCancelledError, match="tree parent of job 'tree' was closed"):
             await runner.children_sum(_request("tree", 0, (0,), random_params()))
@@ -547,28 +549,35 @@ def test_parent_runner_child_dtypes_and_refusals() -> None:
     f8, f4, c16 = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<c16")
     addresses = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]
     cyclic = _parent_role("cyclic", {"n": 3, "s": 1}, addresses[:3], 1.0)
-    assert ParentRunner(cyclic, job_id="j", num_params=21, message_dtype=f8).child_dtypes == (f8,)
-    assert ParentRunner(cyclic, job_id="j", num_params=21, message_dtype=f4).child_dtypes == (f4,)
+    assert ParentRunner(cyclic, job_id="j", length=21, message_dtype=f8).child_dtypes == (f8,)
+    assert ParentRunner(cyclic, job_id="j", length=21, message_dtype=f4).child_dtypes == (f4,)
     rs = _parent_role("reed_solomon", {"n": 4, "k": 4, "w": 2}, addresses, 1.0)
-    assert ParentRunner(rs, job_id="j", num_params=21, message_dtype=f8).child_dtypes == (f8, c16)
+    assert ParentRunner(rs, job_id="j", length=21, message_dtype=f8).child_dtypes == (f8, c16)
     approximate = _parent_role("ignore_stragglers", {"n": 3, "s": 1}, addresses[:3], 1.0)
     with pytest.raises(ValueError, match="'ignore_stragglers' is an approximate scheme; a tree parent must decode"):
-        ParentRunner(approximate, job_id="j", num_params=21, message_dtype=f8)
+        ParentRunner(approximate, job_id="j", length=21, message_dtype=f8)
 
 
-async def test_tree_parent_decodes_three_children_and_adds_its_own_part() -> None:
-    """Parent 0 over children 1..3 (cyclic n=3, s=1 over partitions 0..2); the parent holds partition 3."""
+@pytest.mark.parametrize("statistics", [False, True], ids=["gradient", "with-statistics"])
+async def test_tree_parent_decodes_three_children_and_adds_its_own_part(statistics: bool) -> None:
+    """Parent 0 over children 1..3 (cyclic n=3, s=1 over partitions 0..2); the parent holds partition 3.
+
+    With statistics every node appends [loss, score] and the parent forwards the children's decoded ones.
+    """
     async with asyncio.timeout(TEST_TIMEOUT):
         child_code = make_code("cyclic", n=3, s=1)
         partitions = make_partitions(4, seed=3)
         theta = random_params()
-        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(4))
+        model = softmax_model()
+        partial = model.gradient_and_statistics if statistics else model.gradient
+        full = sum(partial(theta, *partitions[j]) for j in range(4))
         children = [await serve_worker() for _ in range(3)]
         parent = await serve_worker()
         try:
             for i, child in enumerate(children):
                 async with grpc.aio.insecure_channel(child.address) as channel:
                     setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+                    setup.append_statistics = statistics
                     if i == 0:  # child 1 is a bit slow, so child 3 is surely inside its sleep when cancelled
                         setup.straggler.CopyFrom(fixed_delay(0.2))
                     if i == 2:
@@ -586,18 +595,26 @@ async def test_tree_parent_decodes_three_children_and_adds_its_own_part() -> Non
                 worker_pb2.ChildSpec(worker_id=i + 1, address=child.address) for i, child in enumerate(children)
             )
             setup.parent.wait_seconds = 1.0
+            setup.append_statistics = statistics
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
 
-                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta))
+                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta), statistics=statistics)
                 _assert_close(messages[0], full)  # children 1, 2 decode; child 3 straggles
+                if statistics:
+                    X = np.concatenate([partitions[j][0] for j in range(4)])
+                    y = np.concatenate([partitions[j][1] for j in range(4)])
+                    assert messages[0][-2] == pytest.approx(model.loss(theta, X, y), rel=1e-12)
+                    assert round(messages[0][-1]) == round(model.accuracy(theta, X, y) * len(y))
                 assert not trailers[0].trailer.approximate
                 straggler_stats = children[2].servicer.jobs["tree"].job.stats
                 await _wait_until(lambda: straggler_stats.calls_cancelled == 1)  # the parent cancelled it
 
                 await stop_worker(children[0])  # now only child 2 is fast: not decodable in 1 s
-                error = await _status(_compute(stub, _request("tree", 0, (0,), theta, iteration=1)))
+                error = await _status(
+                    _compute(stub, _request("tree", 0, (0,), theta, iteration=1), statistics=statistics)
+                )
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
                 details = error.details()
                 assert "children [1, 3] did not deliver within 1 s" in details, details

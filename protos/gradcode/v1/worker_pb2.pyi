@@ -38,7 +38,7 @@ class ParentRole(_message.Message):
     def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSetup(_message.Message):
-    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype")
+    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class JobSetup(_message.Message):
     STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     model: _common_pb2.ModelSpec
@@ -55,7 +56,8 @@ class JobSetup(_message.Message):
     straggler: _common_pb2.StragglerSpec
     parent: ParentRole
     message_dtype: _common_pb2.DType
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ...) -> None: ...
+    append_statistics: bool
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ...) -> None: ...
 
 class PartitionData(_message.Message):
     __slots__ = ("partition", "num_samples", "features_offset", "features", "labels_offset", "labels")
@@ -116,16 +118,16 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("crc32", "compute_seconds", "straggle_seconds", "approximate")
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate")
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
-    crc32: int
+    crc32c: int
     compute_seconds: float
     straggle_seconds: float
     approximate: bool
-    def __init__(self, crc32: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer")

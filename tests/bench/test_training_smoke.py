@@ -1,0 +1,49 @@
+"""Smoke test of ``python -m gradcode.bench.training --quick``: a real gradcode cluster and real torch.distributed
+(gloo) ranks on loopback run every configuration and the outputs are saved. No timing is asserted: only that
+every figure is there, every system followed the same (exact) trajectory, and the files were written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gradcode.bench import training
+
+
+@pytest.mark.slow
+def test_quick_training_benchmark_runs_both_systems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    training.main(["--quick", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "Per-iteration time" in printed and "Pareto delays" in printed
+    results = json.loads((tmp_path / "training.json").read_text())
+    systems = [*training.SCHEMES, training.ALLREDUCE]
+    assert results["systems"] == systems and results["quick"] is True
+
+    raw = results["raw"]
+    expected = len(training.QUICK_DELAYS) * len(training.QUICK_STRAGGLERS) * len(systems) * training.QUICK_ROUNDS
+    assert len(raw["sweep"]) == expected
+    for row in raw["sweep"] + raw["pareto"]:
+        assert row["exact"] and len(row["load_before"]) == 3 and len(row["load_after"]) == 3
+        assert math.isfinite(row["period_s"]) and row["period_s"] > 0
+    assert all(0 <= error < 1e-9 for error in raw["verify_max_error"].values())
+
+    # Every system is exact and steps with the same rule from the same start: the same loss curve.
+    final = {row["system"]: row["loss"][-1] for row in raw["pareto"]}
+    assert set(final) == set(systems)
+    reference = final["uncoded"]
+    assert all(abs(loss - reference) <= 1e-9 * reference for loss in final.values()), final
+    assert len({len(row["loss"]) for row in raw["pareto"]}) == 1
+
+    pareto = results["summary"]["pareto"]
+    assert pareto["target_loss"] == pytest.approx(reference * (1 + training.LOSS_TOLERANCE))
+    for system in systems:  # every system reaches the target: the final loss is below it
+        assert pareto["systems"][system]["time_to_target_s"] > 0
+    assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_to_target_is_the_first_crossing() -> None:
+    assert training.time_to_target([1.0, 2.0, 3.0], [5.0, 3.0, 1.0], 3.0) == 2.0
+    assert math.isnan(training.time_to_target([1.0, 2.0], [5.0, 4.0], 3.0))

@@ -1,0 +1,21 @@
+"""`gradcode run` and build_job_spec carry the dataset's test fraction into the JobSpec."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradcode.client.__main__ import _spec_from_args, build_parser
+from gradcode.client.sdk import build_job_spec
+
+
+def test_run_exposes_the_test_fraction() -> None:
+    args = build_parser().parse_args(["run", "--scheme", "cyclic", "--n", "4", "--s", "1", "--test-fraction", "0.35"])
+    assert _spec_from_args(args).dataset.test_fraction == pytest.approx(0.35)
+    default = build_parser().parse_args(["run"])
+    assert _spec_from_args(default).dataset.test_fraction == 0.0  # the master's default applies
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
+def test_build_job_spec_refuses_a_test_fraction_outside_0_1(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"test_fraction must be in \[0, 1\)"):
+        build_job_spec(scheme="cyclic", n=4, s=1, test_fraction=bad)
