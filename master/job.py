@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
-from gradcode.common.exceptions import JobFailedError, JobSpecError
+from gradcode.common.exceptions import JobFailedError
 from gradcode.common.round import Decoded, Round
 from gradcode.common.wire import tensor_from_array
 from gradcode.master import reporting
@@ -44,18 +44,11 @@ from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import History, iteration_report, score
 from gradcode.master.rounds import RoundPolicy
-from gradcode.master.spec import DEFAULT_ITERATION_DEADLINE_SECONDS, JobPlan, plan_job
+from gradcode.master.spec import JobPlan
 from gradcode.master.step import stepped, verify_error
 from gradcode.v1 import master_pb2, worker_pb2
 
-__all__ = [
-    "DEFAULT_ITERATION_DEADLINE_SECONDS",
-    "JobFailedError",
-    "JobPlan",
-    "JobRunner",
-    "JobSpecError",
-    "plan_job",
-]
+__all__ = ["JobRunner"]
 
 log = logging.getLogger(__name__)
 

@@ -102,7 +102,35 @@ def plan_job(
     refused). Sizes are checked against the ``MAX_*`` caps before anything is built. Loads (or
     generates) the dataset, so callers on an event loop should run it in a thread.
     """
-    spec = master_pb2.JobSpec.FromString(spec.SerializeToString())
+    spec = master_pb2.JobSpec.FromString(spec.SerializeToString())  # normalised in place below
+    _check_job_id(spec)
+    code, topology = _plan_code(spec)
+    num_workers = code.n if topology is None else topology.num_workers
+    dataset = _plan_dataset(spec, data_dir)
+    model = _plan_model(spec, dataset)
+    _check_optimizer_and_loop(spec, model)
+    _check_stragglers(spec, num_workers)
+    message_dtype = _message_dtype(spec.message_dtype, code)
+    spec.message_dtype = message_dtype  # type: ignore[assignment]
+    _check_worker_ids(spec, num_workers, topology, known_worker_ids)
+    try:
+        partitions = partition_indices(dataset.num_train, code.partition_weights, seed=int(spec.seed))
+    except ValueError as exc:
+        split = f"Cannot split the {dataset.num_train} training samples into {code.k} partitions"
+        raise JobSpecError(f"{split}: {exc}") from None
+    return JobPlan(
+        spec=spec,
+        code=code,
+        model=model,
+        dataset=dataset,
+        partitions=partitions,
+        message_dtype=message_dtype,
+        topology=topology,
+    )
+
+
+def _check_job_id(spec: master_pb2.JobSpec) -> None:
+    """A generated id when none is given; otherwise one that can name the history file."""
     if not spec.job_id:
         spec.job_id = f"job-{uuid.uuid4().hex[:12]}"
     elif not _JOB_ID.match(spec.job_id):
@@ -111,7 +139,9 @@ def plan_job(
             "starting with a letter or digit (it names the history file)."
         )
 
-    # The gradient code: the library's own message for anything it refuses.
+
+def _plan_code(spec: master_pb2.JobSpec) -> tuple[GradientCode, Topology | None]:
+    """The gradient code and its topology: the library's own message for anything it refuses."""
     if not spec.code.name:
         raise JobSpecError(f"JobSpec.code.name is empty; available schemes: {', '.join(available_codes())}.")
     if spec.code.name not in available_codes():
@@ -130,8 +160,11 @@ def plan_job(
             f"{code!r} cuts the data into {code.k} partitions; a job may use at most {limits.MAX_PARTITIONS}."
         )
     topology = _topology(spec, code)
+    return code, topology
 
-    # Dataset, then model (its sizes default to the dataset's).
+
+def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None) -> Dataset:
+    """The dataset (generated or loaded), within the size caps."""
     ds = spec.dataset
     if ds.name not in DATASET_NAMES:
         raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
@@ -164,6 +197,11 @@ def plan_job(
             f"Dataset {ds.name!r} has {samples} samples x {dataset.num_features} features; a job may use at most "
             f"{limits.MAX_FEATURES} features and {limits.MAX_DATASET_BYTES >> 20} MiB of features."
         )
+    return dataset
+
+
+def _plan_model(spec: master_pb2.JobSpec, dataset: Dataset) -> Model:
+    """The model; its sizes default to the dataset's."""
     ms = spec.model
     if not ms.kind:
         ms.kind = dataset.model_kind
@@ -200,8 +238,11 @@ def plan_job(
             f"({model.num_params * 8 / 2**20:.0f} MiB); a job may use at most {limits.MAX_MODEL_BYTES // 8} "
             f"({limits.MAX_MODEL_BYTES >> 20} MiB)."
         )
+    return model
 
-    # Optimizer and loop parameters.
+
+def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
+    """The optimizer (built once to validate it) and the loop parameters, with their defaults."""
     opt = spec.optimizer
     if not opt.kind:
         opt.kind = "gd"
@@ -219,7 +260,9 @@ def plan_job(
         spec.iteration_deadline_seconds = DEFAULT_ITERATION_DEADLINE_SECONDS
     _finite("wait_for_workers_seconds", spec.wait_for_workers_seconds)
 
-    # Straggler emulation (validated here so the workers never see a model they would refuse).
+
+def _check_stragglers(spec: master_pb2.JobSpec, num_workers: int) -> None:
+    """Straggler emulation, validated here so the workers never see a model they would refuse."""
     st = spec.straggler
     if st.model and st.model != "none":
         if st.model not in DELAY_MODEL_NAMES:
@@ -230,7 +273,6 @@ def plan_job(
             raise JobSpecError(f"Straggler model {st.model!r} refused: {exc}") from None
         # Every worker evaluates its own delay each iteration: one it would refuse (e.g. 'fixed' with
         # num_workers smaller than the job's) must refuse the job now, not fail every Compute later.
-        num_workers = code.n if topology is None else topology.num_workers
         for w in range(num_workers):
             try:
                 delays.delay(w, 0)
@@ -240,17 +282,16 @@ def plan_job(
                     f"(ids 0..{num_workers - 1}): {exc}"
                 ) from None
 
-    # Message dtype: complex codes send complex128; real codes float64 (default) or float32.
-    message_dtype = _message_dtype(spec.message_dtype, code)
-    spec.message_dtype = message_dtype  # type: ignore[assignment]
 
-    # Workers.
+def _check_worker_ids(
+    spec: master_pb2.JobSpec, num_workers: int, topology: Topology | None, known_worker_ids: list[int] | None
+) -> None:
+    """An explicit ``worker_ids`` list names every worker the job needs, once, among the known ones."""
     ids = list(spec.worker_ids)
     if ids:
-        needed = code.n if topology is None else topology.num_workers
-        if len(ids) != needed or len(set(ids)) != len(ids):
+        if len(ids) != num_workers or len(set(ids)) != len(ids):
             what = "the code's n" if topology is None else topology.describe()
-            raise JobSpecError(f"JobSpec.worker_ids must list {needed} distinct worker ids ({what}), not {ids}.")
+            raise JobSpecError(f"JobSpec.worker_ids must list {num_workers} distinct worker ids ({what}), not {ids}.")
         if known_worker_ids is not None:
             unknown = sorted(set(ids) - set(known_worker_ids))
             if unknown:
@@ -258,21 +299,6 @@ def plan_job(
                     f"JobSpec.worker_ids names unknown worker id(s) {unknown}; known worker ids are "
                     f"{sorted(known_worker_ids)}."
                 )
-
-    try:
-        partitions = partition_indices(dataset.num_train, code.partition_weights, seed=int(spec.seed))
-    except ValueError as exc:
-        split = f"Cannot split the {dataset.num_train} training samples into {code.k} partitions"
-        raise JobSpecError(f"{split}: {exc}") from None
-    return JobPlan(
-        spec=spec,
-        code=code,
-        model=model,
-        dataset=dataset,
-        partitions=partitions,
-        message_dtype=message_dtype,
-        topology=topology,
-    )
 
 
 def _topology(spec: master_pb2.JobSpec, code: GradientCode) -> Topology | None:

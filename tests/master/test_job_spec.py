@@ -14,14 +14,9 @@ from gradcode.common.codes.registry import available_codes
 from gradcode.common.stragglers import Pareto, make_delay_model
 from gradcode.common.wire import array_from_tensor, struct_from_dict
 from gradcode.master import limits
-from gradcode.master.job import (
-    DEFAULT_ITERATION_DEADLINE_SECONDS,
-    JobPlan,
-    JobRunner,
-    JobSpecError,
-    plan_job,
-)
+from gradcode.master.job import JobRunner
 from gradcode.master.pool import WorkerPool
+from gradcode.master.spec import DEFAULT_ITERATION_DEADLINE_SECONDS, JobPlan, JobSpecError, plan_job
 from gradcode.v1 import common_pb2, master_pb2
 
 

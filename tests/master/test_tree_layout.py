@@ -16,8 +16,9 @@ import pytest
 from gradcode.common.codes.coded_reduce import CompAllocCode, simulate_coded_reduce
 from gradcode.common.codes.registry import make_code
 from gradcode.common.wire import code_spec, dict_from_struct
-from gradcode.master.job import JobPlan, JobRunner, JobSpecError, plan_job
+from gradcode.master.job import JobRunner
 from gradcode.master.pool import PoolWorker, WorkerPool
+from gradcode.master.spec import JobPlan, JobSpecError, plan_job
 from gradcode.v1 import master_pb2, worker_pb2
 from tests.master.test_job_spec import spec
 
