@@ -34,20 +34,21 @@ def _stragglers(n: int) -> list[int]:
 
 def configurations() -> Iterator[tuple[str, dict[str, Any]]]:
     """(scheme, parameters) over the grid of (n, s, seed); seedless schemes once per (n, s)."""
-    for n, s in ((n, s) for n in SIZES for s in _stragglers(n)):
-        for seed in SEEDS:
-            yield "cyclic", {"n": n, "s": s, "seed": seed}
-            if n <= 33:
-                yield "partial_stragglers", {"n": n, "s": s, "seed": seed}
-            if n <= 24:
-                yield "coded_reduce", {"n": n, "s": s, "L": 1, "seed": seed}
-        yield "binary", {"n": n, "s": s}
-        yield "binary_heterogeneous", {"n1": (n + 1) // 2, "n2": n // 2, "s": s}
-        yield "ignore_stragglers", {"n": n, "s": s}
-        if n % (s + 1) == 0:
-            yield "fractional", {"n": n, "s": s}
-        if n >= 2 and n <= 48:
-            yield "reed_solomon", {"n": n, "k": n, "w": s + 1}
+    for n in SIZES:
+        for s in _stragglers(n):
+            for seed in SEEDS:
+                yield "cyclic", {"n": n, "s": s, "seed": seed}
+                if n <= 33:
+                    yield "partial_stragglers", {"n": n, "s": s, "seed": seed}
+                if n <= 24:
+                    yield "coded_reduce", {"n": n, "s": s, "L": 1, "seed": seed}
+            yield "binary", {"n": n, "s": s}
+            yield "binary_heterogeneous", {"n1": (n + 1) // 2, "n2": n // 2, "s": s}
+            yield "ignore_stragglers", {"n": n, "s": s}
+            if n % (s + 1) == 0:
+                yield "fractional", {"n": n, "s": s}
+            if n >= 2 and n <= 48:
+                yield "reed_solomon", {"n": n, "k": n, "w": s + 1}
     for n in (4, 6, 8):
         yield "coded_reduce", {"n": n, "s": 1, "L": 2, "seed": 3}
     for n in (8, 12, 24, 48, 64):
@@ -133,7 +134,6 @@ def main() -> int:
     redrawn = sum(1 for e in entries if e.get("draw", 0) > 0)
     print(f"{len(entries)} configurations ({refused} refused, {redrawn} redrawn): {counts}", file=sys.stderr)
     return 0
-
 
 
 if __name__ == "__main__":
