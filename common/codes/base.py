@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from gradcode.common.codes.numerics import SPAN_TOLERANCE, equilibrated_decoding_weights
 from gradcode.common.exceptions import NotDecodableError
 from gradcode.common.validation import check_int
 
@@ -49,10 +50,6 @@ Array = npt.NDArray[Any]
 
 _COMBINE_BLOCK_BYTES = 256 * 1024
 """Coordinates per block of :meth:`Decoding.combine`, in bytes of the accumulator (fits in L2)."""
-
-SPAN_TOLERANCE = 1e-9
-"""Relative residual $\\|\\mathbf{1} - \\mathrm{proj}_{B_F}\\mathbf{1}\\| / \\|\\mathbf{1}\\|$ below which
-the all-ones vector counts as lying in the span of the received rows (generic decoder)."""
 
 
 @dataclass(frozen=True)
@@ -253,9 +250,9 @@ class SpanTracker:
 class SpanDecoder(OnlineDecoder):
     r"""Generic decoder: decodable once $\mathbf{1}$ lies in the span of the received rows.
 
-    Each ``add`` is one :class:`SpanTracker` step, $O(k \cdot r)$; the weights then come from a
-    least-squares solve of $B_F^\top a = \mathbf{1}$ on the received rows (Tandon et al.,
-    Algorithm 1, evaluated for the one set that actually arrived).
+    Each ``add`` is one :class:`SpanTracker` step, $O(k \cdot r)$; the weights then come from the one
+    weight solver, :func:`~gradcode.common.codes.numerics.equilibrated_decoding_weights` (Tandon et
+    al., Algorithm 1, evaluated for the one set that actually arrived).
     """
 
     def __init__(self, code: GradientCode, assignment: Assignment) -> None:
@@ -271,8 +268,7 @@ class SpanDecoder(OnlineDecoder):
 
     def _decoding(self) -> Decoding:
         rows = tuple(self._received)
-        b_f = self.code.B[list(rows)]
-        weights, *_ = np.linalg.lstsq(b_f.T, np.ones(self.code.k, dtype=b_f.dtype), rcond=None)
+        weights = equilibrated_decoding_weights(self.code.B[list(rows)], independent=False)
         return Decoding(rows, weights, exact=True)
 
 

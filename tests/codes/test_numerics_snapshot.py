@@ -3,7 +3,8 @@
 The fixture was written by ``python -m tests.codes.numerics_snapshot`` from the code before the merge:
 every registered scheme over a grid of (n, s, seed), plus cyclic and Reed–Solomon codes with bounds
 tight enough that their guards redraw and refuse. The current code must produce bit-identical
-matrices (so the same accepted draws), the same refusals, and the same decodings.
+matrices (so the same accepted draws), the same refusals, and the same decodings. The cyclic guard's
+measured errors are bit-identical; Reed–Solomon's differ at rounding level only (see below).
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ def test_same_matrices_draws_refusals_and_decodes(before: dict[str, object]) -> 
         assert now.get(key) == before.get(key), key
     for key in ("measured_error", "measured_decode_error"):
         if before.get(key) is not None:
-            assert now[key] == pytest.approx(before[key], rel=1e-9, abs=1e-18), key
+            if before["scheme"] == "reed_solomon":
+                # The guard used to combine with a matrix product; it now measures the production
+                # combine (Decoding.combine) on the same gradients: equal up to rounding noise.
+                assert before[key] / 2 <= now[key] <= before[key] * 2, key
+            else:  # the cyclic guard's arithmetic is unchanged, bit for bit
+                assert now[key] == before[key], key
     for old, new in zip(before.get("decodes", []), now.get("decodes", []), strict=True):  # type: ignore[call-overload]
         assert (new["workers"], new["rows"], new["exact"]) == (old["workers"], old["rows"], old["exact"])
         for part in ("re", "im"):
