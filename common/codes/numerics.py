@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
+    "CERTIFICATE_UNCERTIFIED",
     "DEFAULT_MAX_DECODE_ERROR",
     "SPAN_TOLERANCE",
+    "ErrorCertificate",
+    "RowProfile",
     "adversarial_straggler_sets",
+    "certify_combination",
     "combined_error",
     "contiguous_survivor_sets",
     "decode_error",
@@ -47,6 +52,7 @@ __all__ = [
     "span_residual",
     "straggler_amplification",
     "survivor_sets",
+    "unit_roundoff",
     "weights_residual",
     "worst_combined_error",
     "worst_decode_error",
@@ -293,3 +299,127 @@ def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, co
         if len(worst) == count:
             break
     return worst
+
+
+# ---- error certificate -----------------------------------------------------------------------------
+
+
+def unit_roundoff(dtype: npt.DTypeLike) -> float:
+    """$u = \\epsilon / 2$ of a floating dtype (of its real part for complex dtypes)."""
+    return float(np.finfo(np.dtype(dtype)).eps) / 2
+
+
+def _gamma(terms: Array | float, u: float) -> Array:
+    r"""Higham's $\gamma_m = m u / (1 - m u)$: the relative error bound of a sum or product of $m$ terms."""
+    m = np.asarray(terms, dtype=np.float64) * u
+    result: Array = m / np.maximum(1.0 - m, 1e-300)
+    return result
+
+
+@dataclass(frozen=True)
+class RowProfile:
+    r"""What the certificate needs of the rows a decoding combines, computed once per decoding.
+
+    Attributes:
+        magnitude: $|B_F|$, entrywise (one row per combined message).
+        support: non-zeros $w_i$ of each row (terms of the worker's sum $\sum_j b_{ij} g_j$).
+        spread: $\|b_i\|_1 / \|b_i\|_2 \in [1, \sqrt{w_i}]$: how much larger $\sum_j |b_{ij}| \|g_j\|$
+            can be than $\|m_i\|$ when the partial gradients point in independent directions.
+        residual: $|\hat a B_F - \mathbf{1}|$ per partition, computed in extended precision: the
+            weights' own error (zero for 0/1 codes; large for approximate schemes).
+        complex_arithmetic: the rows or weights are complex (larger rounding constants).
+    """
+
+    magnitude: Array
+    support: Array
+    spread: Array
+    residual: Array
+    complex_arithmetic: bool
+
+    @classmethod
+    def of(cls, weights: Array, rows: Array) -> RowProfile:
+        """Profile of ``rows`` ($B_F$, one row per combined message) decoded with ``weights``."""
+        magnitude = np.abs(rows)
+        support = np.count_nonzero(magnitude, axis=1).astype(np.float64)
+        two = np.linalg.norm(rows, axis=1)
+        spread = np.where(two > 0, magnitude.sum(axis=1) / np.where(two > 0, two, 1.0), 1.0)
+        # In extended precision: in float64 the residual's own rounding ($u \sum_i |a_i||b_i|$) would
+        # swamp the weight error it measures (where long double is float64 it over-estimates: safe).
+        complex_arithmetic = bool(np.iscomplexobj(rows) or np.iscomplexobj(weights))
+        wide = np.clongdouble if complex_arithmetic else np.longdouble
+        residual = np.abs(np.asarray(weights).astype(wide) @ rows.astype(wide) - 1).astype(np.float64)
+        return cls(magnitude, support, spread, residual, complex_arithmetic)
+
+
+@dataclass(frozen=True)
+class ErrorCertificate:
+    r"""A bound on the relative error $\|\hat g - g\| / \|g\|$ of one combined gradient.
+
+    ``bound`` is $E / (\|\hat g\| - E)$ with $E$ the absolute error bound (``inf`` when $E \ge \|\hat g\|$:
+    nothing can be certified). ``amplification`` is $\sum_i |a_i| \|m_i\| / \|\hat g\|$, the
+    condition number of the combine; ``unit_roundoff`` the $u$ it was computed for.
+    """
+
+    bound: float
+    absolute: float
+    amplification: float
+    unit_roundoff: float
+
+    def within(self, tolerance: float) -> bool:
+        """True when the certified relative error is at most ``tolerance`` (the decode may be called exact)."""
+        return self.bound <= tolerance
+
+
+CERTIFICATE_UNCERTIFIED = ErrorCertificate(math.inf, math.inf, math.inf, math.nan)
+"""The certificate of a decoding that is approximate by construction (``ignore_stragglers``)."""
+
+
+def certify_combination(
+    weights: Array,
+    profile: RowProfile,
+    message_norms: Array,
+    combined_norm: float,
+    *,
+    u: float,
+    magnitudes: Array | None = None,
+) -> ErrorCertificate:
+    r"""Certify $\hat g = \sum_i a_i \hat m_i$ from the message norms $\nu_i = \|\hat m_i\|$ and $\|\hat g\|$.
+
+    Three error sources, each bounded by Higham's $\gamma_m = mu/(1-mu)$ (*Accuracy and Stability of
+    Numerical Algorithms*, §3.1 and §4.2):
+
+    * the combine (:meth:`Decoding.combine`, a sum of $f$ products): $\gamma_f \sum_i |a_i| \nu_i$
+      (times $\sqrt 2$ with $\gamma_{f+2}$ for complex arithmetic, Higham Lemma 3.5);
+    * each worker's message $\sum_j b_{ij} g_j$ ($w_i$ terms): $\gamma_{w_i} \sum_j |b_{ij}| \|g_j\|$,
+      propagated with weight $|a_i|$. The receiver does not know $\sum_j |b_{ij}| \|g_j\|$; it is
+      ``magnitudes[i]`` when the worker reports it (then the bound is rigorous), otherwise estimated as
+      $\rho_i \nu_i$ with $\rho_i = \|b_i\|_1 / \|b_i\|_2$ (exact for one partition, the typical size
+      for independent directions; an under-estimate only when partial gradients cancel inside a
+      message);
+    * the weights: $\hat a B_F = \mathbf{1} + r$ makes the combination $\sum_j (1 + r_j) g_j$, an error
+      $\sum_j |r_j| \|g_j\|$, with $\|g_j\|$ bounded by the same per-message magnitudes:
+      $\|g_j\| \le \min_{i: b_{ij} \ne 0} \mu_i / |b_{ij}|$ ($r$ from :class:`RowProfile`). A partition
+      no received row covers, or weights of an approximate scheme, leave $E$ infinite or large.
+
+    The sum $E$ bounds $\|\hat g - g\|$ to first order in $u$; dividing by $\|g\| \ge \|\hat g\| - E$
+    gives the relative bound.
+    """
+    a = np.abs(np.asarray(weights))
+    nu = np.asarray(message_norms, dtype=np.float64)
+    f = len(a)
+    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
+    extra = 2 if profile.complex_arithmetic else 0
+    weighted = float(a @ nu)
+    combine = scale * float(_gamma(f + extra, u)) * weighted
+    inside = profile.spread * nu if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
+    encode = scale * float(a @ (_gamma(profile.support + extra, u) * inside))
+    weight = 0.0
+    if np.any(profile.residual > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_partition = np.where(profile.magnitude > 0, inside[:, None] / profile.magnitude, np.inf).min(axis=0)
+            weight = float(np.sum(np.where(profile.residual > 0, profile.residual * per_partition, 0.0)))
+    absolute = combine + encode + weight
+    combined_norm = float(combined_norm)
+    amplification = weighted / combined_norm if combined_norm > 0 else math.inf
+    bound = absolute / (combined_norm - absolute) if combined_norm > absolute else math.inf
+    return ErrorCertificate(bound, absolute, amplification, u)
