@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -30,6 +30,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gradcode.common.codes.topology import CodeSize, Topology, size_parameter
+from gradcode.common.codes.numerics import (
+    SPAN_TOLERANCE,
+    ErrorCertificate,
+    RowProfile,
+    certify_combination,
+    equilibrated_decoding_weights,
+    unit_roundoff,
+)
 from gradcode.common.exceptions import NotDecodableError
 from gradcode.common.validation import check_int
 
@@ -50,10 +58,6 @@ Array = npt.NDArray[Any]
 
 _COMBINE_BLOCK_BYTES = 256 * 1024
 """Coordinates per block of :meth:`Decoding.combine`, in bytes of the accumulator (fits in L2)."""
-
-SPAN_TOLERANCE = 1e-9
-"""Relative residual $\\|\\mathbf{1} - \\mathrm{proj}_{B_F}\\mathbf{1}\\| / \\|\\mathbf{1}\\|$ below which
-the all-ones vector counts as lying in the span of the received rows (generic decoder)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,62 @@ class Decoding:
     rows: tuple[int, ...]
     weights: Array
     exact: bool = True
+    matrix: Array | None = field(default=None, repr=False, compare=False)
+    """The code's ``B`` (rows indexed by :attr:`rows`); attached by :meth:`OnlineDecoder.decoding`."""
+
+    @cached_property
+    def row_profile(self) -> RowProfile:
+        """What :meth:`certify` needs of the combined rows; computed once, on first use."""
+        if self.matrix is None:
+            raise ValueError("This decoding carries no code matrix; build it with OnlineDecoder.decoding().")
+        return RowProfile.of(self.weights, self.matrix[list(self.rows)])
+
+    def certify(
+        self,
+        message_norms: Mapping[int, float] | Sequence[float] | Array,
+        combined_norm: float,
+        *,
+        dtype: npt.DTypeLike = np.float64,
+        magnitudes: Mapping[int, float] | Sequence[float] | Array | None = None,
+    ) -> ErrorCertificate:
+        r"""Certified relative error of the gradient :meth:`combine` returned (numerics.certify_combination).
+
+        ``message_norms`` are $\|m_i\|$ of the received messages (by row id, or in the order of
+        :attr:`rows`), which a receiver can accumulate chunk by chunk; ``combined_norm`` is the norm
+        of the combined vector; ``dtype`` the precision the messages were computed and sent in.
+        ``magnitudes`` ($\sum_j |b_{ij}| \|g_j\|$ per message, if the workers report them) make the
+        bound rigorous instead of estimated. ``O(f)`` after the first call on a decoding.
+        """
+        return certify_combination(
+            self.weights,
+            self.row_profile,
+            self._per_row(message_norms, "message_norms"),
+            combined_norm,
+            u=unit_roundoff(dtype),
+            magnitudes=None if magnitudes is None else self._per_row(magnitudes, "magnitudes"),
+        )
+
+    def combine_certified(
+        self, messages: Mapping[int, Array], *, dtype: npt.DTypeLike | None = None
+    ) -> tuple[Array, ErrorCertificate]:
+        """:meth:`combine` and :meth:`certify` in one call (norms taken from the messages themselves)."""
+        combined = self.combine(messages)
+        norms = [float(np.linalg.norm(messages[row])) for row in self.rows]
+        precision = messages[self.rows[0]].dtype if dtype is None else dtype
+        return combined, self.certify(norms, float(np.linalg.norm(combined)), dtype=precision)
+
+    def _per_row(self, values: Mapping[int, float] | Sequence[float] | Array, what: str) -> Array:
+        if isinstance(values, Mapping):
+            missing = [r for r in self.rows if r not in values]
+            if missing:
+                raise KeyError(f"Argument {what!r} has no value for rows {missing} of this decoding.")
+            return np.array([float(values[r]) for r in self.rows])
+        array = np.asarray(values, dtype=np.float64)
+        if array.shape != (len(self.rows),):
+            raise ValueError(
+                f"Argument {what!r} must give one value per decoded row ({len(self.rows)}), not shape {array.shape}."
+            )
+        return array
 
     def combine(self, messages: Mapping[int, Array]) -> Array:
         """Return $\\sum_i a_i m_i$ as a real float64 vector.
@@ -193,7 +253,10 @@ class OnlineDecoder(ABC):
                 f"{type(self.code).__name__}: messages {sorted(self._received)} from workers {workers} "
                 "do not determine the full gradient yet."
             )
-        return self._decoding()
+        decoding = self._decoding()
+        if decoding.matrix is None:
+            decoding = replace(decoding, matrix=self.code.B)
+        return decoding
 
     @abstractmethod
     def _on_add(self, row: int) -> None:
@@ -254,9 +317,9 @@ class SpanTracker:
 class SpanDecoder(OnlineDecoder):
     r"""Generic decoder: decodable once $\mathbf{1}$ lies in the span of the received rows.
 
-    Each ``add`` is one :class:`SpanTracker` step, $O(k \cdot r)$; the weights then come from a
-    least-squares solve of $B_F^\top a = \mathbf{1}$ on the received rows (Tandon et al.,
-    Algorithm 1, evaluated for the one set that actually arrived).
+    Each ``add`` is one :class:`SpanTracker` step, $O(k \cdot r)$; the weights then come from the one
+    weight solver, :func:`~gradcode.common.codes.numerics.equilibrated_decoding_weights` (Tandon et
+    al., Algorithm 1, evaluated for the one set that actually arrived).
     """
 
     def __init__(self, code: GradientCode, assignment: Assignment) -> None:
@@ -272,8 +335,7 @@ class SpanDecoder(OnlineDecoder):
 
     def _decoding(self) -> Decoding:
         rows = tuple(self._received)
-        b_f = self.code.B[list(rows)]
-        weights, *_ = np.linalg.lstsq(b_f.T, np.ones(self.code.k, dtype=b_f.dtype), rcond=None)
+        weights = equilibrated_decoding_weights(self.code.B[list(rows)], independent=False)
         return Decoding(rows, weights, exact=True)
 
 

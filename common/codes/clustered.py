@@ -28,7 +28,7 @@ and changes the support, so the paper's layout needs Algorithm 2. One draw of
 :func:`~gradcode.common.codes.cyclic.draw_cyclic_repetition` serves every cluster: seeded, its decode error
 measured against the default bound (1e-9) and redrawn deterministically if it fails, exactly as for
 the plain ``cyclic`` scheme; each cluster is decoded with the weights that guard measured
-(:func:`~gradcode.common.codes.cyclic.equilibrated_decoding_weights`). The two degenerate loads are 0/1
+(:func:`~gradcode.common.codes.numerics.equilibrated_decoding_weights`). The two degenerate loads are 0/1
 exactly: $r = 1$ gives the identity, $r = \ell$ gives all-ones rows (Algorithm 2's exact output there).
 """
 
@@ -51,7 +51,8 @@ from gradcode.common.codes.base import (
     SpanTracker,
     check_int,
 )
-from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.cyclic import draw_cyclic_repetition
+from gradcode.common.codes.numerics import equilibrated_decoding_weights
 from gradcode.common.codes.registry import register
 
 __all__ = [

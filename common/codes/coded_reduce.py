@@ -66,7 +66,8 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
-from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
+from gradcode.common.codes.cyclic import draw_cyclic_repetition
+from gradcode.common.codes.numerics import equilibrated_decoding_weights, ones_in_span
 from gradcode.common.codes.registry import register
 from gradcode.common.codes.topology import CodeRef, CodeSize, NodeRow, size_parameter
 from gradcode.common.validation import check_int
@@ -143,7 +144,7 @@ class CompAllocCode(GradientCode):
     It is :func:`~gradcode.common.codes.cyclic.draw_cyclic_repetition` from ``seed``: the draw's decode error is
     measured against the default bound (1e-9) and redrawn deterministically if it fails, as for the
     ``cyclic`` scheme, and the decoder uses the weights that guard measured
-    (:func:`~gradcode.common.codes.cyclic.equilibrated_decoding_weights`). ``s = 0`` gives the identity and
+    (:func:`~gradcode.common.codes.numerics.equilibrated_decoding_weights`). ``s = 0`` gives the identity and
     ``s = n - 1`` the all-ones matrix, exactly.
 
     ``encoding`` overrides $B$ (e.g. the paper's eq. (4) matrix for Example 2): it must be $n \times n$,
@@ -175,10 +176,8 @@ class CompAllocCode(GradientCode):
             raise ValueError(
                 f"Argument 'encoding' must have exactly s + 1 = {s + 1} non-zeros per row, not {counts.tolist()}."
             )
-        ones = np.ones(n)
         for rows in itertools.combinations(range(n), n - s):
-            a, *_ = np.linalg.lstsq(b[list(rows)].T, ones, rcond=None)
-            if np.linalg.norm(a @ b[list(rows)] - ones) > 1e-9 * math.sqrt(n):
+            if not ones_in_span(b[list(rows)]):
                 raise ValueError(
                     f"Argument 'encoding' must have the all-ones vector in the span of any n - s = {n - s} rows; "
                     f"rows {list(rows)} do not span it."

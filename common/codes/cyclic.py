@@ -26,12 +26,13 @@ was up to ~7000x worse than the worst contiguous one (measured with an unscaled 
 $n = 17, s = 8$ reached 1.7e-7). So
 :func:`draw_cyclic_repetition` — the one implementation of Algorithm 2 in gradcode, also behind the
 per-cluster code of ``clustered`` / ``dynamic_clustered`` and CodedReduce's per-parent code — measures
-the decode error (with :func:`equilibrated_decoding_weights`, the decoders' solve) of the $n$
-contiguous survivor sets, the :data:`ADVERSARIAL_CHECK_SETS` worst straggler sets found by
-:func:`adversarial_straggler_sets` (every straggler set is scored when there are at most
-:data:`EXHAUSTIVE_SEARCH_LIMIT`, so small codes are cheap to check), and :data:`RANDOM_CHECK_SETS`
-seeded random sets; while the worst exceeds ``max_decode_error`` it redraws $H$ from the next child
-of ``SeedSequence(seed)``, at most :data:`MAX_DRAWS` draws, then raises
+the decode error (with :func:`~gradcode.common.codes.numerics.equilibrated_decoding_weights`, the
+decoders' solve) of the $n$ contiguous survivor sets, the :data:`ADVERSARIAL_CHECK_SETS` worst
+straggler sets found by :func:`~gradcode.common.codes.numerics.adversarial_straggler_sets` (every
+straggler set is scored when there are few, so small codes are cheap to check), and
+:data:`RANDOM_CHECK_SETS` seeded random sets, all from one
+:func:`~gradcode.common.codes.numerics.survivor_sets`; while the worst exceeds ``max_decode_error``
+it redraws $H$ from the next child of ``SeedSequence(seed)``, at most :data:`MAX_DRAWS` draws, then raises
 :class:`~gradcode.common.exceptions.NumericallyUnsafeError`. After the search, random unchecked sets stayed
 within 3.5x of the measured worst (7,960 sets, $n \le 64$).
 Since the check is a sample, each decoding also carries an a-posteriori estimate
@@ -50,7 +51,6 @@ survivor set, use the ``binary`` or ``fractional`` scheme.
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import time
@@ -60,7 +60,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from gradcode.common.codes.base import Array, Assignment, Decoding, GradientCode, OnlineDecoder, SpanDecoder
-from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, contiguous_survivor_sets
+from gradcode.common.codes.numerics import (
+    DEFAULT_MAX_DECODE_ERROR,
+    equilibrated_decoding_weights,
+    fresh_gaussian_gradients,
+    survivor_sets,
+    worst_combined_error,
+)
 from gradcode.common.codes.registry import register
 from gradcode.common.exceptions import NumericallyUnsafeError
 from gradcode.common.validation import check_int
@@ -72,12 +78,10 @@ __all__ = [
     "CyclicRepetitionCode",
     "CyclicRepetitionDraw",
     "ExplicitCode",
-    "adversarial_straggler_sets",
     "cyclic_matrix",
     "cyclic_supports",
     "draw_cyclic_repetition",
     "draw_null_space_matrix",
-    "equilibrated_decoding_weights",
     "estimated_decode_error",
 ]
 
@@ -87,13 +91,6 @@ RANDOM_CHECK_SETS = 4
 """Seeded random survivor sets of size $n - s$ measured in addition to the contiguous and searched ones."""
 ADVERSARIAL_CHECK_SETS = 8
 """Worst straggler sets found by :func:`adversarial_straggler_sets` whose decode error is measured."""
-SEARCH_POOL = 128
-SEARCH_CLIMBERS = 4
-SEARCH_SWAPS = 32
-SEARCH_ROUNDS = 6
-EXHAUSTIVE_SEARCH_LIMIT = 1024
-"""Up to this many straggler sets, :func:`adversarial_straggler_sets` scores every one (the search
-scores $n + 896$ of them anyway)."""
 ERROR_ESTIMATE_SAFETY = 16.0
 """Factor between :func:`estimated_decode_error` and the measured spread of actual errors."""
 
@@ -172,27 +169,6 @@ def estimated_decode_error(weights: Array, row_norms: Array, k: int) -> float:
     return ERROR_ESTIMATE_SAFETY * float(np.finfo(np.float64).eps) * amplification / math.sqrt(k)
 
 
-def equilibrated_decoding_weights(received: Array, *, independent: bool) -> Array:
-    r"""Algorithm 1 for the one set that arrived: weights $a$ with $a B_F = \mathbf{1}$ (least squares).
-
-    The rows are scaled to unit norm first and the weights scaled back: Algorithm 2's rows can differ
-    in norm by orders of magnitude, and an unscaled least-squares solve loses accuracy in proportion.
-    ``independent`` says the rows are linearly independent (e.g. at most $n - s$ rows of an
-    Algorithm-2 matrix, Theorem 3); Householder QR then solves the system as accurately as SVD at a
-    fraction of the cost. Otherwise the minimum-norm least-squares solution is returned.
-    """
-    norms = np.linalg.norm(received, axis=1)
-    scaled = received / norms[:, None]
-    ones = np.ones(received.shape[1])
-    if independent:
-        q, r = np.linalg.qr(scaled.T)
-        scaled_weights = np.linalg.solve(r, q.T @ ones)
-    else:
-        scaled_weights, *_ = np.linalg.lstsq(scaled.T, ones, rcond=None)
-    weights: Array = scaled_weights / norms
-    return weights
-
-
 class _CyclicDecoder(SpanDecoder):
     r"""Span decoder with the two shortcuts the cyclic structure allows, both exact.
 
@@ -242,84 +218,6 @@ class _CyclicDecoder(SpanDecoder):
         weights = equilibrated_decoding_weights(self.code.B[rows], independent=len(rows) <= self._enough)
         trusted = estimated_decode_error(weights, self._row_norms[rows], self.code.k) <= self._max_error
         return Decoding(tuple(rows), weights, exact=trusted)
-
-
-def _straggler_amplification(b: Array, stragglers: Array) -> Array:
-    r"""$\sum_i |a_i| \|b_i\|$ of the unique decoding of every straggler set (rows of ``stragglers``).
-
-    Closed form instead of one least-squares per set: with $c$ any solution of $cB = \mathbf{1}$ and
-    $Y$ a basis of the left null space of $B$ ($YB = 0$, $s$ rows), the decoding that avoids the set
-    $T$ is $a = c + tY$ with $t\,Y_{:,T} = -c_T$ — one batched $s \times s$ solve for all sets.
-    Returns ``inf`` for every set if one of them is singular (the B-span condition fails).
-    """
-    n = b.shape[0]
-    s = stragglers.shape[1]
-    left, _, _ = np.linalg.svd(b)
-    null_basis = left[:, n - s :].T
-    particular, *_ = np.linalg.lstsq(b.T, np.ones(n), rcond=None)
-    blocks = np.transpose(null_basis[:, stragglers], (1, 2, 0))  # (sets, s, s) = Y_{:,T}^T
-    try:
-        t = np.linalg.solve(blocks, -particular[stragglers][:, :, None])[:, :, 0]
-    except np.linalg.LinAlgError:
-        return np.full(len(stragglers), math.inf)
-    weights = particular[None, :] + t @ null_basis
-    result: Array = np.abs(weights) @ np.linalg.norm(b, axis=1)
-    return result
-
-
-def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, count: int = 8) -> list[list[int]]:
-    r"""Straggler sets of size ``s`` whose decoding amplifies rounding the most, found by search.
-
-    Contiguous straggler sets are *not* the worst case of Algorithm 2's random $B$ (measured: random sets
-    were up to ~7000× worse on $n \le 64$). This scores the $n$ contiguous sets and
-    :data:`SEARCH_POOL` random ones by :func:`_straggler_amplification`, then hill-climbs from the best
-    few with random single swaps (:data:`SEARCH_ROUNDS` rounds) and returns the ``count`` worst found.
-    When there are at most :data:`EXHAUSTIVE_SEARCH_LIMIT` straggler sets (every small code), all of
-    them are scored instead, in one batch, and the ``count`` truly worst by that score are returned.
-    Either way the score is a proxy for the decode error: it finds bad sets, it cannot prove there are
-    none.
-    """
-    n = b.shape[0]
-    if math.comb(n, s) <= EXHAUSTIVE_SEARCH_LIMIT:
-        every = np.array(list(itertools.combinations(range(n), s)), dtype=np.intp).reshape(-1, s)
-        worst_first = np.argsort(_straggler_amplification(b, every), kind="stable")[::-1]
-        return [[int(w) for w in every[index]] for index in worst_first[:count]]
-    contiguous = [[(start + i) % n for i in range(s)] for start in range(n)]
-    pool = np.array(contiguous + [sorted(rng.choice(n, size=s, replace=False)) for _ in range(SEARCH_POOL)])
-    scores = _straggler_amplification(b, pool)
-    climbers = pool[np.argsort(scores)[-SEARCH_CLIMBERS:]]
-    climber_scores = np.sort(scores)[-SEARCH_CLIMBERS:]
-    found = [pool, climbers]
-    found_scores = [scores, climber_scores]
-    if s < n:
-        for _ in range(SEARCH_ROUNDS):
-            # One random swap (a straggler for a survivor) per candidate, SEARCH_SWAPS candidates each.
-            candidates = np.repeat(climbers, SEARCH_SWAPS, axis=0)
-            surviving = np.ones(n, dtype=bool)
-            for row in candidates:
-                surviving[row] = False
-                survivors = np.flatnonzero(surviving)  # ascending, as the swap's draw expects
-                surviving[row] = True
-                row[rng.integers(s)] = survivors[rng.integers(len(survivors))]
-            candidate_scores = _straggler_amplification(b, candidates)
-            found.append(candidates)
-            found_scores.append(candidate_scores)
-            best = candidate_scores.reshape(SEARCH_CLIMBERS, SEARCH_SWAPS).argmax(axis=1)
-            best_scores = candidate_scores.reshape(SEARCH_CLIMBERS, SEARCH_SWAPS)[np.arange(SEARCH_CLIMBERS), best]
-            improved = best_scores > climber_scores
-            picked = candidates.reshape(SEARCH_CLIMBERS, SEARCH_SWAPS, s)[np.arange(SEARCH_CLIMBERS), best]
-            climbers = np.where(improved[:, None], picked, climbers)
-            climber_scores = np.where(improved, best_scores, climber_scores)
-    all_sets = np.concatenate(found)
-    all_scores = np.concatenate(found_scores)
-    worst: list[list[int]] = []
-    for index in np.argsort(all_scores)[::-1]:
-        candidate = sorted(int(w) for w in all_sets[index])
-        if candidate not in worst:
-            worst.append(candidate)
-        if len(worst) == count:
-            break
-    return worst
 
 
 @dataclass(frozen=True)
@@ -391,31 +289,21 @@ def _check_sets(b: Array, s: int, seed: int) -> list[list[int]]:
     f = n - s
     if s in (0, n - 1):  # the only set (B = I), or n copies of the all-ones row
         return [list(range(f))]
-    rng = np.random.default_rng([seed, n, s])
-    sets = contiguous_survivor_sets(n, f)
-    everyone = set(range(n))
-    adversarial = adversarial_straggler_sets(b, s, rng, count=ADVERSARIAL_CHECK_SETS)
-    sets += [sorted(everyone - set(stragglers)) for stragglers in adversarial]
-    sets += [sorted(int(w) for w in rng.choice(n, size=f, replace=False)) for _ in range(RANDOM_CHECK_SETS)]
-    return sets
+    return survivor_sets(
+        n,
+        f,
+        random_sets=RANDOM_CHECK_SETS,
+        seed=[seed, n, s],
+        adversarial=b,
+        adversarial_count=ADVERSARIAL_CHECK_SETS,
+    )
 
 
-def _worst_decode_error(b: Array, survivor_sets: Sequence[Sequence[int]], seed: int) -> float:
-    """Largest relative error of decoding random partial gradients from each set's rows of ``b``.
-
-    The measurement of :func:`~gradcode.common.codes.numerics.decode_error`, with the weights the decoders of
-    this construction use (:func:`equilibrated_decoding_weights`) and no code object to build.
-    """
-    rng = np.random.default_rng(seed)
-    worst = 0.0
-    for survivors in survivor_sets:
-        g = rng.standard_normal((b.shape[1], 8))
-        rows = list(survivors)
-        decoding = Decoding(tuple(rows), equilibrated_decoding_weights(b[rows], independent=True))
-        got = decoding.combine({row: b[row] @ g for row in rows})
-        want = g.sum(axis=0)
-        worst = max(worst, float(np.linalg.norm(got - want) / np.linalg.norm(want)))
-    return worst
+def _worst_decode_error(b: Array, sets: Sequence[Sequence[int]], seed: int) -> float:
+    """Largest :func:`~gradcode.common.codes.numerics.combined_error` of the decoders' weights over
+    ``sets``, each on fresh Gaussian gradients (8 columns) drawn from ``seed``."""
+    decodings = (Decoding(tuple(rows), equilibrated_decoding_weights(b[list(rows)], independent=True)) for rows in sets)
+    return worst_combined_error(b, decodings, fresh_gaussian_gradients(b.shape[1], 8, np.random.default_rng(seed)))
 
 
 @register

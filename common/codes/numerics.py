@@ -1,39 +1,169 @@
-"""Measuring how exact a decode is: rank checks, relative decode error, worst cases.
+r"""The one home of the numerics behind "exact": span test, weight solver, error measure, survivor sets.
 
-The decode error of a received set $F$ is measured the way it matters: draw random partial gradients
-$G \\in \\mathbb{R}^{k \\times p}$, form the messages $B_F G$, decode, and compare with
-$\\mathbf{1}^\\top G$ in relative 2-norm.
+Every scheme, the construction guards, the benchmarks and the master's verify mode use these:
+
+* **Span test** — :func:`span_residual` / :func:`ones_in_span` with the one tolerance
+  :data:`SPAN_TOLERANCE` (relative residual); :class:`~gradcode.common.codes.base.SpanTracker` is its
+  incremental form with the same tolerance.
+* **Weight solver** — :func:`equilibrated_decoding_weights`: least-squares $a B_F = t$ with the rows
+  scaled to unit norm (Algorithm 1 of Tandon et al. evaluated for the one set that arrived).
+* **Decode-error measure** — :func:`relative_error` (what verify mode compares) and
+  :func:`combined_error`: draw partial gradients $G$, form the messages $B_F G$ row by row, combine
+  them with :meth:`Decoding.combine` (the production path) and compare with $\mathbf{1}^\top G$.
+  :func:`worst_combined_error` takes the worst over many decodings; *which* test gradients each
+  decoding sees is the caller's (:func:`fresh_gaussian_gradients` or one shared draw), because that is
+  what decides which random constructions a guard accepts.
+* **Survivor sets** — :func:`survivor_sets`: contiguous (the worst case of Vandermonde-like systems),
+  searched-adversarial (:func:`adversarial_straggler_sets`, the worst case of random real codes) and
+  seeded random, from one generator.
+
+The module imports nothing from the code abstraction at run time (``base`` builds on it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
-from gradcode.common.codes.base import Array, Assignment, GradientCode
+if TYPE_CHECKING:
+    from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
+    "CERTIFICATE_UNCERTIFIED",
     "DEFAULT_MAX_DECODE_ERROR",
+    "SPAN_TOLERANCE",
+    "ErrorCertificate",
+    "RowProfile",
+    "adversarial_straggler_sets",
+    "certify_combination",
+    "combined_error",
     "contiguous_survivor_sets",
     "decode_error",
+    "equilibrated_decoding_weights",
+    "fresh_gaussian_gradients",
     "ones_in_span",
+    "relative_error",
+    "span_residual",
+    "straggler_amplification",
     "survivor_sets",
+    "unit_roundoff",
+    "weights_residual",
+    "worst_combined_error",
     "worst_decode_error",
 ]
+
+Array = npt.NDArray[Any]
 
 DEFAULT_MAX_DECODE_ERROR = 1e-9
 """Relative decode error a real- or complex-valued code must stay under (float64)."""
 
+SPAN_TOLERANCE = 1e-9
+r"""The one span tolerance: a target $t$ counts as lying in the row span of $B_F$ when the relative
+residual $\|t - a B_F\| / \|t\|$ of the best weights $a$ is at most this."""
 
-def ones_in_span(b_rows: Array, tolerance: float = 1e-8) -> bool:
+ADVERSARIAL_SEARCH_POOL = 128
+ADVERSARIAL_SEARCH_CLIMBERS = 4
+ADVERSARIAL_SEARCH_SWAPS = 32
+ADVERSARIAL_SEARCH_ROUNDS = 6
+EXHAUSTIVE_SEARCH_LIMIT = 1024
+"""Up to this many straggler sets, :func:`adversarial_straggler_sets` scores every one (the search
+scores $n + 896$ of them anyway)."""
+
+
+# ---- weight solver and span test -----------------------------------------------------------------
+
+
+def equilibrated_decoding_weights(received: Array, *, independent: bool, target: Array | None = None) -> Array:
+    r"""Weights $a$ with $a B_F = t$ (least squares), $t = \mathbf{1}$ unless ``target`` is given.
+
+    The rows are scaled to unit norm first and the weights scaled back: rows can differ in norm by
+    orders of magnitude (Tandon et al.'s Algorithm 2), and an unscaled solve loses accuracy in
+    proportion. ``independent`` says the rows are linearly independent (e.g. at most $n - s$ rows of an
+    Algorithm-2 matrix, Theorem 3); Householder QR then solves the system as accurately as SVD at a
+    fraction of the cost. Otherwise the minimum-norm least-squares solution (of the scaled system) is
+    returned. Zero rows get weight 0.
+    """
+    norms = np.linalg.norm(received, axis=1)
+    safe = np.where(norms > 0, norms, 1.0)
+    scaled = received / safe[:, None]
+    ones = np.ones(received.shape[1], dtype=received.dtype) if target is None else target
+    if independent:
+        q, r = np.linalg.qr(scaled.T)
+        scaled_weights = np.linalg.solve(r, q.conj().T @ ones)
+    else:
+        scaled_weights, *_ = np.linalg.lstsq(scaled.T, ones, rcond=None)
+    weights: Array = scaled_weights / safe
+    return weights
+
+
+def weights_residual(weights: Array, rows: Array, target: Array | None = None) -> float:
+    r"""$\|t - a B_F\| / \|t\|$: how far weights $a$ on ``rows`` are from reproducing $t$ ($\mathbf{1}$)."""
+    want = np.ones(rows.shape[1]) if target is None else target
+    return relative_error(np.asarray(weights) @ rows, want)
+
+
+def span_residual(rows: Array, target: Array | None = None) -> float:
+    """Relative residual of ``target`` (default all-ones) after projection onto the row span of ``rows``."""
+    if rows.shape[0] == 0:
+        return 1.0
+    weights = equilibrated_decoding_weights(rows, independent=False, target=target)
+    return weights_residual(weights, rows, target)
+
+
+def ones_in_span(b_rows: Array, tolerance: float = SPAN_TOLERANCE) -> bool:
     """Independent rank check: is the all-ones vector in the row span of ``b_rows``?"""
-    k = b_rows.shape[1]
-    ones = np.ones(k)
-    if b_rows.shape[0] == 0:
-        return False
-    a, *_ = np.linalg.lstsq(b_rows.T, ones.astype(b_rows.dtype), rcond=None)
-    return bool(np.linalg.norm(a @ b_rows - ones) <= tolerance * np.sqrt(k))
+    return span_residual(np.asarray(b_rows)) <= tolerance
+
+
+# ---- decode-error measure --------------------------------------------------------------------------
+
+
+def relative_error(got: Array, want: Array) -> float:
+    r"""$\|got - want\| / \|want\|$ in the 2-norm (``inf`` when ``want`` is 0 and ``got`` is not).
+
+    The one error measure: decode-error guards, benchmarks and the master's verify mode all use it.
+    """
+    scale = float(np.linalg.norm(want))
+    difference = float(np.linalg.norm(np.asarray(got) - np.asarray(want)))
+    if scale == 0.0:
+        return 0.0 if difference == 0.0 else math.inf
+    return difference / scale
+
+
+def combined_error(decoding: Decoding, b: Array, gradients: Array) -> float:
+    r"""Relative error of ``decoding`` on partial gradients $G$ (``gradients``, $k \times p$).
+
+    The messages $b_r G$ are formed row by row and combined with :meth:`Decoding.combine`, the path a
+    real decode takes, then compared with $\mathbf{1}^\top G$ by :func:`relative_error`.
+    """
+    messages = {row: b[row] @ gradients for row in decoding.rows}
+    return relative_error(decoding.combine(messages), gradients.sum(axis=0))
+
+
+def worst_combined_error(b: Array, decodings: Iterable[Decoding], gradients: Iterable[Array]) -> float:
+    """Largest :func:`combined_error` of each decoding on its own test gradients (paired in order).
+
+    ``gradients`` is :func:`fresh_gaussian_gradients` for a new draw per decoding, or e.g.
+    ``itertools.repeat(g)`` for one shared draw. A NaN (overflowing weights) propagates.
+    """
+    worst = 0.0
+    for decoding, g in zip(decodings, gradients, strict=False):  # gradients may be endless
+        error = combined_error(decoding, b, g)
+        if not error <= worst:
+            worst = error
+    return worst
+
+
+def fresh_gaussian_gradients(k: int, columns: int, rng: np.random.Generator) -> Iterator[Array]:
+    """An endless stream of i.i.d. standard normal ``(k, columns)`` test gradients from ``rng``."""
+    while True:
+        yield rng.standard_normal((k, columns))
 
 
 def decode_error(
@@ -44,14 +174,20 @@ def decode_error(
     p: int = 8,
     rng: np.random.Generator | None = None,
 ) -> float:
-    """Relative error of decoding random partial gradients from ``rows`` (must be decodable)."""
+    """:func:`combined_error` of ``code``'s own decoding of ``rows`` on random gradients (must be decodable)."""
     rng = rng if rng is not None else np.random.default_rng(0)
     g = rng.standard_normal((code.k, p))
-    decoding = code.decode(rows, assignment)
-    messages = {r: code.B[r] @ g for r in decoding.rows}
-    got = decoding.combine(messages)
-    want = g.sum(axis=0)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    return combined_error(code.decode(rows, assignment), code.B, g)
+
+
+def worst_decode_error(code: GradientCode, worker_sets: Iterable[Sequence[int]], *, seed: int = 0) -> float:
+    """Largest :func:`decode_error` over the given sets of surviving workers (static assignment)."""
+    assignment = code.static_assignment()
+    decodings = (code.decode(assignment.rows_of(workers), assignment) for workers in worker_sets)
+    return worst_combined_error(code.B, decodings, fresh_gaussian_gradients(code.k, 8, np.random.default_rng(seed)))
+
+
+# ---- survivor sets ---------------------------------------------------------------------------------
 
 
 def contiguous_survivor_sets(n: int, f: int) -> list[list[int]]:
@@ -59,19 +195,231 @@ def contiguous_survivor_sets(n: int, f: int) -> list[list[int]]:
     return [[(start + i) % n for i in range(f)] for start in range(n)]
 
 
-def survivor_sets(n: int, f: int, *, random_sets: int = 16, seed: int = 0) -> list[list[int]]:
-    """The n contiguous sets of ``f`` survivors (adversarial) followed by ``random_sets`` seeded random ones."""
-    rng = np.random.default_rng(seed)
-    sets = contiguous_survivor_sets(n, f)
-    sets += [sorted(rng.choice(n, size=f, replace=False).tolist()) for _ in range(random_sets)]
+def survivor_sets(
+    n: int,
+    f: int,
+    *,
+    random_sets: int = 16,
+    seed: int | Sequence[int] | np.random.Generator = 0,
+    contiguous: bool = True,
+    adversarial: Array | None = None,
+    adversarial_count: int = 8,
+) -> list[list[int]]:
+    """Sets of ``f`` surviving workers out of ``n``: the one generator of test survivor sets.
+
+    In this order: the ``n`` cyclically contiguous sets (``contiguous``); the ``adversarial_count``
+    worst found by :func:`adversarial_straggler_sets` on the matrix ``adversarial`` (given), as sorted
+    survivor sets; ``random_sets`` sorted random sets. ``seed`` (or a generator) drives both the search
+    and the random sets, in that order.
+    """
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    sets = contiguous_survivor_sets(n, f) if contiguous else []
+    if adversarial is not None:
+        everyone = set(range(n))
+        found = adversarial_straggler_sets(adversarial, n - f, rng, count=adversarial_count)
+        sets += [sorted(everyone - set(stragglers)) for stragglers in found]
+    sets += [sorted(int(w) for w in rng.choice(n, size=f, replace=False)) for _ in range(random_sets)]
     return sets
 
 
-def worst_decode_error(code: GradientCode, worker_sets: Iterable[Sequence[int]], *, seed: int = 0) -> float:
-    """Largest :func:`decode_error` over the given sets of surviving workers (static assignment)."""
-    assignment = code.static_assignment()
-    rng = np.random.default_rng(seed)
-    return max(
-        (decode_error(code, assignment.rows_of(ws), assignment=assignment, rng=rng) for ws in worker_sets),
-        default=0.0,
-    )
+def straggler_amplification(b: Array, stragglers: Array) -> Array:
+    r"""$\sum_i |a_i| \|b_i\|$ of the unique decoding of every straggler set (rows of ``stragglers``).
+
+    For a square $B$ with an $s$-dimensional left null space. Closed form instead of one least-squares
+    per set: with $c$ any solution of $cB = \mathbf{1}$ and $Y$ a basis of the left null space of $B$
+    ($YB = 0$, $s$ rows), the decoding that avoids the set $T$ is $a = c + tY$ with
+    $t\,Y_{:,T} = -c_T$ — one batched $s \times s$ solve for all sets. Returns ``inf`` for every set if
+    one of them is singular (the B-span condition fails).
+    """
+    n = b.shape[0]
+    s = stragglers.shape[1]
+    left, _, _ = np.linalg.svd(b)
+    null_basis = left[:, n - s :].T
+    particular, *_ = np.linalg.lstsq(b.T, np.ones(n), rcond=None)
+    blocks = np.transpose(null_basis[:, stragglers], (1, 2, 0))  # (sets, s, s) = Y_{:,T}^T
+    try:
+        t = np.linalg.solve(blocks, -particular[stragglers][:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        return np.full(len(stragglers), math.inf)
+    weights = particular[None, :] + t @ null_basis
+    result: Array = np.abs(weights) @ np.linalg.norm(b, axis=1)
+    return result
+
+
+def adversarial_straggler_sets(b: Array, s: int, rng: np.random.Generator, *, count: int = 8) -> list[list[int]]:
+    r"""Straggler sets of size ``s`` whose decoding amplifies rounding the most, found by search.
+
+    Contiguous straggler sets are *not* the worst case of Algorithm 2's random $B$ (measured: random sets
+    were up to ~7000× worse on $n \le 64$). This scores the $n$ contiguous sets and
+    :data:`ADVERSARIAL_SEARCH_POOL` random ones by :func:`straggler_amplification`, then hill-climbs from
+    the best few with random single swaps and returns the ``count`` worst found. When there are at most
+    :data:`EXHAUSTIVE_SEARCH_LIMIT` straggler sets, all of them are scored instead, in one batch. Either
+    way the score is a proxy for the decode error: it finds bad sets, it cannot prove there are none.
+    """
+    n = b.shape[0]
+    if math.comb(n, s) <= EXHAUSTIVE_SEARCH_LIMIT:
+        every = np.array(list(itertools.combinations(range(n), s)), dtype=np.intp).reshape(-1, s)
+        worst_first = np.argsort(straggler_amplification(b, every), kind="stable")[::-1]
+        return [[int(w) for w in every[index]] for index in worst_first[:count]]
+    climbers_n, swaps = ADVERSARIAL_SEARCH_CLIMBERS, ADVERSARIAL_SEARCH_SWAPS
+    contiguous = contiguous_survivor_sets(n, s)
+    pool = np.array(contiguous + [sorted(rng.choice(n, size=s, replace=False)) for _ in range(ADVERSARIAL_SEARCH_POOL)])
+    scores = straggler_amplification(b, pool)
+    climbers = pool[np.argsort(scores)[-climbers_n:]]
+    climber_scores = np.sort(scores)[-climbers_n:]
+    found = [pool, climbers]
+    found_scores = [scores, climber_scores]
+    if s < n:
+        for _ in range(ADVERSARIAL_SEARCH_ROUNDS):
+            # One random swap (a straggler for a survivor) per candidate, `swaps` candidates each.
+            candidates = np.repeat(climbers, swaps, axis=0)
+            surviving = np.ones(n, dtype=bool)
+            for row in candidates:
+                surviving[row] = False
+                survivors = np.flatnonzero(surviving)  # ascending, as the swap's draw expects
+                surviving[row] = True
+                row[rng.integers(s)] = survivors[rng.integers(len(survivors))]
+            candidate_scores = straggler_amplification(b, candidates)
+            found.append(candidates)
+            found_scores.append(candidate_scores)
+            grid = candidate_scores.reshape(climbers_n, swaps)
+            best = grid.argmax(axis=1)
+            best_scores = grid[np.arange(climbers_n), best]
+            improved = best_scores > climber_scores
+            picked = candidates.reshape(climbers_n, swaps, s)[np.arange(climbers_n), best]
+            climbers = np.where(improved[:, None], picked, climbers)
+            climber_scores = np.where(improved, best_scores, climber_scores)
+    all_sets = np.concatenate(found)
+    all_scores = np.concatenate(found_scores)
+    worst: list[list[int]] = []
+    for index in np.argsort(all_scores)[::-1]:
+        candidate = sorted(int(w) for w in all_sets[index])
+        if candidate not in worst:
+            worst.append(candidate)
+        if len(worst) == count:
+            break
+    return worst
+
+
+# ---- error certificate -----------------------------------------------------------------------------
+
+
+def unit_roundoff(dtype: npt.DTypeLike) -> float:
+    """$u = \\epsilon / 2$ of a floating dtype (of its real part for complex dtypes)."""
+    return float(np.finfo(np.dtype(dtype)).eps) / 2
+
+
+def _gamma(terms: Array | float, u: float) -> Array:
+    r"""Higham's $\gamma_m = m u / (1 - m u)$: the relative error bound of a sum or product of $m$ terms."""
+    m = np.asarray(terms, dtype=np.float64) * u
+    result: Array = m / np.maximum(1.0 - m, 1e-300)
+    return result
+
+
+@dataclass(frozen=True)
+class RowProfile:
+    r"""What the certificate needs of the rows a decoding combines, computed once per decoding.
+
+    Attributes:
+        magnitude: $|B_F|$, entrywise (one row per combined message).
+        support: non-zeros $w_i$ of each row (terms of the worker's sum $\sum_j b_{ij} g_j$).
+        spread: $\|b_i\|_1 / \|b_i\|_2 \in [1, \sqrt{w_i}]$: how much larger $\sum_j |b_{ij}| \|g_j\|$
+            can be than $\|m_i\|$ when the partial gradients point in independent directions.
+        residual: $|\hat a B_F - \mathbf{1}|$ per partition, computed in extended precision: the
+            weights' own error (zero for 0/1 codes; large for approximate schemes).
+        complex_arithmetic: the rows or weights are complex (larger rounding constants).
+    """
+
+    magnitude: Array
+    support: Array
+    spread: Array
+    residual: Array
+    complex_arithmetic: bool
+
+    @classmethod
+    def of(cls, weights: Array, rows: Array) -> RowProfile:
+        """Profile of ``rows`` ($B_F$, one row per combined message) decoded with ``weights``."""
+        magnitude = np.abs(rows)
+        support = np.count_nonzero(magnitude, axis=1).astype(np.float64)
+        two = np.linalg.norm(rows, axis=1)
+        spread = np.where(two > 0, magnitude.sum(axis=1) / np.where(two > 0, two, 1.0), 1.0)
+        # In extended precision: in float64 the residual's own rounding ($u \sum_i |a_i||b_i|$) would
+        # swamp the weight error it measures (where long double is float64 it over-estimates: safe).
+        complex_arithmetic = bool(np.iscomplexobj(rows) or np.iscomplexobj(weights))
+        wide = np.clongdouble if complex_arithmetic else np.longdouble
+        residual = np.abs(np.asarray(weights).astype(wide) @ rows.astype(wide) - 1).astype(np.float64)
+        return cls(magnitude, support, spread, residual, complex_arithmetic)
+
+
+@dataclass(frozen=True)
+class ErrorCertificate:
+    r"""A bound on the relative error $\|\hat g - g\| / \|g\|$ of one combined gradient.
+
+    ``bound`` is $E / (\|\hat g\| - E)$ with $E$ the absolute error bound (``inf`` when $E \ge \|\hat g\|$:
+    nothing can be certified). ``amplification`` is $\sum_i |a_i| \|m_i\| / \|\hat g\|$, the
+    condition number of the combine; ``unit_roundoff`` the $u$ it was computed for.
+    """
+
+    bound: float
+    absolute: float
+    amplification: float
+    unit_roundoff: float
+
+    def within(self, tolerance: float) -> bool:
+        """True when the certified relative error is at most ``tolerance`` (the decode may be called exact)."""
+        return self.bound <= tolerance
+
+
+CERTIFICATE_UNCERTIFIED = ErrorCertificate(math.inf, math.inf, math.inf, math.nan)
+"""The certificate of a decoding that is approximate by construction (``ignore_stragglers``)."""
+
+
+def certify_combination(
+    weights: Array,
+    profile: RowProfile,
+    message_norms: Array,
+    combined_norm: float,
+    *,
+    u: float,
+    magnitudes: Array | None = None,
+) -> ErrorCertificate:
+    r"""Certify $\hat g = \sum_i a_i \hat m_i$ from the message norms $\nu_i = \|\hat m_i\|$ and $\|\hat g\|$.
+
+    Three error sources, each bounded by Higham's $\gamma_m = mu/(1-mu)$ (*Accuracy and Stability of
+    Numerical Algorithms*, §3.1 and §4.2):
+
+    * the combine (:meth:`Decoding.combine`, a sum of $f$ products): $\gamma_f \sum_i |a_i| \nu_i$
+      (times $\sqrt 2$ with $\gamma_{f+2}$ for complex arithmetic, Higham Lemma 3.5);
+    * each worker's message $\sum_j b_{ij} g_j$ ($w_i$ terms): $\gamma_{w_i} \sum_j |b_{ij}| \|g_j\|$,
+      propagated with weight $|a_i|$. The receiver does not know $\sum_j |b_{ij}| \|g_j\|$; it is
+      ``magnitudes[i]`` when the worker reports it (then the bound is rigorous), otherwise estimated as
+      $\rho_i \nu_i$ with $\rho_i = \|b_i\|_1 / \|b_i\|_2$ (exact for one partition, the typical size
+      for independent directions; an under-estimate only when partial gradients cancel inside a
+      message);
+    * the weights: $\hat a B_F = \mathbf{1} + r$ makes the combination $\sum_j (1 + r_j) g_j$, an error
+      $\sum_j |r_j| \|g_j\|$, with $\|g_j\|$ bounded by the same per-message magnitudes:
+      $\|g_j\| \le \min_{i: b_{ij} \ne 0} \mu_i / |b_{ij}|$ ($r$ from :class:`RowProfile`). A partition
+      no received row covers, or weights of an approximate scheme, leave $E$ infinite or large.
+
+    The sum $E$ bounds $\|\hat g - g\|$ to first order in $u$; dividing by $\|g\| \ge \|\hat g\| - E$
+    gives the relative bound.
+    """
+    a = np.abs(np.asarray(weights))
+    nu = np.asarray(message_norms, dtype=np.float64)
+    f = len(a)
+    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
+    extra = 2 if profile.complex_arithmetic else 0
+    weighted = float(a @ nu)
+    combine = scale * float(_gamma(f + extra, u)) * weighted
+    inside = profile.spread * nu if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
+    encode = scale * float(a @ (_gamma(profile.support + extra, u) * inside))
+    weight = 0.0
+    if np.any(profile.residual > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_partition = np.where(profile.magnitude > 0, inside[:, None] / profile.magnitude, np.inf).min(axis=0)
+            weight = float(np.sum(np.where(profile.residual > 0, profile.residual * per_partition, 0.0)))
+    absolute = combine + encode + weight
+    combined_norm = float(combined_norm)
+    amplification = weighted / combined_norm if combined_norm > 0 else math.inf
+    bound = absolute / (combined_norm - absolute) if combined_norm > absolute else math.inf
+    return ErrorCertificate(bound, absolute, amplification, u)

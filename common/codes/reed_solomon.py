@@ -45,7 +45,7 @@ Exact decodability
     columns, by SVD) is computed once per code, lazily, and only rank-deficient codes run an
     incremental span test on rows reduced to that rank (cost $O(r^2)$ per message, $r < f$) for
     sets smaller than $f$; such sets decode by least squares on the reduced rows, accepted only if
-    $\|a B_F - \mathbf{1}\|$ is at rounding level (otherwise the set is refused and the decoder
+    $\|a B_F - \mathbf{1}\| / \|\mathbf{1}\|$ is within ``SPAN_TOLERANCE`` (otherwise the set is refused and the decoder
     waits for $f$ rows: never a wrong gradient). This is exact wherever the guard accepts the code
     (hypothesis-tested for $n \le 64$ against an independent rank check); with the guard disabled
     the sub-$f$ test is skipped.
@@ -83,6 +83,7 @@ $j \ne l$ in $F$, as in eq. (14). Algorithm 2 needs $\alpha$ to be a *primitive*
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from functools import cache, cached_property
@@ -92,7 +93,6 @@ import numpy as np
 
 from gradcode.common.codes.balanced_mask import column_arcs, column_weights, mask_matrix
 from gradcode.common.codes.base import (
-    SPAN_TOLERANCE,
     Array,
     Assignment,
     Decoding,
@@ -101,7 +101,14 @@ from gradcode.common.codes.base import (
     SpanTracker,
     check_int,
 )
-from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, survivor_sets
+from gradcode.common.codes.numerics import (
+    DEFAULT_MAX_DECODE_ERROR,
+    SPAN_TOLERANCE,
+    equilibrated_decoding_weights,
+    survivor_sets,
+    weights_residual,
+    worst_combined_error,
+)
 from gradcode.common.codes.registry import register
 from gradcode.common.exceptions import NumericallyUnsafeError
 
@@ -327,24 +334,14 @@ class ReedSolomonCode(GradientCode):
         return survivor_sets(self.n, self.f, random_sets=_RANDOM_GUARD_SETS)
 
     def _measure_decode_error(self) -> float:
-        """Worst relative error of $\\sum_l a_l m_l$ vs $\\sum_j g_j$ over :meth:`guard_survivor_sets`.
+        """Worst :func:`~gradcode.common.codes.numerics.combined_error` over :meth:`guard_survivor_sets`.
 
-        Same quantity as :func:`gradcode.common.codes.numerics.decode_error` (random $G$, messages $B_F G$,
-        relative 2-norm), but the messages are formed once and the weights come straight from
-        :func:`decoding_weights`: $O(nkp + n f s)$ in total.
+        Weights straight from :func:`decoding_weights` ($O(n f s)$ in total), every set on the same
+        seeded random partial gradients ($k \\times 4$).
         """
-        rng = np.random.default_rng(0)
-        g = rng.standard_normal((self.k, _GUARD_COLUMNS))
-        messages = self.B @ g
-        want = g.sum(axis=0)
-        scale = float(np.linalg.norm(want))
-        worst = 0.0
-        for rows in self.guard_survivor_sets():
-            got = (decoding_weights(self.n, rows) @ messages[rows]).real
-            err = float(np.linalg.norm(got - want)) / scale
-            if not err <= worst:  # also propagates NaN (overflowing weights)
-                worst = err
-        return worst
+        g = np.random.default_rng(0).standard_normal((self.k, _GUARD_COLUMNS))
+        decodings = (Decoding(tuple(rows), decoding_weights(self.n, rows)) for rows in self.guard_survivor_sets())
+        return worst_combined_error(self.B, decodings, itertools.repeat(g))
 
     @cached_property
     def _reduced_span(self) -> tuple[Array, Array] | None:
@@ -420,7 +417,7 @@ class ReedSolomonDecoder(OnlineDecoder):
     ``add`` is $O(1)$ for full-rank codes. Rank-deficient codes also run a reduced span test
     ($O(r^2)$, $r < f$) while fewer than ``f`` rows arrived; when it reports $\mathbf{1}$ in the
     span, least-squares weights are computed and accepted only if $\|a B_F - \mathbf{1}\| \le$
-    ``SPAN_TOLERANCE`` $\sqrt{k}$ — an ill-conditioned set (say, contiguous survivors at $n = 32$) can
+    ``SPAN_TOLERANCE`` (relative) — an ill-conditioned set (say, contiguous survivors at $n = 32$) can
     look spanned to Gram–Schmidt and still not decode. Such a set is refused, never decoded wrong,
     and the span test is then dropped for the rest of the iteration (it would pass spuriously on
     every later row, at the price of a least-squares solve each): the decoder waits for ``f`` rows.
@@ -454,9 +451,8 @@ class ReedSolomonDecoder(OnlineDecoder):
         self._tracker.add(reduced[0][row])
         if self._tracker.contains_target:
             rows = list(self._received)
-            weights, *_ = np.linalg.lstsq(reduced[0][rows].T, reduced[1], rcond=None)
-            residual = np.linalg.norm(weights @ self.code.B[rows] - 1.0)
-            if residual <= SPAN_TOLERANCE * math.sqrt(self.code.k):
+            weights = equilibrated_decoding_weights(reduced[0][rows], independent=False, target=reduced[1])
+            if weights_residual(weights, self.code.B[rows]) <= SPAN_TOLERANCE:
                 self._span_weights = weights
                 self._span_rows = tuple(rows)
             else:  # Gram–Schmidt was fooled by rounding: stop testing, wait for f rows

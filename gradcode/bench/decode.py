@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Decoding
+from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
     ReedSolomonCode,
     decoding_weights,
@@ -68,8 +69,8 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def survivors(n: int, f: int, seed: int = 0) -> tuple[int, ...]:
-    """A seeded random set of f of the n workers, in arrival (random) order."""
-    return tuple(int(i) for i in np.random.default_rng(seed).permutation(n)[:f])
+    """A seeded random set of f of the n workers (:func:`~gradcode.common.codes.numerics.survivor_sets`)."""
+    return tuple(survivor_sets(n, f, random_sets=1, seed=seed, contiguous=False)[0])
 
 
 def time_coefficients(n: int, repeat: int) -> dict[str, Any]:

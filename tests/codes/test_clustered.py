@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 
 from gradcode.common.codes import Observation, make_code
 from gradcode.common.codes.clustered import ClusteredCode, DynamicClusteredCode, observation_from_speeds
-from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, decode_error, ones_in_span
+from gradcode.common.codes.cyclic import draw_cyclic_repetition
+from gradcode.common.codes.numerics import (
+    DEFAULT_MAX_DECODE_ERROR,
+    decode_error,
+    equilibrated_decoding_weights,
+    ones_in_span,
+)
 
 TOLERANCE = 1e-9
 

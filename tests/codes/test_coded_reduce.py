@@ -27,8 +27,8 @@ from gradcode.common.codes.coded_reduce import (
     simulate_coded_reduce_latency,
     uncoded_latency,
 )
-from gradcode.common.codes.cyclic import draw_cyclic_repetition, equilibrated_decoding_weights
-from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR
+from gradcode.common.codes.cyclic import draw_cyclic_repetition
+from gradcode.common.codes.numerics import DEFAULT_MAX_DECODE_ERROR, equilibrated_decoding_weights
 from gradcode.common.exceptions import NotDecodableError
 
 TOLERANCE = 1e-9

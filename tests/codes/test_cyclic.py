@@ -14,18 +14,18 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.cyclic import (
     MAX_DRAWS,
     CyclicRepetitionCode,
-    adversarial_straggler_sets,
     cyclic_matrix,
     cyclic_supports,
     draw_cyclic_repetition,
     draw_null_space_matrix,
-    equilibrated_decoding_weights,
     estimated_decode_error,
 )
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
+    adversarial_straggler_sets,
     contiguous_survivor_sets,
     decode_error,
+    equilibrated_decoding_weights,
     ones_in_span,
 )
 from gradcode.common.exceptions import NumericallyUnsafeError

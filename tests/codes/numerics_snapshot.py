@@ -1,0 +1,140 @@
+"""Snapshot of what the numerics decide: every scheme's B (accepted draws, refusals) and its decodes.
+
+``python -m tests.codes.numerics_snapshot`` writes ``tests/codes/fixtures/numerics_snapshot.json``.
+It was generated from the code *before* the numerics were merged into one home (issue 7), and
+``test_numerics_snapshot.py`` checks that the current code still produces the same matrices bit for
+bit (sha256 of ``B``), the same accepted draw indices and refusals, and the same decodings (rows,
+exactness flag, weights to rounding level) on contiguous and seeded random survivor sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradcode.common.codes import GradientCode, make_code
+from gradcode.common.exceptions import NumericallyUnsafeError
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "numerics_snapshot.json"
+SIZES = (3, 5, 8, 12, 17, 24, 33, 48, 64)
+SEEDS = (0, 1, 2)
+RANDOM_SETS = 3
+WEIGHTS_KEPT = 12
+
+
+def _stragglers(n: int) -> list[int]:
+    return sorted({s for s in (1, 2, n // 4, n // 2, n - 2) if 0 < s < n})
+
+
+def configurations() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(scheme, parameters) over the grid of (n, s, seed); seedless schemes once per (n, s)."""
+    for n in SIZES:
+        for s in _stragglers(n):
+            for seed in SEEDS:
+                yield "cyclic", {"n": n, "s": s, "seed": seed}
+                if n <= 33:
+                    yield "partial_stragglers", {"n": n, "s": s, "seed": seed}
+                if n <= 24:
+                    yield "coded_reduce", {"n": n, "s": s, "L": 1, "seed": seed}
+            yield "binary", {"n": n, "s": s}
+            yield "binary_heterogeneous", {"n1": (n + 1) // 2, "n2": n // 2, "s": s}
+            yield "ignore_stragglers", {"n": n, "s": s}
+            if n % (s + 1) == 0:
+                yield "fractional", {"n": n, "s": s}
+            if n >= 2 and n <= 48:
+                yield "reed_solomon", {"n": n, "k": n, "w": s + 1}
+    for n in (4, 6, 8):
+        yield "coded_reduce", {"n": n, "s": 1, "L": 2, "seed": 3}
+    for n in (8, 12, 24, 48, 64):
+        for clusters in (d for d in range(2, n) if n % d == 0 and n // d >= 2):
+            for load in sorted({2, n // clusters}):
+                for seed in SEEDS[:2]:
+                    yield "clustered", {"n": n, "clusters": clusters, "load": load, "seed": seed}
+                    yield "dynamic_clustered", {"n": n, "clusters": clusters, "load": load, "seed": seed}
+    yield "uncoded", {"n": 5}
+    # Near the acceptance boundary: tight bounds make the guards redraw and refuse, so a change in how
+    # the decode error is measured would show up as a different accepted draw or refusal here.
+    for n in (12, 17, 24, 33):
+        for s in _stragglers(n):
+            for bound in (1e-12, 1e-13):
+                yield "cyclic", {"n": n, "s": s, "seed": 0, "max_decode_error": bound}
+    for n in (6, 10, 16, 24, 32):
+        for s in (1, 2, n // 4):
+            for bound in (1e-11, 1e-13):
+                yield "reed_solomon", {"n": n, "k": n, "w": s + 1, "max_decode_error": bound}
+
+
+def _floats(values: np.ndarray) -> dict[str, list[float]]:
+    """Weights to 13 significant digits (the test compares them to rounding level, not bit for bit)."""
+    values = np.asarray(values)
+    out = {"re": [float(f"{v:.13g}") for v in values.real.ravel()]}
+    if np.iscomplexobj(values):
+        out["im"] = [float(f"{v:.13g}") for v in values.imag.ravel()]
+    return out
+
+
+def _survivor_sets(code: GradientCode, seed: int) -> list[list[int]]:
+    n, f = code.n, code.n - code.s
+    rng = np.random.default_rng([seed, n, code.s])
+    sets = [[(start + i) % n for i in range(f)] for start in range(0, n, max(1, n // 2))]
+    sets += [sorted(int(w) for w in rng.choice(n, size=f, replace=False)) for _ in range(RANDOM_SETS)]
+    return sets
+
+
+def snapshot_one(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"scheme": name, "params": params}
+    try:
+        code = make_code(name, **params)
+    except NumericallyUnsafeError as exc:
+        entry["refused"] = True
+        entry["measured_error"] = exc.measured_error
+        return entry
+    except ValueError as exc:
+        entry["invalid"] = str(exc)
+        return entry
+    b = np.ascontiguousarray(code.B)
+    entry["shape"] = list(b.shape)
+    entry["dtype"] = str(b.dtype)
+    entry["sha256"] = hashlib.sha256(b.tobytes()).hexdigest()
+    for attribute in ("draw", "measured_decode_error"):
+        value = getattr(code, attribute, None)
+        if value is not None:
+            entry[attribute] = value
+    assignment = code.static_assignment()
+    decodes = []
+    for workers in _survivor_sets(code, 0):
+        rows = assignment.rows_of(workers)
+        decoding = code.decode(rows, assignment)
+        weights = np.asarray(decoding.weights)
+        # Small codes keep every weight; larger ones two summaries (keeps the fixture small).
+        summary = weights if weights.size <= WEIGHTS_KEPT else np.array([np.abs(weights).sum(), weights.sum()])
+        decodes.append({"workers": workers, "rows": list(decoding.rows), "exact": decoding.exact, **_floats(summary)})
+    entry["decodes"] = decodes
+    return entry
+
+
+def snapshot() -> list[dict[str, Any]]:
+    return [snapshot_one(name, params) for name, params in configurations()]
+
+
+def main() -> int:
+    entries = snapshot()
+    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+    FIXTURE.write_text(json.dumps(entries, separators=(",", ":")) + "\n")
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e["scheme"]] = counts.get(e["scheme"], 0) + 1
+    refused = sum(1 for e in entries if e.get("refused"))
+    redrawn = sum(1 for e in entries if e.get("draw", 0) > 0)
+    print(f"{len(entries)} configurations ({refused} refused, {redrawn} redrawn): {counts}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
