@@ -10,10 +10,19 @@
    together, so GetModel never runs ahead of its iteration number; ``wall_seconds`` ends there. A
    report is ``exact`` only when the decode is exact and no message it used was decoded
    approximately by a tree parent;
-3. compute the full-training-set loss and accuracies in a thread *while the next iteration gathers*
-   (off the critical path), then report the IterationReport to every watcher and append it to the
-   history file (:mod:`gradcode.master.reporting`). The next iteration commits only after that
-   report, so a target accuracy stops the job exactly at the iteration that reached it.
+3. report: the training loss and accuracy come from the decode itself (workers append their
+   partitions' summed loss and correct count to every message; :mod:`gradcode.master.reporting`), so
+   nothing on the master touches the dataset per iteration and the next iteration starts at once.
+   Every ``evaluate_every`` iterations, and at the last, the held-out accuracy of the new parameters
+   is computed in a thread *beside* training (:func:`~gradcode.master.reporting.evaluate`); reports
+   go out in iteration order, an evaluated one as soon as its evaluation is done.
+
+Target accuracy: the job stops at the first *evaluated* iteration whose held-out accuracy (the
+training accuracy without a test split) reaches the target. Training does not wait for the
+evaluation, so a few more iterations may have been computed meanwhile: they are discarded (never
+reported), and the job ends with that evaluated iteration's model and iteration count, exactly as if
+it had stopped there. A target can therefore be noticed up to ``evaluate_every - 1`` iterations
+after the first iteration that would have met it.
 
 A code with a topology (a CodedReduce tree) is run the same way: the master asks only the code's own
 workers (the first layer) and decodes with the code's decoder; what happens below is the parents'
@@ -25,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,17 +47,18 @@ import numpy as np
 
 from gradcode.common.codes.base import Observation
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.models import TrainingMetrics, training_metrics
 from gradcode.common.round import Decoded, Round
-from gradcode.common.wire import tensor_from_array
+from gradcode.common.wire import model_request_bytes, tensor_from_array
 from gradcode.master import reporting
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.master.pool import WorkerPool
-from gradcode.master.reporting import History, iteration_report, score
+from gradcode.master.reporting import History, iteration_report
 from gradcode.master.rounds import RoundPolicy
 from gradcode.master.spec import JobPlan
 from gradcode.master.step import stepped, verify_error
-from gradcode.v1 import master_pb2, worker_pb2
+from gradcode.v1 import master_pb2
 
 __all__ = ["JobRunner"]
 
@@ -81,8 +93,11 @@ class JobRunner:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._started = 0.0
-        self._pending: asyncio.Task[bool] | None = None
-        """Publishes the last committed iteration's report once its metrics are computed (see _loop)."""
+        self._outbox: deque[_Outgoing] = deque()
+        """Committed iterations whose reports are not published yet (an evaluation ahead of them runs)."""
+        self._flushing = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        """Set when a report has ended the job (its last iteration, or a reached target)."""
         self._on_done: Callable[[JobRunner], None] | None = None
 
     # ---- public surface ----------------------------------------------------------------------------
@@ -174,81 +189,101 @@ class JobRunner:
             self.history_file.close()
 
     async def _loop(self) -> None:
-        """Gather, decode and commit each iteration; its report's metrics overlap the next gather.
-
-        The full-training-set loss/accuracy of iteration ``t`` is computed in a thread while iteration
-        ``t + 1`` gathers, and its report is published as soon as they are known. Iteration ``t + 1``
-        commits its step only after that report: if iteration ``t`` reached the target accuracy the
-        job ends there (iteration ``t + 1`` is cancelled or discarded, never stepped).
-        """
-        spec = self.plan.spec
-        for t in range(1, spec.iterations + 1):
-            task = asyncio.get_running_loop().create_task(self._iteration(t), name=f"job-{self.job_id}-{t}")
-            try:
-                pending = self._pending
-                if pending is not None:
-                    await asyncio.wait({task, pending}, return_when=asyncio.FIRST_COMPLETED)
-                    if pending.done() and await self._settle():
-                        return  # iteration t - 1 reached the target while t was gathering
-                decoded = await task
-            finally:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            if await self._settle():
+        """Gather, decode, commit and report each iteration; evaluations run beside it (see the module docstring)."""
+        last = self.plan.spec.iterations
+        for t in range(1, last + 1):
+            gathered = await self._unless_stopped(self._iteration(t))
+            if gathered is None:
+                return  # an evaluation reached the target while iteration t gathered
+            report, params = self._commit(t, gathered)
+            outgoing = _Outgoing(report)
+            if t % self.plan.evaluate_every == 0 or t == last:
+                outgoing.snapshot = (copy.deepcopy(self.optimizer), t)
+                outgoing.evaluation = asyncio.get_running_loop().create_task(
+                    self._evaluate(outgoing, params), name=f"job-{self.job_id}-evaluate-{t}"
+                )
+            self._outbox.append(outgoing)
+            if await self._flush():
                 return
-            report, params = self._commit(t, decoded)
-            self._pending = asyncio.get_running_loop().create_task(
-                self._complete_report(report, params, last=t == spec.iterations), name=f"job-{self.job_id}-report-{t}"
-            )
-        await self._settle()
+        while self._outbox and not self.done:  # the last evaluation(s) still running
+            await asyncio.wait({o.evaluation for o in self._outbox if o.evaluation is not None})
+            await self._flush()
 
-    async def _settle(self) -> bool:
-        """Wait for the previous iteration's report to be published; True when that iteration ended the job."""
-        pending = self._pending
-        if pending is None:
-            return False
-        ended = await asyncio.shield(pending)  # shielded and kept until done: a cancel drains it (_drain)
-        self._pending = None
-        return ended
+    async def _unless_stopped(self, work: Coroutine[Any, Any, _Gathered]) -> _Gathered | None:
+        """Run one iteration's gather unless the job ends meanwhile (an evaluation reached the target)."""
+        task = asyncio.get_running_loop().create_task(work)
+        stop = asyncio.get_running_loop().create_task(self._stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            return None if self._stopped.is_set() else await task
+        finally:
+            for pending in (task, stop):
+                if not pending.done():
+                    pending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await pending
+
+    async def _evaluate(self, outgoing: _Outgoing, params: np.ndarray[Any, Any]) -> None:
+        outgoing.result = await asyncio.to_thread(reporting.evaluate, self.plan, params)
+        outgoing.report.test_accuracy = outgoing.result.test_accuracy
+        await self._flush()
+
+    async def _flush(self) -> bool:
+        """Publish the reports at the head of the outbox whose evaluation is done, in iteration order.
+
+        Returns True when the job has ended with one of them (the last iteration, or a target reached:
+        then the model goes back to that iteration's snapshot and the later iterations are dropped).
+        """
+        async with self._flushing:
+            spec = self.plan.spec
+            while self._outbox and not self.done:
+                head = self._outbox[0]
+                if head.evaluation is not None and head.result is None:
+                    return False
+                self._outbox.popleft()
+                report = head.report
+                reached = head.result is not None and 0 < spec.target_accuracy <= head.result.score
+                if not reached and report.iteration < spec.iterations:
+                    report.state = master_pb2.JOB_STATE_RUNNING
+                    await self._publish(report)
+                    continue
+                if reached and head.snapshot is not None:
+                    self.optimizer, self.iterations_done = head.snapshot
+                for dropped in self._outbox:
+                    if dropped.evaluation is not None:
+                        dropped.evaluation.cancel()
+                self._outbox.clear()
+                report.state = master_pb2.JOB_STATE_SUCCEEDED
+                report.message = (
+                    f"reached target accuracy {spec.target_accuracy:g} after {report.iteration} iterations "
+                    f"(held-out accuracy evaluated every {self.plan.evaluate_every})"
+                    if reached
+                    else f"completed {report.iteration} iterations"
+                )
+                self.state, self.message = report.state, report.message
+                self._stopped.set()
+                await self._publish(report)
+                self._ended()
+                return True
+            return self.done
 
     async def _drain(self) -> bool:
-        """:meth:`_settle` on the way out (cancel or failure): never raises."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return False
-        try:
-            return await asyncio.shield(pending)
-        except asyncio.CancelledError:  # cancelled again while draining: give up on that report
-            return False
-        except Exception:
-            log.exception("job %s: the report of iteration %d failed", self.job_id, self.iterations_done)
-            return False
+        """On the way out (cancel or failure): publish what was committed, evaluations included; never raises.
 
-    async def _complete_report(
-        self, report: master_pb2.IterationReport, params: np.ndarray[Any, Any], *, last: bool
-    ) -> bool:
-        """Fill in the metrics of a committed iteration and publish it; True when the job ends with it."""
-        spec = self.plan.spec
-        report.loss, report.train_accuracy, report.test_accuracy = await asyncio.to_thread(
-            reporting.metrics, self.plan, params
-        )
-        reached = spec.target_accuracy > 0 and score(report) >= spec.target_accuracy
-        if not (last or reached):
-            report.state = master_pb2.JOB_STATE_RUNNING
-            await self._publish(report)
-            return False
-        report.state = master_pb2.JOB_STATE_SUCCEEDED
-        report.message = (
-            f"reached target accuracy {spec.target_accuracy:g} after {report.iteration} iterations"
-            if reached
-            else f"completed {report.iteration} iterations"
-        )
-        self.state, self.message = report.state, report.message
-        await self._publish(report)
-        self._ended()
-        return True
+        True when one of those reports ended the job (it reached its target or was the last)."""
+        try:
+            running = {o.evaluation for o in self._outbox if o.evaluation is not None}
+            if running:
+                await asyncio.shield(asyncio.wait(running))
+            for o in self._outbox:  # an evaluation that failed or was cancelled: report without it
+                if o.evaluation is not None and o.result is None:
+                    o.evaluation = None
+            return await asyncio.shield(self._flush())
+        except asyncio.CancelledError:  # cancelled again while draining: give up on those reports
+            return self.done
+        except Exception:
+            log.exception("job %s: the reports after iteration %d failed", self.job_id, self.iterations_done)
+            return self.done
 
     # ---- one iteration -----------------------------------------------------------------------------
     async def _iteration(self, t: int) -> _Gathered:
@@ -257,17 +292,19 @@ class JobRunner:
         code = self.plan.code
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
         point = self.optimizer.point.copy()
-        model_bytes = worker_pb2.ComputeRequest(model=tensor_from_array(point)).SerializeToString()
+        model_bytes = model_request_bytes(point)
         round_ = await self.rounds.run(t, assignment, model_bytes, started=started, job_started=self._started)
         decoded = round_.decode()
-        error = await verify_error(self.plan, t, point, decoded, self._pool_ids())
+        plan = self.plan
+        training = training_metrics(plan.model, decoded.vector, point, plan.dataset.y_train, l2=plan.spec.model.l2)
+        error = await verify_error(plan, t, point, decoded, training.gradient, self._pool_ids())
         asked = [w for w in range(code.n) if assignment.rows[w]]
-        return _Gathered(round_, decoded, asked, point, error)
+        return _Gathered(round_, decoded, training, asked, point, error)
 
     def _commit(self, t: int, it: _Gathered) -> tuple[master_pb2.IterationReport, np.ndarray[Any, Any]]:
         """Step and record iteration ``t`` as done, together (no await in between, so a cancel sees both or
         neither). Returns the report (metrics still NaN) and the new parameters."""
-        self.optimizer, params = stepped(self.optimizer, self.plan, t, it.point, it.decoded)
+        self.optimizer, params = stepped(self.optimizer, self.plan, t, it.point, it.training.gradient)
         self.iterations_done = t
         now = time.perf_counter()
         # Observation for dynamic codes: late, failed or unasked workers straggled; speed = 1 / time.
@@ -279,6 +316,7 @@ class JobRunner:
         report = iteration_report(
             self.job_id, t, it.round, it.decoded, asked=it.asked, pool_ids=self._pool_ids(),
             wall_seconds=now - it.round.started, elapsed_seconds=now - self._started, verify_error=it.verify_error,
+            training=it.training,
         )  # fmt: skip
         return report, params
 
@@ -312,7 +350,20 @@ class _Gathered:
 
     round: Round
     decoded: Decoded
+    training: TrainingMetrics
+    """The decode's gradient part and what its statistics say about the training set."""
     asked: list[int]
     """Worker indices that had rows this iteration."""
     point: np.ndarray[Any, Any]
     verify_error: float
+
+
+@dataclass(eq=False)
+class _Outgoing:
+    """A committed iteration's report on its way out: published once its evaluation (if any) is done."""
+
+    report: master_pb2.IterationReport
+    evaluation: asyncio.Task[None] | None = None
+    result: reporting.Evaluation | None = None
+    snapshot: tuple[Optimizer, int] | None = None
+    """The optimizer and iteration count right after this (evaluated) iteration, to end the job at it."""

@@ -2,8 +2,13 @@
 
 Worker ids in reports are the pool's ids (as in ListWorkers). A report is built from the iteration's
 :class:`~gradcode.common.round.Round` (:func:`iteration_report`, or :func:`failure_report` when the
-iteration could not be decoded) with its metrics still NaN; :func:`metrics` computes the
-full-training-set loss and accuracies (in a thread, off the critical path). :class:`History` appends
+iteration could not be decoded). Its training loss and accuracy come from the decode itself (the
+workers append their partitions' summed loss and correct count to every message, which decode with
+the gradient's coefficients: :func:`~gradcode.common.models.training_metrics`), so they are exact,
+free, and describe the point the iteration's gradient was evaluated at (the parameters before the
+step; Nesterov's look-ahead point). Nothing here touches the whole dataset per iteration:
+:func:`evaluate` computes the held-out accuracy every ``evaluate_every`` iterations, in a thread,
+beside training. :class:`History` appends
 every report to ``<run_dir>/<job_id>.jsonl`` (flushed every iteration, so a crash never loses what
 was measured) next to the normalised spec, ``<job_id>.spec.json``.
 """
@@ -12,18 +17,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
-from gradcode.common.models import Model
+from gradcode.common.models import Model, TrainingMetrics
 from gradcode.common.round import Decoded, Round
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
-__all__ = ["History", "failure_report", "iteration_report", "metrics", "regularised_loss", "score"]
+__all__ = ["Evaluation", "History", "evaluate", "failure_report", "iteration_report", "regularised_loss"]
 
 
 def regularised_loss(
@@ -33,18 +39,24 @@ def regularised_loss(
     return model.loss(params, X, y) / max(len(y), 1) + 0.5 * l2 * float(params @ params)
 
 
-def metrics(plan: JobPlan, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
-    """(regularised training loss, training accuracy, test accuracy or NaN without a test split)."""
-    ds, model, l2 = plan.dataset, plan.model, plan.spec.model.l2
-    loss = regularised_loss(model, params, ds.X_train, ds.y_train, l2)
-    train = model.accuracy(params, ds.X_train, ds.y_train)
-    test = model.accuracy(params, ds.X_test, ds.y_test) if len(ds.y_test) else math.nan
-    return loss, train, test
+@dataclass(frozen=True)
+class Evaluation:
+    """The held-out view of one iteration's parameters (after its step)."""
+
+    test_accuracy: float
+    """Accuracy on the test split (NaN when the dataset has none)."""
+    score: float
+    """What a target accuracy is compared with: the test accuracy, or without a test split the
+    accuracy over the whole training set."""
 
 
-def score(report: master_pb2.IterationReport) -> float:
-    """Test accuracy, or train accuracy when the dataset has no test split."""
-    return report.train_accuracy if math.isnan(report.test_accuracy) else report.test_accuracy
+def evaluate(plan: JobPlan, params: np.ndarray[Any, Any]) -> Evaluation:
+    """Held-out metrics of ``params``: one pass over the test split (or the training set without one)."""
+    ds, model = plan.dataset, plan.model
+    if len(ds.y_test):
+        test = model.accuracy(params, ds.X_test, ds.y_test)
+        return Evaluation(test_accuracy=test, score=test)
+    return Evaluation(test_accuracy=math.nan, score=model.accuracy(params, ds.X_train, ds.y_train))
 
 
 def iteration_report(
@@ -58,16 +70,17 @@ def iteration_report(
     wall_seconds: float,
     elapsed_seconds: float,
     verify_error: float,
+    training: TrainingMetrics,
 ) -> master_pb2.IterationReport:
-    """The report of a decoded iteration (metrics NaN); ``asked`` are the worker indices it had rows for."""
-    nan = math.nan
+    """The report of a decoded iteration (test accuracy NaN until evaluated); ``asked`` are the worker
+    indices it had rows for; ``training`` is what the decode says about the training set."""
     finished = round_.finished
     return master_pb2.IterationReport(
         job_id=job_id,
         iteration=t,
-        loss=nan,
-        train_accuracy=nan,
-        test_accuracy=nan,
+        loss=training.loss,
+        train_accuracy=training.accuracy,
+        test_accuracy=math.nan,
         wall_seconds=wall_seconds,
         elapsed_seconds=elapsed_seconds,
         decode_seconds=decoded.decode_seconds,

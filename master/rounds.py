@@ -17,6 +17,7 @@ import grpc
 
 from gradcode.common.codes.base import Assignment
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
 from gradcode.common.wire import dtype_from_wire
 from gradcode.master.loading import WorkerLoader
@@ -44,7 +45,7 @@ class RoundPolicy:
             code.decoder(assignment),
             job_id=plan.job_id,
             iteration=t,
-            length=plan.model.num_params,
+            length=message_length(plan.model, statistics=True),
             dtypes=(dtype_from_wire(plan.message_dtype),),
             started=started,
         )

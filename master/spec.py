@@ -35,6 +35,7 @@ from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
 
 __all__ = [
+    "DEFAULT_EVALUATE_EVERY",
     "DEFAULT_ITERATION_DEADLINE_SECONDS",
     "DEFAULT_TEST_FRACTION",
     "EXACT_TOLERANCE",
@@ -46,6 +47,10 @@ __all__ = [
 
 DEFAULT_ITERATION_DEADLINE_SECONDS = 30.0
 """Used when the spec's ``iteration_deadline_seconds`` is 0."""
+DEFAULT_EVALUATE_EVERY = 10
+"""Used when the spec's ``evaluate_every`` is 0. One held-out pass costs about what one worker's
+gradient does on the test split's share of the data; every 10th iteration keeps it near 1% of the
+machine's work (gradcode.bench.training reports the measured share), and it never delays a step."""
 DEFAULT_TEST_FRACTION = 0.2
 """Used when the spec's ``dataset.test_fraction`` is 0 (proto3 cannot tell "unset" from 0)."""
 EXACT_TOLERANCE = 1e-9
@@ -79,6 +84,11 @@ class JobPlan:
     def num_workers(self) -> int:
         """Worker processes the job needs: the code's ``n``, or every node of its topology."""
         return self.code.n if self.topology is None else self.topology.num_workers
+
+    @property
+    def evaluate_every(self) -> int:
+        """Held-out metrics every this many iterations (and at the last one)."""
+        return int(self.spec.evaluate_every)
 
     @property
     def tolerance(self) -> float:
@@ -259,6 +269,8 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
     if spec.iteration_deadline_seconds == 0:
         spec.iteration_deadline_seconds = DEFAULT_ITERATION_DEADLINE_SECONDS
     _finite("wait_for_workers_seconds", spec.wait_for_workers_seconds)
+    if spec.evaluate_every == 0:
+        spec.evaluate_every = DEFAULT_EVALUATE_EVERY
 
 
 def _check_stragglers(spec: master_pb2.JobSpec, num_workers: int) -> None:

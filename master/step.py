@@ -1,5 +1,8 @@
 """From a decoded gradient to the next model: verify it (optional), then step a copy of the optimizer.
 
+Both take the decoded *summed* gradient (the gradient part of the decoded message, without the
+training statistics the workers append; see :func:`gradcode.common.models.training_metrics`).
+
 Verify mode compares the decoded gradient with the centralized one and refuses to step when an
 exact decode is off by more than the plan's tolerance. The step runs on a copy of the optimizer, so a
 failed step leaves the model untouched; the caller commits the copy together with the iteration
@@ -23,7 +26,12 @@ __all__ = ["stepped", "verify_error"]
 
 
 async def verify_error(
-    plan: JobPlan, t: int, point: np.ndarray[Any, Any], decoded: Decoded, pool_ids: list[int]
+    plan: JobPlan,
+    t: int,
+    point: np.ndarray[Any, Any],
+    decoded: Decoded,
+    gradient_sum: np.ndarray[Any, Any],
+    pool_ids: list[int],
 ) -> float:
     """The decoded gradient's relative error against the centralized one (-1 when not verifying).
 
@@ -32,7 +40,7 @@ async def verify_error(
     if not plan.spec.verify:
         return -1.0
     central = await asyncio.to_thread(plan.model.gradient, point, plan.dataset.X_train, plan.dataset.y_train)
-    vector = np.asarray(decoded.vector, dtype=np.float64)
+    vector = np.asarray(gradient_sum, dtype=np.float64)
     error = float(np.linalg.norm(vector - central) / max(float(np.linalg.norm(central)), 1e-300))
     if decoded.exact and not error <= plan.tolerance:
         raise JobFailedError(
@@ -44,10 +52,10 @@ async def verify_error(
 
 
 def stepped(
-    optimizer: Optimizer, plan: JobPlan, t: int, point: np.ndarray[Any, Any], decoded: Decoded
+    optimizer: Optimizer, plan: JobPlan, t: int, point: np.ndarray[Any, Any], gradient_sum: np.ndarray[Any, Any]
 ) -> tuple[Optimizer, np.ndarray[Any, Any]]:
     """A copy of ``optimizer`` stepped with the decoded gradient (mean plus L2 term), and its new parameters."""
-    vector = np.asarray(decoded.vector, dtype=np.float64)
+    vector = np.asarray(gradient_sum, dtype=np.float64)
     gradient = mean_gradient(vector, point, num_samples=plan.dataset.num_train, l2=plan.spec.model.l2)
     new = copy.deepcopy(optimizer)
     try:

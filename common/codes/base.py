@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from gradcode.common.codes.topology import CodeSize, Topology, size_parameter
 from gradcode.common.codes.numerics import (
     SPAN_TOLERANCE,
     ErrorCertificate,
@@ -38,6 +37,7 @@ from gradcode.common.codes.numerics import (
     equilibrated_decoding_weights,
     unit_roundoff,
 )
+from gradcode.common.codes.topology import CodeSize, Topology, size_parameter
 from gradcode.common.exceptions import NotDecodableError
 from gradcode.common.validation import check_int
 

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
-from gradcode.common.models import make_model
+from gradcode.common.models import make_model, message_length
 from gradcode.common.serving import start_server
 from gradcode.common.wire import message_chunks, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
@@ -259,12 +259,13 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
             if chunk.HasField("setup"):
                 setup = chunk.setup
         spec = setup.model
-        self.num_params = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes).num_params
+        model = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes)
+        self.length = message_length(model, statistics=setup.append_statistics)
         return worker_pb2.LoadJobReply(job_id=setup.job_id, worker_id=setup.worker_id)
 
     async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
         self.computes += 1
-        vector = np.zeros(self.num_params + self.extra_elements)
+        vector = np.zeros(self.length + self.extra_elements)
         for chunk in message_chunks(
             vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, row=request.rows[0]
         ):
@@ -303,7 +304,7 @@ def _untouched(c: worker_pb2.GradientChunk) -> None:
 BAD_CHUNKS = [
     ("stale iteration", _stale, 0, "Chunk for stale or future iteration 0 arrived on the stream of worker 0"),
     ("unknown job", _other_job, 0, "Chunk for job 'someone-elses-job' arrived on the stream of worker 0"),
-    ("wrong gradient length", _untouched, 1, "has 651 elements; the gradient has 650"),
+    ("wrong gradient length", _untouched, 1, "has 653 elements; the gradient has 652"),  # 650 params + 2 statistics
     ("unknown worker id", _other_worker, 0, "Chunk claims worker 9 on the stream of worker 0"),
     ("failed checksum", _corrupt, 0, "failed its CRC32C check"),
     ("row not asked for", _unrequested_row, 0, "Row 5 was not requested"),

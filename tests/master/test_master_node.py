@@ -128,9 +128,9 @@ class TrueGradientWorker(worker_pb2_grpc.WorkerServicer):
         for row in self.setup.rows:
             if row.row not in request.rows:
                 continue
+            partial = self.model.gradient_and_statistics if self.setup.append_statistics else self.model.gradient
             vector = sum(
-                c * self.model.gradient(params, *self.data[j])
-                for j, c in zip(row.partitions, row.coefficients_real, strict=True)
+                c * partial(params, *self.data[j]) for j, c in zip(row.partitions, row.coefficients_real, strict=True)
             )
             for chunk in message_chunks(
                 self.scale * np.asarray(vector), job_id=request.job_id, iteration=request.iteration,
@@ -185,24 +185,26 @@ async def test_messages_a_parent_decoded_approximately_make_the_iteration_inexac
 
 
 # ---- cancel: GetModel never runs ahead of its iteration number ------------------------------------
-async def test_a_cancel_while_metrics_run_leaves_the_model_at_the_iteration_it_reports(
+async def test_a_cancel_while_an_evaluation_runs_leaves_the_model_at_the_iteration_it_reports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The optimizer step and iterations_done are committed together: a cancel in between cannot split them."""
+    """The optimizer step and iterations_done are committed together: a cancel in between cannot split them,
+    and every committed iteration is reported, the ones waiting behind a running evaluation included."""
     entered = threading.Event()
-    original = reporting.metrics
+    original = reporting.evaluate
     calls = itertools.count(1)
 
-    def slow_metrics(plan: JobPlan, params: np.ndarray[Any, Any]) -> tuple[float, float, float]:
-        if next(calls) == 3 and not entered.is_set():  # hold iteration 3's metrics (in their thread)
+    def slow_evaluate(plan: JobPlan, params: np.ndarray[Any, Any]) -> reporting.Evaluation:
+        if next(calls) == 3 and not entered.is_set():  # hold iteration 3's evaluation (in its thread)
             entered.set()
             time.sleep(0.5)
         return original(plan, params)
 
-    monkeypatch.setattr(reporting, "metrics", slow_metrics)
+    monkeypatch.setattr(reporting, "evaluate", slow_evaluate)
     async with asyncio.timeout(TIMEOUT), running_master(2) as master:
         ids = await master.wait_workers(2)
-        info = await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, iterations=200, worker_ids=ids))
+        spec = job_spec("uncoded", {"n": 2}, iterations=200, worker_ids=ids, evaluate_every=1)
+        info = await master.stub.CreateJob(spec)
         while not entered.is_set():
             await asyncio.sleep(0.005)
         cancelled = await master.stub.CancelJob(master_pb2.CancelJobRequest(job_id=info.job_id))
@@ -228,15 +230,23 @@ async def test_the_report_of_an_iteration_follows_its_commit_and_the_last_one_en
     np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(4), rtol=1e-9)
 
 
-async def test_a_target_accuracy_stops_at_the_iteration_that_reached_it() -> None:
+@pytest.mark.parametrize("evaluate_every", [1, 3])
+async def test_a_target_accuracy_stops_at_the_evaluated_iteration_that_reached_it(evaluate_every: int) -> None:
+    """Evaluations run beside training: iterations computed after the one that reached the target are
+    dropped, and the job ends with that iteration's model and count."""
     async with asyncio.timeout(TIMEOUT), running_master(2) as master:
         ids = await master.wait_workers(2)
-        spec = job_spec("uncoded", {"n": 2}, iterations=100, worker_ids=ids, target_accuracy=0.5)
+        spec = job_spec(
+            "uncoded", {"n": 2}, iterations=100, worker_ids=ids, target_accuracy=0.5, evaluate_every=evaluate_every
+        )
         info, reports = await master.run(spec)
         model = await master.stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED and "reached target accuracy 0.5" in info.message
     last = reports[-1]
-    assert last.test_accuracy >= 0.5 and all(r.test_accuracy < 0.5 for r in reports[:-1])
+    assert last.iteration % evaluate_every == 0
+    evaluated = [r for r in reports if r.iteration % evaluate_every == 0]
+    assert all(np.isnan(r.test_accuracy) for r in reports if r.iteration % evaluate_every)
+    assert last.test_accuracy >= 0.5 and all(r.test_accuracy < 0.5 for r in evaluated[:-1])
     assert info.iterations_done == model.iteration == last.iteration == len(reports) < 100
     np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(last.iteration), rtol=1e-9)
 

@@ -106,7 +106,7 @@ class TreeSpec(_message.Message):
     def __init__(self, parent_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra")
+    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class JobSpec(_message.Message):
     WAIT_FOR_WORKERS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_EVERY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     code: _common_pb2.CodeSpec
     model: _common_pb2.ModelSpec
@@ -139,7 +140,8 @@ class JobSpec(_message.Message):
     wait_for_workers_seconds: float
     message_dtype: _common_pb2.DType
     extra: _struct_pb2.Struct
-    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    evaluate_every: int
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("job_id", "state", "message", "iterations_done", "spec")
