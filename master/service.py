@@ -23,6 +23,8 @@ from typing import Any
 
 import grpc
 
+from gradcode.common import metrics
+from gradcode.common.logs import log_context
 from gradcode.master.job import JobRunner, JobSpecError, plan_job
 from gradcode.master.pool import WorkerPool
 from gradcode.v1 import master_pb2, master_pb2_grpc
@@ -35,6 +37,8 @@ MAX_FINISHED_JOBS = 32
 """Finished jobs the master keeps in memory; older ones are evicted (their history stays on disk)."""
 MAX_EVICTED_IDS = 100_000
 """Evicted job ids remembered (to answer "evicted" and refuse their reuse); the oldest are forgotten."""
+MAX_LISTED_EVICTED = 100
+"""ListJobs names at most this many of the most recently evicted job ids."""
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -57,6 +61,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.jobs: dict[str, JobRunner] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
+        self._observers: set[asyncio.Task[None]] = set()
+        metrics.watch_jobs(self._job_states)
+
+    def _job_states(self) -> list[int]:
+        """The state of every job held (read from the metrics scrape thread: a snapshot first)."""
+        return [int(job.info().state) for job in list(self.jobs.values())]
 
     # ---- workers -----------------------------------------------------------------------------------
     async def RegisterWorker(  # noqa: N802 - gRPC method name
@@ -106,9 +116,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "The master ran out of memory while starting this job."
             )
         self.jobs[plan.job_id] = job
-        job.start(on_done=self._evict)
-        log.info("created job %s: %r", plan.job_id, plan.code)
+        with log_context(job_id=plan.job_id):  # the job's tasks inherit it: their log lines name the job
+            job.start(on_done=self._job_done)
+            observer = asyncio.get_running_loop().create_task(self._observe(job), name=f"metrics-{plan.job_id}")
+            self._observers.add(observer)
+            observer.add_done_callback(self._observers.discard)
+            log.info("created job %s: %r", plan.job_id, plan.code)
         return job.info()
+
+    async def _observe(self, job: JobRunner) -> None:
+        """Record each of the job's iteration reports in the metrics, as a watcher of the job."""
+        async for report in job.watch():
+            metrics.record_iteration(report, stragglers_tolerated=job.plan.code.s)
 
     async def _job(self, job_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> JobRunner:
         job = self.jobs.get(job_id)
@@ -142,12 +161,35 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ModelReply:
         return (await self._job(request.job_id, context)).model_reply()
 
+    async def ListJobs(  # noqa: N802
+        self, request: master_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> master_pb2.ListJobsReply:
+        """Every job the master holds, oldest first, without its spec (GetJob has it)."""
+        jobs = []
+        for job in list(self.jobs.values()):
+            info = job.info()
+            info.ClearField("spec")
+            jobs.append(info)
+        return master_pb2.ListJobsReply(jobs=jobs, evicted_job_ids=list(self.evicted)[-MAX_LISTED_EVICTED:])
+
     async def CancelJob(  # noqa: N802
         self, request: master_pb2.CancelJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
         job = await self._job(request.job_id, context)
         await job.cancel()
         return job.info()
+
+    def _job_done(self, job: JobRunner) -> None:
+        """A job reached its final state: say so in the log and the metrics, then evict old jobs."""
+        info = job.info()
+        state = metrics.job_state_label(info.state)
+        metrics.JOBS_FINISHED.labels(state=state).inc()
+        with log_context(job_id=job.job_id):
+            log.log(
+                logging.INFO if info.state == master_pb2.JOB_STATE_SUCCEEDED else logging.WARNING,
+                "job %s %s after %d iterations: %s", job.job_id, state, info.iterations_done, info.message,
+            )  # fmt: skip
+        self._evict(job)
 
     def _evict(self, _finished: JobRunner | None = None) -> None:
         """Forget all but the ``max_finished_jobs`` most recently finished jobs."""
@@ -162,3 +204,6 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def close(self) -> None:
         """Cancel every running job and wait for them to stop."""
         await asyncio.gather(*(job.cancel() for job in self.jobs.values()), return_exceptions=True)
+        for observer in list(self._observers):
+            observer.cancel()
+        await asyncio.gather(*self._observers, return_exceptions=True)

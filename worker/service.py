@@ -30,7 +30,9 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import numpy as np
 
+from gradcode.common import metrics
 from gradcode.common.codes.base import Array
+from gradcode.common.logs import set_log_context
 from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
@@ -169,6 +171,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[worker_pb2.GradientChunk]:
+        set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
             known = sorted(self.jobs)
@@ -234,6 +237,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     for chunk in self._chunks(job, iteration, row, vector, seconds, straggled):
                         yield chunk
             job.stats.add(iterations_completed=1)
+            metrics.COMPUTES_SERVED.inc()
         except ComputeCancelledError:
             error = (
                 f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
@@ -267,10 +271,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         *,
         approximate: bool = False,
     ) -> Iterator[worker_pb2.GradientChunk]:
-        return message_chunks(
+        metrics.COMPUTE_SECONDS.inc(seconds)
+        for chunk in message_chunks(
             vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=row,
             compute_seconds=seconds, straggle_seconds=straggle, approximate=approximate,
-        )  # fmt: skip
+        ):  # fmt: skip
+            metrics.BYTES_SENT.inc(chunk.ByteSize())
+            yield chunk
 
     async def _straggle(self, runtime: JobRuntime, flag: Cancellation, seconds: float) -> None:
         """The emulated delay; ComputeCancelledError if the call is abandoned or its job is gone by the end."""
