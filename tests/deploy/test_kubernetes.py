@@ -163,9 +163,7 @@ def test_containers_are_probed_limited_scraped_and_unprivileged(statefulset: str
     assert secret_backed == SECRET_SETTINGS
 
 
-@pytest.mark.parametrize(
-    ("statefulset", "main"), [("gradcode-master", master_main), ("gradcode-worker", worker_main)]
-)
+@pytest.mark.parametrize(("statefulset", "main"), [("gradcode-master", master_main), ("gradcode-worker", worker_main)])
 def test_commands_and_environment_are_accepted_by_the_real_parsers(
     statefulset: str, main: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
