@@ -12,7 +12,7 @@ creator had when it was created — set the job id before creating the job's ite
             log.info("decoded")  # {"message": "decoded", "job_id": "job-1", "iteration": 7, ...}
 
 ``configure_logging(level, "json")`` writes one JSON object per line on stderr (python-json-logger),
-with ``time``, ``level``, ``logger``, ``message``, and ``job_id``/``iteration`` where known;
+with ``level``, ``logger``, ``message``, ``job_id``/``iteration`` where known, and ``time`` (ISO 8601, UTC);
 ``"text"`` is the human format, with ``[job-1 it 7]`` where known.
 """
 
@@ -127,9 +127,10 @@ class _JsonFormatter(JsonFormatter):
 
 def json_formatter() -> logging.Formatter:
     return _JsonFormatter(
-        "{asctime}{levelname}{name}{message}{job_id}{iteration}",
+        "{levelname}{name}{message}{job_id}{iteration}",
         style="{",
-        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp="time",  # ISO 8601 in UTC, from the record's creation time
     )
 
 

@@ -129,6 +129,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
                             "exactly one setup, first."
                         )
+                    set_log_context(job_id=chunk.setup.job_id)  # this call's task only
                     builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
                 elif kind == "data":
                     if builder is None:

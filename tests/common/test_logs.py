@@ -18,9 +18,18 @@ log = logging.getLogger("gradcode.test")
 
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:
+    """A buffer to log into; the root logger's handlers and level are restored afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     buffer = io.StringIO()
     yield buffer
-    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if handler not in handlers:
+            handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _records(stream: io.StringIO) -> list[dict[str, object]]:
@@ -72,7 +81,7 @@ def test_text_format_names_the_job_and_iteration(stream: io.StringIO) -> None:
     assert second.endswith("gradcode.test: plain")
 
 
-def test_unknown_format_is_refused() -> None:
+def test_unknown_format_is_refused(stream: io.StringIO) -> None:
     with pytest.raises(ValueError, match="text, json"):
         configure_logging("INFO", "yaml")
 
