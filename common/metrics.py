@@ -223,5 +223,8 @@ def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> M
     """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; OSError if the port is taken."""
     if not 1 <= port <= 65535:
         raise ValueError(f"Metrics port must be in [1, 65535], not {port!r}.")
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(f"Cannot serve metrics on {host}:{port}: {exc.strerror or exc} (is the port in use?)") from None
     return MetricsServer(server, thread)

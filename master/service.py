@@ -115,14 +115,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "The master ran out of memory while starting this job."
             )
-        self.jobs[plan.job_id] = job
-        with log_context(job_id=plan.job_id):  # the job's tasks inherit it: their log lines name the job
-            job.start(on_done=self._job_done)
-            observer = asyncio.get_running_loop().create_task(self._observe(job), name=f"metrics-{plan.job_id}")
-            self._observers.add(observer)
-            observer.add_done_callback(self._observers.discard)
-            log.info("created job %s: %r", plan.job_id, plan.code)
+        self._start(job)
+        log.info("created job %s: %r", plan.job_id, plan.code, extra={"job_id": plan.job_id})
         return job.info()
+
+    def _start(self, job: JobRunner) -> None:
+        """Hold and start ``job``: its log lines name it, its reports feed the metrics, its end is logged.
+
+        Every way a job starts (created, or resumed) goes through here.
+        """
+        self.jobs[job.job_id] = job
+        with log_context(job_id=job.job_id):  # the job's tasks inherit it: their log lines name the job
+            job.start(on_done=self._job_done)
+            observer = asyncio.get_running_loop().create_task(self._observe(job), name=f"metrics-{job.job_id}")
+        self._observers.add(observer)
+        observer.add_done_callback(self._observers.discard)
 
     async def _observe(self, job: JobRunner) -> None:
         """Record each of the job's iteration reports in the metrics, as a watcher of the job."""

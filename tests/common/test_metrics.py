@@ -47,3 +47,32 @@ def test_a_failure_report_counts_its_workers_but_no_iteration() -> None:
 
 def test_first_decodable_is_unknown_without_timings_of_the_used_workers() -> None:
     assert metrics.first_decodable_seconds(master_pb2.IterationReport(used_workers=[1])) is None
+
+
+def test_the_endpoint_serves_its_registry_and_refuses_a_taken_port() -> None:
+    import socket
+    import urllib.request
+
+    import pytest
+
+    server = metrics.start_metrics_server("127.0.0.1", _free_port(), metrics.WORKER_REGISTRY)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert "gradcode_computes_served_total" in text and "gradcode_workers_up" not in text
+        with pytest.raises(OSError, match=f"Cannot serve metrics on 127.0.0.1:{server.port}"):
+            metrics.start_metrics_server("127.0.0.1", server.port, metrics.WORKER_REGISTRY)
+    finally:
+        server.close()
+    with socket.socket() as probe:  # closed: nothing listens there any more
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT may remain, a listener may not
+        probe.bind(("127.0.0.1", server.port))
+        probe.listen()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
