@@ -18,7 +18,7 @@ Where each is recorded:
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends;
-* worker: :data:`COMPUTES_SERVED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`.
+* worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from gradcode.v1 import master_pb2
 
 __all__ = [
     "BYTES_SENT",
+    "COMPUTES_CANCELLED",
     "COMPUTES_SERVED",
     "COMPUTE_SECONDS",
     "JOBS_FINISHED",
@@ -115,6 +116,12 @@ JOBS_FINISHED = Counter(
 # ---- worker ------------------------------------------------------------------------------------------
 COMPUTES_SERVED = Counter(
     "gradcode_computes_served", "Compute calls this worker answered in full.", registry=WORKER_REGISTRY
+)
+COMPUTES_CANCELLED = Counter(
+    "gradcode_computes_cancelled",
+    "Compute calls this worker did not finish: cancelled by the master (it was late) or abandoned for a later "
+    "iteration or a new job.",
+    registry=WORKER_REGISTRY,
 )
 COMPUTE_SECONDS = Counter(
     "gradcode_compute_seconds", "Seconds this worker spent computing its coded messages.", registry=WORKER_REGISTRY

@@ -240,6 +240,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             job.stats.add(iterations_completed=1)
             metrics.COMPUTES_SERVED.inc()
         except ComputeCancelledError:
+            metrics.COMPUTES_CANCELLED.inc()
             error = (
                 f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
                 "was ended or replaced."
@@ -249,6 +250,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await _abort(context, grpc.StatusCode.UNAVAILABLE, error)
         except asyncio.CancelledError:
             job.stats.add(calls_cancelled=1)
+            metrics.COMPUTES_CANCELLED.inc()
             logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
             raise
         finally:
