@@ -59,6 +59,15 @@ def service_address(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(exc))
     if args.grace < 0:
         parser.error(f"--grace must be >= 0 seconds, not {args.grace}.")
+    # argparse checks `choices` for values given on the command line only, not for defaults (the environment).
+    if args.log_level not in LOG_LEVELS:
+        parser.error(
+            f"--log-level / GRADCODE_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {args.log_level!r}."
+        )
+    if args.log_format not in LOG_FORMATS:
+        parser.error(
+            f"--log-format / GRADCODE_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {args.log_format!r}."
+        )
     if not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port must be in [1, 65535], or 0 for no metrics endpoint, not {args.metrics_port}.")
     return host, port

@@ -101,3 +101,16 @@ def test_log_format_and_metrics_port_come_from_the_environment(monkeypatch: pyte
     add_service_arguments(parser, default_listen="127.0.0.1:0")
     with pytest.raises(SystemExit):
         parser.parse_args([])
+
+
+@pytest.mark.parametrize(("variable", "value"), [("GRADCODE_LOG_FORMAT", "xml"), ("GRADCODE_LOG_LEVEL", "LOUD")])
+def test_a_bad_logging_setting_from_the_environment_is_a_usage_error(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.worker.__main__ import parse_arguments
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as exit_:
+        parse_arguments([])
+    assert exit_.value.code == 2
+    assert f"{variable} must be one of" in capsys.readouterr().err
