@@ -4,13 +4,15 @@ process set-up every gradcode service does before serving."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import sys
 
-from gradcode.common.serving import limit_blas_threads, parse_address, reuse_large_buffers
+from prometheus_client import CollectorRegistry
 
-__all__ = ["add_service_arguments", "env_default", "prepare_process", "service_address"]
+from gradcode.common.logs import LOG_FORMATS, configure_logging
+from gradcode.common.metrics import MetricsServer, start_metrics_server
+from gradcode.common.serving import format_address, limit_blas_threads, parse_address, reuse_large_buffers
+
+__all__ = ["add_service_arguments", "env_default", "prepare_process", "service_address", "start_metrics"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -35,6 +37,18 @@ def add_service_arguments(parser: argparse.ArgumentParser, *, default_listen: st
         "--log-level", default=env_default("GRADCODE_LOG_LEVEL", "INFO"), choices=LOG_LEVELS, type=str.upper,
         help="logging verbosity, on stderr [GRADCODE_LOG_LEVEL] (default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--log-format", default=env_default("GRADCODE_LOG_FORMAT", "text"), choices=LOG_FORMATS, type=str.lower,
+        help="text for people; json for one object per line with job_id and iteration where known, for log "
+        "collectors [GRADCODE_LOG_FORMAT] (default: %(default)s)",
+    )  # fmt: skip
+    # Off by default: several services often share one host (gradcode demo, tests), and a fixed port
+    # would collide; deployments that scrape set it (deploy/kubernetes uses 9464).
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="PORT", default=env_default("GRADCODE_METRICS_PORT", "0"),
+        help="serve Prometheus metrics at http://HOST:PORT/metrics on the --listen host; 0 = off "
+        "[GRADCODE_METRICS_PORT] (default: %(default)s)",
+    )  # fmt: skip
 
 
 def service_address(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, int]:
@@ -45,11 +59,33 @@ def service_address(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(exc))
     if args.grace < 0:
         parser.error(f"--grace must be >= 0 seconds, not {args.grace}.")
+    # argparse checks `choices` for values given on the command line only, not for defaults (the environment).
+    if args.log_level not in LOG_LEVELS:
+        parser.error(
+            f"--log-level / GRADCODE_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {args.log_level!r}."
+        )
+    if args.log_format not in LOG_FORMATS:
+        parser.error(
+            f"--log-format / GRADCODE_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {args.log_format!r}."
+        )
+    if not 0 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port must be in [1, 65535], or 0 for no metrics endpoint, not {args.metrics_port}.")
     return host, port
 
 
-def prepare_process(*, threads: int, log_level: str) -> None:
-    """Before serving: limit BLAS threads, keep large buffers for reuse, log to stderr."""
+def prepare_process(*, threads: int, log_level: str, log_format: str = "text") -> None:
+    """Before serving: limit BLAS threads, keep large buffers for reuse, log to stderr as ``log_format``."""
     limit_blas_threads(threads)
     reuse_large_buffers()
-    logging.basicConfig(level=log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, log_format)
+
+
+def start_metrics(
+    args: argparse.Namespace, host: str, registry: CollectorRegistry, *, name: str
+) -> MetricsServer | None:
+    """Serve ``registry`` on ``--metrics-port`` (None when it is 0) and say where on stdout."""
+    if not args.metrics_port:
+        return None
+    server = start_metrics_server(host, args.metrics_port, registry)
+    print(f"{name} metrics on http://{format_address(host, server.port)}/metrics", flush=True)
+    return server

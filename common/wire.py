@@ -33,6 +33,8 @@ import google_crc32c
 import grpc
 import numpy as np
 from google.protobuf import struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import WireError
@@ -61,6 +63,7 @@ __all__ = [
     "dtype_to_wire",
     "message_chunk_bytes",
     "message_chunks",
+    "message_to_dict",
     "model_request_bytes",
     "parse_chunk",
     "partition_chunks",
@@ -145,21 +148,64 @@ def struct_from_dict(values: Mapping[str, Any]) -> struct_pb2.Struct:
     return s
 
 
+def _integral(v: Any) -> Any:
+    """Integral floats back to ints, through lists and dicts (Struct stores every number as double)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_integral(x) for x in v]
+    if isinstance(v, dict):
+        return {key: _integral(x) for key, x in v.items()}
+    return v
+
+
 def dict_from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
     """Struct to dict, turning integral floats back into ints (Struct stores every number as double)."""
-
-    def convert(v: Any) -> Any:
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, list):
-            return [convert(x) for x in v]
-        if isinstance(v, dict):
-            return {key: convert(x) for key, x in v.items()}
-        return v
-
     from google.protobuf.json_format import MessageToDict
 
-    return {key: convert(v) for key, v in MessageToDict(s).items()}
+    return {key: _integral(v) for key, v in MessageToDict(s).items()}
+
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """A message as a JSON-ready dict with its own types: every field (defaults included), proto field
+    names, 64-bit integers as numbers (protobuf's JSON mapping makes them strings: ``"iteration": "1"``),
+    integral numbers inside Structs as ints (``"n": 8``, not ``8.0``), enums by name, NaN as ``"NaN"``.
+
+    For history files and saved specs; ``google.protobuf.json_format.ParseDict`` reads it back.
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    as_dict = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _typed(message, as_dict)
+
+
+def _typed(message: Message, as_dict: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(message, struct_pb2.Struct):
+        return {key: _integral(v) for key, v in as_dict.items()}
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in as_dict:
+            continue
+        value = getattr(message, field.name)
+        repeated = field.is_repeated
+        if field.type in _INT64_TYPES:
+            as_dict[field.name] = [int(v) for v in value] if repeated else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if repeated:
+                as_dict[field.name] = [_typed(m, d) for m, d in zip(value, as_dict[field.name], strict=True)]
+            elif isinstance(as_dict[field.name], dict):
+                as_dict[field.name] = _typed(value, as_dict[field.name])
+    return as_dict
 
 
 def code_spec(name: str, params: Mapping[str, Any]) -> common_pb2.CodeSpec:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
+from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.master.datafile import DATA_DIR_ENV
 from gradcode.master.pool import worker_address
@@ -64,29 +64,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_dir: str | None, grace: float) -> None:
+async def _serve(args: argparse.Namespace) -> None:
+    from gradcode.common.metrics import MASTER_REGISTRY
     from gradcode.master.node import MasterNode
 
-    node = MasterNode(host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace)
+    node = MasterNode(
+        args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace
+    )
     await node.start()
-    install_shutdown_signals(node.shutdown, name="master")
-    print(f"master listening on {node.address}", flush=True)
-    await node.run()
+    metrics = None
+    try:
+        install_shutdown_signals(node.shutdown, name="master")
+        print(f"master listening on {node.address}", flush=True)
+        metrics = start_metrics(args, args.host, MASTER_REGISTRY, name="master")
+        await node.run()
+    finally:
+        await node.shutdown()
+        if metrics is not None:
+            metrics.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (and GRADCODE_* environment), validated; exits with status 2 naming a bad flag.
+
+    Adds ``host``/``port`` (from --listen) and ``worker_list`` (from --workers).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    host, port = service_address(parser, args)
+    args.host, args.port = service_address(parser, args)
     try:
-        workers = [worker_address(a) for a in args.workers.split(",") if a.strip()]
+        args.worker_list = [worker_address(a) for a in args.workers.split(",") if a.strip()]
     except ValueError as exc:
         parser.error(str(exc))
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
-    prepare_process(threads=1, log_level=args.log_level)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    prepare_process(threads=1, log_level=args.log_level, log_format=args.log_format)
     try:
-        asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace))
+        asyncio.run(_serve(args))
     except OSError as exc:
         print(f"master: {exc}", file=sys.stderr)
         return 1

@@ -47,6 +47,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Observation
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.logs import set_log_context
 from gradcode.common.models import TrainingMetrics, training_metrics
 from gradcode.common.round import Decoded, Round
 from gradcode.common.wire import model_request_bytes, tensor_from_array
@@ -288,6 +289,7 @@ class JobRunner:
     # ---- one iteration -----------------------------------------------------------------------------
     async def _iteration(self, t: int) -> _Gathered:
         """Gather, decode and verify iteration ``t``; nothing is committed here."""
+        set_log_context(iteration=t)  # this task's log lines name the iteration (the job id is inherited)
         started = time.perf_counter()
         code = self.plan.code
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()

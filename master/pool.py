@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gradcode.common.metrics import set_workers_up
 from gradcode.common.serving import format_address, parse_address
 from gradcode.common.wire import CHANNEL_OPTIONS, ReceivedChunk, compute_stream
 from gradcode.v1 import master_pb2, worker_pb2_grpc
@@ -166,6 +167,7 @@ class WorkerPool:
         worker = PoolWorker(worker_id=worker_id, address=address, name=name)
         self._workers[worker_id] = worker
         self._by_address[address] = worker_id
+        self._count()
         return worker
 
     async def register(self, address: str, name: str = "") -> PoolWorker:
@@ -210,6 +212,11 @@ class WorkerPool:
             worker.last_error = error
         if state == master_pb2.WORKER_STATE_UP:
             worker.last_seen = time.time()
+        self._count()
+
+    def _count(self) -> None:
+        """Publish how many workers are UP and known (the gradcode_workers_* metrics)."""
+        set_workers_up(sum(w.is_up for w in self._workers.values()), len(self._workers))
 
     def mark_down(self, worker: PoolWorker, error: str) -> None:
         """Record a failure: the worker is skipped until a health probe or a registration revives it."""

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-from google.protobuf.json_format import MessageToDict
 
 from gradcode.common.models import Model, TrainingMetrics
 from gradcode.common.round import Decoded, Round
+from gradcode.common.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
@@ -126,12 +126,12 @@ class History:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         spec_path = self.path.with_suffix(".spec.json")
-        spec_path.write_text(json.dumps(MessageToDict(spec, preserving_proto_field_name=True), indent=2))
+        spec_path.write_text(json.dumps(message_to_dict(spec), indent=2))
         self._file = self.path.open("a", encoding="utf-8")
 
     def append(self, report: master_pb2.IterationReport) -> None:
         if self._file is not None:
-            row = MessageToDict(report, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            row = message_to_dict(report)
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
 

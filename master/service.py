@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from gradcode.common import metrics
 from gradcode.common.exceptions import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -31,6 +32,7 @@ from gradcode.common.exceptions import (
     NotFoundError,
     ResourceExhaustedError,
 )
+from gradcode.common.logs import log_context
 from gradcode.common.status import grpc_errors
 from gradcode.master.job import JobRunner
 from gradcode.master.pool import WorkerPool
@@ -45,6 +47,8 @@ MAX_FINISHED_JOBS = 32
 """Finished jobs the master keeps in memory; older ones are evicted (their history stays on disk)."""
 MAX_EVICTED_IDS = 100_000
 """Evicted job ids remembered (to answer "evicted" and refuse their reuse); the oldest are forgotten."""
+MAX_LISTED_EVICTED = 100
+"""ListJobs names at most this many of the most recently evicted job ids."""
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -67,6 +71,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.jobs: dict[str, JobRunner] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
+        self._observers: set[asyncio.Task[None]] = set()
+        metrics.watch_jobs(self._job_states)
+
+    def _job_states(self) -> list[int]:
+        """The state of every job held (read from the metrics scrape thread: a snapshot first)."""
+        return [int(job.info().state) for job in list(self.jobs.values())]
 
     # ---- workers -----------------------------------------------------------------------------------
     @grpc_errors
@@ -112,10 +122,26 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             job = JobRunner(plan, self.pool, run_dir=self.run_dir)
         except MemoryError:
             raise ResourceExhaustedError("The master ran out of memory while starting this job.") from None
-        self.jobs[plan.job_id] = job
-        job.start(on_done=self._evict)
-        log.info("created job %s: %r", plan.job_id, plan.code)
+        self._start(job)
+        log.info("created job %s: %r", plan.job_id, plan.code, extra={"job_id": plan.job_id})
         return job.info()
+
+    def _start(self, job: JobRunner) -> None:
+        """Hold and start ``job``: its log lines name it, its reports feed the metrics, its end is logged.
+
+        Every way a job starts (created, or resumed) goes through here.
+        """
+        self.jobs[job.job_id] = job
+        with log_context(job_id=job.job_id):  # the job's tasks inherit it: their log lines name the job
+            job.start(on_done=self._job_done)
+            observer = asyncio.get_running_loop().create_task(self._observe(job), name=f"metrics-{job.job_id}")
+        self._observers.add(observer)
+        observer.add_done_callback(self._observers.discard)
+
+    async def _observe(self, job: JobRunner) -> None:
+        """Record each of the job's iteration reports in the metrics, as a watcher of the job."""
+        async for report in job.watch():
+            metrics.record_iteration(report, stragglers_tolerated=job.plan.code.s)
 
     def _job(self, job_id: str) -> JobRunner:
         job = self.jobs.get(job_id)
@@ -151,12 +177,36 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return self._job(request.job_id).model_reply()
 
     @grpc_errors
+    async def ListJobs(  # noqa: N802
+        self, request: master_pb2.ListJobsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> master_pb2.ListJobsReply:
+        """Every job the master holds, oldest first, without its spec (GetJob has it)."""
+        jobs = []
+        for job in list(self.jobs.values()):
+            info = job.info()
+            info.ClearField("spec")
+            jobs.append(info)
+        return master_pb2.ListJobsReply(jobs=jobs, evicted_job_ids=list(self.evicted)[-MAX_LISTED_EVICTED:])
+
+    @grpc_errors
     async def CancelJob(  # noqa: N802
         self, request: master_pb2.CancelJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
         job = self._job(request.job_id)
         await job.cancel()
         return job.info()
+
+    def _job_done(self, job: JobRunner) -> None:
+        """A job reached its final state: say so in the log and the metrics, then evict old jobs."""
+        info = job.info()
+        state = metrics.job_state_label(info.state)
+        metrics.JOBS_FINISHED.labels(state=state).inc()
+        with log_context(job_id=job.job_id):
+            log.log(
+                logging.INFO if info.state == master_pb2.JOB_STATE_SUCCEEDED else logging.WARNING,
+                "job %s %s after %d iterations: %s", job.job_id, state, info.iterations_done, info.message,
+            )  # fmt: skip
+        self._evict(job)
 
     def _evict(self, _finished: JobRunner | None = None) -> None:
         """Forget all but the ``max_finished_jobs`` most recently finished jobs."""
@@ -171,3 +221,6 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def close(self) -> None:
         """Cancel every running job and wait for them to stop."""
         await asyncio.gather(*(job.cancel() for job in self.jobs.values()), return_exceptions=True)
+        for observer in list(self._observers):
+            observer.cancel()
+        await asyncio.gather(*self._observers, return_exceptions=True)

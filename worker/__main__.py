@@ -12,11 +12,15 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
+from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
 from gradcode.common.serving import install_shutdown_signals, parse_address
 from gradcode.common.wire import MAX_MESSAGE_BYTES
 
-__all__ = ["build_parser", "main"]
+__all__ = ["ADVERTISE_AUTO", "build_parser", "main", "parse_arguments"]
+
+ADVERTISE_AUTO = "auto"
+"""``--advertise auto``: this machine's hostname (in a container, the name other containers reach it by)
+when listening on every interface, else the listen host; with the bound port."""
 
 _EPILOG = """\
 Every option can also come from the environment variable shown in brackets (a flag wins over the
@@ -27,7 +31,10 @@ examples:
       a worker on a fixed local port; point the master at it (--workers 127.0.0.1:50061).
   gradcode worker --listen 0.0.0.0:50061 --master master:50050 --advertise worker-1:50061
       listen on every interface and register with the master, which reaches it as worker-1:50061
-      (what docker-compose does).
+      (what deploy/kubernetes does, with each pod's stable DNS name).
+  gradcode worker --listen 0.0.0.0:50051 --master master:50050 --advertise auto
+      the same, advertising this container's hostname: what docker-compose does, so replicas need
+      no name of their own.
   gradcode worker --listen 127.0.0.1:0
       any free port; read the chosen one from the "worker listening on HOST:PORT" line.
 """
@@ -50,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--advertise", metavar="HOST:PORT", default=env_default("GRADCODE_ADVERTISE", None),
-        help="address the master should use to reach this worker (default: the listen address, with the "
-        "hostname when listening on 0.0.0.0) [GRADCODE_ADVERTISE]",
+        help="address the master should use to reach this worker, or 'auto': the listen address with this "
+        "machine's hostname when listening on 0.0.0.0, and the bound port (the default) [GRADCODE_ADVERTISE]",
     )  # fmt: skip
     parser.add_argument(
         "--name", default=env_default("GRADCODE_NAME", None),
@@ -70,10 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (and GRADCODE_* environment), validated; exits with status 2 naming a bad flag.
+
+    Adds ``host``/``port`` (from --listen); ``advertise`` is None for ``auto``.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    host, port = service_address(parser, args)
+    args.host, args.port = service_address(parser, args)
+    if args.advertise is not None and args.advertise.strip().lower() == ADVERTISE_AUTO:
+        args.advertise = None
     try:
         for flag in ("master", "advertise"):
             if getattr(args, flag):
@@ -87,9 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except ValueError as exc:
         parser.error(str(exc))
-    prepare_process(threads=args.threads, log_level=args.log_level)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    prepare_process(threads=args.threads, log_level=args.log_level, log_format=args.log_format)
     try:
-        asyncio.run(_serve(args, host, port))
+        asyncio.run(_serve(args, args.host, args.port))
     except OSError as exc:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
@@ -103,10 +121,19 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
         chunk_bytes=args.chunk_bytes or None,
     )  # fmt: skip
+    from gradcode.common.metrics import WORKER_REGISTRY
+
     await node.start()
-    install_shutdown_signals(node.shutdown, name="worker")
-    print(f"worker listening on {node.address}", flush=True)
-    await node.run()
+    metrics = None
+    try:
+        install_shutdown_signals(node.shutdown, name="worker")
+        print(f"worker listening on {node.address}", flush=True)
+        metrics = start_metrics(args, host, WORKER_REGISTRY, name="worker")
+        await node.run()
+    finally:
+        await node.shutdown()
+        if metrics is not None:
+            metrics.close()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from gradcode.common import metrics
 from gradcode.common.exceptions import (
     AbortedError,
     ComputeCancelledError,
@@ -35,6 +36,7 @@ from gradcode.common.exceptions import (
     JobSetupError,
     NotFoundError,
 )
+from gradcode.common.logs import set_log_context
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import array_from_tensor, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -99,6 +101,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
                         "exactly one setup, first."
                     )
+                set_log_context(job_id=chunk.setup.job_id)  # this call's task only
                 builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
             elif kind == "data":
                 if builder is None:
@@ -127,6 +130,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[bytes]:
         """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_bytes`); register the servicer
         with :func:`add_worker_service`, whose Compute sends them as they are."""
+        set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
         runtime = self._runtime(request.job_id)
         job = runtime.job
         if request.worker_id != job.worker_id:
@@ -161,20 +165,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runtime.active.setdefault(iteration, set()).add(flag)
         try:
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
+                metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
                 for chunk in message_chunk_bytes(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, chunk_bytes=self.chunk_bytes,
                 ):  # fmt: skip
+                    metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk
             job.stats.add(iterations_completed=1)
+            metrics.COMPUTES_SERVED.inc()
         except ComputeCancelledError:
+            metrics.COMPUTES_CANCELLED.inc()
             raise AbortedError(
                 f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
                 "was ended or replaced."
             ) from None
         except asyncio.CancelledError:
             job.stats.add(calls_cancelled=1)
+            metrics.COMPUTES_CANCELLED.inc()
             logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
             raise
         finally:

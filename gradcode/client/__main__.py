@@ -4,8 +4,10 @@
     gradcode worker ...                run a worker (`gradcode worker --help`)
     gradcode demo                      local master + workers as processes, train on digits, compare
     gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
-    gradcode run --master ADDR ...     start a job on a running master and follow it
-    gradcode watch|model|cancel JOB    follow, fetch the model of, or cancel a job
+    gradcode run --master ADDR ...     start a job on a running master and follow it (prints its id first;
+                                       Ctrl-C detaches: the job goes on)
+    gradcode watch|model|cancel JOB    follow (re-attach to), fetch the model of, or cancel a job
+    gradcode jobs                      list the jobs a master holds and their states
     gradcode workers                   list the workers a master knows
     gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
 
@@ -29,7 +31,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.client.history import plot_history, save_history
+from gradcode.client.history import format_worker_table, plot_history, plot_workers, save_history, save_spec
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 from gradcode.common.codes.compare import format_table, scheme_rows
@@ -107,24 +109,37 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
     return build_job_spec(**values)
 
 
-async def _follow(client: GradcodeClient, spec: master_pb2.JobSpec, label: str) -> list[master_pb2.IterationReport]:
-    """Create the job and show a live progress bar until it ends; return every report."""
+async def _follow(
+    client: GradcodeClient,
+    spec: master_pb2.JobSpec,
+    label: str,
+    seen: list[master_pb2.IterationReport] | None = None,
+    on_created: Callable[[master_pb2.JobInfo], None] | None = None,
+) -> list[master_pb2.IterationReport]:
+    """Create the job and show a live progress bar until it ends; return every report.
+
+    ``seen`` collects the reports as they arrive (what is left when the caller is interrupted).
+    """
     from tqdm import tqdm
 
+    seen = [] if seen is None else seen
     with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
 
         def progress(r: master_pb2.IterationReport) -> None:
+            seen.append(r)
             bar.update(1)
             bar.set_postfix(
                 loss=f"{r.loss:.4f}", acc=f"{r.test_accuracy:.3f}", it=f"{r.wall_seconds * 1e3:.0f}ms",
                 late=len(r.late_workers) + len(r.failed_workers),
             )  # fmt: skip
 
-        _, reports = await client.run(spec, on_report=progress)
-    return reports
+        await client.run(spec, on_report=progress, on_created=on_created)
+    return seen
 
 
 def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
+    if not reports:
+        return f"{label}: no iteration finished"
     times = [r.wall_seconds for r in reports]
     last = reports[-1]
     exact = all(r.exact for r in reports)
@@ -159,35 +174,90 @@ async def _demo(args: argparse.Namespace) -> int:
     print(_summary(f"{'uncoded':>8}", uncoded))
     ratio = statistics.median(r.wall_seconds for r in uncoded) / statistics.median(r.wall_seconds for r in coded)
     print(f"Waiting for all workers would have cost {ratio:.1f}x more time per iteration.")
+    print(format_worker_table(coded))
     _save(out, coded, {args.scheme: coded, "uncoded": uncoded})
     return 0
 
 
-def _save(out: Path, reports: list[master_pb2.IterationReport], runs: dict[str, Any]) -> None:
-    """Write the history as JSON and CSV and the loss/accuracy plot, and say where."""
+def _save(
+    out: Path, reports: list[master_pb2.IterationReport], runs: dict[str, Any], spec: master_pb2.JobSpec | None = None
+) -> None:
+    """Write the history as JSON and CSV, the spec, the loss/accuracy and per-worker plots, and say where."""
     paths = [save_history(reports, out / "history.json"), save_history(reports, out / "history.csv")]
-    plot = plot_history(runs, out / "history.png")
-    print(f"History: {', '.join(map(str, paths))}; plot: {plot}")
+    if spec is not None:
+        paths.append(save_spec(spec, out / "spec.json"))
+    plots = [plot_history(runs, out / "history.png"), plot_workers(reports, out / "workers.png")]
+    print(f"History: {', '.join(map(str, paths))}; plots: {', '.join(map(str, plots))}", flush=True)
+
+
+def _detached(args: argparse.Namespace, job_id: str, reports: list[master_pb2.IterationReport]) -> None:
+    """Ctrl-C while following a job: say that it goes on and how to get back to it; keep what was seen."""
+    master = f" --master {args.master}"
+    print(
+        f"\nDetached from job {job_id} after {len(reports)} iterations; it goes on on the master {args.master}.\n"
+        f"  re-attach:  gradcode watch {job_id}{master}\n"
+        f"  cancel:     gradcode cancel {job_id}{master}",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    if reports and args.out is not None:
+        _save(args.out, reports, {job_id: reports})
 
 
 async def _run(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    created: list[master_pb2.JobInfo] = []
+    reports: list[master_pb2.IterationReport] = []
+
+    def announce(info: master_pb2.JobInfo) -> None:
+        created.append(info)
+        print(f"job {info.job_id}", flush=True)  # first, so an interrupted run can still be found
+
     async with GradcodeClient(args.master) as client:
-        reports = await _follow(client, _spec_from_args(args), args.scheme)
+        try:
+            await _follow(client, spec, args.scheme, reports, on_created=announce)
+        except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us, then raises KeyboardInterrupt
+            if created:
+                _detached(args, created[0].job_id, reports)
+            raise
     print(_summary(args.scheme, reports))
-    _save(args.out, reports, {args.scheme: reports})
+    print(format_worker_table(reports))
+    _save(args.out, reports, {args.scheme: reports}, created[0].spec)
     return 0
 
 
 async def _watch(args: argparse.Namespace) -> int:
+    reports: list[master_pb2.IterationReport] = []
     async with GradcodeClient(args.master) as client:
-        async for r in client.watch(args.job_id):
-            print(
-                f"iteration {r.iteration}: loss {r.loss:.4f} test acc {r.test_accuracy:.3f} "
-                f"{r.wall_seconds * 1e3:.1f} ms used {list(r.used_workers)} late {list(r.late_workers)}"
-            )
+        try:
+            async for r in client.watch(args.job_id):
+                reports.append(r)
+                print(
+                    f"iteration {r.iteration}: loss {r.loss:.4f} test acc {r.test_accuracy:.3f} "
+                    f"{r.wall_seconds * 1e3:.1f} ms used {list(r.used_workers)} late {list(r.late_workers)}",
+                    flush=True,
+                )
+        except asyncio.CancelledError:
+            _detached(args, args.job_id, reports)
+            raise
         info = await client.get_job(args.job_id)
     print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)} {info.message}")
+    if reports:
+        print(format_worker_table(reports))
+    if args.out is not None and reports:
+        _save(args.out, reports, {info.job_id: reports}, info.spec)
     return 0 if info.state == master_pb2.JOB_STATE_SUCCEEDED else 1
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    async with GradcodeClient(args.master) as client:
+        reply = await client.list_jobs()
+    print(f"{'job':<24} {'state':<10} {'iterations':>10}  message")
+    for job in reply.jobs:
+        state = master_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
+        print(f"{job.job_id:<24} {state:<10} {job.iterations_done:>10}  {job.message}")
+    if reply.evicted_job_ids:
+        print(f"evicted (finished, history on the master's disk): {', '.join(reply.evicted_job_ids)}")
+    return 0
 
 
 async def _model(args: argparse.Namespace) -> int:
@@ -255,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job_id")
         p.add_argument("--master", default=master_default)
         p.set_defaults(handler=handler)
+        if name == "watch":
+            p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+    jobs = sub.add_parser("jobs", help="list the jobs a master holds and their states")
+    jobs.add_argument("--master", default=master_default)
+    jobs.set_defaults(handler=_jobs)
     model = sub.add_parser("model", help="save a job's model parameters as .npy")
     model.add_argument("job_id")
     model.add_argument("--output", type=Path, default=Path("model.npy"))

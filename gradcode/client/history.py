@@ -1,52 +1,142 @@
-"""Saving and plotting a job's per-iteration history."""
+"""Saving, summarising and plotting a job's per-iteration history.
+
+Every format keeps the per-worker timings: JSON has each report whole (``timings`` as
+``[{"worker_id": 3, "seconds": 0.41}, ...]``, numbers as numbers), CSV adds one
+``worker_<id>_seconds`` column per worker (empty when that worker did not answer that iteration),
+and :func:`plot_workers` draws who was late, how often and by how much.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
+from gradcode.common.metrics import first_decodable_seconds
+from gradcode.common.wire import message_to_dict
 from gradcode.v1 import master_pb2
 
-__all__ = ["plot_history", "report_rows", "save_history"]
+__all__ = [
+    "WorkerRecord",
+    "format_worker_table",
+    "plot_history",
+    "plot_workers",
+    "report_rows",
+    "save_history",
+    "save_spec",
+    "worker_records",
+]
 
 
 def report_rows(reports: Sequence[master_pb2.IterationReport]) -> list[dict[str, Any]]:
-    """Reports as plain dicts (every field, defaults included)."""
-    return [
-        MessageToDict(r, always_print_fields_with_no_presence=True, preserving_proto_field_name=True) for r in reports
-    ]
+    """Reports as plain dicts (every field, defaults included, ints as ints)."""
+    return [message_to_dict(r) for r in reports]
+
+
+def _worker_ids(reports: Sequence[master_pb2.IterationReport]) -> list[int]:
+    ids: set[int] = set()
+    for r in reports:
+        ids.update(r.used_workers, r.late_workers, r.failed_workers, (t.worker_id for t in r.timings))
+    return sorted(ids)
 
 
 def save_history(reports: Sequence[master_pb2.IterationReport], path: Path) -> Path:
-    """Write the history as JSON (``.json``) or CSV (``.csv``, list fields joined with spaces)."""
+    """Write the history as JSON (``.json``) or CSV (``.csv``: list fields joined with spaces, and one
+    ``worker_<id>_seconds`` column per worker)."""
     rows = report_rows(reports)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
         path.write_text(json.dumps(rows, indent=1))
     elif path.suffix == ".csv":
+        workers = _worker_ids(reports)
         fields = [k for k in rows[0] if k != "timings"] if rows else []
+        fields += [f"worker_{w}_seconds" for w in workers]
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
-            for row in rows:
-                writer.writerow({k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()})
+            for report, row in zip(reports, rows, strict=True):
+                flat = {k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()}
+                flat.update({f"worker_{t.worker_id}_seconds": t.seconds for t in report.timings})
+                writer.writerow(flat)
     else:
         raise ValueError(f"History file must end in .json or .csv, not {path.name!r}.")
     return path
 
 
-def plot_history(runs: dict[str, Sequence[master_pb2.IterationReport]], path: Path) -> Path:
-    """Loss and test accuracy against wall-clock time, one line per run, saved as PNG."""
+def save_spec(spec: master_pb2.JobSpec, path: Path) -> Path:
+    """Write a job's spec as JSON with its own types (``"n": 8``, not ``8.0``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(message_to_dict(spec), indent=2))
+    return path
+
+
+@dataclass
+class WorkerRecord:
+    """One worker over a job: how often it was used, late or failed, and how fast it answered."""
+
+    worker_id: int
+    iterations: int
+    """Iterations the worker took part in (used, late or failed)."""
+    used: int
+    late: int
+    failed: int
+    response_seconds: list[float]
+    """Its response time in each iteration it answered."""
+    late_by_at_least: list[float]
+    """For each iteration it was late: how long the decodable set waited (the worker had not
+    answered by then; a late call is cancelled, so the true lateness is only bounded below)."""
+
+    @property
+    def median_response(self) -> float | None:
+        return statistics.median(self.response_seconds) if self.response_seconds else None
+
+
+def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[WorkerRecord]:
+    """Per-worker straggler attribution over ``reports``, by worker id."""
+    records = {w: WorkerRecord(w, 0, 0, 0, 0, [], []) for w in _worker_ids(reports)}
+    for r in reports:
+        first = first_decodable_seconds(r)
+        for w in {*r.used_workers, *r.late_workers, *r.failed_workers}:
+            records[w].iterations += 1
+        for w in r.used_workers:
+            records[w].used += 1
+        for w in r.late_workers:
+            records[w].late += 1
+            if first is not None:
+                records[w].late_by_at_least.append(first)
+        for w in r.failed_workers:
+            records[w].failed += 1
+        for t in r.timings:
+            records[t.worker_id].response_seconds.append(t.seconds)
+    return list(records.values())
+
+
+def format_worker_table(reports: Sequence[master_pb2.IterationReport]) -> str:
+    """A table of who straggled: per worker, late and failed counts and median response time."""
+    lines = ["worker  used  late        failed  median response"]
+    for rec in worker_records(reports):
+        share = f"({rec.late / rec.iterations:.0%})" if rec.iterations else ""
+        median = "-" if rec.median_response is None else f"{rec.median_response * 1e3:.1f} ms"
+        lines.append(f"{rec.worker_id:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {median:>15}")
+    return "\n".join(lines)
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_history(runs: dict[str, Sequence[master_pb2.IterationReport]], path: Path) -> Path:
+    """Loss and test accuracy against wall-clock time, one line per run, saved as PNG."""
+    plt = _pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for label, reports in runs.items():
         t = [r.elapsed_seconds for r in reports]
@@ -57,6 +147,51 @@ def plot_history(runs: dict[str, Sequence[master_pb2.IterationReport]], path: Pa
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> Path:
+    """Who was late, how often, and by how much, saved as PNG.
+
+    Left: per worker, the share of iterations it was used, late or failed in. Right: per worker,
+    its response time in every iteration it answered (dots), and for every iteration it was late a
+    triangle at the time the decodable set was complete — it had not answered by then.
+    """
+    plt = _pyplot()
+    records = worker_records(reports)
+    labels = [str(r.worker_id) for r in records]
+    x = list(range(len(records)))
+    fig, (ax_share, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bottom = [0.0] * len(records)
+    for name, color, counts in (
+        ("used", "tab:green", [r.used for r in records]),
+        ("late", "tab:orange", [r.late for r in records]),
+        ("failed", "tab:red", [r.failed for r in records]),
+    ):
+        shares = [c / r.iterations if r.iterations else 0.0 for c, r in zip(counts, records, strict=True)]
+        ax_share.bar(x, shares, bottom=bottom, color=color, label=name)
+        bottom = [b + s for b, s in zip(bottom, shares, strict=True)]
+    ax_share.set(xlabel="worker", ylabel="share of iterations", title="How often each worker was late", ylim=(0, 1))
+    ax_share.set_xticks(x, labels)
+    ax_share.legend(loc="lower right")
+    answered = [(i, t) for i, rec in enumerate(records) for t in rec.response_seconds]
+    late = [(i, t) for i, rec in enumerate(records) for t in rec.late_by_at_least]
+    if answered:
+        ax_time.scatter(*zip(*answered, strict=True), s=10, color="tab:blue", alpha=0.5, label="answered")
+    if late:
+        ax_time.scatter(*zip(*late, strict=True), s=22, marker="^", color="tab:orange",
+                        label="late: not answered by this time")  # fmt: skip
+    ax_time.set(xlabel="worker", ylabel="seconds from request", title="Response time per worker")
+    ax_time.set_xticks(x, labels)
+    handles, names = ax_time.get_legend_handles_labels()
+    if handles:
+        ax_time.legend(handles, names, loc="best")
+    for ax in (ax_share, ax_time):
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

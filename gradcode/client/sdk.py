@@ -146,16 +146,29 @@ class GradcodeClient:
         reply = await self._stub.ListWorkers(master_pb2.ListWorkersRequest())
         return list(reply.workers)
 
+    async def list_jobs(self) -> master_pb2.ListJobsReply:
+        """The jobs the master holds (without their specs) and the ids of the most recently evicted ones."""
+        reply: master_pb2.ListJobsReply = await self._stub.ListJobs(master_pb2.ListJobsRequest())
+        return reply
+
     async def run(
-        self, spec: master_pb2.JobSpec, on_report: ReportCallback | None = None, *, check: bool = True
+        self,
+        spec: master_pb2.JobSpec,
+        on_report: ReportCallback | None = None,
+        *,
+        check: bool = True,
+        on_created: Callable[[master_pb2.JobInfo], None] | None = None,
     ) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
         """Create a job, follow it to the end, and return its final info and every report.
 
+        ``on_created`` sees the new job's info before the first report (to show its id);
         ``on_report`` sees each report as it arrives (a progress bar, or a test that kills a worker).
         With ``check`` (the default) a job that ends FAILED or CANCELLED raises :class:`JobFailedError`
         with the master's message; ``check=False`` returns its info instead.
         """
         job = await self.create_job(spec)
+        if on_created is not None:
+            on_created(job)
         reports: list[master_pb2.IterationReport] = []
         async for report in self.watch(job.job_id):
             reports.append(report)

@@ -249,3 +249,24 @@ def test_model_request_bytes_equal_protobufs_serialization(params: np.ndarray) -
     got = worker_pb2.ComputeRequest.FromString(head.SerializeToString() + model_request_bytes(params))
     want = worker_pb2.ComputeRequest(job_id="j", iteration=4, worker_id=2, rows=[1, 3], model=tensor_from_array(params))
     assert got == want
+def test_message_to_dict_keeps_integers_as_numbers() -> None:
+    """protobuf's JSON mapping writes 64-bit ints as strings and Struct numbers as doubles; history
+    files and saved specs keep their own types, and ParseDict reads them back unchanged."""
+    from google.protobuf.json_format import ParseDict
+
+    from gradcode.common.wire import message_to_dict
+    from gradcode.v1 import common_pb2, master_pb2
+
+    spec = master_pb2.JobSpec(
+        job_id="j", iterations=5, seed=2**40,
+        code=common_pb2.CodeSpec(name="cyclic", params=struct_from_dict({"n": 8, "s": 2, "rate": 0.5, "ws": [1, 2]})),
+    )  # fmt: skip
+    as_dict = message_to_dict(spec)
+    assert as_dict["seed"] == 2**40 and as_dict["iterations"] == 5
+    assert as_dict["code"]["params"] == {"n": 8, "s": 2, "rate": 0.5, "ws": [1, 2]}
+    assert isinstance(as_dict["code"]["params"]["n"], int)
+    report = master_pb2.IterationReport(iteration=3, timings=[master_pb2.WorkerTiming(worker_id=1, seconds=0.5)])
+    row = message_to_dict(report)
+    assert row["iteration"] == 3 and row["timings"] == [{"worker_id": 1, "seconds": 0.5}]
+    assert ParseDict(row, master_pb2.IterationReport()) == report
+    assert ParseDict(as_dict, master_pb2.JobSpec()) == spec

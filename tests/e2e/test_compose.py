@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
 from gradcode.client.launch import ServiceProcess, service_env
+from gradcode.v1 import master_pb2, master_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +56,18 @@ def _healthcheck(service: dict, address: str) -> int:
     return subprocess.run(_argv(test), capture_output=True, timeout=30, cwd=ROOT).returncode
 
 
+def _registered(master_address: str, count: int, timeout: float = 60.0) -> set[str]:
+    """The addresses the master lists, once it lists ``count`` workers."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(master_address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        while True:
+            listed = {w.address for w in stub.ListWorkers(master_pb2.ListWorkersRequest(), timeout=10).workers}
+            if len(listed) >= count or time.monotonic() > deadline:
+                return listed
+            time.sleep(0.2)
+
+
 def test_compose_services_run_the_demo_as_described(tmp_path: Path) -> None:
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert set(spec) == {"master", "worker", "client"}
@@ -81,6 +96,10 @@ def test_compose_services_run_the_demo_as_described(tmp_path: Path) -> None:
         processes += workers
         addresses = [w.wait_ready(60) for w in workers]
         assert _healthcheck(worker_svc, addresses[0]) == 0
+        # Every replica advertises its own address (`--advertise auto`: its hostname in a container,
+        # the loopback listen host here) and registers under it.
+        assert worker_svc["command"][-2:] == ["--advertise", "auto"]
+        assert _registered(master_address, len(addresses)) == set(addresses)
 
         client_svc = spec["client"]
         client_argv = [_local(part, master_address, runs) for part in _argv(client_svc["command"])]

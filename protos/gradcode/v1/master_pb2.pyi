@@ -236,3 +236,15 @@ class CancelJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs", "evicted_job_ids")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    evicted_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., evicted_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class MasterStub:
                 request_serializer=gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/gradcode.v1.Master/ListJobs',
+                request_serializer=gradcode_dot_v1_dot_master__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.ListJobsReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -118,6 +123,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """The jobs the master holds (running and recently finished), oldest first, without their specs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +167,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=gradcode_dot_v1_dot_master__pb2.CancelJobRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.ListJobsRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.ListJobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +363,33 @@ class Master:
             '/gradcode.v1.Master/CancelJob',
             gradcode_dot_v1_dot_master__pb2.CancelJobRequest.SerializeToString,
             gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Master/ListJobs',
+            gradcode_dot_v1_dot_master__pb2.ListJobsRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.ListJobsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,237 @@
+"""Every Prometheus metric gradcode exports, and the HTTP endpoint that serves them (prometheus-client).
+
+The master's metrics live in :data:`MASTER_REGISTRY`, a worker's in :data:`WORKER_REGISTRY`; a process
+serves its role's registry (plus the standard ``process_*`` and ``python_*`` collectors) with
+:func:`start_metrics_server` when ``--metrics-port`` is set. Names start with ``gradcode_``; time is
+in seconds, sizes in bytes.
+
+Labels are bounded on purpose: per-worker series carry the pool's worker id (bounded by the fleet),
+never the job id (unbounded, and the master forgets finished jobs); job states are counted by state.
+
+Where each is recorded:
+
+* per iteration (master): :func:`record_iteration`, called with each published
+  :class:`~gradcode.v1.master_pb2.IterationReport` (the master servicer watches every job it creates
+  and records each report) — iteration time, time to the first decodable set,
+  decode time, per-worker response time, late and failed counts, exact/approximate iterations and
+  the straggler tolerance left;
+* workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
+* job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
+  scrape time, and :data:`JOBS_FINISHED` when a job ends;
+* worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from gradcode.v1 import master_pb2
+
+__all__ = [
+    "BYTES_SENT",
+    "COMPUTES_CANCELLED",
+    "COMPUTES_SERVED",
+    "COMPUTE_SECONDS",
+    "JOBS_FINISHED",
+    "MASTER_REGISTRY",
+    "WORKER_REGISTRY",
+    "MetricsServer",
+    "first_decodable_seconds",
+    "record_iteration",
+    "set_workers_up",
+    "start_metrics_server",
+    "watch_jobs",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, cpu, open fds
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+MASTER_REGISTRY = _registry()
+WORKER_REGISTRY = _registry()
+
+# Iteration latencies span milliseconds (in-process tests) to minutes (deadline-bound fleets).
+_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# ---- master ------------------------------------------------------------------------------------------
+ITERATIONS = Counter(
+    "gradcode_iterations", "Iterations committed, by whether every decode was exact.", ["exact"],
+    registry=MASTER_REGISTRY,
+)  # fmt: skip
+ITERATION_SECONDS = Histogram(
+    "gradcode_iteration_seconds", "Wall time of one iteration, from request to optimizer step.",
+    buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
+)  # fmt: skip
+FIRST_DECODABLE_SECONDS = Histogram(
+    "gradcode_first_decodable_seconds",
+    "Time from the request to the arrival of the first decodable set (the slowest worker that was used).",
+    buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
+)  # fmt: skip
+DECODE_SECONDS = Histogram(
+    "gradcode_decode_seconds", "Decoder plus combine time of one iteration.",
+    buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_RESPONSE_SECONDS = Histogram(
+    "gradcode_worker_response_seconds", "Time from request to a worker's last chunk, per worker.", ["worker"],
+    buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_LATE = Counter(
+    "gradcode_worker_late", "Iterations that decoded without this worker because it was slower (a straggler).",
+    ["worker"], registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_FAILED = Counter(
+    "gradcode_worker_failed", "Iterations in which this worker's call failed (error, disconnect, not loaded).",
+    ["worker"], registry=MASTER_REGISTRY,
+)  # fmt: skip
+STRAGGLER_TOLERANCE_LEFT = Gauge(
+    "gradcode_straggler_tolerance_left",
+    "In the last iteration: the stragglers the code tolerates minus the workers that failed "
+    "(how many more may be slow before an iteration cannot decode).",
+    registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKERS_UP = Gauge("gradcode_workers_up", "Workers the master sees UP.", registry=MASTER_REGISTRY)
+WORKERS_KNOWN = Gauge("gradcode_workers_known", "Workers the master knows (UP or DOWN).", registry=MASTER_REGISTRY)
+JOBS_FINISHED = Counter(
+    "gradcode_jobs_finished", "Jobs that ended, by final state.", ["state"], registry=MASTER_REGISTRY
+)
+
+# ---- worker ------------------------------------------------------------------------------------------
+COMPUTES_SERVED = Counter(
+    "gradcode_computes_served", "Compute calls this worker answered in full.", registry=WORKER_REGISTRY
+)
+COMPUTES_CANCELLED = Counter(
+    "gradcode_computes_cancelled",
+    "Compute calls this worker did not finish: cancelled by the master (it was late) or abandoned for a later "
+    "iteration or a new job.",
+    registry=WORKER_REGISTRY,
+)
+COMPUTE_SECONDS = Counter(
+    "gradcode_compute_seconds", "Seconds this worker spent computing its coded messages.", registry=WORKER_REGISTRY
+)
+BYTES_SENT = Counter(
+    "gradcode_bytes_sent", "Bytes of gradient chunks this worker sent (serialized size).", registry=WORKER_REGISTRY
+)
+
+
+def job_state_label(state: int) -> str:
+    """``JOB_STATE_RUNNING`` -> ``running``."""
+    return master_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
+
+
+def first_decodable_seconds(report: master_pb2.IterationReport) -> float | None:
+    """When the first decodable set was complete: the latest response among the workers used (None if
+    the report has no timing for them)."""
+    used = set(report.used_workers)
+    times = [t.seconds for t in report.timings if t.worker_id in used]
+    return max(times) if times else None
+
+
+def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated: int | None = None) -> None:
+    """Record everything one committed iteration's report says.
+
+    ``stragglers_tolerated`` is the number of stragglers the job's code tolerates (``plan.code.s``);
+    with it the tolerance left (that minus the failed workers) is set. Call once per report, where reports are
+    published. A failure report (state FAILED: no step was taken) counts only its late and failed
+    workers; a report without an iteration is skipped.
+    """
+    if report.iteration == 0:
+        return
+    for worker in report.late_workers:
+        WORKER_LATE.labels(worker=str(worker)).inc()
+    for worker in report.failed_workers:
+        WORKER_FAILED.labels(worker=str(worker)).inc()
+    if report.state == master_pb2.JOB_STATE_FAILED:
+        return
+    ITERATIONS.labels(exact=str(bool(report.exact)).lower()).inc()
+    ITERATION_SECONDS.observe(report.wall_seconds)
+    DECODE_SECONDS.observe(report.decode_seconds)
+    first = first_decodable_seconds(report)
+    if first is not None:
+        FIRST_DECODABLE_SECONDS.observe(first)
+    for timing in report.timings:
+        WORKER_RESPONSE_SECONDS.labels(worker=str(timing.worker_id)).observe(timing.seconds)
+    if stragglers_tolerated is not None:
+        STRAGGLER_TOLERANCE_LEFT.set(stragglers_tolerated - len(report.failed_workers))
+
+
+def set_workers_up(up: int, known: int) -> None:
+    """The pool's counts, set whenever a worker joins or changes state."""
+    WORKERS_UP.set(up)
+    WORKERS_KNOWN.set(known)
+
+
+class _JobStates(Collector):
+    """``gradcode_jobs{state=...}``: how many of the jobs the master holds are in each state, at scrape time."""
+
+    def __init__(self, states: Callable[[], Iterable[int]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("gradcode_jobs", "Jobs the master holds, by state.", labels=["state"])
+        counts = Tally(job_state_label(s) for s in self.states())
+        for state in master_pb2.JobState.values():
+            if state != master_pb2.JOB_STATE_UNSPECIFIED:
+                family.add_metric([job_state_label(state)], counts.get(job_state_label(state), 0))
+        yield family
+
+
+_job_states: _JobStates | None = None
+
+
+def watch_jobs(states: Callable[[], Iterable[int]]) -> None:
+    """Export ``gradcode_jobs{state}`` from ``states()`` (the states of the jobs held); the last call wins.
+
+    ``states`` runs in the scrape thread: it must only read (e.g. ``list(jobs.values())`` first).
+    """
+    global _job_states
+    if _job_states is None:
+        _job_states = _JobStates(states)
+        MASTER_REGISTRY.register(_job_states)
+    else:
+        _job_states.states = states
+
+
+class MetricsServer:
+    """A running ``/metrics`` endpoint (prometheus-client's threaded HTTP server)."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; OSError if the port is taken."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"Metrics port must be in [1, 65535], not {port!r}.")
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(f"Cannot serve metrics on {host}:{port}: {exc.strerror or exc} (is the port in use?)") from None
+    return MetricsServer(server, thread)

@@ -1,0 +1,78 @@
+"""common.metrics.record_iteration: one report's numbers land in the master's metrics."""
+
+from __future__ import annotations
+
+from gradcode.common import metrics
+from gradcode.v1 import master_pb2
+
+
+def _value(name: str, **labels: str) -> float:
+    value = metrics.MASTER_REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def _report(iteration: int, **fields: object) -> master_pb2.IterationReport:
+    timings = [master_pb2.WorkerTiming(worker_id=w, seconds=s) for w, s in ((900, 0.1), (901, 0.3), (902, 0.2))]
+    return master_pb2.IterationReport(
+        job_id="j", iteration=iteration, wall_seconds=0.35, decode_seconds=0.01, used_workers=[900, 901],
+        late_workers=[902], failed_workers=[903], timings=timings, exact=True, **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
+    before = {
+        "late": _value("gradcode_worker_late_total", worker="902"),
+        "failed": _value("gradcode_worker_failed_total", worker="903"),
+        "iterations": _value("gradcode_iterations_total", exact="true"),
+        "response": _value("gradcode_worker_response_seconds_sum", worker="901"),
+        "first": _value("gradcode_first_decodable_seconds_sum"),
+    }
+    metrics.record_iteration(_report(1), stragglers_tolerated=2)
+    assert _value("gradcode_worker_late_total", worker="902") == before["late"] + 1
+    assert _value("gradcode_worker_failed_total", worker="903") == before["failed"] + 1
+    assert _value("gradcode_iterations_total", exact="true") == before["iterations"] + 1
+    assert _value("gradcode_worker_response_seconds_sum", worker="901") == before["response"] + 0.3
+    # the first decodable set was complete when the slower used worker (901, 0.3 s) answered
+    assert _value("gradcode_first_decodable_seconds_sum") == before["first"] + 0.3
+    assert _value("gradcode_straggler_tolerance_left") == 1  # 2 tolerated, 1 failed
+
+
+def test_a_failure_report_counts_its_workers_but_no_iteration() -> None:
+    iterations = _value("gradcode_iterations_total", exact="true")
+    late = _value("gradcode_worker_late_total", worker="902")
+    metrics.record_iteration(_report(2, state=master_pb2.JOB_STATE_FAILED))
+    assert _value("gradcode_iterations_total", exact="true") == iterations
+    assert _value("gradcode_worker_late_total", worker="902") == late + 1
+
+
+def test_first_decodable_is_unknown_without_timings_of_the_used_workers() -> None:
+    assert metrics.first_decodable_seconds(master_pb2.IterationReport(used_workers=[1])) is None
+
+
+def test_the_endpoint_serves_its_registry_and_refuses_a_taken_port() -> None:
+    import socket
+    import urllib.request
+
+    import pytest
+
+    server = metrics.start_metrics_server("127.0.0.1", _free_port(), metrics.WORKER_REGISTRY)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert "gradcode_computes_served_total" in text and "gradcode_workers_up" not in text
+        with pytest.raises(OSError, match=f"Cannot serve metrics on 127.0.0.1:{server.port}"):
+            metrics.start_metrics_server("127.0.0.1", server.port, metrics.WORKER_REGISTRY)
+    finally:
+        server.close()
+    with socket.socket() as probe:  # closed: nothing listens there any more
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT may remain, a listener may not
+        probe.bind(("127.0.0.1", server.port))
+        probe.listen()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

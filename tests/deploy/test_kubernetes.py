@@ -1,0 +1,193 @@
+"""deploy/kubernetes, checked offline: every object validates against the Kubernetes schemas that
+kubernetes-validate ships (strict: an unknown or misspelled field fails), the objects fit together
+(probes, ports, Services, annotations, security), and each container's command and environment are
+accepted by the real ``gradcode master`` / ``gradcode worker`` argument parsers."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gradcode.master import __main__ as master_main
+from gradcode.master.node import MASTER_SERVICE_NAME
+from gradcode.worker import __main__ as worker_main
+from gradcode.worker.node import WORKER_SERVICE_NAME
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+KUBERNETES_VERSION = "1.30.0"
+"""Oldest Kubernetes the manifests target (native gRPC probes are GA since 1.27)."""
+
+SECRET_SETTINGS = {"GRADCODE_TLS_CERT", "GRADCODE_TLS_KEY", "GRADCODE_TLS_CA", "GRADCODE_TOKEN", "GRADCODE_JOIN_SECRET"}
+"""Settings read from the optional Secret ``gradcode-settings``."""
+FROM_OTHER_BRANCHES = SECRET_SETTINGS | {"GRADCODE_STATE_DIR"}
+"""Settings whose flags are being added in parallel (TLS/token, checkpoint state directory). Once the
+parsers know a name (its ``[NAME]`` appears in their --help) the test checks it like every other;
+MERGE NOTE: empty this set when those flags have landed."""
+
+
+def _documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def _resources() -> dict[str, dict[str, Any]]:
+    """Every object kustomization.yaml applies, by ``Kind/name``."""
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    objects = {}
+    for name in kustomization["resources"]:
+        for doc in _documents(name):
+            objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return objects
+
+
+def _container(statefulset: dict[str, Any]) -> dict[str, Any]:
+    return _pod_container(statefulset["spec"]["template"])
+
+
+def _pod_container(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["spec"]["containers"]
+    return container
+
+
+def _port(container: dict[str, Any], name: str) -> int:
+    return next(int(p["containerPort"]) for p in container["ports"] if p["name"] == name)
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def _expand(container: dict[str, Any], pod: dict[str, str]) -> dict[str, str]:
+    """The container's environment as Kubernetes sets it for ``pod`` (the downward-API fields), with
+    no optional Secret present; ``$(VAR)`` refers to a variable defined earlier in the list."""
+    field_values = {"metadata.name": pod["name"], "metadata.namespace": pod["namespace"]}
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        source = entry.get("valueFrom")
+        if source is None:
+            env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), entry["value"])
+        elif "fieldRef" in source:
+            env[entry["name"]] = field_values[source["fieldRef"]["fieldPath"]]
+        else:
+            assert source["secretKeyRef"]["optional"] is True, entry  # a cluster without the Secret still starts
+    return env
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    manifests = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+    assert set(kustomization["resources"]) == manifests
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"))
+def test_manifests_validate_against_the_kubernetes_schemas(name: str) -> None:
+    for doc in _documents(name):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    """The schemas are really applied offline: a misspelled field and a wrongly typed one both fail."""
+    statefulset = _resources()["StatefulSet/gradcode-worker"]
+    misspelled = copy.deepcopy(statefulset)
+    _container(misspelled)["readinesProbe"] = _container(misspelled).pop("readinessProbe")
+    wrong_type = copy.deepcopy(statefulset)
+    _container(wrong_type)["readinessProbe"]["grpc"]["port"] = "fifty"
+    for broken in (misspelled, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_workers_have_stable_names_behind_a_headless_service() -> None:
+    objects = _resources()
+    workers = objects["StatefulSet/gradcode-worker"]
+    service = objects[f"Service/{workers['spec']['serviceName']}"]
+    assert service["spec"]["clusterIP"] == "None"
+    labels = workers["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert workers["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    env = _env(_container(workers))
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    advertise = env["GRADCODE_ADVERTISE"]["value"]
+    assert advertise.startswith(f"$(POD_NAME).{service['metadata']['name']}.$(POD_NAMESPACE).svc:")
+    assert advertise.endswith(f":{_port(_container(workers), 'grpc')}")
+    master_service = objects["Service/gradcode-master"]
+    master_host, master_port = env["GRADCODE_MASTER"]["value"].rsplit(":", 1)
+    assert master_host == master_service["metadata"]["name"]
+    assert int(master_port) in {p["port"] for p in master_service["spec"]["ports"]}
+
+
+def test_master_keeps_its_state_on_a_volume_claim() -> None:
+    master = _resources()["StatefulSet/gradcode-master"]
+    assert master["spec"]["replicas"] == 1
+    (claim,) = master["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in _container(master)["volumeMounts"]}
+    state_mount = mounts[claim["metadata"]["name"]]
+    env = _env(_container(master))
+    for setting in ("GRADCODE_RUN_DIR", "GRADCODE_STATE_DIR"):
+        assert env[setting]["value"].startswith(state_mount + "/")
+
+
+@pytest.mark.parametrize(
+    ("statefulset", "service_name"),
+    [("gradcode-master", MASTER_SERVICE_NAME), ("gradcode-worker", WORKER_SERVICE_NAME)],
+)
+def test_containers_are_probed_limited_scraped_and_unprivileged(statefulset: str, service_name: str) -> None:
+    pod = _resources()[f"StatefulSet/{statefulset}"]["spec"]["template"]
+    container = _pod_container(pod)
+    grpc_port, metrics_port = _port(container, "grpc"), _port(container, "metrics")
+    env = _env(container)
+    assert env["GRADCODE_LISTEN"]["value"] == f"0.0.0.0:{grpc_port}"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == grpc_port
+    assert container["readinessProbe"]["grpc"]["service"] == service_name  # the name the node's health reports
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert "memory" in container["resources"]["limits"]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == env["GRADCODE_METRICS_PORT"]["value"] == str(metrics_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    security = pod["spec"]["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    dockerfile_user = re.search(r"^USER (\d+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert dockerfile_user is not None and int(dockerfile_user.group(1)) == security["runAsUser"]
+    secret_backed = {name for name, e in env.items() if "secretKeyRef" in e.get("valueFrom", {})}
+    assert secret_backed == SECRET_SETTINGS
+
+
+@pytest.mark.parametrize(("statefulset", "main"), [("gradcode-master", master_main), ("gradcode-worker", worker_main)])
+def test_commands_and_environment_are_accepted_by_the_real_parsers(
+    statefulset: str, main: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    container = _container(_resources()[f"StatefulSet/{statefulset}"])
+    command = container["command"]
+    assert command[:2] == ["gradcode", statefulset.removeprefix("gradcode-")]
+    help_text = main.build_parser().format_help()
+    known = set(re.findall(r"\[(GRADCODE_\w+)\]", help_text))
+    settings = {name for name in _env(container) if name.startswith("GRADCODE_")}
+    unknown = settings - known - FROM_OTHER_BRANCHES
+    assert not unknown, f"{statefulset} sets {sorted(unknown)}, which `{' '.join(command[:2])}` does not read"
+
+    env = _expand(container, {"name": f"{statefulset}-0", "namespace": "fleet"})
+    for name in [n for n in os.environ if n.startswith("GRADCODE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = main.parse_arguments([*command[2:], *container.get("args", [])])  # exits 2 on a refused value
+    assert (args.host, args.port) == ("0.0.0.0", _port(container, "grpc"))
+    assert args.metrics_port == _port(container, "metrics")
+    assert args.log_format == "json"
+    if statefulset == "gradcode-worker":
+        assert args.advertise == "gradcode-worker-0.gradcode-workers.fleet.svc:50051"
+        assert args.master == "gradcode-master:50050"
+        assert args.name == "gradcode-worker-0"
+    else:
+        assert args.run_dir == "/var/lib/gradcode/runs"
