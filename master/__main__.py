@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address
+from gradcode.common.security import Security, add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.master.job import DATA_DIR_ENV
-from gradcode.master.pool import worker_address
+from gradcode.master.pool import MAX_WORKERS, worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_RUN_DIR = "runs"
@@ -61,13 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
             f"default: none, file datasets are refused [{DATA_DIR_ENV}]"
         ),
     )
+    parser.add_argument(
+        "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
+        help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
+    )  # fmt: skip
+    add_security_arguments(parser, role="master")
     return parser
 
 
-async def _serve(host: str, port: int, workers: list[str], run_dir: str, data_dir: str | None, grace: float) -> None:
+async def _serve(
+    host: str, port: int, workers: list[str], run_dir: str, data_dir: str | None, grace: float,
+    security: Security, max_workers: int,
+) -> None:  # fmt: skip
     from gradcode.master.node import MasterNode
 
-    node = MasterNode(host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace)
+    node = MasterNode(
+        host, port, workers=workers, run_dir=run_dir, data_dir=data_dir, grace=grace, security=security,
+        max_workers=max_workers,
+    )  # fmt: skip
     await node.start()
     install_shutdown_signals(node.shutdown, name="master")
     print(f"master listening on {node.address}", flush=True)
@@ -80,13 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     host, port = service_address(parser, args)
     try:
         workers = [worker_address(a) for a in args.workers.split(",") if a.strip()]
+        security = security_from_args(args)
+        if args.max_workers < 1:
+            raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
     except ValueError as exc:
         parser.error(str(exc))
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
     prepare_process(threads=1, log_level=args.log_level)
     try:
-        asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace))
+        asyncio.run(_serve(host, port, workers, args.run_dir, args.data_dir, args.grace, security, args.max_workers))
     except OSError as exc:
         print(f"master: {exc}", file=sys.stderr)
         return 1

@@ -23,8 +23,10 @@ from typing import Any
 
 import grpc
 
+from gradcode.common.security import short
 from gradcode.master.job import JobRunner, JobSpecError, plan_job
-from gradcode.master.pool import WorkerPool
+from gradcode.master.pool import AddressTakenError, PoolFullError, UnreachableWorkerError, WorkerPool
+from gradcode.master.spec_checks import SpecCheckError, check_job_id, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MAX_FINISHED_JOBS", "MasterServicer"]
@@ -62,11 +64,30 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def RegisterWorker(  # noqa: N802 - gRPC method name
         self, request: master_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.RegisterWorkerReply:
+        code: grpc.StatusCode | None = None
         try:
-            worker = await self.pool.register(request.address, request.name)
+            worker = await self.pool.register(request.address, request.name, request.instance_id)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except UnreachableWorkerError as exc:
+            code, message = grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+        except AddressTakenError as exc:
+            code, message = grpc.StatusCode.ALREADY_EXISTS, str(exc)
+        except PoolFullError as exc:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        if code is not None:
+            log.warning("refused a worker registering as %s: %s", short(request.address), message)
+            await context.abort(code, message)
         return master_pb2.RegisterWorkerReply(worker_id=worker.worker_id)
+
+    async def RemoveWorker(  # noqa: N802
+        self, request: master_pb2.RemoveWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> master_pb2.WorkerInfo:
+        try:
+            worker = await self.pool.remove(request.worker_id)
+        except KeyError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, exc.args[0])
+        return worker.info()
 
     async def ListWorkers(  # noqa: N802
         self, request: master_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -77,8 +98,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def CreateJob(  # noqa: N802
         self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
+        try:
+            check_spec_numbers(request)
+        except SpecCheckError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if request.job_id and (request.job_id in self.jobs or request.job_id in self.evicted):
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {request.job_id!r} already exists.")
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {short(request.job_id)} already exists.")
         known = [w.worker_id for w in self.pool.workers]
         try:
             plan = await asyncio.to_thread(plan_job, request, known_worker_ids=known, data_dir=self.data_dir)
@@ -91,7 +116,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 "(fewer workers or partitions).",
             )
         if plan.job_id in self.jobs or plan.job_id in self.evicted:  # created concurrently while we planned
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {plan.job_id!r} already exists.")
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"Job {short(plan.job_id)} already exists.")
         n, up = plan.num_workers, self.pool.up()
         if plan.spec.wait_for_workers_seconds == 0 and not plan.spec.worker_ids and len(up) < n:
             await context.abort(
@@ -111,6 +136,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return job.info()
 
     async def _job(self, job_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> JobRunner:
+        """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
+        try:
+            check_job_id(job_id)
+        except SpecCheckError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:
             where = f" its history is in {self.run_dir / (job_id + '.jsonl')}" if self.run_dir is not None else ""
@@ -120,8 +150,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 f"recently finished jobs;{where or ' it kept no history (no run directory)'}.",
             )
         if job is None:
-            known = ", ".join(sorted(self.jobs)) or "none"
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown job {job_id!r}; known jobs: {known}.")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown job {short(job_id)}.")
         assert job is not None
         return job
 

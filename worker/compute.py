@@ -33,6 +33,7 @@ __all__ = [
     "JobBuilder",
     "JobSetupError",
     "JobStats",
+    "JobTooLargeError",
     "RowSpec",
     "WorkerJob",
     "build_job",
@@ -52,6 +53,10 @@ _MESSAGE_DTYPES: dict[int, np.dtype[Any]] = {
 
 class JobSetupError(ValueError):
     """A JobSetup or its partition data is invalid; the message says what and what would be valid."""
+
+
+class JobTooLargeError(JobSetupError):
+    """The job's data would exceed the bytes this worker allows it."""
 
 
 class ComputeCancelledError(Exception):
@@ -327,7 +332,7 @@ class JobBuilder:
         num_features = int(self.setup.model.num_features)
         size = num_samples * (num_features + 1) * 8
         if self._bytes_declared + size > self.max_bytes:
-            raise JobSetupError(
+            raise JobTooLargeError(
                 f"Partition {partition} ({num_samples} samples x {num_features} features) would bring job "
                 f"{self.setup.job_id!r} to {self._bytes_declared + size} bytes, over this worker's limit of "
                 f"{self.max_bytes} bytes."

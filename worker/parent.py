@@ -28,6 +28,7 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.gather import GatherResult, Source, gather
+from gradcode.common.security import Security
 from gradcode.common.wire import CHANNEL_OPTIONS, dict_from_struct
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import ComputeCancelledError
@@ -74,7 +75,13 @@ class ParentRunner:
     """
 
     def __init__(
-        self, role: worker_pb2.ParentRole, *, job_id: str, num_params: int, message_dtype: np.dtype[Any]
+        self,
+        role: worker_pb2.ParentRole,
+        *,
+        job_id: str,
+        num_params: int,
+        message_dtype: np.dtype[Any],
+        security: Security | None = None,
     ) -> None:
         name = role.child_code.name
         if not name:
@@ -112,6 +119,8 @@ class ParentRunner:
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
             (dtype, _COMPLEX) if self.code.is_complex and dtype != _COMPLEX else (dtype,)
         )
+        self.security = security or Security()
+        """TLS and the worker call token for the channels to the children."""
         self._channels: list[ChildChannel] | None = None
         self._closed = False
 
@@ -127,7 +136,9 @@ class ParentRunner:
         if self._channels is None:
             self._channels = []
             for worker_id, address, rows in self.children:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self.security.channel(
+                    address, bearer=self.security.worker_call_token, options=CHANNEL_OPTIONS
+                )
                 stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, stub))
         return self._channels

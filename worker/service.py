@@ -31,14 +31,27 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.base import Array
+from gradcode.common.security import Security, short
 from gradcode.common.wire import WireError, array_from_tensor, dict_from_struct, message_chunks
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import MAX_JOB_BYTES, ComputeCancelledError, JobBuilder, JobSetupError, WorkerJob
+from gradcode.worker.compute import (
+    MAX_JOB_BYTES,
+    ComputeCancelledError,
+    JobBuilder,
+    JobSetupError,
+    JobTooLargeError,
+    WorkerJob,
+)
 from gradcode.worker.parent import ChildrenSum, ChildrenUnavailableError, ParentRunner
 
-__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
+__all__ = ["MAX_JOBS", "MAX_TOTAL_BYTES", "Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer"]
 
 logger = logging.getLogger(__name__)
+
+MAX_TOTAL_BYTES = 16 * 1024**3
+"""Default budget of the data all jobs together may hold on one worker (16 GiB)."""
+MAX_JOBS = 16
+"""Default bound on the jobs one worker holds at once."""
 
 PartitionObserver = Callable[[str, int, int], None]
 """Called from the compute thread after each partial gradient: ``(job_id, iteration, partition)``."""
@@ -106,10 +119,36 @@ class JobRuntime:
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Holds the jobs loaded on this worker and serves LoadJob / Compute / EndJob."""
 
-    def __init__(self, *, max_job_bytes: int = MAX_JOB_BYTES, on_partition: PartitionObserver | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_job_bytes: int = MAX_JOB_BYTES,
+        on_partition: PartitionObserver | None = None,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+        max_jobs: int = MAX_JOBS,
+        security: Security | None = None,
+        instance_id: str = "",
+    ) -> None:
+        if max_jobs < 1 or max_total_bytes < 1:
+            raise ValueError(f"max_jobs and max_total_bytes must be >= 1, not {max_jobs!r} and {max_total_bytes!r}.")
         self.jobs: dict[str, JobRuntime] = {}
         self.max_job_bytes = max_job_bytes
         self.on_partition = on_partition
+        self.max_total_bytes = max_total_bytes
+        """Budget of the data all jobs together hold; a LoadJob beyond it is RESOURCE_EXHAUSTED."""
+        self.max_jobs = max_jobs
+        self.security = security or Security()
+        """How a tree parent reaches its children (TLS and the worker call token)."""
+        self.instance_id = instance_id
+        """What Hello answers: the random id this process registered with."""
+        self._loading: dict[int, int] = {}
+        """Bytes budgeted to the LoadJob streams under way, by stream."""
+
+    def _budget(self, replacing: str) -> tuple[int, int]:
+        """(bytes still free for one more job, jobs held besides ``replacing``) under the worker-wide limits."""
+        held = sum(r.job.bytes_received for job_id, r in self.jobs.items() if job_id != replacing)
+        others = sum(1 for job_id in self.jobs if job_id != replacing)
+        return self.max_total_bytes - held - sum(self._loading.values()), others
 
     # ---- LoadJob -------------------------------------------------------------------------------
     async def LoadJob(  # noqa: N802 - proto name
@@ -117,6 +156,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.LoadJobReply:
         builder: JobBuilder | None = None
         error: str | None = None
+        code = grpc.StatusCode.INVALID_ARGUMENT
+        stream = id(request_iterator)
+        budget_bound = False
         try:
             index = 0
             async for chunk in request_iterator:
@@ -124,10 +166,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if kind == "setup":
                     if builder is not None:
                         raise JobSetupError(
-                            f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
-                            "exactly one setup, first."
+                            f"Chunk {index} is a second setup (job {short(chunk.setup.job_id)}); a LoadJob stream "
+                            "carries exactly one setup, first."
                         )
-                    builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
+                    free, others = self._budget(chunk.setup.job_id)
+                    if others >= self.max_jobs:
+                        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                        raise JobSetupError(
+                            f"This worker already holds {others} jobs, its limit; end one (EndJob) first."
+                        )
+                    budget_bound = free < self.max_job_bytes  # the worker-wide budget is this job's tighter limit
+                    limit = max(0, min(self.max_job_bytes, free))
+                    self._loading[stream] = limit
+                    builder = JobBuilder(chunk.setup, max_bytes=limit)
                 elif kind == "data":
                     if builder is None:
                         raise JobSetupError(
@@ -145,12 +196,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             runtime.delay_model = _delay_model(job.setup.straggler)
             if job.setup.HasField("parent"):
                 runtime.parent = ParentRunner(
-                    job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype
-                )
+                    job.setup.parent, job_id=job.job_id, num_params=job.num_params, message_dtype=job.message_dtype,
+                    security=self.security,
+                )  # fmt: skip
+        except JobTooLargeError as exc:
+            error = str(exc)
+            if budget_bound:
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
         except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
             error = str(exc)
+        finally:
+            self._loading.pop(stream, None)
         if error is not None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"LoadJob refused: {error}")
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                error += f" (all jobs on this worker may hold {self.max_total_bytes} bytes together)"
+            await _abort(context, code, f"LoadJob refused: {error}")
         old = self.jobs.get(job.job_id)
         self.jobs[job.job_id] = runtime
         if old is not None:
@@ -171,10 +231,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[worker_pb2.GradientChunk]:
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
-            known = sorted(self.jobs)
             await _abort(
                 context, grpc.StatusCode.NOT_FOUND,
-                f"Unknown job {request.job_id!r}; this worker holds {known or 'no jobs'}. Load it with LoadJob first.",
+                f"Unknown job {short(request.job_id)} on this worker; load it with LoadJob first.",
             )  # fmt: skip
         job = runtime.job
         if request.worker_id != job.worker_id:
@@ -188,6 +247,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if request.model.dtype != common_pb2.DTYPE_FLOAT64:
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             params = job.check_params(array_from_tensor(request.model))
+            if not np.isfinite(params).all():
+                bad = int(np.count_nonzero(~np.isfinite(params)))
+                raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
             rows = job.check_rows(list(request.rows))
         except (ValueError, WireError) as exc:
             error = str(exc)
@@ -333,13 +395,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.EndJobReply:
         runtime = self.jobs.pop(request.job_id, None)
         if runtime is None:
-            known = sorted(self.jobs)
-            await _abort(
-                context, grpc.StatusCode.NOT_FOUND, f"Unknown job {request.job_id!r}; this worker holds {known}."
-            )
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"Unknown job {short(request.job_id)} on this worker.")
         await self._retire(runtime)
         logger.info("job %r ended", request.job_id)
         return worker_pb2.EndJobReply()
+
+    # ---- Hello ---------------------------------------------------------------------------------
+    async def Hello(  # noqa: N802 - proto name
+        self, request: worker_pb2.HelloRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.HelloReply:
+        return worker_pb2.HelloReply(instance_id=self.instance_id)
 
     async def _retire(self, runtime: JobRuntime) -> None:
         runtime.cancel_all()

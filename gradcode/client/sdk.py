@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-import grpc
 import numpy as np
 
 from gradcode.common.codes.registry import code_class
+from gradcode.common.security import Security, security_from_env
 from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -90,11 +90,16 @@ ReportCallback = Callable[[master_pb2.IterationReport], Awaitable[None] | None]
 
 
 class GradcodeClient:
-    """An asyncio client of one master. Use as ``async with``, or call :meth:`close`."""
+    """An asyncio client of one master. Use as ``async with``, or call :meth:`close`.
 
-    def __init__(self, address: str) -> None:
+    ``security`` (TLS files and the client token) defaults to the GRADCODE_TLS_* and GRADCODE_TOKEN
+    environment variables; plaintext without a token when none is set.
+    """
+
+    def __init__(self, address: str, *, security: Security | None = None) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.security = security if security is not None else security_from_env()
+        self._channel = self.security.channel(address, bearer=self.security.token, options=CHANNEL_OPTIONS)
         self._stub = master_pb2_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> GradcodeClient:
@@ -136,6 +141,11 @@ class GradcodeClient:
     async def list_workers(self) -> list[master_pb2.WorkerInfo]:
         reply = await self._stub.ListWorkers(master_pb2.ListWorkersRequest())
         return list(reply.workers)
+
+    async def remove_worker(self, worker_id: int) -> master_pb2.WorkerInfo:
+        """Remove a worker from the master's pool (it is DOWN for good; running jobs see it as failed)."""
+        info: master_pb2.WorkerInfo = await self._stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=worker_id))
+        return info
 
     async def run(
         self, spec: master_pb2.JobSpec, on_report: ReportCallback | None = None, *, check: bool = True
