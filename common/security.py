@@ -230,7 +230,8 @@ def warn_if_exposed(host: str, security: Security) -> None:
         log.warning(
             "!!! LISTENING IN PLAINTEXT ON %s, A NON-LOOPBACK ADDRESS: anyone on the network can read and forge "
             "every call%s. Use --tls-cert/--tls-key/--tls-ca (see `gradcode certs`) outside a trusted network. !!!",
-            host or "all interfaces", "" if security.authenticated else " and drive this node without credentials",
+            host or "all interfaces",
+            "" if security.authenticated else " and drive this node without credentials",
         )
     if security.token is not None and security.join_secret is None and not security.mutual:
         log.warning(

@@ -47,7 +47,8 @@ def _numbers(value: struct_pb2.Value, path: str) -> Iterator[tuple[str, float]]:
 
 def _struct_numbers(struct: struct_pb2.Struct, path: str) -> Iterator[tuple[str, float]]:
     for key, item in struct.fields.items():
-        yield from _numbers(item, f"{path}.{short(key, 32)}" if key.isidentifier() else f"{path}[{short(key, 32)}]")
+        plain = key.isidentifier() and len(key) <= 32
+        yield from _numbers(item, f"{path}.{key}" if plain else f"{path}[{short(key, 32)}]")
 
 
 def check_struct_finite(struct: struct_pb2.Struct, path: str) -> None:

@@ -295,8 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_security_arguments(workers, role="client")
     workers.set_defaults(handler=_workers)
     certs = sub.add_parser("certs", help="make a CA and TLS certificates for a cluster (needs gradcode[certs])")
-    certs.add_argument("--host", action="append", default=[], metavar="NAME|IP", required=True,
-                       help="a host name or IP the master and workers are reached at (repeatable; SANs of node.pem)")
+    certs.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="NAME|IP",
+        required=True,
+        help="a host name or IP the master and workers are reached at (repeatable; SANs of node.pem)",
+    )
     certs.add_argument("--out", type=Path, default=Path("certs"), help="directory for the files (default: certs)")
     certs.add_argument("--days", type=int, default=365, help="validity in days (default: 365)")
     certs.add_argument("--overwrite", action="store_true", help="replace existing files")

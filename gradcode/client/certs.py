@@ -40,9 +40,7 @@ def _crypto() -> Any:
     try:
         from cryptography import x509  # noqa: F401
     except ImportError:
-        raise RuntimeError(
-            "gradcode certs needs the 'cryptography' package: pip install 'gradcode[certs]'."
-        ) from None
+        raise RuntimeError("gradcode certs needs the 'cryptography' package: pip install 'gradcode[certs]'.") from None
     import cryptography
 
     return cryptography
