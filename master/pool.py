@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_WORKERS",
     "AddressTakenError",
+    "BackgroundLoads",
     "LatenessWatch",
     "PoolFullError",
     "PoolWorker",
@@ -329,6 +330,10 @@ class WorkerPool:
         async with self._changed:
             self._changed.notify_all()
 
+    async def notify_changed(self) -> None:
+        """Wake :meth:`wait_changed` waiters (e.g. a worker finished loading a job in the background)."""
+        await self._notify()
+
     async def wait_changed(self, timeout: float) -> None:
         """Wait until a worker registers or comes back UP, or ``timeout`` seconds pass."""
         async with self._changed:
@@ -448,6 +453,48 @@ class LatenessWatch:
         """Cancel the probes under way (the job ended)."""
         for task in self._probes.values():
             task.cancel()
+
+
+class BackgroundLoads:
+    """(Re)loads that run beside the iterations, so a slow or hung LoadJob never delays the gather of the others.
+
+    The runner calls :meth:`start` for each worker that must (re)load the job and asks only the workers
+    that hold it; a worker still loading is simply not asked this iteration (it counts against the
+    straggler tolerance like any late worker, and only for as long as it loads). Each load is bounded by
+    its own timeout (its LoadJob call's), and when it ends the pool's waiters are woken so the runner can
+    ask the worker in the same iteration if the deadline allows.
+    """
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self._tasks: dict[int, asyncio.Task[bool]] = {}
+
+    def loading(self, key: int) -> bool:
+        """A load for ``key`` (the runner's worker index) is under way."""
+        return key in self._tasks
+
+    def start(self, key: int, load: Callable[[], Awaitable[bool]]) -> bool:
+        """Start ``load()`` in the background unless one for ``key`` is under way; True if started now."""
+        if key in self._tasks:
+            return False
+        task = asyncio.get_running_loop().create_task(self._run(key, load), name=f"load-{key}")
+        self._tasks[key] = task
+        return True
+
+    async def _run(self, key: int, load: Callable[[], Awaitable[bool]]) -> bool:
+        try:
+            return await load()
+        finally:
+            self._tasks.pop(key, None)
+            await self.pool.notify_changed()
+
+    async def close(self) -> None:
+        """Cancel the loads under way and wait for them (the job ended)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()  # a task cancelled before it ran never reached its own cleanup
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

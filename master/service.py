@@ -26,7 +26,7 @@ import grpc
 from gradcode.common.security import short
 from gradcode.master.job import JobRunner, JobSpecError, plan_job
 from gradcode.master.pool import AddressTakenError, PoolFullError, UnreachableWorkerError, WorkerPool
-from gradcode.master.spec_checks import SpecCheckError, check_job_id, check_spec_numbers
+from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MAX_FINISHED_JOBS", "MasterServicer"]
@@ -137,17 +137,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     async def _job(self, job_id: str, context: grpc.aio.ServicerContext[Any, Any]) -> JobRunner:
         """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
-        try:
-            check_job_id(job_id)
-        except SpecCheckError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:
             where = f" its history is in {self.run_dir / (job_id + '.jsonl')}" if self.run_dir is not None else ""
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"Job {job_id!r} finished and was evicted: the master keeps only the {self.max_finished_jobs} most "
-                f"recently finished jobs;{where or ' it kept no history (no run directory)'}.",
+                f"Job {short(job_id)} finished and was evicted: the master keeps only the "
+                f"{self.max_finished_jobs} most recently finished jobs;"
+                f"{where or ' it kept no history (no run directory)'}.",
             )
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Unknown job {short(job_id)}.")

@@ -12,6 +12,7 @@ import pytest
 from gradcode.master.node import MasterNode
 from gradcode.master.pool import (
     AddressTakenError,
+    BackgroundLoads,
     LatenessWatch,
     PoolFullError,
     UnreachableWorkerError,
@@ -132,3 +133,31 @@ async def test_a_worker_late_k_times_in_a_row_is_probed_and_marked_down_when_the
         finally:
             watch.close()
             await pool.close()
+
+
+async def test_a_hung_reload_runs_beside_the_iterations_and_wakes_the_runner_when_it_ends() -> None:
+    pool = WorkerPool()
+    loads = BackgroundLoads(pool)
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def hung_load() -> bool:
+        calls.append(1)
+        await release.wait()
+        return True
+
+    async with asyncio.timeout(TIMEOUT):
+        assert loads.start(4, hung_load) and loads.loading(4)
+        assert not loads.start(4, hung_load)  # one load per worker at a time, however many iterations ask
+        await asyncio.sleep(0)
+        assert calls == [1] and loads.loading(4)  # start() returned at once: the gather of the others goes on
+        waiter = asyncio.create_task(pool.wait_changed(TIMEOUT))
+        await asyncio.sleep(0)
+        release.set()
+        await waiter  # woken by the load's end, long before TIMEOUT
+        assert not loads.loading(4)
+        release.clear()
+        loads.start(5, hung_load)
+        await loads.close()  # the job ended: loads under way are cancelled
+        assert not loads.loading(5)
+    await pool.close()
