@@ -22,6 +22,7 @@ anyone on the path, so a token without TLS is only for loopback.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -163,7 +164,15 @@ class Security:
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=self.mutual)
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        """TLS channel credentials (mutual: with this process's certificate), or None for plaintext."""
+        """TLS channel credentials (mutual: with this process's certificate), or None for plaintext.
+
+        Read once and reused by every channel (the master opens one per worker and per probe); new
+        files take effect on restart.
+        """
+        return self._channel_credentials
+
+    @functools.cached_property
+    def _channel_credentials(self) -> grpc.ChannelCredentials | None:
         if not self.channel_tls:
             return None
         ca = _read(self.ca, "TLS CA certificate")
