@@ -272,6 +272,9 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
     async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
         return worker_pb2.EndJobReply()
 
+    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
+        return worker_pb2.HelloReply()
+
 
 def _stale(c: worker_pb2.GradientChunk) -> None:
     c.iteration -= 1
