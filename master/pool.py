@@ -229,11 +229,16 @@ class WorkerPool:
         try:
             answered = await self.hello(address)
         except grpc.aio.AioRpcError as exc:
+            what = (
+                f"Something other than a gradcode worker answers at {address}, the address this worker registered "
+                "with (UNIMPLEMENTED: it has no Worker.Hello)"
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED
+                else f"The master could not reach this worker at {address}, the address it registered with "
+                f"({exc.code().name}: {short(exc.details() or '', 120)})"
+            )
             raise UnreachableWorkerError(
-                f"The master could not reach this worker at {address}, the address it registered with "
-                f"({exc.code().name}: {short(exc.details() or '', 120)}). If the worker listens on 0.0.0.0, runs in a "
-                "container or behind NAT, start it with --advertise HOST:PORT (GRADCODE_ADVERTISE) naming an "
-                "address the master can reach."
+                f"{what}. If the worker listens on 0.0.0.0, runs in a container or behind NAT, start it with "
+                "--advertise HOST:PORT (GRADCODE_ADVERTISE) naming an address the master can reach."
             ) from None
         if instance_id and answered != instance_id:
             raise AddressTakenError(
