@@ -29,7 +29,7 @@ import ipaddress
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +99,8 @@ class Security:
     ca: Path | None = None
     mutual: bool = False
     tls: bool = False
-    token: str | None = None
-    join_secret: str | None = None
+    token: str | None = field(default=None, repr=False)
+    join_secret: str | None = field(default=None, repr=False)
     reflection: bool | None = None
     """Serve gRPC reflection; None means on unless authentication is on."""
     server_name: str | None = None
@@ -267,6 +267,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, rules: Mapping[str, Mapping[str, str] | None], *, known: Mapping[str, str]) -> None:
         self._rules = sorted(rules.items(), key=lambda item: -len(item[0]))
         self._known = dict(known)
+        self.refused = 0
+        """Calls refused so far (the log shows the first ones and then every thousandth)."""
 
     def _rule(self, method: str) -> Mapping[str, str] | None:
         """The credentials ``method`` accepts; None when it is open (no rule, or a rule saying open)."""
@@ -295,7 +297,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         else:
             code = grpc.StatusCode.UNAUTHENTICATED
             message = f"{details.method} needs the {wanted} (invalid credential)."
-        log.warning("refused %s: %s", details.method, code.name)
+        self.refused += 1
+        level = logging.WARNING if self.refused <= 10 or self.refused % 1000 == 0 else logging.DEBUG
+        log.log(level, "refused %s: %s (%d calls refused so far)", details.method, code.name, self.refused)
         handler = await continuation(details)
         return _refusing(handler, code, message)
 

@@ -171,3 +171,8 @@ async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCapt
         handle = await start_server(host, 0, registrars=[], service_names=[])
         await handle.stop(None)
         assert any("LISTENING IN PLAINTEXT" in r.getMessage() for r in caplog.records) == loud, host
+
+
+def test_secrets_never_appear_in_a_repr() -> None:
+    text = repr(Security(token=TOKEN, join_secret=JOIN))
+    assert TOKEN not in text and JOIN not in text
