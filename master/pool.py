@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "LatenessWatch",
     "PoolFullError",
     "PoolWorker",
+    "RemovedWorkerError",
     "UnreachableWorkerError",
     "WorkerPool",
     "WorkerState",
@@ -78,6 +80,14 @@ class UnreachableWorkerError(Exception):
 
 class AddressTakenError(Exception):
     """Another worker process answers at the address a worker registered with."""
+
+
+class RemovedWorkerError(Exception):
+    """The registering worker process was removed from the pool."""
+
+
+MAX_REMOVED_REMEMBERED = 10_000
+"""Instance ids of removed workers remembered (so they cannot re-register); the oldest are forgotten."""
 
 
 _CHANNEL_OPTIONS = [
@@ -191,6 +201,8 @@ class WorkerPool:
         self._next_id = 0
         self._workers: dict[int, PoolWorker] = {}
         self._by_address: dict[str, int] = {}
+        self._removed: OrderedDict[str, None] = OrderedDict()
+        """Instance ids of removed worker processes, oldest first: they may not register again."""
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
         for address in addresses:
@@ -256,6 +268,10 @@ class WorkerPool:
         """
         _check_label(name, instance_id)
         addr = worker_address(address)
+        if instance_id and instance_id in self._removed:
+            raise RemovedWorkerError(
+                "This worker process was removed from the pool (gradcode workers remove); restart it to join again."
+            )
         worker_id = self._by_address.get(addr)
         known = self._workers.get(worker_id) if worker_id is not None else None
         fresh = known is not None and known.is_up and bool(instance_id) and known.instance_id == instance_id
@@ -286,12 +302,19 @@ class WorkerPool:
         return worker
 
     async def remove(self, worker_id: int) -> PoolWorker:
-        """Forget a worker: DOWN for good (jobs holding it see it failed), channel closed; KeyError if unknown."""
+        """Forget a worker: DOWN for good (jobs holding it see it failed), channel closed; KeyError if unknown.
+
+        The removed process cannot register again (its instance id is remembered); restarted, it can.
+        """
         worker = self.get(worker_id)
         del self._workers[worker_id]
         if self._by_address.get(worker.address) == worker_id:
             del self._by_address[worker.address]
         self.mark_down(worker, "removed from the pool")
+        if worker.instance_id:  # the process keeps re-registering; it stays out until it restarts
+            self._removed[worker.instance_id] = None
+            while len(self._removed) > MAX_REMOVED_REMEMBERED:
+                self._removed.popitem(last=False)
         channel, worker.channel, worker._stub = worker.channel, None, None
         if channel is not None:
             await channel.close(None)

@@ -25,7 +25,13 @@ import grpc
 
 from gradcode.common.security import short
 from gradcode.master.job import JobRunner, JobSpecError, plan_job
-from gradcode.master.pool import AddressTakenError, PoolFullError, UnreachableWorkerError, WorkerPool
+from gradcode.master.pool import (
+    AddressTakenError,
+    PoolFullError,
+    RemovedWorkerError,
+    UnreachableWorkerError,
+    WorkerPool,
+)
 from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
@@ -75,6 +81,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             code, message = grpc.StatusCode.ALREADY_EXISTS, str(exc)
         except PoolFullError as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        except RemovedWorkerError as exc:
+            code, message = grpc.StatusCode.PERMISSION_DENIED, str(exc)
         if code is not None:
             log.warning("refused a worker registering as %s: %s", short(request.address), message)
             await context.abort(code, message)

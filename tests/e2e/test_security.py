@@ -162,3 +162,36 @@ def test_a_worker_advertising_an_unreachable_address_is_never_up(tmp_path: Path)
             lost.stop()
     assert [w.name for w in workers] == ["worker-0"] and workers[0].state == master_pb2.WORKER_STATE_UP
     assert "FAILED_PRECONDITION" in (tmp_path / "lost.log").read_text()
+
+
+def test_the_cli_makes_certificates_lists_and_removes_workers_over_mutual_tls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradcode.client.__main__ import main
+    from gradcode.client.healthcheck import is_serving
+
+    out = tmp_path / "certs"
+    assert main(["certs", "--host", "127.0.0.1", "--out", str(out)]) == 0
+    assert "keep" in capsys.readouterr().out and (out / "node.pem").is_file()
+    files = CertificateSet(*(out / n for n in ("ca.pem", "ca-key.pem", "node.pem", "node-key.pem", "client.pem",
+                                              "client-key.pem")))  # fmt: skip
+    with LocalCluster(2, run_dir=tmp_path / "run", env=server_env(files)) as cluster:
+        master = cluster.master_address
+        for name, value in (("GRADCODE_TLS_CA", files.ca), ("GRADCODE_TLS_CERT", files.client),
+                            ("GRADCODE_TLS_KEY", files.client_key), ("GRADCODE_MTLS", "1")):  # fmt: skip
+            monkeypatch.setenv(name, str(value))
+        monkeypatch.delenv("GRADCODE_TOKEN", raising=False)
+        assert main(["workers", "--master", master]) == 1  # no token: refused
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        monkeypatch.setenv("GRADCODE_TOKEN", TOKEN)
+        deadline = time.monotonic() + START_TIMEOUT
+        while main(["workers", "--master", master]) == 0 and capsys.readouterr().out.count(" UP ") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert main(["workers", "remove", "0", "--master", master]) == 0
+        assert "removed worker 0" in capsys.readouterr().out
+        assert main(["workers", "--master", master]) == 0
+        listing = capsys.readouterr().out
+        assert "   0 " not in listing and listing.count(" UP ") == 1
+        tls = Security(cert=files.client, key=files.client_key, ca=files.ca, mutual=True)
+        assert is_serving(master, 5.0, tls) and not is_serving(master, 2.0, Security())  # the probe needs TLS too

@@ -15,6 +15,7 @@ from gradcode.master.pool import (
     BackgroundLoads,
     LatenessWatch,
     PoolFullError,
+    RemovedWorkerError,
     UnreachableWorkerError,
     WorkerPool,
 )
@@ -76,6 +77,8 @@ async def test_labels_and_pool_size_are_bounded_and_workers_can_be_removed() -> 
             with pytest.raises(PoolFullError, match="gradcode workers remove"):
                 await pool.register(b.address, "b", b.instance_id)
             removed = await pool.remove(worker.worker_id)
+            with pytest.raises(RemovedWorkerError, match="restart it to join again"):
+                await pool.register(a.address, "a", a.instance_id)  # the removed process stays out
             assert not removed.is_up and removed.last_error == "removed from the pool" and pool.workers == []
             with pytest.raises(KeyError, match="Unknown worker id"):
                 await pool.remove(worker.worker_id)
