@@ -418,6 +418,9 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
     g.add_argument("--tls-ca", type=Path, default=env("GRADCODE_TLS_CA") or None, metavar="PEM",
                    help="CA certificate that signed the cluster's certificates; turns TLS on for outgoing "
                    "channels [GRADCODE_TLS_CA]")  # fmt: skip
+    g.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="TLS for outgoing channels even without --tls-ca, trusting the system's CAs "
+                   "[GRADCODE_TLS=1]")  # fmt: skip
     g.add_argument("--mtls", action=argparse.BooleanOptionalAction, default=None,
                    help="mutual TLS: servers require, and channels present, certificates signed by --tls-ca "
                    "[GRADCODE_MTLS=1]")  # fmt: skip
@@ -441,11 +444,12 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
 def security_from_args(args: argparse.Namespace) -> Security:
     """The :class:`Security` the flags (or their variables) describe; ValueError naming what is wrong."""
     mutual = args.mtls if args.mtls is not None else bool(_env_flag("GRADCODE_MTLS"))
+    tls = args.tls if args.tls is not None else bool(_env_flag("GRADCODE_TLS"))
     reflection = getattr(args, "reflection", None)
     if reflection is None:
         reflection = _env_flag("GRADCODE_REFLECTION")
     security = Security(
-        cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, mutual=mutual,
+        cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, mutual=mutual, tls=tls,
         token=getattr(args, "token", None), join_secret=getattr(args, "join_secret", None),
         reflection=reflection, server_name=args.tls_server_name,
     )  # fmt: skip

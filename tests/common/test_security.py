@@ -176,3 +176,31 @@ async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCapt
 def test_secrets_never_appear_in_a_repr() -> None:
     text = repr(Security(token=TOKEN, join_secret=JOIN))
     assert TOKEN not in text and JOIN not in text
+
+
+def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: CertificateSet) -> None:
+    import argparse
+
+    from gradcode.common.security import add_security_arguments, security_from_args
+
+    def parse(role: str, *argv: str) -> Security:
+        parser = argparse.ArgumentParser()
+        add_security_arguments(parser, role=role)
+        return security_from_args(parser.parse_args(list(argv)))
+
+    assert parse("client") == Security()
+    monkeypatch.setenv("GRADCODE_TLS_CA", str(certs.ca))
+    monkeypatch.setenv("GRADCODE_MTLS", "yes")
+    monkeypatch.setenv("GRADCODE_TOKEN", TOKEN)
+    with pytest.raises(ValueError, match="Mutual TLS needs"):
+        parse("client")
+    client = parse("client", "--tls-cert", str(certs.client), "--tls-key", str(certs.client_key))
+    assert client.mutual and client.token == TOKEN and client.channel_tls
+    assert not parse("client", "--no-mtls").mutual  # a flag wins over its variable
+    monkeypatch.setenv("GRADCODE_MTLS", "maybe")
+    with pytest.raises(ValueError, match="GRADCODE_MTLS must be one of"):
+        parse("client")
+    monkeypatch.delenv("GRADCODE_MTLS")
+    worker = parse("worker", "--join-secret", JOIN)
+    assert worker.join_secret == JOIN and worker.token is None and not worker.serve_reflection
+    assert parse("worker", "--join-secret", JOIN, "--reflection").serve_reflection
