@@ -204,3 +204,16 @@ def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: Certificate
     worker = parse("worker", "--join-secret", JOIN)
     assert worker.join_secret == JOIN and worker.token is None and not worker.serve_reflection
     assert parse("worker", "--join-secret", JOIN, "--reflection").serve_reflection
+
+
+async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(certs: CertificateSet) -> None:
+    """Parent ↔ child channels use TLS and the worker call token like master ↔ worker ones."""
+    from tests.e2e.conftest import job_spec
+
+    async with asyncio.timeout(TIMEOUT), secure_cluster(certs, 6) as (master, _workers):
+        async with GradcodeClient(master.address, security=client_security(certs)) as client:
+            ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
+            spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
+            info, reports = await client.run(spec, check=False)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)
