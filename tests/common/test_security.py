@@ -210,10 +210,13 @@ async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(cer
     """Parent ↔ child channels use TLS and the worker call token like master ↔ worker ones."""
     from tests.e2e.conftest import job_spec
 
-    async with asyncio.timeout(TIMEOUT), secure_cluster(certs, 6) as (master, _workers):
-        async with GradcodeClient(master.address, security=client_security(certs)) as client:
-            ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
-            spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
-            info, reports = await client.run(spec, check=False)
+    async with (
+        asyncio.timeout(TIMEOUT),
+        secure_cluster(certs, 6) as (master, _workers),
+        GradcodeClient(master.address, security=client_security(certs)) as client,
+    ):
+        ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
+        spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
+        info, reports = await client.run(spec, check=False)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)
