@@ -3,7 +3,8 @@
 * :func:`start_server` — the canonical grpc.aio sequence: create the server with
   :data:`~gradcode.common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
   (grpcio-health-checking) and server reflection (grpcio-reflection), bind ``host:port`` (port 0
-  picks a free port) and start. Returns a :class:`ServingHandle`.
+  picks a free port) and start; TLS, the token interceptor and whether reflection is served come from
+  :class:`~gradcode.common.security.Security`. Returns a :class:`ServingHandle`.
 * :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
   parents and the master stop routing to a node that is leaving; then in-flight calls get ``grace``
   seconds to finish.
@@ -124,7 +125,7 @@ async def start_server(
     """
     security = security or Security()
     auth = security.interceptor()
-    interceptors = [*interceptors, auth] if auth is not None else list(interceptors)
+    interceptors = [auth, *interceptors] if auth is not None else list(interceptors)  # refused calls go no further
     # NOTE: SO_REUSEPORT off, so a second process on a taken port fails instead of silently sharing it.
     server_options = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0), *options]
     server = grpc.aio.server(interceptors=list(interceptors), options=server_options)
