@@ -145,9 +145,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Bytes budgeted to the LoadJob streams under way, by stream."""
 
     def _budget(self, replacing: str) -> tuple[int, int]:
-        """(bytes still free for one more job, jobs held besides ``replacing``) under the worker-wide limits."""
+        """(bytes still free for one more job, other jobs held or loading) under the worker-wide limits.
+
+        Loads under way count with the bytes they may still receive, so concurrent LoadJobs cannot
+        together exceed the budget or the job count.
+        """
         held = sum(r.job.bytes_received for job_id, r in self.jobs.items() if job_id != replacing)
-        others = sum(1 for job_id in self.jobs if job_id != replacing)
+        others = sum(1 for job_id in self.jobs if job_id != replacing) + len(self._loading)
         return self.max_total_bytes - held - sum(self._loading.values()), others
 
     # ---- LoadJob -------------------------------------------------------------------------------
