@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import numpy as np
@@ -71,5 +72,30 @@ async def test_a_worker_refuses_a_model_that_is_not_finite(bad: float) -> None:
             assert "1 NaN or infinite values" in (info.value.details() or "")
             request.model.CopyFrom(tensor_from_array(random_params()))
             assert [c async for c in stub.Compute(request)]  # and keeps serving
+    finally:
+        await stop_worker(served)
+
+
+async def test_concurrent_loads_count_against_the_job_bound() -> None:
+    servicer = WorkerServicer(max_jobs=1)
+    served = await serve_worker(servicer)
+    release = asyncio.Event()
+
+    async def slow_chunks() -> Any:
+        first, *rest = chunks("slow")
+        yield first
+        await release.wait()  # the setup is in; the data comes later
+        for chunk in rest:
+            yield chunk
+
+    try:
+        async with asyncio.timeout(TIMEOUT), grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as ch:
+            stub = worker_pb2_grpc.WorkerStub(ch)  # type: ignore[no-untyped-call]
+            slow = asyncio.ensure_future(stub.LoadJob(slow_chunks()))
+            while not servicer._loading:
+                await asyncio.sleep(0.01)
+            assert await load(stub, "fast") == grpc.StatusCode.RESOURCE_EXHAUSTED
+            release.set()
+            assert (await slow).job_id == "slow" and list(servicer.jobs) == ["slow"]
     finally:
         await stop_worker(served)
