@@ -241,6 +241,11 @@ class WorkerPool:
         try:
             answered = await self.hello(address)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise UnreachableWorkerError(
+                    f"The worker at {address} refused the master's credential ({exc.code().name}); give the master "
+                    "and every worker the same join secret (GRADCODE_JOIN_SECRET)."
+                ) from None
             what = (
                 f"Something other than a gradcode worker answers at {address}, the address this worker registered "
                 "with (UNIMPLEMENTED: it has no Worker.Hello)"

@@ -164,3 +164,17 @@ async def test_a_hung_reload_runs_beside_the_iterations_and_wakes_the_runner_whe
         await loads.close()  # the job ended: loads under way are cancelled
         assert not loads.loading(5)
     await pool.close()
+
+
+async def test_a_worker_that_refuses_the_masters_credential_is_told_about_the_join_secret() -> None:
+    from gradcode.common.security import Security
+
+    worker_side = Security(join_secret="worker-side-secret-0123456789")
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1, security=worker_side) as worker:
+        pool = WorkerPool(security=Security(join_secret="master-side-secret-0123456789"))
+        try:
+            with pytest.raises(UnreachableWorkerError, match="the same join secret"):
+                await pool.register(worker.address, "w", worker.instance_id)
+            assert pool.workers == []
+        finally:
+            await pool.close()
