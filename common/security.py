@@ -231,10 +231,15 @@ class Security:
         return f"{transport}, {'authentication: ' + ', '.join(auth) if auth else 'no authentication'}"
 
 
-def warn_if_exposed(host: str, security: Security) -> None:
+def warn_if_exposed(host: str, security: Security, services: Sequence[str] = ()) -> None:
     """Log loudly when a server listens in plaintext (or without authentication) beyond loopback."""
     if is_loopback(host):
         return
+    if MASTER_SERVICE.strip("/") in services and security.token is None and not security.mutual:
+        log.warning(
+            "!!! No client token: anyone who reaches %s can create, read and cancel jobs. Set GRADCODE_TOKEN or "
+            "--mtls. !!!", host or "all interfaces",
+        )  # fmt: skip
     if not security.server_tls:
         log.warning(
             "!!! LISTENING IN PLAINTEXT ON %s, A NON-LOOPBACK ADDRESS: anyone on the network can read and forge "

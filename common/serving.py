@@ -146,7 +146,7 @@ async def start_server(
     if bound == 0:
         await server.stop(None)
         raise OSError(f"Cannot listen on {target} (is the port in use, or the host not local?).")
-    warn_if_exposed(host, security)
+    warn_if_exposed(host, security, names)
     await server.start()
     handle = ServingHandle(server=server, health=health_servicer, host=host, port=bound, service_names=names)
     await handle.set_serving(True)

@@ -168,9 +168,10 @@ async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCapt
 
     for host, loud in (("127.0.0.1", False), ("0.0.0.0", True)):
         caplog.clear()
-        handle = await start_server(host, 0, registrars=[], service_names=[])
+        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"])
         await handle.stop(None)
         assert any("LISTENING IN PLAINTEXT" in r.getMessage() for r in caplog.records) == loud, host
+        assert any("No client token" in r.getMessage() for r in caplog.records) == loud, host
 
 
 def test_secrets_never_appear_in_a_repr() -> None:
