@@ -370,7 +370,38 @@ def _load_file(
     )
 
 
+MAX_FILE_ARRAY_BYTES = 1 << 30
+"""Largest 'X' plus 'y' (as float64) a data file may declare; an .npz is checked from its array headers
+before anything is decompressed, so a small compressed file cannot expand into gigabytes."""
+
+
+def _npz_declared_bytes(file: Path) -> int:
+    """float64 bytes of the 'X' and 'y' an .npz declares in its .npy headers, without decompressing the data."""
+    total = 0
+    with zipfile.ZipFile(file) as archive:
+        for member in ("X.npy", "y.npy"):
+            if member not in archive.namelist():
+                continue
+            with archive.open(member) as stream:
+                version = np.lib.format.read_magic(stream)
+                if version == (1, 0):
+                    shape, _, _ = np.lib.format.read_array_header_1_0(stream)
+                else:
+                    shape, _, _ = np.lib.format.read_array_header_2_0(stream)
+            total += math.prod(int(d) for d in shape) * 8
+    return total
+
+
 def _read_npz(file: Path) -> tuple[FloatArray, FloatArray]:
+    try:
+        declared = _npz_declared_bytes(file)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"Data file {str(file)!r} is not a readable .npz archive: {exc}") from None
+    if declared > MAX_FILE_ARRAY_BYTES:
+        raise ValueError(
+            f"Data file {str(file)!r} declares arrays of {declared / 2**20:.0f} MiB as float64; a data file may hold "
+            f"at most {MAX_FILE_ARRAY_BYTES >> 20} MiB (checked before decompressing)."
+        )
     try:
         archive = np.load(file, allow_pickle=False)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:

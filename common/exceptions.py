@@ -21,7 +21,8 @@
         ├── AlreadyExistsError         ALREADY_EXISTS: a job id in use
         ├── FailedPreconditionError    FAILED_PRECONDITION: e.g. too few workers up
         ├── AbortedError               ABORTED: e.g. an iteration older than one already started
-        └── ResourceExhaustedError     RESOURCE_EXHAUSTED: out of memory
+        ├── PermissionDeniedError      PERMISSION_DENIED: e.g. a removed worker registering again
+        └── ResourceExhaustedError     RESOURCE_EXHAUSTED: out of memory, a full pool, a worker's budget
 
 Invalid parameters of library calls raise plain ``ValueError`` (or ``KeyError`` for an unknown
 message/scheme name) with a message that says what would be valid. The gRPC status each error maps
@@ -46,6 +47,7 @@ __all__ = [
     "NotDecodableError",
     "NotFoundError",
     "NumericallyUnsafeError",
+    "PermissionDeniedError",
     "RequestError",
     "ResourceExhaustedError",
     "WireError",
@@ -124,6 +126,10 @@ class FailedPreconditionError(RequestError):
 
 class AbortedError(RequestError):
     """The request was overtaken, e.g. a newer iteration started (ABORTED)."""
+
+
+class PermissionDeniedError(RequestError):
+    """The caller is known but may not do this, e.g. a removed worker registering again (PERMISSION_DENIED)."""
 
 
 class ResourceExhaustedError(RequestError):

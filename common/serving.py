@@ -3,7 +3,8 @@
 * :func:`start_server` — the canonical grpc.aio sequence: create the server with
   :data:`~gradcode.common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
   (grpcio-health-checking) and server reflection (grpcio-reflection), bind ``host:port`` (port 0
-  picks a free port) and start. Returns a :class:`ServingHandle`.
+  picks a free port) and start; TLS, the token interceptor and whether reflection is served come from
+  :class:`~gradcode.common.security.Security`. Returns a :class:`ServingHandle`.
 * :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
   parents and the master stop routing to a node that is leaving; then in-flight calls get ``grace``
   seconds to finish.
@@ -34,6 +35,7 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gradcode.common.security import Security, warn_if_exposed
 from gradcode.common.wire import CHANNEL_OPTIONS
 
 __all__ = [
@@ -112,13 +114,18 @@ async def start_server(
     service_names: Sequence[str],
     interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
     options: Sequence[tuple[str, Any]] = (),
+    security: Security | None = None,
 ) -> ServingHandle:
     """Create, register, bind and start a grpc.aio server; health SERVING once it accepts calls.
 
     ``service_names`` are the full names of the registered services (``gradcode.v1.Worker``); they
-    get a health status and are listed by reflection. Raises ``OSError`` when ``host:port`` cannot be
-    bound (in use, or not an address of this machine).
+    get a health status and are listed by reflection. ``security`` (default: plaintext, open) gives the
+    TLS credentials, the authentication interceptor (health stays open) and whether reflection is served.
+    Raises ``OSError`` when ``host:port`` cannot be bound (in use, or not an address of this machine).
     """
+    security = security or Security()
+    auth = security.interceptor()
+    interceptors = [auth, *interceptors] if auth is not None else list(interceptors)  # refused calls go no further
     # NOTE: SO_REUSEPORT off, so a second process on a taken port fails instead of silently sharing it.
     server_options = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0), *options]
     server = grpc.aio.server(interceptors=list(interceptors), options=server_options)
@@ -127,16 +134,19 @@ async def start_server(
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if security.serve_reflection:
+        reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     target = format_address(host, port)
+    credentials = security.server_credentials()
     try:
-        bound = server.add_insecure_port(target)
+        bound = server.add_insecure_port(target) if credentials is None else server.add_secure_port(target, credentials)
     except RuntimeError as exc:
         await server.stop(None)
         raise OSError(f"Cannot listen on {target}: {exc} (is the port in use, or the host not local?)") from None
     if bound == 0:
         await server.stop(None)
         raise OSError(f"Cannot listen on {target} (is the port in use, or the host not local?).")
+    warn_if_exposed(host, security, names)
     await server.start()
     handle = ServingHandle(server=server, health=health_servicer, host=host, port=bound, service_names=names)
     await handle.set_serving(True)
@@ -215,7 +225,7 @@ class ServiceNode:
     service_name: str
     """Full name of the node's service (``gradcode.v1.Worker``), for health and reflection."""
 
-    def __init__(self, host: str, port: int, *, grace: float) -> None:
+    def __init__(self, host: str, port: int, *, grace: float, security: Security | None = None) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"Argument 'port' must be in [0, 65535], not {port!r}.")
         if grace < 0:
@@ -223,6 +233,7 @@ class ServiceNode:
         self.host = host
         self.port = port
         self.grace = grace
+        self.security = security or Security()
         self._handle: ServingHandle | None = None
         self._shutdown_started = False
         self._stopped = asyncio.Event()
@@ -252,8 +263,9 @@ class ServiceNode:
         if self._shutdown_started:
             raise RuntimeError(f"This {type(self).__name__} was shut down; create a new one.")
         self._handle = await start_server(
-            self.host, self.port, registrars=[self._register], service_names=[self.service_name]
-        )
+            self.host, self.port, registrars=[self._register], service_names=[self.service_name],
+            security=self.security,
+        )  # fmt: skip
         await self._on_started()
 
     async def run(self) -> None:

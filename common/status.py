@@ -26,6 +26,7 @@ from gradcode.common.exceptions import (
     JobSetupError,
     JobSpecError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     WireError,
 )
@@ -46,6 +47,7 @@ STATUS_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ComputeCancelledError, grpc.StatusCode.ABORTED),
     (ChildrenUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
 )
 """Each error class and the status its calls end with (the first match wins)."""
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
+from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.master.datafile import DATA_DIR_ENV
-from gradcode.master.pool import worker_address
+from gradcode.master.pool import MAX_WORKERS, worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_RUN_DIR = "runs"
@@ -61,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
             f"default: none, file datasets are refused [{DATA_DIR_ENV}]"
         ),
     )
+    parser.add_argument(
+        "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
+        help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
+    )  # fmt: skip
+    add_security_arguments(parser, role="master")
     return parser
 
 
@@ -69,8 +75,9 @@ async def _serve(args: argparse.Namespace) -> None:
     from gradcode.master.node import MasterNode
 
     node = MasterNode(
-        args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace
-    )
+        args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
+        security=args.security, max_workers=args.max_workers,
+    )  # fmt: skip
     await node.start()
     metrics = None
     try:
@@ -94,6 +101,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.host, args.port = service_address(parser, args)
     try:
         args.worker_list = [worker_address(a) for a in args.workers.split(",") if a.strip()]
+        args.security = security_from_args(args)
+        if args.max_workers < 1:
+            raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
     except ValueError as exc:
         parser.error(str(exc))
     if args.data_dir is not None and not Path(args.data_dir).is_dir():

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import grpc
 
+from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
-from gradcode.master.pool import WorkerPool
+from gradcode.master.pool import MAX_WORKERS, WorkerPool
 from gradcode.master.service import MAX_FINISHED_JOBS, MasterServicer
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
@@ -31,7 +32,9 @@ class MasterNode(ServiceNode):
     """The master process's server.
 
     Keyword options: ``workers`` (fixed addresses), ``run_dir`` (job histories), ``data_dir`` (the only
-    directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``.
+    directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``,
+    ``security`` (TLS and tokens, :class:`gradcode.common.security.Security`; default plaintext and open)
+    and ``max_workers`` (the pool's bound).
     """
 
     service_name = MASTER_SERVICE_NAME
@@ -46,11 +49,13 @@ class MasterNode(ServiceNode):
         data_dir: str | Path | None = None,
         grace: float = 5.0,
         max_finished_jobs: int = MAX_FINISHED_JOBS,
+        security: Security | None = None,
+        max_workers: int = MAX_WORKERS,
     ) -> None:
-        super().__init__(host, port, grace=grace)
+        super().__init__(host, port, grace=grace, security=security)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.data_dir = None if data_dir is None else Path(data_dir)
-        self.pool = WorkerPool(workers)
+        self.pool = WorkerPool(workers, security=self.security, max_workers=max_workers)
         self.servicer = MasterServicer(
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs
         )
@@ -60,7 +65,10 @@ class MasterNode(ServiceNode):
 
     async def _on_started(self) -> None:
         self.pool.start_monitor()
-        log.info("master serving on %s with %d listed workers", self.address, len(self.pool.workers))
+        log.info(
+            "master serving on %s (%s) with %d listed workers",
+            self.address, self.security.describe(), len(self.pool.workers),
+        )  # fmt: skip
 
     async def _before_stop(self) -> None:
         await self.servicer.close()  # cancel running jobs; their watchers' streams end

@@ -8,6 +8,12 @@ killed is marked DOWN with the reason; a background monitor probes DOWN workers 
 gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP. A worker
 that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job` and
 reload it.
+
+Admission: a worker that registers is UP only after the master reached it at its advertised address
+and the process answering there (``Worker.Hello``) is the one that registered (same instance id), so
+an unreachable or foreign address is refused, and an address held by a live worker is never taken over
+by another process. Names and addresses are bounded, and so is the pool; :meth:`WorkerPool.remove`
+forgets a worker. :class:`LatenessWatch` turns "late for K iterations in a row" into a probe.
 """
 
 from __future__ import annotations
@@ -16,19 +22,43 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gradcode.common.exceptions import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
 from gradcode.common.metrics import set_workers_up
+from gradcode.common.security import Security, short
 from gradcode.common.serving import format_address, parse_address
 from gradcode.common.wire import CHANNEL_OPTIONS, ReceivedChunk, compute_stream
-from gradcode.v1 import master_pb2, worker_pb2_grpc
+from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
-__all__ = ["HEALTH_PROBE_SECONDS", "PoolWorker", "WorkerPool", "WorkerState", "worker_address"]
+__all__ = [
+    "ADMISSION_TIMEOUT_SECONDS",
+    "HEALTH_PROBE_SECONDS",
+    "MAX_ADDRESS_CHARS",
+    "MAX_NAME_CHARS",
+    "MAX_WORKERS",
+    "AddressTakenError",
+    "BackgroundLoads",
+    "LatenessWatch",
+    "PoolFullError",
+    "PoolWorker",
+    "RemovedWorkerError",
+    "UnreachableWorkerError",
+    "WorkerPool",
+    "WorkerState",
+    "worker_address",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +67,35 @@ WorkerState = int
 
 HEALTH_PROBE_SECONDS = 0.5
 """Period of the health probe of DOWN workers, and the timeout of each probe."""
+
+ADMISSION_TIMEOUT_SECONDS = 3.0
+"""How long the master waits for a registering worker to answer Worker.Hello at its advertised address."""
+MAX_NAME_CHARS = 128
+MAX_ADDRESS_CHARS = 255
+MAX_INSTANCE_ID_CHARS = 64
+MAX_WORKERS = 4096
+"""Default bound on the pool (UP and DOWN workers); remove workers to make room."""
+
+
+class PoolFullError(ResourceExhaustedError):
+    """The pool holds its maximum number of workers."""
+
+
+class UnreachableWorkerError(FailedPreconditionError):
+    """The master cannot reach a registering worker at its advertised address."""
+
+
+class AddressTakenError(AlreadyExistsError):
+    """Another worker process answers at the address a worker registered with."""
+
+
+class RemovedWorkerError(PermissionDeniedError):
+    """The registering worker process was removed from the pool."""
+
+
+MAX_REMOVED_REMEMBERED = 10_000
+"""Instance ids of removed workers remembered (so they cannot re-register); the oldest are forgotten."""
+
 
 _CHANNEL_OPTIONS = [
     *CHANNEL_OPTIONS,
@@ -47,6 +106,8 @@ _CHANNEL_OPTIONS = [
 
 def worker_address(address: str) -> str:
     """A worker's ``host:port`` in canonical form (:func:`gradcode.common.serving.parse_address`, port not 0)."""
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise ValueError(f"Worker address {short(address)} is longer than {MAX_ADDRESS_CHARS} characters.")
     host, port = parse_address(address, what="Worker address")
     if port == 0:
         raise ValueError(f"Worker address {address!r} has port 0; a worker's address needs its real port (1..65535).")
@@ -85,6 +146,14 @@ class _SerializedRequests:
 
     def stream_stream(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
         return self._channel.stream_stream(method, request_serializer=self._serializer(request_serializer), **kwargs)
+def _check_label(name: str, instance_id: str) -> None:
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise ValueError(f"Worker name {short(name)} must be at most {MAX_NAME_CHARS} printable characters.")
+    if len(instance_id) > MAX_INSTANCE_ID_CHARS or not instance_id.isprintable():
+        raise ValueError(
+            f"Worker instance id {short(instance_id)} must be at most {MAX_INSTANCE_ID_CHARS} printable characters."
+        )
+
 
 
 @dataclass(eq=False)
@@ -99,6 +168,9 @@ class PoolWorker:
     last_seen: float = field(default_factory=time.time)
     jobs: set[str] = field(default_factory=set)
     """Jobs loaded on this worker since it last (re)started."""
+    instance_id: str = ""
+    """The worker process's random id (from its registration; empty for a ``--workers`` address)."""
+    security: Security = field(default_factory=Security, repr=False)
     channel: grpc.aio.Channel | None = None
     _stub: worker_pb2_grpc.WorkerStub | None = None
 
@@ -106,7 +178,9 @@ class PoolWorker:
     def stub(self) -> worker_pb2_grpc.WorkerStub:
         """The Worker stub, opening the channel on first use (inside the event loop)."""
         if self._stub is None:
-            self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+            self.channel = self.security.channel(
+                self.address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS
+            )
             self._stub = worker_pb2_grpc.WorkerStub(_SerializedRequests(self.channel))  # type: ignore[no-untyped-call]
         return self._stub
 
@@ -153,33 +227,111 @@ class PoolWorker:
 class WorkerPool:
     """All known workers, by id (ids are assigned 0, 1, 2, … in order of first appearance)."""
 
-    def __init__(self, addresses: Iterable[str] = ()) -> None:
+    def __init__(
+        self, addresses: Iterable[str] = (), *, security: Security | None = None, max_workers: int = MAX_WORKERS
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
+        self.security = security or Security()
+        self.max_workers = max_workers
+        self._next_id = 0
         self._workers: dict[int, PoolWorker] = {}
         self._by_address: dict[str, int] = {}
+        self._removed: OrderedDict[str, None] = OrderedDict()
+        """Instance ids of removed worker processes, oldest first: they may not register again."""
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
         for address in addresses:
             self._add(worker_address(address), name="")
 
     # ---- membership ----------------------------------------------------------------------------
-    def _add(self, address: str, name: str) -> PoolWorker:
-        worker_id = len(self._workers)
-        worker = PoolWorker(worker_id=worker_id, address=address, name=name)
+    def _check_room(self) -> None:
+        if len(self._workers) >= self.max_workers:
+            raise PoolFullError(
+                f"The pool already holds {len(self._workers)} workers, its maximum; remove unused ones "
+                "(gradcode workers remove ID) or start the master with a larger --max-workers."
+            )
+
+    def _add(self, address: str, name: str, instance_id: str = "") -> PoolWorker:
+        self._check_room()
+        worker_id, self._next_id = self._next_id, self._next_id + 1  # ids are never reused
+        worker = PoolWorker(
+            worker_id=worker_id, address=address, name=name, instance_id=instance_id, security=self.security
+        )
         self._workers[worker_id] = worker
         self._by_address[address] = worker_id
         self._count()
         return worker
 
-    async def register(self, address: str, name: str = "") -> PoolWorker:
-        """Add a worker, or bring a known address back UP as a restarted worker (it holds no job)."""
+    async def hello(self, address: str, timeout: float = ADMISSION_TIMEOUT_SECONDS) -> str:
+        """The instance id of the worker process answering at ``address`` (fresh channel, ``timeout`` seconds)."""
+        channel = self.security.channel(address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS)
+        try:
+            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            reply = await stub.Hello(worker_pb2.HelloRequest(), timeout=timeout)
+            return str(reply.instance_id)
+        finally:
+            await channel.close(None)
+
+    async def _admit(self, address: str, instance_id: str) -> str:
+        """Reach ``address`` and check who answers; the instance id found there (see the module docstring)."""
+        try:
+            answered = await self.hello(address)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise UnreachableWorkerError(
+                    f"The worker at {address} refused the master's credential ({exc.code().name}); give the master "
+                    "and every worker the same join secret (GRADCODE_JOIN_SECRET)."
+                ) from None
+            what = (
+                f"Something other than a gradcode worker answers at {address}, the address this worker registered "
+                "with (UNIMPLEMENTED: it has no Worker.Hello)"
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED
+                else f"The master could not reach this worker at {address}, the address it registered with "
+                f"({exc.code().name}: {short(exc.details() or '', 120)})"
+            )
+            raise UnreachableWorkerError(
+                f"{what}. If the worker listens on 0.0.0.0, runs in a container or behind NAT, start it with "
+                "--advertise HOST:PORT (GRADCODE_ADVERTISE) naming an address the master can reach."
+            ) from None
+        if instance_id and answered != instance_id:
+            raise AddressTakenError(
+                f"Another worker process answers at {address}; a worker is admitted only at an address where it "
+                "itself answers (give each worker its own --advertise HOST:PORT)."
+            )
+        return answered
+
+    async def register(self, address: str, name: str = "", instance_id: str = "") -> PoolWorker:
+        """Admit a worker, or bring a known address back UP as a restarted worker (it holds no job).
+
+        ValueError for a bad address, name or instance id; :class:`UnreachableWorkerError` when the
+        master cannot reach it at ``address``; :class:`AddressTakenError` when another process answers
+        there; :class:`PoolFullError` when a new worker would exceed the pool's bound.
+        """
+        _check_label(name, instance_id)
         addr = worker_address(address)
+        if instance_id and instance_id in self._removed:
+            raise RemovedWorkerError(
+                "This worker process was removed from the pool (gradcode workers remove); restart it to join again."
+            )
         worker_id = self._by_address.get(addr)
+        known = self._workers.get(worker_id) if worker_id is not None else None
+        fresh = known is not None and known.is_up and bool(instance_id) and known.instance_id == instance_id
+        if not fresh:  # a new worker, a restarted one, or one that was DOWN: reach it before it is UP
+            if known is None:
+                self._check_room()
+            instance_id = await self._admit(addr, instance_id)
+            worker_id = self._by_address.get(addr)  # it may have registered concurrently while we waited
         if worker_id is None:
-            worker = self._add(addr, name)
+            worker = self._add(addr, name, instance_id)
             log.info("registered %s", worker.describe())
         else:
             worker = self._workers[worker_id]
             worker.name = name or worker.name
+            if worker.instance_id != instance_id:  # another process now answers there: the old one is gone
+                if worker.is_up and worker.instance_id:
+                    self.mark_down(worker, "a new worker process registered at this address")
+                worker.instance_id = instance_id
             if not worker.is_up:  # it came back: a fresh channel, and it holds no job any more
                 worker.jobs.clear()
                 worker.reconnect()
@@ -191,12 +343,33 @@ class WorkerPool:
         await self._notify()
         return worker
 
+    async def remove(self, worker_id: int) -> PoolWorker:
+        """Forget a worker: DOWN for good (jobs holding it see it failed), channel closed; KeyError if unknown.
+
+        The removed process cannot register again (its instance id is remembered); restarted, it can.
+        """
+        worker = self.get(worker_id)
+        del self._workers[worker_id]
+        if self._by_address.get(worker.address) == worker_id:
+            del self._by_address[worker.address]
+        self.mark_down(worker, "removed from the pool")
+        if worker.instance_id:  # the process keeps re-registering; it stays out until it restarts
+            self._removed[worker.instance_id] = None
+            while len(self._removed) > MAX_REMOVED_REMEMBERED:
+                self._removed.popitem(last=False)
+        channel, worker.channel, worker._stub = worker.channel, None, None
+        if channel is not None:
+            await channel.close(None)
+        log.info("removed %s", worker.describe())
+        await self._notify()
+        return worker
+
     def get(self, worker_id: int) -> PoolWorker:
         """The worker with ``worker_id``; KeyError naming the known ids otherwise."""
         try:
             return self._workers[worker_id]
         except KeyError:
-            raise KeyError(f"Unknown worker id {worker_id}; known worker ids are {sorted(self._workers)}.") from None
+            raise KeyError(f"Unknown worker id {worker_id} (the pool has {len(self._workers)} workers).") from None
 
     @property
     def workers(self) -> list[PoolWorker]:
@@ -232,6 +405,10 @@ class WorkerPool:
         async with self._changed:
             self._changed.notify_all()
 
+    async def notify_changed(self) -> None:
+        """Wake :meth:`wait_changed` waiters (e.g. a worker finished loading a job in the background)."""
+        await self._notify()
+
     async def wait_changed(self, timeout: float) -> None:
         """Wait until a worker registers or comes back UP, or ``timeout`` seconds pass."""
         async with self._changed:
@@ -241,10 +418,12 @@ class WorkerPool:
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
         """Ask a worker's health service over a fresh channel; on SERVING mark it UP (it holds no job)."""
-        channel = grpc.aio.insecure_channel(worker.address, options=_CHANNEL_OPTIONS)
+        channel = self.security.channel(worker.address, options=_CHANNEL_OPTIONS)
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
             serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+            if not serving and worker.is_up:
+                self.mark_down(worker, "health check: the worker is not serving (shutting down)")
         except grpc.aio.AioRpcError as exc:
             serving = False
             if worker.is_up:
@@ -262,7 +441,7 @@ class WorkerPool:
         return bool(serving)
 
     async def probe_down(self) -> None:
-        """Probe every DOWN worker once, concurrently."""
+        """Probe every DOWN worker once, concurrently (a removed worker is not in the pool and stays DOWN)."""
         down = [w for w in self.workers if not w.is_up]
         if down:
             await asyncio.gather(*(self.probe(w) for w in down), return_exceptions=True)
@@ -288,6 +467,109 @@ class WorkerPool:
             channel, worker.channel, worker._stub = worker.channel, None, None
             if channel is not None:
                 await channel.close(None)
+
+
+class LatenessWatch:
+    """Failure detection that does not eat the straggler tolerance.
+
+    A worker whose link is cut never errors, it is only *late*, and every late worker uses up one of
+    the s stragglers the code tolerates. After each iteration the runner calls :meth:`observe` with
+    who delivered and who was late; a worker late for ``consecutive`` iterations in a row is probed
+    (a health check on a fresh channel, in the background, bounded by ``probe_timeout``) and marked
+    DOWN if the probe fails, so the job stops waiting for it and the pool probes it back UP later. A
+    worker that answers the probe is only slow: its count starts again.
+    """
+
+    def __init__(self, pool: WorkerPool, *, consecutive: int = 3, probe_timeout: float = 2.0) -> None:
+        if consecutive < 1:
+            raise ValueError(f"Argument 'consecutive' must be >= 1, not {consecutive!r}.")
+        if probe_timeout <= 0:
+            raise ValueError(f"Argument 'probe_timeout' must be > 0 seconds, not {probe_timeout!r}.")
+        self.pool = pool
+        self.consecutive = consecutive
+        self.probe_timeout = probe_timeout
+        self.late_streak: dict[int, int] = {}
+        self._probes: dict[int, asyncio.Task[bool]] = {}
+
+    def observe(self, *, on_time: Iterable[PoolWorker], late: Iterable[PoolWorker]) -> list[PoolWorker]:
+        """Record one iteration; start (without waiting) a probe of each worker late ``consecutive`` times.
+
+        Returns the workers whose probe was started now. Never blocks: the iteration loop goes on.
+        """
+        for worker in on_time:
+            self.late_streak.pop(worker.worker_id, None)
+        started = []
+        for worker in late:
+            streak = self.late_streak.get(worker.worker_id, 0) + 1
+            self.late_streak[worker.worker_id] = streak
+            if streak >= self.consecutive and worker.is_up and worker.worker_id not in self._probes:
+                self.late_streak[worker.worker_id] = 0
+                task = asyncio.get_running_loop().create_task(self._probe(worker), name=f"probe-{worker.worker_id}")
+                self._probes[worker.worker_id] = task
+                started.append(worker)
+        return started
+
+    async def _probe(self, worker: PoolWorker) -> bool:
+        try:
+            alive = await self.pool.probe(worker, timeout=self.probe_timeout)
+            if alive:
+                log.info("%s was late %d iterations in a row but answers its health check", worker.describe(),
+                         self.consecutive)  # fmt: skip
+            return alive
+        finally:
+            self._probes.pop(worker.worker_id, None)
+
+    async def wait_probes(self) -> None:
+        """Wait for the probes under way (tests, and a runner that ends)."""
+        if self._probes:
+            await asyncio.gather(*self._probes.values(), return_exceptions=True)
+
+    def close(self) -> None:
+        """Cancel the probes under way (the job ended)."""
+        for task in self._probes.values():
+            task.cancel()
+
+
+class BackgroundLoads:
+    """(Re)loads that run beside the iterations, so a slow or hung LoadJob never delays the gather of the others.
+
+    The runner calls :meth:`start` for each worker that must (re)load the job and asks only the workers
+    that hold it; a worker still loading is simply not asked this iteration (it counts against the
+    straggler tolerance like any late worker, and only for as long as it loads). Each load is bounded by
+    its own timeout (its LoadJob call's), and when it ends the pool's waiters are woken so the runner can
+    ask the worker in the same iteration if the deadline allows.
+    """
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self._tasks: dict[int, asyncio.Task[bool]] = {}
+
+    def loading(self, key: int) -> bool:
+        """A load for ``key`` (the runner's worker index) is under way."""
+        return key in self._tasks
+
+    def start(self, key: int, load: Callable[[], Awaitable[bool]]) -> bool:
+        """Start ``load()`` in the background unless one for ``key`` is under way; True if started now."""
+        if key in self._tasks:
+            return False
+        task = asyncio.get_running_loop().create_task(self._run(key, load), name=f"load-{key}")
+        self._tasks[key] = task
+        return True
+
+    async def _run(self, key: int, load: Callable[[], Awaitable[bool]]) -> bool:
+        try:
+            return await load()
+        finally:
+            self._tasks.pop(key, None)
+            await self.pool.notify_changed()
+
+    async def close(self) -> None:
+        """Cancel the loads under way and wait for them (the job ended)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()  # a task cancelled before it ran never reached its own cleanup
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

@@ -30,13 +30,16 @@ from gradcode.common.exceptions import (
     FailedPreconditionError,
     InvalidRequestError,
     NotFoundError,
+    RequestError,
     ResourceExhaustedError,
 )
 from gradcode.common.logs import log_context
+from gradcode.common.security import short
 from gradcode.common.status import grpc_errors
 from gradcode.master.job import JobRunner
 from gradcode.master.pool import WorkerPool
 from gradcode.master.spec import plan_job
+from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MAX_FINISHED_JOBS", "MasterServicer"]
@@ -84,10 +87,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.RegisterWorkerReply:
         try:
-            worker = await self.pool.register(request.address, request.name)
+            worker = await self.pool.register(request.address, request.name, request.instance_id)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
+        except RequestError as exc:  # unreachable, address taken, pool full, removed: the pool says which
+            log.warning("refused a worker registering as %s: %s", short(request.address), exc)
+            raise
         return master_pb2.RegisterWorkerReply(worker_id=worker.worker_id)
+
+    @grpc_errors
+    async def RemoveWorker(  # noqa: N802
+        self, request: master_pb2.RemoveWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> master_pb2.WorkerInfo:
+        try:
+            worker = await self.pool.remove(request.worker_id)
+        except KeyError as exc:
+            raise NotFoundError(exc.args[0]) from None
+        return worker.info()
 
     @grpc_errors
     async def ListWorkers(  # noqa: N802
@@ -100,8 +116,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def CreateJob(  # noqa: N802
         self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
+        try:
+            check_spec_numbers(request)
+        except SpecCheckError as exc:
+            raise InvalidRequestError(str(exc)) from None
         if request.job_id and (request.job_id in self.jobs or request.job_id in self.evicted):
-            raise AlreadyExistsError(f"Job {request.job_id!r} already exists.")
+            raise AlreadyExistsError(f"Job {short(request.job_id)} already exists.")
         known = [w.worker_id for w in self.pool.workers]
         try:
             plan = await asyncio.to_thread(plan_job, request, known_worker_ids=known, data_dir=self.data_dir)
@@ -111,7 +131,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 "(fewer workers or partitions)."
             ) from None
         if plan.job_id in self.jobs or plan.job_id in self.evicted:  # created concurrently while we planned
-            raise AlreadyExistsError(f"Job {plan.job_id!r} already exists.")
+            raise AlreadyExistsError(f"Job {short(plan.job_id)} already exists.")
         n, up = plan.num_workers, self.pool.up()
         if plan.spec.wait_for_workers_seconds == 0 and not plan.spec.worker_ids and len(up) < n:
             raise FailedPreconditionError(
@@ -144,16 +164,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             metrics.record_iteration(report, stragglers_tolerated=job.plan.code.s)
 
     def _job(self, job_id: str) -> JobRunner:
+        """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:
             where = f" its history is in {self.run_dir / (job_id + '.jsonl')}" if self.run_dir is not None else ""
             raise NotFoundError(
-                f"Job {job_id!r} finished and was evicted: the master keeps only the {self.max_finished_jobs} most "
-                f"recently finished jobs;{where or ' it kept no history (no run directory)'}."
+                f"Job {short(job_id)} finished and was evicted: the master keeps only the {self.max_finished_jobs} "
+                f"most recently finished jobs;{where or ' it kept no history (no run directory)'}."
             )
         if job is None:
-            known = ", ".join(sorted(self.jobs)) or "none"
-            raise NotFoundError(f"Unknown job {job_id!r}; known jobs: {known}.")
+            raise NotFoundError(f"Unknown job {short(job_id)}.")
         return job
 
     @grpc_errors

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
+from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals, parse_address
 from gradcode.common.wire import MAX_MESSAGE_BYTES
 
@@ -74,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="numpy/BLAS threads; 1 keeps n workers on one machine from oversubscribing it [GRADCODE_THREADS] "
         "(default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--memory-budget", type=float, metavar="GIB", default=float(env_default("GRADCODE_MEMORY_BUDGET", "16") or 16),
+        help="GiB of data all jobs together may hold on this worker; a LoadJob beyond it is refused "
+        "(RESOURCE_EXHAUSTED) [GRADCODE_MEMORY_BUDGET] (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-jobs", type=int, default=int(env_default("GRADCODE_MAX_JOBS", "16") or 16),
+        help="jobs this worker holds at once [GRADCODE_MAX_JOBS] (default: %(default)s)",
+    )  # fmt: skip
+    add_security_arguments(parser, role="worker")
     return parser
 
 
@@ -98,6 +109,11 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 f"--chunk-bytes must be 0 (sized to each message) or in [16, {MAX_MESSAGE_BYTES // 2}], "
                 f"not {args.chunk_bytes}."
             )
+        if not args.memory_budget > 0 or args.max_jobs < 1:
+            raise ValueError(
+                f"--memory-budget must be > 0 and --max-jobs >= 1, not {args.memory_budget} and {args.max_jobs}."
+            )
+        args.security = security_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -120,6 +136,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     node = WorkerNode(
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
         chunk_bytes=args.chunk_bytes or None,
+        max_total_bytes=int(args.memory_budget * 1024**3), max_jobs=args.max_jobs, security=args.security,
     )  # fmt: skip
     from gradcode.common.metrics import WORKER_REGISTRY
 

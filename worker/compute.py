@@ -40,6 +40,7 @@ __all__ = [
     "JobBuilder",
     "JobSetupError",
     "JobStats",
+    "JobTooLargeError",
     "RowSpec",
     "WorkerJob",
     "build_job",
@@ -47,6 +48,10 @@ __all__ = [
 
 MAX_JOB_BYTES = 8 * 1024**3
 """Default cap on the features + labels bytes one job may hold on a worker (8 GiB)."""
+
+
+class JobTooLargeError(JobSetupError):
+    """The job's data would exceed the bytes this worker allows it (RESOURCE_EXHAUSTED, not INVALID_ARGUMENT)."""
 
 
 class CancelFlag(Protocol):
@@ -327,7 +332,7 @@ class JobBuilder:
         num_features = int(self.setup.model.num_features)
         size = num_samples * (num_features + 1) * 8
         if self._bytes_declared + size > self.max_bytes:
-            raise JobSetupError(
+            raise JobTooLargeError(
                 f"Partition {partition} ({num_samples} samples x {num_features} features) would bring job "
                 f"{self.setup.job_id!r} to {self._bytes_declared + size} bytes, over this worker's limit of "
                 f"{self.max_bytes} bytes."

@@ -21,15 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 
 import grpc
 
+from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
-from gradcode.worker.service import WorkerServicer, add_worker_service
+from gradcode.worker.service import MAX_JOBS, MAX_TOTAL_BYTES, WorkerServicer, add_worker_service
 
 __all__ = ["WORKER_SERVICE_NAME", "WorkerNode"]
 
@@ -56,6 +58,9 @@ class WorkerNode(ServiceNode):
         max_job_bytes: cap on the data one job may hold on this worker.
         chunk_bytes: payload bytes per gradient chunk this worker sends (None: sized to each message,
             :func:`~gradcode.common.wire.chunk_bytes_for`).
+        max_total_bytes: cap on the data all jobs together may hold on this worker.
+        max_jobs: cap on the jobs held at once.
+        security: TLS and the join secret (:class:`gradcode.common.security.Security`); default plaintext, open.
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -72,20 +77,30 @@ class WorkerNode(ServiceNode):
         reregister_seconds: float = 5.0,
         max_job_bytes: int = MAX_JOB_BYTES,
         chunk_bytes: int | None = None,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+        max_jobs: int = MAX_JOBS,
+        security: Security | None = None,
     ) -> None:
         if reregister_seconds <= 0:
             raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
-        super().__init__(host, port, grace=grace)
+        super().__init__(host, port, grace=grace, security=security)
         self.master_address = master_address
         self.advertise_address = advertise_address
         self.name = name or socket.gethostname()
         self.reregister_seconds = reregister_seconds
-        self.servicer = WorkerServicer(max_job_bytes=max_job_bytes, chunk_bytes=chunk_bytes)
+        self.instance_id = secrets.token_hex(16)
+        """Random id of this process: the master admits it only where Worker.Hello answers with it."""
+        self.servicer = WorkerServicer(
+            max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes, max_jobs=max_jobs,
+            security=self.security, instance_id=self.instance_id, chunk_bytes=chunk_bytes,
+        )  # fmt: skip
         self.worker_id: int | None = None
         """The id the master gave this worker (None until registered)."""
         self.registered = asyncio.Event()
         self.registration_failures = 0
         """Failed RegisterWorker attempts so far (for logs and tests)."""
+        self.last_registration_error = ""
+        """Status and message of the last refused registration (e.g. the master cannot reach this worker)."""
         self._registration: asyncio.Task[None] | None = None
 
     @property
@@ -103,7 +118,7 @@ class WorkerNode(ServiceNode):
         add_worker_service(self.servicer, server)
 
     async def _on_started(self) -> None:
-        logger.info("worker %s serving on %s", self.name, self.address)
+        logger.info("worker %s serving on %s (%s)", self.name, self.address, self.security.describe())
         if self.master_address:
             self._registration = asyncio.create_task(self._register_forever(self.master_address), name="register")
             self._registration.add_done_callback(self._on_registration_done)
@@ -121,15 +136,19 @@ class WorkerNode(ServiceNode):
     # ---- registration --------------------------------------------------------------------------
     async def _register_forever(self, master_address: str) -> None:
         backoff, failures = 0.1, 0
-        async with grpc.aio.insecure_channel(master_address, options=CHANNEL_OPTIONS) as channel:
+        channel = self.security.channel(master_address, bearer=self.security.join_secret, options=CHANNEL_OPTIONS)
+        async with channel:
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
-            request = master_pb2.RegisterWorkerRequest(address=self.advertised, name=self.name)
+            request = master_pb2.RegisterWorkerRequest(
+                address=self.advertised, name=self.name, instance_id=self.instance_id
+            )
             while True:
                 try:
                     reply = await stub.RegisterWorker(request, timeout=5.0)
                 except grpc.aio.AioRpcError as exc:
                     failures += 1
                     self.registration_failures += 1
+                    self.last_registration_error = f"{exc.code().name}: {exc.details()}"
                     level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
                     logger.log(
                         level, "registering with master %s failed (%d): %s: %s; retrying in %.1f s",

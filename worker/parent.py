@@ -29,6 +29,7 @@ from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.round import Round, Source
+from gradcode.common.security import Security
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, compute_stream, dict_from_struct
 from gradcode.v1 import worker_pb2
 
@@ -58,7 +59,15 @@ class ParentRunner:
     complex128 for a complex child code.
     """
 
-    def __init__(self, role: worker_pb2.ParentRole, *, job_id: str, length: int, message_dtype: np.dtype[Any]) -> None:
+    def __init__(
+        self,
+        role: worker_pb2.ParentRole,
+        *,
+        job_id: str,
+        length: int,
+        message_dtype: np.dtype[Any],
+        security: Security | None = None,
+    ) -> None:
         name = role.child_code.name
         if not name:
             raise ValueError("ParentRole.child_code.name is empty; name the code the parent decodes its children with.")
@@ -96,6 +105,8 @@ class ParentRunner:
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
             (dtype, COMPLEX128) if self.code.is_complex and dtype != COMPLEX128 else (dtype,)
         )
+        self.security = security or Security()
+        """TLS and the worker call token for the channels to the children."""
         self._channels: list[ChildChannel] | None = None
         self._closed = False
 
@@ -116,7 +127,9 @@ class ParentRunner:
         if self._channels is None:
             self._channels = []
             for worker_id, address, rows in self.children:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self.security.channel(
+                    address, bearer=self.security.worker_call_token, options=CHANNEL_OPTIONS
+                )
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, compute_stream(channel)))
         return self._channels
 

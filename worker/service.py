@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import numpy as np
 
 from gradcode.common import metrics
 from gradcode.common.exceptions import (
@@ -35,19 +36,34 @@ from gradcode.common.exceptions import (
     InvalidRequestError,
     JobSetupError,
     NotFoundError,
+    ResourceExhaustedError,
 )
 from gradcode.common.logs import set_log_context
+from gradcode.common.security import Security, short
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import array_from_tensor, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder
+from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
 from gradcode.worker.runtime import JobRuntime, PartitionObserver
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
-__all__ = ["Cancellation", "JobRuntime", "PartitionObserver", "WorkerServicer", "add_worker_service"]
+__all__ = [
+    "MAX_JOBS",
+    "MAX_TOTAL_BYTES",
+    "Cancellation",
+    "JobRuntime",
+    "PartitionObserver",
+    "WorkerServicer",
+    "add_worker_service",
+]
 
 logger = logging.getLogger(__name__)
+
+MAX_TOTAL_BYTES = 16 * 1024**3
+"""Default budget of the data all jobs together may hold on one worker (16 GiB)."""
+MAX_JOBS = 16
+"""Default bound on the jobs one worker holds at once."""
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -58,22 +74,60 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         *,
         max_job_bytes: int = MAX_JOB_BYTES,
         on_partition: PartitionObserver | None = None,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+        max_jobs: int = MAX_JOBS,
+        security: Security | None = None,
+        instance_id: str = "",
         chunk_bytes: int | None = None,
     ) -> None:
+        if max_jobs < 1 or max_total_bytes < 1:
+            raise ValueError(f"max_jobs and max_total_bytes must be >= 1, not {max_jobs!r} and {max_total_bytes!r}.")
         self.jobs: dict[str, JobRuntime] = {}
         self.max_job_bytes = max_job_bytes
         self.on_partition = on_partition
         self.chunk_bytes = chunk_bytes
+        """Payload bytes per gradient chunk (None: sized to each message)."""
+        self.max_total_bytes = max_total_bytes
+        """Budget of the data all jobs together hold; a LoadJob beyond it is RESOURCE_EXHAUSTED."""
+        self.max_jobs = max_jobs
+        self.security = security or Security()
+        """How a tree parent reaches its children (TLS and the worker call token)."""
+        self.instance_id = instance_id
+        """What Hello answers: the random id this process registered with."""
+        self._loading: dict[int, int] = {}
+        """Bytes budgeted to the LoadJob streams under way, by stream."""
+        self._budget_bound: dict[int, bool] = {}
+        """Whether the worker-wide budget (not the per-job cap) bounds a LoadJob stream under way."""
+
+    def _budget(self, replacing: str) -> tuple[int, int]:
+        """(bytes still free for one more job, other jobs held or loading) under the worker-wide limits.
+
+        Loads under way count with the bytes they may still receive, so concurrent LoadJobs cannot
+        together exceed the budget or the job count.
+        """
+        held = sum(r.job.bytes_received for job_id, r in self.jobs.items() if job_id != replacing)
+        others = sum(1 for job_id in self.jobs if job_id != replacing) + len(self._loading)
+        return self.max_total_bytes - held - sum(self._loading.values()), others
 
     # ---- LoadJob -------------------------------------------------------------------------------
     @grpc_errors
     async def LoadJob(  # noqa: N802 - proto name
         self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.LoadJobReply:
+        stream = id(request_iterator)
         try:
-            runtime = await self._receive(request_iterator)
+            runtime = await self._receive(request_iterator, stream)
+        except JobTooLargeError as exc:
+            if self._budget_bound.pop(stream, False):  # the worker-wide budget, not the per-job cap, was hit
+                raise ResourceExhaustedError(
+                    f"LoadJob refused: {exc} (all jobs on this worker may hold {self.max_total_bytes} bytes together)"
+                ) from None
+            raise InvalidRequestError(f"LoadJob refused: {exc}") from None
         except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
             raise InvalidRequestError(f"LoadJob refused: {exc}") from None
+        finally:
+            self._loading.pop(stream, None)
+            self._budget_bound.pop(stream, None)
         job = runtime.job
         old = self.jobs.get(job.job_id)
         self.jobs[job.job_id] = runtime
@@ -89,8 +143,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             bytes_received=job.bytes_received,
         )  # fmt: skip
 
-    async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk]) -> JobRuntime:
-        """The job a LoadJob stream carries: one setup chunk first, then the partition data."""
+    async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], stream: int) -> JobRuntime:
+        """The job a LoadJob stream carries: one setup chunk first, then the partition data.
+
+        The job is held to the tighter of the per-job cap and what the worker-wide budget leaves; loads
+        under way count with the bytes they may still receive (``_loading``), so concurrent LoadJobs
+        cannot together exceed the budget or the job count.
+        """
         builder: JobBuilder | None = None
         index = 0
         async for chunk in request_iterator:
@@ -98,11 +157,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if kind == "setup":
                 if builder is not None:
                     raise JobSetupError(
-                        f"Chunk {index} is a second setup (job {chunk.setup.job_id!r}); a LoadJob stream carries "
-                        "exactly one setup, first."
+                        f"Chunk {index} is a second setup (job {short(chunk.setup.job_id)}); a LoadJob stream "
+                        "carries exactly one setup, first."
                     )
                 set_log_context(job_id=chunk.setup.job_id)  # this call's task only
-                builder = JobBuilder(chunk.setup, max_bytes=self.max_job_bytes)
+                free, others = self._budget(chunk.setup.job_id)
+                if others >= self.max_jobs:
+                    raise ResourceExhaustedError(
+                        f"LoadJob refused: this worker already holds {others} jobs, its limit; end one (EndJob) first."
+                    )
+                self._budget_bound[stream] = free < self.max_job_bytes
+                limit = max(0, min(self.max_job_bytes, free))
+                self._loading[stream] = limit
+                builder = JobBuilder(chunk.setup, max_bytes=limit)
             elif kind == "data":
                 if builder is None:
                     raise JobSetupError(
@@ -119,8 +186,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
-                job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype
-            )
+                job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype,
+                security=self.security,
+            )  # fmt: skip
         return runtime
 
     # ---- Compute -------------------------------------------------------------------------------
@@ -142,6 +210,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if request.model.dtype != common_pb2.DTYPE_FLOAT64:
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             params = job.check_params(array_from_tensor(request.model))
+            if not np.isfinite(params).all():
+                bad = int(np.count_nonzero(~np.isfinite(params)))
+                raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
             rows = job.check_rows(list(request.rows))
         except ValueError as exc:  # WireError is a ValueError
             raise InvalidRequestError(f"Compute refused: {exc}") from None
@@ -197,10 +268,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _runtime(self, job_id: str) -> JobRuntime:
         runtime = self.jobs.get(job_id)
         if runtime is None:
-            known = sorted(self.jobs)
-            raise NotFoundError(
-                f"Unknown job {job_id!r}; this worker holds {known or 'no jobs'}. Load it with LoadJob first."
-            )
+            raise NotFoundError(f"Unknown job {short(job_id)} on this worker; load it with LoadJob first.")
         return runtime
 
     # ---- EndJob --------------------------------------------------------------------------------
@@ -210,10 +278,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.EndJobReply:
         runtime = self.jobs.pop(request.job_id, None)
         if runtime is None:
-            raise NotFoundError(f"Unknown job {request.job_id!r}; this worker holds {sorted(self.jobs)}.")
+            raise NotFoundError(f"Unknown job {short(request.job_id)} on this worker.")
         await runtime.retire()
         logger.info("job %r ended", request.job_id)
         return worker_pb2.EndJobReply()
+
+    # ---- Hello ---------------------------------------------------------------------------------
+    async def Hello(  # noqa: N802 - proto name
+        self, request: worker_pb2.HelloRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.HelloReply:
+        """Which process answers at this address: the master admits a registration only where it matches."""
+        return worker_pb2.HelloReply(instance_id=self.instance_id)
 
     async def close(self) -> None:
         """Stop every computation and close the children's channels (on node shutdown)."""

@@ -10,8 +10,12 @@
     gradcode jobs                      list the jobs a master holds and their states
     gradcode workers                   list the workers a master knows
     gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
+    gradcode workers remove ID         remove a worker from the master's pool
+    gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
-The master address comes from ``--master`` or ``GRADCODE_MASTER`` (default 127.0.0.1:50050).
+The master address comes from ``--master`` or ``GRADCODE_MASTER`` (default 127.0.0.1:50050); TLS
+files and the client token from ``--tls-ca``/``--tls-cert``/``--tls-key``/``--token`` or their
+GRADCODE_* variables (see the README's Security section).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 from gradcode.common.codes.compare import format_table, scheme_rows
 from gradcode.common.codes.registry import available_codes, code_parameters
+from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.v1 import master_pb2
 
 DEFAULT_MASTER = "127.0.0.1:50050"
@@ -203,6 +208,11 @@ def _detached(args: argparse.Namespace, job_id: str, reports: list[master_pb2.It
         _save(args.out, reports, {job_id: reports})
 
 
+def _client(args: argparse.Namespace) -> GradcodeClient:
+    """A client of ``--master`` with the TLS files and token of the flags (or their variables)."""
+    return GradcodeClient(args.master, security=security_from_args(args))
+
+
 async def _run(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     created: list[master_pb2.JobInfo] = []
@@ -212,7 +222,7 @@ async def _run(args: argparse.Namespace) -> int:
         created.append(info)
         print(f"job {info.job_id}", flush=True)  # first, so an interrupted run can still be found
 
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
         try:
             await _follow(client, spec, args.scheme, reports, on_created=announce)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us, then raises KeyboardInterrupt
@@ -227,7 +237,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _watch(args: argparse.Namespace) -> int:
     reports: list[master_pb2.IterationReport] = []
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
         try:
             async for r in client.watch(args.job_id):
                 reports.append(r)
@@ -249,7 +259,7 @@ async def _watch(args: argparse.Namespace) -> int:
 
 
 async def _jobs(args: argparse.Namespace) -> int:
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
         reply = await client.list_jobs()
     print(f"{'job':<24} {'state':<10} {'iterations':>10}  message")
     for job in reply.jobs:
@@ -261,7 +271,7 @@ async def _jobs(args: argparse.Namespace) -> int:
 
 
 async def _model(args: argparse.Namespace) -> int:
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
         params = await client.get_model(args.job_id)
     np.save(args.output, params)
     print(f"saved {params.size} parameters to {args.output}")
@@ -269,18 +279,39 @@ async def _model(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
         info = await client.cancel(args.job_id)
     print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)}")
     return 0
 
 
 async def _workers(args: argparse.Namespace) -> int:
-    async with GradcodeClient(args.master) as client:
+    async with _client(args) as client:
+        if args.action == "remove":
+            removed = await client.remove_worker(args.worker_id)
+            print(f"removed worker {removed.worker_id} ({removed.address})")
+            return 0
         workers = await client.list_workers()
     for w in workers:
         state = master_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_")
         print(f"{w.worker_id:>4}  {w.address:<22} {state:<5} {w.name} {w.last_error}")
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from gradcode.client.certs import make_certificates
+
+    try:
+        files = make_certificates(args.out, args.host, days=args.days, overwrite=args.overwrite)
+    except RuntimeError as exc:
+        print(f"gradcode: {exc}", file=sys.stderr)
+        return 1
+    d = files.ca.parent
+    print(f"wrote {', '.join(p.name for p in vars(files).values())} to {d}")
+    print(f"servers (master and workers): GRADCODE_TLS_CERT={files.node} GRADCODE_TLS_KEY={files.node_key} "
+          f"GRADCODE_TLS_CA={files.ca} [GRADCODE_MTLS=1]")  # fmt: skip
+    print(f"clients: GRADCODE_TLS_CA={files.ca} [GRADCODE_TLS_CERT={files.client} GRADCODE_TLS_KEY={files.client_key}]")
+    print(f"keep {files.ca_key} offline: it can sign certificates for the cluster.")
     return 0
 
 
@@ -318,12 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start a job on a running master and follow it")
     run.add_argument("--master", default=master_default, help="master address (env GRADCODE_MASTER)")
     _add_job_arguments(run)
+    add_security_arguments(run, role="client")
     run.set_defaults(handler=_run)
 
     for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
         p = sub.add_parser(name, help=text)
         p.add_argument("job_id")
         p.add_argument("--master", default=master_default)
+        add_security_arguments(p, role="client")
         p.set_defaults(handler=handler)
         if name == "watch":
             p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
@@ -334,14 +367,31 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("job_id")
     model.add_argument("--output", type=Path, default=Path("model.npy"))
     model.add_argument("--master", default=master_default)
+    add_security_arguments(model, role="client")
     model.set_defaults(handler=_model)
-    workers = sub.add_parser("workers", help="list the workers a master knows")
+    workers = sub.add_parser("workers", help="list the workers a master knows, or remove one (workers remove ID)")
+    workers.add_argument("action", nargs="?", choices=["list", "remove"], default="list")
+    workers.add_argument("worker_id", nargs="?", type=int, help="with remove: the id to remove")
     workers.add_argument("--master", default=master_default)
+    add_security_arguments(workers, role="client")
     workers.set_defaults(handler=_workers)
     bench = sub.add_parser("bench", help="run a benchmark (`gradcode bench training --help`)")
     bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(handler=_bench)
+    certs = sub.add_parser("certs", help="make a CA and TLS certificates for a cluster (needs gradcode[certs])")
+    certs.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="NAME|IP",
+        required=True,
+        help="a host name or IP the master and workers are reached at (repeatable; SANs of node.pem)",
+    )
+    certs.add_argument("--out", type=Path, default=Path("certs"), help="directory for the files (default: certs)")
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default: 365)")
+    certs.add_argument("--overwrite", action="store_true", help="replace existing files")
+    certs.set_defaults(handler=_certs)
     return parser
 
 
@@ -363,7 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in SERVICES:
         service_main: Callable[[list[str]], int] = importlib.import_module(SERVICES[argv[0]]).main
         return int(service_main(argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "workers" and (args.action == "remove") != (args.worker_id is not None):
+        parser.error("use `gradcode workers` to list, `gradcode workers remove ID` to remove one.")
     handler = args.handler
     try:
         if inspect.iscoroutinefunction(handler):

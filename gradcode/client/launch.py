@@ -104,16 +104,21 @@ class ServiceProcess:
 class LocalCluster:
     """A master and ``num_workers`` workers on 127.0.0.1, each its own process.
 
-    Workers register with the master (as under ``docker-compose --scale worker=N``). Use as a context
-    manager; every process is stopped on exit, even after an error.
+    Workers register with the master (as under ``docker-compose --scale worker=N``). ``env`` adds
+    variables to every process's environment (TLS files and secrets). Use as a context manager; every
+    process is stopped on exit, even after an error.
     """
 
-    def __init__(self, num_workers: int, *, run_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, num_workers: int, *, run_dir: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None
+    ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, not {num_workers}.")
         self.num_workers = num_workers
         self.run_dir = Path(run_dir)
         self.host = host
+        self.env = service_env(env)
+        """Every process's environment (``env`` adds e.g. the GRADCODE_TLS_* and secret variables)."""
         self.master: ServiceProcess | None = None
         self.workers: list[ServiceProcess] = []
 
@@ -130,6 +135,7 @@ class LocalCluster:
         self.master = ServiceProcess(
             [sys.executable, "-m", "gradcode.master", "--listen", f"{self.host}:0", "--run-dir", str(self.run_dir)],
             log_path=logs / "master.log",
+            env=self.env,
         )
         master = self.master.wait_ready(timeout)
         for i in range(self.num_workers):
@@ -143,7 +149,7 @@ class LocalCluster:
         master_address = master_address or self.master_address
         log_path = log_path or self.run_dir / "logs" / f"worker-{len(self.workers)}.log"
         argv = [sys.executable, "-m", "gradcode.worker", "--listen", f"{self.host}:0", "--master", master_address]
-        worker = ServiceProcess([*argv, "--name", log_path.stem], log_path=log_path)
+        worker = ServiceProcess([*argv, "--name", log_path.stem], log_path=log_path, env=self.env)
         self.workers.append(worker)
         return worker
 

@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-import grpc
 import numpy as np
 
 from gradcode.common.codes.registry import code_class
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.security import Security, security_from_env
 from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -99,11 +99,16 @@ ReportCallback = Callable[[master_pb2.IterationReport], Awaitable[None] | None]
 
 
 class GradcodeClient:
-    """An asyncio client of one master. Use as ``async with``, or call :meth:`close`."""
+    """An asyncio client of one master. Use as ``async with``, or call :meth:`close`.
 
-    def __init__(self, address: str) -> None:
+    ``security`` (TLS files and the client token) defaults to the GRADCODE_TLS_* and GRADCODE_TOKEN
+    environment variables; plaintext without a token when none is set.
+    """
+
+    def __init__(self, address: str, *, security: Security | None = None) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.security = security if security is not None else security_from_env()
+        self._channel = self.security.channel(address, bearer=self.security.token, options=CHANNEL_OPTIONS)
         self._stub = master_pb2_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> GradcodeClient:
@@ -150,6 +155,10 @@ class GradcodeClient:
         """The jobs the master holds (without their specs) and the ids of the most recently evicted ones."""
         reply: master_pb2.ListJobsReply = await self._stub.ListJobs(master_pb2.ListJobsRequest())
         return reply
+    async def remove_worker(self, worker_id: int) -> master_pb2.WorkerInfo:
+        """Remove a worker from the master's pool (it is DOWN for good; running jobs see it as failed)."""
+        info: master_pb2.WorkerInfo = await self._stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=worker_id))
+        return info
 
     async def run(
         self,

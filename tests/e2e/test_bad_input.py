@@ -123,7 +123,7 @@ async def test_unknown_job_ids_are_not_found(cluster2: Cluster) -> None:
             stub.CancelJob(master_pb2.CancelJobRequest(job_id="ghost")),
         ]
         for call in calls:
-            await expect_error(call, grpc.StatusCode.NOT_FOUND, "Unknown job 'ghost'; known jobs: ")
+            await expect_error(call, grpc.StatusCode.NOT_FOUND, "Unknown job 'ghost'.")
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for _ in stub.WatchJob(master_pb2.WatchJobRequest(job_id="ghost")):
                 pass
@@ -274,6 +274,9 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
 
     async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
         return worker_pb2.EndJobReply()
+
+    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
+        return worker_pb2.HelloReply()
 
 
 def _stale(c: worker_pb2.GradientChunk) -> None:

@@ -141,6 +141,9 @@ class TrueGradientWorker(worker_pb2_grpc.WorkerServicer):
     async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
         return worker_pb2.EndJobReply()
 
+    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
+        return worker_pb2.HelloReply()
+
 
 @contextlib.asynccontextmanager
 async def serving(servicer: worker_pb2_grpc.WorkerServicer) -> AsyncIterator[ServingHandle]:

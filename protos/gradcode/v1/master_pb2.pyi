@@ -34,12 +34,20 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "name")
+    __slots__ = ("address", "name", "instance_id")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
+
+class RemoveWorkerRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerReply(_message.Message):
     __slots__ = ("worker_id",)

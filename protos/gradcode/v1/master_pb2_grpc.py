@@ -44,6 +44,11 @@ class MasterStub:
                 request_serializer=gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
                 _registered_method=True)
+        self.RemoveWorker = channel.unary_unary(
+                '/gradcode.v1.Master/RemoveWorker',
+                request_serializer=gradcode_dot_v1_dot_master__pb2.RemoveWorkerRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.WorkerInfo.FromString,
+                _registered_method=True)
         self.CreateJob = channel.unary_unary(
                 '/gradcode.v1.Master/CreateJob',
                 request_serializer=gradcode_dot_v1_dot_master__pb2.JobSpec.SerializeToString,
@@ -88,6 +93,13 @@ class MasterServicer:
 
     def ListWorkers(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveWorker(self, request, context):
+        """Forget a worker: it leaves the pool (running jobs see it as failed) and its id is never reused.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -142,6 +154,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_master__pb2.ListWorkersReply.SerializeToString,
+            ),
+            'RemoveWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWorker,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.RemoveWorkerRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.WorkerInfo.SerializeToString,
             ),
             'CreateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateJob,
@@ -228,6 +245,33 @@ class Master:
             '/gradcode.v1.Master/ListWorkers',
             gradcode_dot_v1_dot_master__pb2.ListWorkersRequest.SerializeToString,
             gradcode_dot_v1_dot_master__pb2.ListWorkersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Master/RemoveWorker',
+            gradcode_dot_v1_dot_master__pb2.RemoveWorkerRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.WorkerInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class HelloRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+
 class RowDefinition(_message.Message):
     __slots__ = ("row", "partitions", "coefficients_real", "coefficients_imag")
     ROW_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class WorkerStub:
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
                 _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/gradcode.v1.Worker/Hello',
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -77,6 +82,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """Who answers at this address: the master's admission check before a registered worker is UP.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +106,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.EndJob,
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobReply.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +194,33 @@ class Worker:
             '/gradcode.v1.Worker/EndJob',
             gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
             gradcode_dot_v1_dot_worker__pb2.EndJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Worker/Hello',
+            gradcode_dot_v1_dot_worker__pb2.HelloRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.HelloReply.FromString,
             options,
             channel_credentials,
             insecure,

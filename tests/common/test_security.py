@@ -1,0 +1,223 @@
+"""TLS, mutual TLS and token authentication with real in-process grpc.aio servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from gradcode.client.certs import CertificateSet, make_certificates
+from gradcode.client.sdk import GradcodeClient
+from gradcode.common.security import Security, short
+from gradcode.master.node import MasterNode
+from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.worker.node import WorkerNode
+
+TIMEOUT = 60.0
+TOKEN = "client-token-0123456789abcdef"
+JOIN = "join-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CertificateSet]:
+    yield make_certificates(tmp_path_factory.mktemp("certs"), ["127.0.0.1", "localhost"])
+
+
+def node_security(certs: CertificateSet, **extra: Any) -> Security:
+    return Security(cert=certs.node, key=certs.node_key, ca=certs.ca, mutual=True, join_secret=JOIN, **extra)
+
+
+def client_security(certs: CertificateSet, token: str | None = TOKEN) -> Security:
+    return Security(cert=certs.client, key=certs.client_key, ca=certs.ca, mutual=True, token=token)
+
+
+async def wait_up(stub: Any, count: int) -> list[master_pb2.WorkerInfo]:
+    while True:
+        workers = (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+        up = [w for w in workers if w.state == master_pb2.WORKER_STATE_UP]
+        if len(up) >= count:
+            return list(up)
+        await asyncio.sleep(0.05)
+
+
+async def code_of(call: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    code: grpc.StatusCode = info.value.code()
+    return code
+
+
+# ---- configuration ---------------------------------------------------------------------------------------
+def test_configuration_errors_say_what_is_missing(certs: CertificateSet) -> None:
+    with pytest.raises(ValueError, match="both a TLS certificate and its key"):
+        Security(cert=certs.node)
+    with pytest.raises(ValueError, match="Mutual TLS needs a CA"):
+        Security(cert=certs.node, key=certs.node_key, mutual=True)
+    with pytest.raises(ValueError, match="at least 16 printable characters"):
+        Security(token="short")
+    with pytest.raises(ValueError, match="Cannot read the TLS certificate"):
+        Security(cert=Path("/nonexistent.pem"), key=certs.node_key).server_credentials()
+    assert Security(join_secret=JOIN).worker_call_token not in (None, JOIN)
+    assert not Security(token=TOKEN).serve_reflection and Security().serve_reflection
+    assert short("x" * 1000).endswith("(1000 characters)") and len(short("x" * 1000)) < 80
+
+
+def test_certificates_are_not_overwritten_by_accident(certs: CertificateSet) -> None:
+    with pytest.raises(ValueError, match="already exist"):
+        make_certificates(certs.ca.parent, ["127.0.0.1"])
+    with pytest.raises(ValueError, match="at least one --host"):
+        make_certificates(certs.ca.parent / "other", [])
+    assert certs.ca_key.stat().st_mode & 0o077 == 0  # private keys are owner-only
+
+
+# ---- a whole cluster in process: mutual TLS, client token, join secret -------------------------------------
+@contextlib.asynccontextmanager
+async def secure_cluster(certs: CertificateSet, workers: int) -> AsyncIterator[tuple[MasterNode, list[WorkerNode]]]:
+    async with contextlib.AsyncExitStack() as stack:
+        master = await stack.enter_async_context(MasterNode(grace=0.5, security=node_security(certs, token=TOKEN)))
+        nodes = [
+            await stack.enter_async_context(
+                WorkerNode(master_address=master.address, name=f"w{i}", grace=0.5, security=node_security(certs))
+            )
+            for i in range(workers)
+        ]
+        yield master, nodes
+
+
+async def test_a_job_runs_over_mutual_tls_with_tokens_and_intruders_are_refused(certs: CertificateSet) -> None:
+    async with asyncio.timeout(TIMEOUT), secure_cluster(certs, 3) as (master, workers):
+        async with GradcodeClient(master.address, security=client_security(certs)) as client:
+            await wait_up(client._stub, 3)
+            from tests.e2e.conftest import job_spec
+
+            info, reports = await client.run(job_spec("cyclic", {"n": 3, "s": 1}, iterations=3))
+            assert info.state == master_pb2.JOB_STATE_SUCCEEDED and all(r.exact for r in reports)
+
+        # a client with the right certificate but no token, or a wrong one: UNAUTHENTICATED
+        for token in (None, "wrong-token-0123456789abcdef"):
+            async with GradcodeClient(master.address, security=client_security(certs, token)) as client:
+                assert await code_of(client.list_workers()) == grpc.StatusCode.UNAUTHENTICATED
+        # a process that is not the master: the client token means nothing to a worker (UNAUTHENTICATED), and
+        # the join secret itself is a credential for registering only (PERMISSION_DENIED)
+        intruder = client_security(certs)
+        for bearer, expected in ((TOKEN, grpc.StatusCode.UNAUTHENTICATED), (JOIN, grpc.StatusCode.PERMISSION_DENIED)):
+            async with intruder.channel(workers[0].address, bearer=bearer) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+                assert await code_of(stub.EndJob(worker_pb2.EndJobRequest(job_id="x"))) == expected
+                call = stub.Compute(worker_pb2.ComputeRequest(job_id="x", iteration=2**64 - 1))
+                assert await code_of(call.read()) == expected
+        async with intruder.channel(workers[0].address) as channel:
+            # the health service stays open (probes need no token), reflection is off with authentication
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            listing = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+            assert await code_of(listing.read()) == grpc.StatusCode.UNIMPLEMENTED
+        # without a client certificate the TLS handshake itself fails
+        async with Security(ca=certs.ca, token=TOKEN).channel(master.address, bearer=TOKEN) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+            assert await code_of(stub.ListWorkers(master_pb2.ListWorkersRequest(), timeout=5)) in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+            )  # fmt: skip
+        # plaintext against a TLS server: refused
+        async with grpc.aio.insecure_channel(master.address) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+            assert await code_of(stub.ListWorkers(master_pb2.ListWorkersRequest(), timeout=5)) in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+            )  # fmt: skip
+        # a worker without the join secret never joins
+        stranger = WorkerNode(
+            master_address=master.address, name="stranger", grace=0.5,
+            security=Security(cert=certs.node, key=certs.node_key, ca=certs.ca, mutual=True),
+        )  # fmt: skip
+        async with stranger:
+            while stranger.registration_failures == 0:
+                await asyncio.sleep(0.05)
+            assert stranger.last_registration_error.startswith("UNAUTHENTICATED")
+        async with GradcodeClient(master.address, security=client_security(certs)) as client:
+            names = [w.name for w in await client.list_workers()]
+            assert sorted(names) == ["w0", "w1", "w2"]
+
+
+async def test_token_without_tls_on_loopback_and_reflection_switch() -> None:
+    """Plaintext with tokens works on loopback (development); reflection can be switched back on."""
+    security = Security(token=TOKEN, join_secret=JOIN, reflection=True)
+    async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.5, security=security) as master:
+        async with GradcodeClient(master.address, security=Security(token=TOKEN)) as client:
+            assert await client.list_workers() == []
+        async with GradcodeClient(master.address, security=Security(token=JOIN)) as client:
+            assert await code_of(client.list_workers()) == grpc.StatusCode.PERMISSION_DENIED
+        async with grpc.aio.insecure_channel(master.address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            replies = [r async for r in stub.ServerReflectionInfo(iter([request]))]
+            names = [s.name for s in replies[0].list_services_response.service]
+            assert "gradcode.v1.Master" in names
+
+
+async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    from gradcode.common.serving import start_server
+
+    for host, loud in (("127.0.0.1", False), ("0.0.0.0", True)):
+        caplog.clear()
+        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"])
+        await handle.stop(None)
+        assert any("LISTENING IN PLAINTEXT" in r.getMessage() for r in caplog.records) == loud, host
+        assert any("No client token" in r.getMessage() for r in caplog.records) == loud, host
+
+
+def test_secrets_never_appear_in_a_repr() -> None:
+    text = repr(Security(token=TOKEN, join_secret=JOIN))
+    assert TOKEN not in text and JOIN not in text
+
+
+def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: CertificateSet) -> None:
+    import argparse
+
+    from gradcode.common.security import add_security_arguments, security_from_args
+
+    def parse(role: str, *argv: str) -> Security:
+        parser = argparse.ArgumentParser()
+        add_security_arguments(parser, role=role)
+        return security_from_args(parser.parse_args(list(argv)))
+
+    assert parse("client") == Security()
+    monkeypatch.setenv("GRADCODE_TLS_CA", str(certs.ca))
+    monkeypatch.setenv("GRADCODE_MTLS", "yes")
+    monkeypatch.setenv("GRADCODE_TOKEN", TOKEN)
+    with pytest.raises(ValueError, match="Mutual TLS needs"):
+        parse("client")
+    client = parse("client", "--tls-cert", str(certs.client), "--tls-key", str(certs.client_key))
+    assert client.mutual and client.token == TOKEN and client.channel_tls
+    assert not parse("client", "--no-mtls").mutual  # a flag wins over its variable
+    monkeypatch.setenv("GRADCODE_MTLS", "maybe")
+    with pytest.raises(ValueError, match="GRADCODE_MTLS must be one of"):
+        parse("client")
+    monkeypatch.delenv("GRADCODE_MTLS")
+    worker = parse("worker", "--join-secret", JOIN)
+    assert worker.join_secret == JOIN and worker.token is None and not worker.serve_reflection
+    assert parse("worker", "--join-secret", JOIN, "--reflection").serve_reflection
+
+
+async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(certs: CertificateSet) -> None:
+    """Parent ↔ child channels use TLS and the worker call token like master ↔ worker ones."""
+    from tests.e2e.conftest import job_spec
+
+    async with (
+        asyncio.timeout(TIMEOUT),
+        secure_cluster(certs, 6) as (master, _workers),
+        GradcodeClient(master.address, security=client_security(certs)) as client,
+    ):
+        ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
+        spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
+        info, reports = await client.run(spec, check=False)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)

@@ -1,0 +1,180 @@
+"""Pool hygiene: a registered worker is UP only where it answers; bounded labels and pool; removal; lateness probes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import grpc
+import pytest
+
+from gradcode.master.node import MasterNode
+from gradcode.master.pool import (
+    AddressTakenError,
+    BackgroundLoads,
+    LatenessWatch,
+    PoolFullError,
+    RemovedWorkerError,
+    UnreachableWorkerError,
+    WorkerPool,
+)
+from gradcode.v1 import master_pb2, master_pb2_grpc
+from gradcode.worker.node import WorkerNode
+
+TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound and released; nothing else on loopback takes it this quickly)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_unreachable_address_is_refused_with_advice_about_advertise() -> None:
+    pool = WorkerPool()
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(UnreachableWorkerError, match="--advertise HOST:PORT"):
+        await pool.register(address, "ghost", "abc")
+    assert pool.workers == []
+    await pool.close()
+
+
+async def test_the_master_itself_is_not_a_worker() -> None:
+    """A worker that advertised an address where the master (not a worker) answers is refused."""
+    async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.1) as master:
+        with pytest.raises(UnreachableWorkerError, match="Something other than a gradcode worker answers"):
+            await master.pool.register(master.address, "confused", "abc")
+        assert master.pool.workers == []
+
+
+async def test_an_address_held_by_a_live_worker_is_not_taken_over_and_a_restart_is() -> None:
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as worker:
+        pool = WorkerPool()
+        try:
+            first = await pool.register(worker.address, "real", worker.instance_id)
+            with pytest.raises(AddressTakenError, match="Another worker process answers"):
+                await pool.register(worker.address, "impostor", "another-instance")
+            assert [(w.name, w.is_up) for w in pool.workers] == [("real", True)]
+            # a new process at the same address (a restart) answers with its own id, so it is admitted
+            worker.servicer.instance_id = "restarted"
+            again = await pool.register(worker.address, "real", "restarted")
+            assert again is first and again.is_up and again.instance_id == "restarted"
+        finally:
+            await pool.close()
+
+
+async def test_labels_and_pool_size_are_bounded_and_workers_can_be_removed() -> None:
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as a, WorkerNode(grace=0.1) as b:
+        pool = WorkerPool(max_workers=1)
+        try:
+            with pytest.raises(ValueError, match="at most 128 printable characters"):
+                await pool.register(a.address, "n" * 40_000_000, a.instance_id)
+            with pytest.raises(ValueError, match="longer than 255 characters"):
+                await pool.register("h" * 1000 + ":1", "x", a.instance_id)
+            worker = await pool.register(a.address, "a", a.instance_id)
+            with pytest.raises(PoolFullError, match="gradcode workers remove"):
+                await pool.register(b.address, "b", b.instance_id)
+            removed = await pool.remove(worker.worker_id)
+            with pytest.raises(RemovedWorkerError, match="restart it to join again"):
+                await pool.register(a.address, "a", a.instance_id)  # the removed process stays out
+            assert not removed.is_up and removed.last_error == "removed from the pool" and pool.workers == []
+            with pytest.raises(KeyError, match="Unknown worker id"):
+                await pool.remove(worker.worker_id)
+            newer = await pool.register(b.address, "b", b.instance_id)
+            assert newer.worker_id == worker.worker_id + 1  # ids are never reused
+        finally:
+            await pool.close()
+
+
+async def test_register_and_remove_over_grpc() -> None:
+    """RegisterWorker maps refusals to statuses; RemoveWorker removes; the master keeps serving."""
+    async with (
+        asyncio.timeout(TIMEOUT),
+        MasterNode(grace=0.1) as master,
+        grpc.aio.insecure_channel(master.address) as channel,
+    ):
+        stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=f"127.0.0.1:{free_port()}"))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--advertise" in (info.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address="a:1", name="n" * 10_000))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len(info.value.details() or "") < 300  # echoes at most a short prefix
+        async with WorkerNode(master_address=master.address, grace=0.1) as worker:
+            await asyncio.wait_for(worker.registered.wait(), TIMEOUT)
+            assert worker.worker_id is not None
+            info_reply = await stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=worker.worker_id))
+            assert info_reply.state == master_pb2.WORKER_STATE_DOWN
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=999))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        workers = (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+        assert all(w.state == master_pb2.WORKER_STATE_UP for w in workers)  # nothing unreachable is listed UP
+
+
+async def test_a_worker_late_k_times_in_a_row_is_probed_and_marked_down_when_the_probe_fails() -> None:
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as alive, WorkerNode(grace=0.1) as doomed:
+        pool = WorkerPool([alive.address, doomed.address])
+        watch = LatenessWatch(pool, consecutive=3, probe_timeout=1.0)
+        try:
+            slow, cut = pool.workers
+            await doomed.shutdown()  # its link is "cut": nothing answers at its address any more
+            for iteration in range(2):
+                assert watch.observe(on_time=[], late=[slow, cut]) == [], iteration
+            started = watch.observe(on_time=[], late=[slow, cut])
+            assert started == [slow, cut]
+            await watch.wait_probes()
+            assert slow.is_up and not cut.is_up and "health check" in cut.last_error
+            # a worker that delivers in between starts its count again
+            watch.observe(on_time=[], late=[slow])
+            watch.observe(on_time=[slow], late=[])
+            assert watch.observe(on_time=[], late=[slow]) == [] and watch.late_streak[slow.worker_id] == 1
+        finally:
+            watch.close()
+            await pool.close()
+
+
+async def test_a_hung_reload_runs_beside_the_iterations_and_wakes_the_runner_when_it_ends() -> None:
+    pool = WorkerPool()
+    loads = BackgroundLoads(pool)
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def hung_load() -> bool:
+        calls.append(1)
+        await release.wait()
+        return True
+
+    async with asyncio.timeout(TIMEOUT):
+        assert loads.start(4, hung_load) and loads.loading(4)
+        assert not loads.start(4, hung_load)  # one load per worker at a time, however many iterations ask
+        await asyncio.sleep(0)
+        assert calls == [1] and loads.loading(4)  # start() returned at once: the gather of the others goes on
+        waiter = asyncio.create_task(pool.wait_changed(TIMEOUT))
+        await asyncio.sleep(0)
+        release.set()
+        await waiter  # woken by the load's end, long before TIMEOUT
+        assert not loads.loading(4)
+        release.clear()
+        loads.start(5, hung_load)
+        await loads.close()  # the job ended: loads under way are cancelled
+        assert not loads.loading(5)
+    await pool.close()
+
+
+async def test_a_worker_that_refuses_the_masters_credential_is_told_about_the_join_secret() -> None:
+    from gradcode.common.security import Security
+
+    worker_side = Security(join_secret="worker-side-secret-0123456789")
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1, security=worker_side) as worker:
+        pool = WorkerPool(security=Security(join_secret="master-side-secret-0123456789"))
+        try:
+            with pytest.raises(UnreachableWorkerError, match="the same join secret"):
+                await pool.register(worker.address, "w", worker.instance_id)
+            assert pool.workers == []
+        finally:
+            await pool.close()
