@@ -58,6 +58,11 @@ _FILE_ERRORS: list[tuple[re.Pattern[str], str]] = [
         (r"holds no data rows", "it holds no data rows"),
         (r"has (\d+) samples; at least 2", "it has {0} samples; at least 2 are needed"),
         (r"NaN or infinite", "it contains NaN or infinite values"),
+        (
+            r"declares arrays of (\d+) MiB as float64; a data file may hold at most (\d+) MiB",
+            "its arrays would take {0} MiB; a data file may hold at most {1} MiB (checked from the .npz headers, "
+            "before decompressing)",
+        ),
         (r"not a readable \.npz archive", "it is not a readable .npz archive"),
         (r"single \.npy array", "it is a single .npy array, not an .npz archive with arrays 'X' and 'y'"),
         (r"must contain arrays 'X' and 'y'", "it must contain arrays 'X' and 'y'"),

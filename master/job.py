@@ -186,6 +186,7 @@ class JobRunner:
             log.exception("job %s crashed", self.job_id)
             await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            await self.rounds.close()
             await self.loader.end()
             self.history_file.close()
 

@@ -11,7 +11,9 @@ are not decodable, so it only counts as failed for this iteration.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -21,7 +23,7 @@ from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
 from gradcode.common.wire import dtype_from_wire
 from gradcode.master.loading import WorkerLoader
-from gradcode.master.pool import WorkerPool
+from gradcode.master.pool import BackgroundLoads, LatenessWatch, WorkerPool
 from gradcode.master.reporting import failure_report
 from gradcode.v1 import worker_pb2
 
@@ -35,6 +37,22 @@ class RoundPolicy:
         self.loader = loader
         self.plan = loader.plan
         self.pool = pool
+        self.loads = BackgroundLoads(pool)
+        """(Re)loads run beside the rounds: a slow or hung LoadJob never delays the others' gather."""
+        self.lateness = LatenessWatch(pool)
+        """Probes a worker late several iterations in a row, so a cut link does not eat the tolerance."""
+
+    async def close(self) -> None:
+        """Stop the probes and loads under way (the job ended)."""
+        self.lateness.close()
+        await self.loads.close()
+
+    def _reload(self, indices: Iterable[int]) -> None:
+        """Start, in the background, a LoadJob for each of these workers that is UP and lacks the job."""
+        workers, job_id = self.loader.workers, self.plan.job_id
+        for w in indices:
+            if workers[w].is_up and not workers[w].has_job(job_id):
+                self.loads.start(w, functools.partial(self.loader.load, w))
 
     async def run(
         self, t: int, assignment: Assignment, model_bytes: bytes, *, started: float, job_started: float
@@ -54,10 +72,10 @@ class RoundPolicy:
         spent: set[int] = set()
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
-            await self.loader.load_all(range(code.n, plan.num_workers))
+            self._reload(range(code.n, plan.num_workers))
         while True:
             askable = [w for w in needed if w not in round_.finished and w not in spent and workers[w].is_up]
-            await self.loader.load_all(askable)
+            self._reload(askable)  # a worker still loading is not asked; its load wakes wait_changed below
             ask = [w for w in askable if workers[w].is_up and workers[w].has_job(plan.job_id)]
             for w in needed:
                 if w not in round_.finished and not workers[w].is_up:
@@ -72,6 +90,9 @@ class RoundPolicy:
                     if await self._alive_parent(w, failure):
                         spent.add(w)
                 if round_.decodable:
+                    self.lateness.observe(
+                        on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.late]
+                    )
                     return round_
             if deadline - time.perf_counter() <= 0:
                 pool_ids = [w.worker_id for w in workers]
