@@ -77,7 +77,8 @@ from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from gradcode.common.exceptions import NumericallyUnsafeError
 from gradcode.common.gather import GatherResult, Source, gather
-from gradcode.common.models import MODEL_KINDS, Model, make_model
+from gradcode.common.models import Model, available_models, make_model
+from gradcode.common.plugins import unknown_model
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -350,8 +351,8 @@ def plan_job(
     ms = spec.model
     if not ms.kind:
         ms.kind = dataset.model_kind
-    if ms.kind not in MODEL_KINDS:
-        raise JobSpecError(f"Unknown model kind {ms.kind!r}; valid kinds are {list(MODEL_KINDS)}.")
+    if ms.kind not in available_models():  # built-ins and the plugins installed here
+        raise JobSpecError(str(unknown_model(ms.kind)))
     if ms.num_features and ms.num_features != dataset.num_features:
         raise JobSpecError(
             f"JobSpec.model.num_features is {ms.num_features} but dataset {dataset.name!r} has "
@@ -374,7 +375,8 @@ def plan_job(
         ms.num_classes = dataset.num_classes
     _finite("model.l2", ms.l2)
     try:
-        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2))
+        dtype = np.float32 if spec.message_dtype == common_pb2.DTYPE_FLOAT32 else np.float64  # a plugin computes in it
+        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2), dtype=dtype)
     except ValueError as exc:
         raise JobSpecError(f"Model refused: {exc}") from None
     if model.num_params * 8 > MAX_MODEL_BYTES:

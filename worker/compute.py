@@ -270,7 +270,12 @@ class JobBuilder:
         self.max_bytes = max_bytes
         spec = setup.model
         try:
-            self.model = make_model(spec.kind, num_features=int(spec.num_features), num_classes=spec.num_classes or 2)
+            self.model = make_model(
+                spec.kind,
+                num_features=int(spec.num_features),
+                num_classes=spec.num_classes or 2,
+                dtype=np.float32 if setup.message_dtype == common_pb2.DTYPE_FLOAT32 else np.float64,
+            )
         except ValueError as exc:
             raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None
         if not setup.rows:
