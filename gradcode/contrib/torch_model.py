@@ -183,7 +183,9 @@ class TorchModel(Model):
     def _views(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         return {
             name: theta[lo:hi].view(shape)
-            for name, shape, lo, hi in zip(self._names, self._shapes, self._offsets, self._offsets[1:], strict=True)
+            for name, shape, lo, hi in zip(
+                self._names, self._shapes, self._offsets[:-1], self._offsets[1:], strict=True
+            )
         }
 
     def _forward(self, theta: torch.Tensor, X: FloatArray) -> torch.Tensor:
