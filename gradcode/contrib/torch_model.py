@@ -59,6 +59,23 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _use_deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True)`` without its import of the compiler.
+
+    The public function also sets ``torch._inductor.config.deterministic``, which only concerns
+    ``torch.compile`` (unused here) and costs seconds of imports in every master and worker process;
+    the kernel switch it wraps is ``torch._C._set_deterministic_algorithms`` (torch is pinned, and
+    the tests read it back through the public ``torch.are_deterministic_algorithms_enabled``).
+    """
+    if torch.are_deterministic_algorithms_enabled():
+        return
+    switch = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if switch is None:  # another torch: the public function does it all
+        torch.use_deterministic_algorithms(True)
+    else:
+        switch(True, warn_only=False)
+
+
 class TorchModel(Model):
     """A classifier made of a torch module and a per-sample loss (see the module docstring).
 
@@ -107,7 +124,7 @@ class TorchModel(Model):
         if self.device.type == "cuda":
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if deterministic:
-            torch.use_deterministic_algorithms(True)
+            _use_deterministic_algorithms()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             module = module_factory()
