@@ -34,6 +34,7 @@ __all__ = [
     "ModelFactory",
     "PluginError",
     "load_model_factory",
+    "model_dtype",
     "model_plugins",
     "unknown_model",
 ]
@@ -57,6 +58,18 @@ class ModelFactory(Protocol):
     """
 
     def __call__(self, *, num_features: int, num_classes: int, dtype: np.dtype[Any]) -> Model: ...
+
+
+def model_dtype(message_dtype: int) -> np.dtype[Any]:
+    """The floating type a job's model computes in, from the job's wire message dtype.
+
+    float32 when the messages are ``DTYPE_FLOAT32`` (a float32 model's gradients travel at their own
+    precision, half the bytes), float64 otherwise (complex codes' messages carry float64 gradients).
+    The master and every worker derive it the same way, so they build the same model.
+    """
+    from gradcode.v1 import common_pb2
+
+    return np.dtype(np.float32) if message_dtype == common_pb2.DTYPE_FLOAT32 else np.dtype(np.float64)
 
 
 def _discover() -> dict[str, list[EntryPoint]]:

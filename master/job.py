@@ -78,7 +78,7 @@ from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition
 from gradcode.common.exceptions import NumericallyUnsafeError
 from gradcode.common.gather import GatherResult, Source, gather
 from gradcode.common.models import Model, available_models, make_model
-from gradcode.common.plugins import unknown_model
+from gradcode.common.plugins import model_dtype, unknown_model
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -375,7 +375,7 @@ def plan_job(
         ms.num_classes = dataset.num_classes
     _finite("model.l2", ms.l2)
     try:
-        dtype = np.float32 if spec.message_dtype == common_pb2.DTYPE_FLOAT32 else np.float64  # a plugin computes in it
+        dtype = model_dtype(spec.message_dtype)  # what a plugin computes in
         model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2), dtype=dtype)
     except ValueError as exc:
         raise JobSpecError(f"Model refused: {exc}") from None

@@ -24,6 +24,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array
 from gradcode.common.models import Model, make_model
+from gradcode.common.plugins import model_dtype
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -274,7 +275,7 @@ class JobBuilder:
                 spec.kind,
                 num_features=int(spec.num_features),
                 num_classes=spec.num_classes or 2,
-                dtype=np.float32 if setup.message_dtype == common_pb2.DTYPE_FLOAT32 else np.float64,
+                dtype=model_dtype(setup.message_dtype),
             )
         except ValueError as exc:
             raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None

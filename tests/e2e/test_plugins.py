@@ -8,15 +8,20 @@ must land exactly where a centralized run of the same optimizer from the same se
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+import torch
 
 from gradcode.common.data import load_dataset
 from gradcode.common.models import available_models, make_model
 from gradcode.common.wire import array_from_tensor
+from gradcode.master.job import FLOAT32_TOLERANCE
 from gradcode.master.optimizer import make_optimizer, mean_gradient
 from gradcode.v1 import common_pb2, master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
@@ -41,7 +46,9 @@ def centralized(iterations: int) -> tuple[np.ndarray[Any, Any], float]:
     return optimizer.params, model.accuracy(optimizer.params, data.X_test, data.y_test)
 
 
-async def test_torch_network_on_digits_survives_two_killed_workers_and_matches_centralized(cluster6: Cluster) -> None:
+async def test_torch_network_on_digits_survives_two_killed_workers_and_matches_centralized(
+    cluster6: Cluster, tmp_path: Path
+) -> None:
     cluster6.ensure_all_up()
     killed_at: list[int] = []
 
@@ -79,6 +86,42 @@ async def test_torch_network_on_digits_survives_two_killed_workers_and_matches_c
     assert reports[-1].test_accuracy == accuracy
     assert accuracy >= 0.97
     assert model.model.kind == "digits_mlp" and model.model.num_classes == 10
+
+    # gradcode model JOB --out FILE: the parameters, and a state_dict a plain torch module loads.
+    out = tmp_path / "digits_mlp.npy"
+    argv = [sys.executable, "-m", "gradcode", "model", info.job_id, "--out", str(out)]
+    argv += ["--master", cluster6.master_address]
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"to {out}, {out.with_suffix('.pt')}" in done.stdout
+    np.testing.assert_array_equal(np.load(out), array_from_tensor(model.parameters))
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10)).double()
+    net.load_state_dict(torch.load(out.with_suffix(".pt")))
+    data = load_dataset("digits", seed=0, test_fraction=0.2)
+    with torch.no_grad():
+        predicted = net(torch.tensor(data.X_test)).argmax(1).numpy()
+    assert np.mean(predicted == data.y_test) == reports[-1].test_accuracy
+
+
+async def test_float32_model_sends_float32_messages_exact_within_the_float32_tolerance(cluster6: Cluster) -> None:
+    cluster6.ensure_all_up()
+    spec = job_spec(
+        "cyclic",
+        {"n": 6, "s": 2},
+        iterations=5,
+        worker_ids=cluster6.ids,
+        verify=True,
+        model=common_pb2.ModelSpec(kind="digits_cnn", l2=L2),
+        optimizer=master_pb2.OptimizerSpec(kind="nesterov", learning_rate=LEARNING_RATE),
+        message_dtype=common_pb2.DTYPE_FLOAT32,
+    )
+    async with asyncio.timeout(240):
+        info, reports = await run_job(cluster6.master_address, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert info.spec.message_dtype == common_pb2.DTYPE_FLOAT32
+    for r in reports:
+        assert r.exact and 0 <= r.verify_error <= FLOAT32_TOLERANCE, (r.iteration, r.verify_error)
+    assert any(r.verify_error > EXACT for r in reports)  # float32 rounding is visible: the looser bound is needed
 
 
 async def test_a_job_naming_a_plugin_that_is_not_installed_is_refused_listing_the_available_ones(
