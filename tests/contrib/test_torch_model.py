@@ -10,6 +10,7 @@ float32 jobs; see gradcode.contrib.torch_model).
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ import torch
 
 from gradcode.common.codes import code_class
 from gradcode.common.data import Dataset, load_dataset, partition_indices
-from gradcode.common.models import make_model
+from gradcode.common.models import available_models, make_model
 from gradcode.contrib.torch_model import TorchModel
 from gradcode.master.job import FLOAT32_TOLERANCE
+from gradcode.v1 import common_pb2, worker_pb2
+from gradcode.worker.compute import JobBuilder, JobSetupError, build_job
+from tests.worker.conftest import partition_data
 
 FLOAT64_TOLERANCE = 1e-12
 TOLERANCE = {np.float64: FLOAT64_TOLERANCE, np.float32: FLOAT32_TOLERANCE}
@@ -170,3 +174,41 @@ def _config(m: torch.nn.Module) -> dict[str, Any]:
     if isinstance(m, torch.nn.MaxPool2d):
         return {"kernel_size": m.kernel_size}
     return {}
+
+
+def test_a_worker_builds_the_plugin_in_the_jobs_message_dtype_and_sends_its_coded_messages(digits: Dataset) -> None:
+    """The worker's own path (JobSetup -> WorkerJob -> message): float32 messages make a float32 model."""
+    code = code_class("cyclic").for_stragglers(6, 2)
+    partitions = partition_indices(digits.num_train, code.partition_weights, seed=0)
+    worker = 2
+    setup = worker_pb2.JobSetup(
+        job_id="torch-job",
+        worker_id=worker,
+        model=common_pb2.ModelSpec(kind="digits_mlp", num_features=64, num_classes=10),
+        message_dtype=common_pb2.DTYPE_FLOAT32,
+        num_partitions_sent=len(code.partitions_of_worker(worker)),
+    )
+    for r in code.static_assignment().rows[worker]:
+        setup.rows.add(row=r, partitions=code.support(r), coefficients_real=np.asarray(code.coefficients(r)).tolist())
+    data = [
+        chunk
+        for j in code.partitions_of_worker(worker)
+        for chunk in partition_data(j, digits.X_train[partitions[j]], digits.y_train[partitions[j]], chunk_bytes=4096)
+    ]
+    job = build_job(setup, data)
+    assert isinstance(job.model, TorchModel) and job.model.dtype == np.float32
+    params = point(job.model)
+    (row,) = code.static_assignment().rows[worker]
+    message, _ = job.start(params).message(row)
+    assert message.dtype == np.dtype("<f4")
+    reference = make_model("digits_mlp", num_features=64, num_classes=10, dtype=np.float32)
+    expected = sum(
+        c * reference.gradient(params, digits.X_train[partitions[j]], digits.y_train[partitions[j]])
+        for j, c in zip(code.support(row), code.coefficients(row), strict=True)
+    )
+    assert relative(message.astype(np.float64), expected) <= FLOAT32_TOLERANCE
+    bad = worker_pb2.JobSetup()
+    bad.CopyFrom(setup)
+    bad.model.kind = "resnet152"
+    with pytest.raises(JobSetupError, match=re.escape(f"valid kinds are {available_models()}")):
+        JobBuilder(bad)
