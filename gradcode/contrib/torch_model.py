@@ -159,16 +159,27 @@ class TorchModel(Model):
             )
         return y
 
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
+        """Summed loss, its gradient by autograd, and (when ``score``) the correct predictions: one forward pass."""
         with self._lock:
             theta = self._tensor(params).requires_grad_(True)
-            losses = self._per_sample_loss(self._forward(theta, X), y)
-            total = losses.sum()
+            out = self._forward(theta, X)
+            total = self._per_sample_loss(out, y).sum()
             (grad,) = torch.autograd.grad(total, theta)
-            return float(total.detach()), grad.to("cpu", torch.float64).numpy()
+            correct = 0.0
+            if score:
+                target = torch.tensor(y, dtype=torch.long, device=self.device)
+                correct = float(torch.count_nonzero(out.detach().argmax(dim=1) == target))
+            return float(total.detach()), grad.to("cpu", torch.float64).numpy(), correct
+
+    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
+        loss, grad, _ = self._evaluate(params, X, y, score=False)
+        return loss, grad
 
     def _score(self, params: FloatArray, X: FloatArray, y: FloatArray) -> float:
-        return float(np.count_nonzero(self._predict(params, X) == y))
+        return self._evaluate(params, X, y, score=True)[2]
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         with self._lock, torch.no_grad():
