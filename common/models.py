@@ -26,12 +26,21 @@ decoded vector into the mean training loss (plus the L2 term) and the training a
 master touching the data.
 
 All computations are vectorised numpy in float64; nothing loops over samples.
+
+:class:`Model` is also the protocol a model plugin implements (see :mod:`gradcode.common.plugins`):
+what the master and the workers call is its public surface — :attr:`~Model.num_params`,
+:meth:`~Model.init_params`, :meth:`~Model.loss_and_gradient` (summed over the batch),
+:meth:`~Model.statistics` (the counts a metric needs), :meth:`~Model.predict`,
+:meth:`~Model.accuracy` and :meth:`~Model.export`. A subclass implements ``_loss_and_gradient`` and
+``_predict`` on validated arrays, like the built-ins below. :func:`make_model` resolves the built-in
+names first, then the installed plugins.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,6 +56,7 @@ __all__ = [
     "Model",
     "SoftmaxRegression",
     "TrainingMetrics",
+    "available_models",
     "make_model",
     "message_length",
     "training_metrics",
@@ -55,7 +65,10 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 
 MODEL_KINDS = ("linear", "logistic", "softmax")
-"""Names accepted by :func:`make_model`."""
+"""The built-in models' names; :func:`available_models` adds the installed plugins."""
+
+MODEL_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+"""Floating types a model may compute in (float32 only for plugins that support it; see :func:`make_model`)."""
 
 NUM_STATISTICS = 2
 """Coordinates :meth:`Model.gradient_and_statistics` appends to the gradient: summed loss, summed score."""
@@ -72,12 +85,15 @@ class Model(ABC):
     """A model with a summed loss, its gradient, predictions and a quality score.
 
     Attributes:
-        kind: registry name (``"linear"``, ``"logistic"`` or ``"softmax"``).
+        kind: registry name (``"linear"``, ``"logistic"``, ``"softmax"`` or a plugin's name).
         num_features: number of input features $p$ (columns of ``X``).
         num_params: length of the flat parameter vector.
+        dtype: the floating type the model computes in. Parameters, gradients and predictions cross
+            the public methods as float64 whatever it is (a float32 model's values convert exactly).
     """
 
     kind: ClassVar[str]
+    dtype: np.dtype[Any] = np.dtype(np.float64)
 
     def __init__(self, num_features: int, num_params: int) -> None:
         self.num_features = num_features
@@ -167,6 +183,28 @@ class Model(ABC):
         if x.shape[0] == 0:
             raise ValueError("accuracy needs at least one sample; X and y are empty.")
         return float(np.mean(self._predict(p, x) == self._class_targets(labels)))
+
+    def statistics(self, params: Any, X: Any, y: Any) -> FloatArray:
+        """``[summed loss, summed score]`` of a batch: what a metric needs, additive over partitions.
+
+        The score is the number of correct predictions (classifiers) or the residual sum of squares
+        (:class:`LinearRegression`); like the loss it is unregularised and summed, so the statistics of
+        disjoint batches add up to those of their union.
+        """
+        p = self._check_params(params)
+        x, labels = self._check_features_labels(X, y)
+        loss, _, score = self._evaluate(p, x, labels, score=True)
+        return np.array([loss, score], dtype=np.float64)
+
+    def export(self, params: Any, path: str | Path) -> list[Path]:
+        """Write ``params`` to ``path`` (``.npy``, float64) and return the files written.
+
+        Models that have a native format write it beside (e.g. a torch ``state_dict``, see
+        :class:`gradcode.contrib.torch_model.TorchModel`).
+        """
+        target = Path(path)
+        np.save(target, self._check_params(params), allow_pickle=False)
+        return [target if target.suffix == ".npy" else target.with_name(target.name + ".npy")]
 
     def _class_targets(self, y: FloatArray) -> FloatArray:
         return y
@@ -361,12 +399,51 @@ class SoftmaxRegression(Model):
         return f"<SoftmaxRegression(num_features={self.num_features}, num_classes={self.num_classes})>"
 
 
-def make_model(kind: str, *, num_features: int, num_classes: int = 2) -> Model:
-    """Build the model named ``kind`` (one of :data:`MODEL_KINDS`).
+def available_models() -> list[str]:
+    """Every model name :func:`make_model` accepts on this machine: the built-ins, then installed plugins."""
+    from gradcode.common.plugins import model_plugins
+
+    return [*MODEL_KINDS, *model_plugins()]
+
+
+def make_model(kind: str, *, num_features: int, num_classes: int = 2, dtype: Any = np.float64) -> Model:
+    """Build the model named ``kind``: a built-in (:data:`MODEL_KINDS`) or an installed plugin.
 
     ``num_classes`` is ignored by ``"linear"``, must be 2 for ``"logistic"`` and at least 2 for
-    ``"softmax"``.
+    ``"softmax"``; a plugin gets it as given. ``dtype`` (float64 or float32) is the type a plugin
+    computes in; the built-in numpy models always compute in float64 (their float32 messages are
+    rounded by the worker). An unknown name raises :class:`~gradcode.common.plugins.PluginError` (a
+    ValueError) listing :func:`available_models`.
     """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in MODEL_DTYPES:
+        raise ValueError(f"Argument 'dtype' must be float64 or float32, not {dtype!r}.")
+    if kind in MODEL_KINDS:
+        return _make_builtin(kind, num_features=num_features, num_classes=num_classes)
+    from gradcode.common.plugins import PluginError, load_model_factory
+
+    factory = load_model_factory(kind)
+    try:
+        model = factory(num_features=num_features, num_classes=num_classes, dtype=dt)
+    except (ValueError, TypeError) as exc:
+        raise PluginError(
+            f"Model plugin {kind!r} refused num_features={num_features}, num_classes={num_classes}, "
+            f"dtype={dt.name}: {exc}"
+        ) from None
+    if not isinstance(model, Model):
+        raise PluginError(f"Model plugin {kind!r} built {type(model).__name__}, not a gradcode Model.")
+    if model.num_features != num_features or model.dtype != dt:
+        raise PluginError(
+            f"Model plugin {kind!r} built {model!r} with num_features={model.num_features}, dtype={model.dtype}; "
+            f"it was asked for num_features={num_features}, dtype={dt.name}."
+        )
+    return model
+
+
+def _make_builtin(kind: str, *, num_features: int, num_classes: int) -> Model:
     if kind == "linear":
         return LinearRegression(num_features)
     if kind == "logistic":

@@ -16,8 +16,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
     from gradcode.common.codes import GradientCode, make_code
+    from gradcode.common.models import Model, available_models, make_model
+    from gradcode.common.plugins import ModelFactory
 
-__all__ = ["GradcodeClient", "GradientCode", "JobFailedError", "build_job_spec", "make_code"]
+__all__ = [
+    "GradcodeClient",
+    "GradientCode",
+    "JobFailedError",
+    "Model",
+    "ModelFactory",
+    "available_models",
+    "build_job_spec",
+    "make_code",
+    "make_model",
+]
 
 _LAZY = {
     "GradcodeClient": "gradcode.client.sdk",
@@ -25,6 +37,10 @@ _LAZY = {
     "build_job_spec": "gradcode.client.sdk",
     "GradientCode": "gradcode.common.codes",
     "make_code": "gradcode.common.codes",
+    "Model": "gradcode.common.models",
+    "available_models": "gradcode.common.models",
+    "make_model": "gradcode.common.models",
+    "ModelFactory": "gradcode.common.plugins",
 }
 
 

@@ -25,7 +25,8 @@ from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
-from gradcode.common.models import MODEL_KINDS, Model, make_model
+from gradcode.common.models import Model, available_models, make_model
+from gradcode.common.plugins import model_dtype, unknown_model
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import dict_from_struct
 from gradcode.master import limits
@@ -215,8 +216,8 @@ def _plan_model(spec: master_pb2.JobSpec, dataset: Dataset) -> Model:
     ms = spec.model
     if not ms.kind:
         ms.kind = dataset.model_kind
-    if ms.kind not in MODEL_KINDS:
-        raise JobSpecError(f"Unknown model kind {ms.kind!r}; valid kinds are {list(MODEL_KINDS)}.")
+    if ms.kind not in available_models():  # built-ins and the plugins installed here
+        raise JobSpecError(str(unknown_model(ms.kind)))
     if ms.num_features and ms.num_features != dataset.num_features:
         raise JobSpecError(
             f"JobSpec.model.num_features is {ms.num_features} but dataset {dataset.name!r} has "
@@ -239,7 +240,8 @@ def _plan_model(spec: master_pb2.JobSpec, dataset: Dataset) -> Model:
         ms.num_classes = dataset.num_classes
     _finite("model.l2", ms.l2)
     try:
-        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2))
+        dtype = model_dtype(spec.message_dtype)  # what a plugin computes in
+        model = make_model(ms.kind, num_features=ms.num_features, num_classes=max(ms.num_classes, 2), dtype=dtype)
     except ValueError as exc:
         raise JobSpecError(f"Model refused: {exc}") from None
     if model.num_params * 8 > limits.MAX_MODEL_BYTES:

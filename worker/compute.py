@@ -30,6 +30,7 @@ import numpy as np
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError
 from gradcode.common.models import Model, make_model, message_length
+from gradcode.common.plugins import model_dtype
 from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -275,7 +276,12 @@ class JobBuilder:
         self.max_bytes = max_bytes
         spec = setup.model
         try:
-            self.model = make_model(spec.kind, num_features=int(spec.num_features), num_classes=spec.num_classes or 2)
+            self.model = make_model(
+                spec.kind,
+                num_features=int(spec.num_features),
+                num_classes=spec.num_classes or 2,
+                dtype=model_dtype(setup.message_dtype),
+            )
         except ValueError as exc:
             raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None
         if not setup.rows:

@@ -40,6 +40,8 @@ from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 from gradcode.common.codes.compare import format_table, scheme_rows
 from gradcode.common.codes.registry import available_codes, code_parameters
+from gradcode.common.models import available_models, make_model
+from gradcode.common.plugins import model_dtype
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.v1 import master_pb2
 
@@ -67,7 +69,14 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="explicit scheme parameter (repeatable); replaces the (n, s) defaults, see `gradcode codes`",
     )  # fmt: skip
     t = p.add_argument_group("training")
-    t.add_argument("--model", default="softmax", choices=["softmax", "logistic", "linear"])
+    t.add_argument(
+        "--model", default="softmax",
+        help=f"a built-in model or an installed plugin; here: {', '.join(available_models())} (default: softmax)",
+    )  # fmt: skip
+    t.add_argument(
+        "--dtype", default="", choices=["float64", "float32"],
+        help="message precision, and the precision a plugin model computes in (default: float64)",
+    )  # fmt: skip
     t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
     t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
     t.add_argument(
@@ -109,6 +118,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "straggler": args.straggler,
         "straggler_params": dict(args.straggler_param),
         "seed": args.seed,
+        "message_dtype": args.dtype,
     }
     values.update(overrides)
     return build_job_spec(**values)
@@ -273,9 +283,31 @@ async def _jobs(args: argparse.Namespace) -> int:
 async def _model(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         params = await client.get_model(args.job_id)
-    np.save(args.output, params)
-    print(f"saved {params.size} parameters to {args.output}")
+        spec = (await client.get_job(args.job_id)).spec
+    files = export_model(spec, params, args.out)
+    print(f"saved {params.size} parameters of model {spec.model.kind!r} to {', '.join(map(str, files))}")
     return 0
+
+
+def export_model(spec: master_pb2.JobSpec, params: np.ndarray[Any, Any], out: Path) -> list[Path]:
+    """Write a job's trained parameters with the job's model: ``.npy``, plus its native format (torch: ``.pt``).
+
+    The model is built from the job's spec on this machine, so a plugin's native format needs the plugin
+    installed here; without it only the ``.npy`` parameters are written (and a note says why).
+    """
+    ms = spec.model
+    try:
+        model = make_model(
+            ms.kind,
+            num_features=ms.num_features,
+            num_classes=ms.num_classes or 2,
+            dtype=model_dtype(spec.message_dtype),
+        )
+    except ValueError as exc:
+        np.save(out, params, allow_pickle=False)
+        print(f"gradcode: only the parameters are written: {exc}", file=sys.stderr)
+        return [out if out.suffix == ".npy" else out.with_name(out.name + ".npy")]
+    return model.export(params, out)
 
 
 async def _cancel(args: argparse.Namespace) -> int:
@@ -365,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.set_defaults(handler=_jobs)
     model = sub.add_parser("model", help="save a job's model parameters as .npy")
     model.add_argument("job_id")
-    model.add_argument("--output", type=Path, default=Path("model.npy"))
+    model.add_argument("--out", "--output", dest="out", type=Path, default=Path("model.npy"))
     model.add_argument("--master", default=master_default)
     add_security_arguments(model, role="client")
     model.set_defaults(handler=_model)

@@ -57,14 +57,23 @@ def build_job_spec(
     seed: int = 0,
     wait_for_workers_seconds: float = 30.0,
     job_id: str = "",
+    message_dtype: str = "",
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
 
     ``test_fraction`` is the share of the dataset held out for the test accuracy, in [0, 1); 0 lets
-    the master use its default.
+    the master use its default. ``message_dtype`` is ``"float64"``, ``"float32"`` (half the bytes; a
+    plugin model then computes in float32) or ``"complex128"``; empty lets the master choose (float64,
+    complex128 for complex codes).
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1) (0: the master's default), not {test_fraction!r}.")
+    wire_dtype: int = common_pb2.DTYPE_UNSPECIFIED
+    if message_dtype:
+        names = ["float64", "float32", "complex128"]
+        if message_dtype not in names:
+            raise ValueError(f"message_dtype must be one of {names} (or empty), not {message_dtype!r}.")
+        wire_dtype = common_pb2.DType.Value(f"DTYPE_{message_dtype.upper()}")
     if code_params is None:
         if n is None or s is None:
             raise ValueError("Give either code_params or both n and s.")
@@ -91,6 +100,7 @@ def build_job_spec(
         ),
         seed=seed,
         wait_for_workers_seconds=wait_for_workers_seconds,
+        message_dtype=wire_dtype,  # type: ignore[arg-type]
     )
 
 

@@ -202,7 +202,7 @@ def test_make_model_builds_each_kind() -> None:
 
 def test_make_model_errors() -> None:
     with pytest.raises(
-        ValueError, match=re.escape("Unknown model kind 'svm'; valid kinds are ['linear', 'logistic', 'softmax']")
+        ValueError, match=re.escape("Unknown model kind 'svm'; valid kinds are ['linear', 'logistic', 'softmax'")
     ):
         make_model("svm", num_features=3)
     with pytest.raises(ValueError, match="'num_classes' must be 2 for a logistic model, not 3"):

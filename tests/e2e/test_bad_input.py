@@ -75,7 +75,7 @@ CREATE_JOB_REFUSALS = [
     (
         "unknown model",
         job_spec("uncoded", {"n": 2}, model=common_pb2.ModelSpec(kind="mlp")),
-        "Unknown model kind 'mlp'; valid kinds are ['linear', 'logistic', 'softmax']",
+        "Unknown model kind 'mlp'; valid kinds are ['linear', 'logistic', 'softmax', 'digits_cnn', 'digits_mlp']",
     ),
     (
         "unknown optimizer",
