@@ -462,8 +462,16 @@ class MessageAssembler:
         self._crc = 0
         self._done: set[int] = set()
 
-    def feed(self, received: worker_pb2.GradientChunk | ReceivedChunk) -> CompletedMessage | None:
-        """Add a chunk; return the message it completes, if any."""
+    def feed(self, received: worker_pb2.GradientChunk | ReceivedChunk | None) -> CompletedMessage | None:
+        """Add a chunk; return the message it completes, if any.
+
+        ``None`` is what a gRPC stream yields when its response deserializer (:func:`parse_chunk`) failed.
+        """
+        if received is None:
+            raise WireError(
+                f"A chunk from worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration} could not be "
+                "parsed as a GradientChunk (malformed bytes on the wire)."
+            )
         # google-crc32c reads only bytes objects: the payload is copied once into bytes (protobuf's .data
         # access does that copy already), checksummed, and copied once into the message's buffer.
         if isinstance(received, ReceivedChunk):

@@ -28,9 +28,11 @@ gradcode's worker r does.
   the last needed message to the applied step, as the master measures it).
 * *Training loss against wall-clock* under Pareto delays (scale 0.05 s, shape 1.5) for 100
   iterations, and each system's time to get within 1% of the loss that 100 uncoded iterations reach.
-  The loss is the regularised training loss at the parameters after each step: gradcode's report,
-  and for the baseline the same function evaluated after the run on the parameters rank 0 recorded
-  after every step (off the clock).
+  The loss is the regularised training loss each system reports per iteration: gradcode's report,
+  and for the baseline the same quantity — today the loss at the parameters after each step,
+  evaluated after the run on the parameters rank 0 recorded (off the clock); once the master decodes
+  coded training statistics (:data:`MASTER_REPORTS_POINT_LOSS`), the loss at the evaluated point,
+  which the baseline all-reduces with its gradient.
 
 Runs are interleaved: every round runs each configuration's systems one after the other (A, B, C, …)
 and the rounds repeat (A, B, …, A, B, …); figures are medians over rounds. ``/proc/loadavg`` is
@@ -88,6 +90,12 @@ QUICK_ROUNDS = 1
 PARETO = {"shape": 1.5, "scale": 0.05}
 LOSS_TOLERANCE = 0.01
 """Time to target = first moment a system's loss is within 1% of the loss 100 uncoded iterations reach."""
+MASTER_REPORTS_POINT_LOSS = "evaluate_every" in master_pb2.JobSpec.DESCRIPTOR.fields_by_name
+"""Whether the master has the coded-statistics mode (its JobSpec has ``evaluate_every``): its report of
+iteration t then carries the training loss at the point the workers evaluated (the Nesterov look-ahead),
+decoded from their messages, and the baseline reports the same quantity (from its all-reduced
+statistics). Before, the master reports the loss at the parameters after step t, and so does the baseline."""
+
 START_TIMEOUT = 120.0
 RUN_TIMEOUT = 1800.0
 
@@ -253,7 +261,7 @@ def _allreduce_rank(
             optimizer = make_optimizer("nesterov", model.init_params(), learning_rate=workload.learning_rate)
             dist.barrier()
             started = time.perf_counter()
-            elapsed, losses = [], []
+            elapsed, params, point_losses = [], [], []
             for t in range(1, command["iterations"] + 1):
                 time.sleep(max(0.0, delays.delay(rank, t)))
                 point = optimizer.point
@@ -263,9 +271,10 @@ def _allreduce_rank(
                 optimizer.step(mean_gradient(metrics.gradient, point, num_samples=len(y_all), l2=workload.l2))
                 if rank == 0:  # the loss at the point the gradient was evaluated at, as gradcode reports it
                     elapsed.append(time.perf_counter() - started)
-                    losses.append(metrics.loss)
+                    params.append(optimizer.params.copy())
+                    point_losses.append(metrics.loss)
             if rank == 0:
-                connection.send({"elapsed_s": elapsed, "loss": losses})
+                connection.send({"elapsed_s": elapsed, "params": np.stack(params), "point_loss": point_losses})
     finally:
         dist.destroy_process_group()
 
@@ -325,7 +334,7 @@ def _allreduce_run(
         "tail_s": math.nan,
         "decode_s": math.nan,
         "elapsed_s": elapsed,
-        "loss": list(result["loss"]),
+        "loss": result["point_loss"] if MASTER_REPORTS_POINT_LOSS else [loss(p) for p in result["params"]],
         "exact": True,
         "load_before": load_before,
         "load_after": load_after,
@@ -605,7 +614,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
         },
         "quick": quick,
         "workload": {**asdict(workload), "num_train": workload.num_train},
-        "master_has_statistics_mode": "evaluate_every" in master_pb2.JobSpec.DESCRIPTOR.fields_by_name,
+        "master_reports_point_loss": MASTER_REPORTS_POINT_LOSS,
         "systems": systems,
         "summary": summary,
         "raw": raw,

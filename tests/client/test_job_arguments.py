@@ -19,3 +19,10 @@ def test_run_exposes_the_test_fraction() -> None:
 def test_build_job_spec_refuses_a_test_fraction_outside_0_1(bad: float) -> None:
     with pytest.raises(ValueError, match=r"test_fraction must be in \[0, 1\)"):
         build_job_spec(scheme="cyclic", n=4, s=1, test_fraction=bad)
+
+
+def test_bench_subcommand_passes_the_rest_to_the_benchmark() -> None:
+    args = build_parser().parse_args(["bench", "training", "--quick", "--out", "/tmp/x"])
+    assert args.benchmark == "training" and args.bench_args == ["--quick", "--out", "/tmp/x"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "no-such-benchmark"])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import google_crc32c
+import grpc
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
@@ -16,6 +19,7 @@ from gradcode.common.wire import (
     WireError,
     array_from_tensor,
     chunk_bytes_for,
+    compute_stream,
     dict_from_struct,
     message_chunk_bytes,
     message_chunks,
@@ -270,3 +274,26 @@ def test_message_to_dict_keeps_integers_as_numbers() -> None:
     assert row["iteration"] == 3 and row["timings"] == [{"worker_id": 1, "seconds": 0.5}]
     assert ParseDict(row, master_pb2.IterationReport()) == report
     assert ParseDict(as_dict, master_pb2.JobSpec()) == spec
+
+
+async def test_a_malformed_chunk_on_a_real_stream_is_refused_precisely() -> None:
+    """gRPC turns a failing response deserializer into a None item; the assembler names the worker."""
+
+    async def compute(request: bytes, context: object) -> AsyncIterator[bytes]:
+        yield b"\x3a\x10abc"  # a data field longer than the message
+
+    handler = grpc.method_handlers_generic_handler(
+        "gradcode.v1.Worker", {"Compute": grpc.unary_stream_rpc_method_handler(compute)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            asm = _assembler()
+            with pytest.raises(WireError, match=r"from worker 1, job 'j', iteration 3 could not be parsed"):
+                async for chunk in compute_stream(channel)(b""):
+                    asm.feed(chunk)
+    finally:
+        await server.stop(None)
