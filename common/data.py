@@ -15,6 +15,7 @@ the proportions ``code.partition_weights``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import zipfile
@@ -87,6 +88,13 @@ class Dataset:
     @property
     def num_train(self) -> int:
         return int(self.X_train.shape[0])
+
+    def without_samples(self) -> Dataset:
+        """The same dataset with no samples: what a finished job keeps (its name, shape and classes)."""
+        f = self.num_features
+        return dataclasses.replace(
+            self, X_train=np.empty((0, f)), y_train=np.empty(0), X_test=np.empty((0, f)), y_test=np.empty(0)
+        )
 
     def __repr__(self) -> str:
         return (

@@ -17,6 +17,7 @@ from gradcode.common.cli import add_service_arguments, env_default, prepare_proc
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.master.datafile import DATA_DIR_ENV
+from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
@@ -66,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
         help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-data-file-bytes", type=int,
+        default=int(env_default("GRADCODE_MAX_DATA_FILE_BYTES", str(MAX_DATA_FILE_BYTES)) or MAX_DATA_FILE_BYTES),
+        help="largest .npz/.csv a 'file' dataset may load from --data-dir [GRADCODE_MAX_DATA_FILE_BYTES] "
+        "(default: %(default)s, 2 GiB)",
+    )  # fmt: skip
     add_security_arguments(parser, role="master")
     return parser
 
@@ -76,7 +83,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
     node = MasterNode(
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
-        security=args.security, max_workers=args.max_workers,
+        security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
     )  # fmt: skip
     await node.start()
     metrics = None
@@ -102,6 +109,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.worker_list = [worker_address(a) for a in args.workers.split(",") if a.strip()]
         args.security = security_from_args(args)
+        if args.max_data_file_bytes < 1:
+            raise ValueError(f"--max-data-file-bytes must be >= 1, not {args.max_data_file_bytes}.")
         if args.max_workers < 1:
             raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
     except ValueError as exc:

@@ -18,8 +18,9 @@ __all__ = ["DATA_DIR_ENV", "data_file", "file_error"]
 DATA_DIR_ENV = "GRADCODE_DATA_DIR"
 
 
-def data_file(path: str, data_dir: str | Path | None) -> Path:
-    """The file a ``file`` dataset names, which must resolve inside ``data_dir``; JobSpecError otherwise."""
+def data_file(path: str, data_dir: str | Path | None, *, max_bytes: int = limits.MAX_DATA_FILE_BYTES) -> Path:
+    """The file a ``file`` dataset names, which must resolve inside ``data_dir`` and hold at most
+    ``max_bytes``; JobSpecError otherwise."""
     if data_dir is None:
         raise JobSpecError(
             "Dataset 'file' is disabled on this master: start it with --data-dir DIR (or the environment variable "
@@ -42,9 +43,10 @@ def data_file(path: str, data_dir: str | Path | None) -> Path:
     if not file.is_file():
         raise JobSpecError(f"Dataset path {path!r} is not a file in the master's data directory.")
     size = file.stat().st_size
-    if size > limits.MAX_DATA_FILE_BYTES:
+    if size > max_bytes:
         raise JobSpecError(
-            f"Dataset file {path!r} has {size} bytes; a job may load at most {limits.MAX_DATA_FILE_BYTES >> 20} MiB."
+            f"Dataset file {path!r} has {size} bytes; this master loads at most {max_bytes} bytes "
+            f"({max_bytes / 2**20:.0f} MiB; its --max-data-file-bytes)."
         )
     return file
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -188,6 +189,7 @@ class JobRunner:
         finally:
             await self.rounds.close()
             await self.loader.end()
+            self._release_data()
             self.history_file.close()
 
     async def _loop(self) -> None:
@@ -322,6 +324,12 @@ class JobRunner:
             training=it.training,
         )  # fmt: skip
         return report, params
+
+    def _release_data(self) -> None:
+        """Drop the training data once the job has ended: the master keeps finished jobs (for GetJob,
+        GetModel and WatchJob) but not their datasets, so its memory does not grow with them."""
+        self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
+        self.loader.plan = self.rounds.plan = self.plan
 
     def _pool_ids(self) -> list[int]:
         return [w.worker_id for w in self.loader.workers]

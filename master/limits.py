@@ -35,8 +35,9 @@ MAX_FEATURES = 100_000
 """Features per sample."""
 MAX_DATASET_BYTES = 1 << 30
 """float64 bytes of the feature matrix, samples x features x 8 (1 GiB)."""
-MAX_DATA_FILE_BYTES = 256 << 20
-"""Size of a ``file`` dataset on disk (256 MiB; a CSV costs several times its size to parse)."""
+MAX_DATA_FILE_BYTES = 2 << 30
+"""Default largest ``file`` dataset on disk (2 GiB; the master's ``--max-data-file-bytes``): it holds any
+dataset within :data:`MAX_DATASET_BYTES` as a float64 ``.npz``, and a CSV of it (2-3x larger) mostly."""
 MAX_MODEL_BYTES = 64 << 20
 """float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
 _SYNTHETIC_DEFAULT_SIZE = {"gaussian_mixture": (2000, 20), "linear": (1000, 50), "digits": (1797, 64)}

@@ -16,6 +16,7 @@ import grpc
 
 from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
+from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
 from gradcode.master.service import MAX_FINISHED_JOBS, MasterServicer
 from gradcode.v1 import master_pb2, master_pb2_grpc
@@ -51,14 +52,16 @@ class MasterNode(ServiceNode):
         max_finished_jobs: int = MAX_FINISHED_JOBS,
         security: Security | None = None,
         max_workers: int = MAX_WORKERS,
+        max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
     ) -> None:
         super().__init__(host, port, grace=grace, security=security)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.pool = WorkerPool(workers, security=self.security, max_workers=max_workers)
         self.servicer = MasterServicer(
-            self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs
-        )
+            self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
+            max_data_file_bytes=max_data_file_bytes,
+        )  # fmt: skip
 
     def _register(self, server: grpc.aio.Server) -> None:
         master_pb2_grpc.add_MasterServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]

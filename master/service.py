@@ -37,6 +37,7 @@ from gradcode.common.logs import log_context
 from gradcode.common.security import short
 from gradcode.common.status import grpc_errors
 from gradcode.master.job import JobRunner
+from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import WorkerPool
 from gradcode.master.spec import plan_job
 from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
@@ -64,12 +65,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         run_dir: Path | None = None,
         data_dir: Path | None = None,
         max_finished_jobs: int = MAX_FINISHED_JOBS,
+        max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
     ) -> None:
         if max_finished_jobs < 0:
             raise ValueError(f"Argument 'max_finished_jobs' must be >= 0, not {max_finished_jobs!r}.")
         self.pool = pool
         self.run_dir = run_dir
         self.data_dir = data_dir
+        self.max_data_file_bytes = max_data_file_bytes
         self.max_finished_jobs = max_finished_jobs
         self.jobs: dict[str, JobRunner] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
@@ -124,7 +127,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             raise AlreadyExistsError(f"Job {short(request.job_id)} already exists.")
         known = [w.worker_id for w in self.pool.workers]
         try:
-            plan = await asyncio.to_thread(plan_job, request, known_worker_ids=known, data_dir=self.data_dir)
+            plan = await asyncio.to_thread(
+                plan_job, request, known_worker_ids=known, data_dir=self.data_dir,
+                max_data_file_bytes=self.max_data_file_bytes,
+            )  # fmt: skip
         except MemoryError:
             raise ResourceExhaustedError(
                 "The master ran out of memory while planning this job; use a smaller dataset, model or code "

@@ -104,20 +104,25 @@ def _finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf
 
 
 def plan_job(
-    spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None = None, data_dir: str | Path | None = None
+    spec: master_pb2.JobSpec,
+    *,
+    known_worker_ids: list[int] | None = None,
+    data_dir: str | Path | None = None,
+    max_data_file_bytes: int = limits.MAX_DATA_FILE_BYTES,
 ) -> JobPlan:
     """Validate ``spec`` and build its code, model, dataset and partitions; JobSpecError says what is wrong.
 
     ``known_worker_ids`` are the pool's ids, to check an explicit ``worker_ids`` list against.
     ``data_dir`` is the only directory a ``file`` dataset may be read from (None: file datasets are
-    refused). Sizes are checked against the ``MAX_*`` caps before anything is built. Loads (or
-    generates) the dataset, so callers on an event loop should run it in a thread.
+    refused) and ``max_data_file_bytes`` the largest such file. Sizes are checked against the ``MAX_*``
+    caps before anything is built. Loads (or generates) the dataset, so callers on an event loop should
+    run it in a thread.
     """
     spec = master_pb2.JobSpec.FromString(spec.SerializeToString())  # normalised in place below
     _check_job_id(spec)
     code, topology = _plan_code(spec)
     num_workers = code.n if topology is None else topology.num_workers
-    dataset = _plan_dataset(spec, data_dir)
+    dataset = _plan_dataset(spec, data_dir, max_data_file_bytes)
     model = _plan_model(spec, dataset)
     _check_optimizer_and_loop(spec, model)
     _check_stragglers(spec, num_workers)
@@ -174,7 +179,7 @@ def _plan_code(spec: master_pb2.JobSpec) -> tuple[GradientCode, Topology | None]
     return code, topology
 
 
-def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None) -> Dataset:
+def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int) -> Dataset:
     """The dataset (generated or loaded), within the size caps."""
     ds = spec.dataset
     if ds.name not in DATASET_NAMES:
@@ -182,7 +187,7 @@ def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None) -> Data
     if ds.test_fraction == 0:
         ds.test_fraction = DEFAULT_TEST_FRACTION
     limits.check_dataset_size(ds)
-    data_file = file_in_data_dir(ds.path, data_dir) if ds.name == "file" else None
+    data_file = file_in_data_dir(ds.path, data_dir, max_bytes=max_file_bytes) if ds.name == "file" else None
     try:
         dataset = load_dataset(
             ds.name,

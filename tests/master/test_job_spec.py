@@ -317,8 +317,10 @@ def test_file_errors_never_echo_the_files_content(tmp_path: Path) -> None:
         assert "SECRET" not in message and str(tmp_path) not in message
 
 
-def test_a_data_file_larger_than_the_cap_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_data_file_larger_than_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    """The cap is the master's --max-data-file-bytes option (plan_job's max_data_file_bytes)."""
     write_csv(tmp_path / "big.csv", rows=100)
-    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 100)
-    with pytest.raises(JobSpecError, match=r"Dataset file 'big.csv' has \d+ bytes; a job may load at most"):
-        plan_job(file_spec("big.csv"), data_dir=tmp_path)
+    size = (tmp_path / "big.csv").stat().st_size
+    with pytest.raises(JobSpecError, match=r"Dataset file 'big.csv' has \d+ bytes; this master loads at most 100 "):
+        plan_job(file_spec("big.csv"), data_dir=tmp_path, max_data_file_bytes=100)
+    assert plan_job(file_spec("big.csv"), data_dir=tmp_path, max_data_file_bytes=size).dataset.num_train > 0

@@ -254,6 +254,28 @@ async def test_a_target_accuracy_stops_at_the_evaluated_iteration_that_reached_i
     np.testing.assert_allclose(array_from_tensor(model.parameters), centralized_gd(last.iteration), rtol=1e-9)
 
 
+# ---- training metrics come from the decode ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("code", "params"),
+    [("cyclic", {"n": 3, "s": 1}), ("fractional", {"n": 4, "s": 1}), ("binary", {"n": 4, "s": 1})],
+)
+async def test_reported_training_loss_and_accuracy_are_the_centralized_ones(code: str, params: dict[str, int]) -> None:
+    """Report t's loss and training accuracy are decoded from the workers' coded statistics at the point
+    iteration t's gradient was evaluated at (here, plain GD: the parameters after t - 1 steps); they equal
+    the centralized ones to 1e-12, and nothing on the master touched the training set to get them."""
+    data = load_dataset("digits", num_samples=SAMPLES, seed=0, test_fraction=0.2)
+    model = make_model("softmax", num_features=data.num_features, num_classes=data.num_classes)
+    async with asyncio.timeout(TIMEOUT), running_master(params["n"]) as master:
+        ids = await master.wait_workers(params["n"])
+        info, reports = await master.run(job_spec(code, params, iterations=4, worker_ids=ids[: params["n"]]))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    for r in reports:
+        point = centralized_gd(r.iteration - 1)
+        central = model.loss(point, data.X_train, data.y_train) / data.num_train
+        assert abs(r.loss - central) <= 1e-12 * central, (r.iteration, r.loss, central)
+        assert r.train_accuracy == model.accuracy(point, data.X_train, data.y_train)
+
+
 # ---- eviction of finished jobs --------------------------------------------------------------------
 async def test_finished_jobs_beyond_the_bound_are_evicted_and_say_so(tmp_path: Path) -> None:
     async with asyncio.timeout(TIMEOUT), running_master(2, run_dir=tmp_path, max_finished_jobs=2) as master:
