@@ -99,11 +99,13 @@ async def _reports(
 
 
 async def test_coded_iterations_do_not_wait_for_a_fixed_or_random_straggler(cluster6: Cluster) -> None:
-    """The coded job decodes without the delayed worker; "wait for all" waits for it.
+    """The coded job stops at the first decodable moment; "wait for all" waits for the straggler.
 
-    Asserted on events (who was used), not on speed: the delayed worker of each iteration (computed
-    from the same seeded model the workers evaluate) is never among the coded job's used workers.
-    The only timing figure is a lower bound the uncoded job cannot beat: it waits out the delay.
+    Asserted on events, not on speed: every coded iteration decodes from exactly n - s = 5 workers and
+    whoever it did not use was late (cancelled), never waited for; the delayed worker of an iteration
+    (computed from the same seeded model the workers evaluate) is left out whenever the others answer
+    first, which on any machine is most iterations (asserted: at least one per mode). The only timing
+    figure is a lower bound the uncoded job cannot beat: it waits out the delay.
     """
     cluster6.ensure_all_up()
     delay = 2.0
@@ -115,9 +117,14 @@ async def test_coded_iterations_do_not_wait_for_a_fixed_or_random_straggler(clus
         for mode, straggler in modes.items():
             model = make_delay_model(straggler.model, dict_from_struct(straggler.params), straggler.seed)
             coded = await _reports(cluster6, "cyclic", {"n": 6, "s": 1}, straggler)
+            skipped = 0
             for r in coded:
+                unused = set(cluster6.ids) - set(r.used_workers)
+                assert len(r.used_workers) == 5 and unused <= set(r.late_workers) | set(r.failed_workers), (mode, r)
                 delayed = {cluster6.ids[w] for w in range(6) if model.delay(w, r.iteration) > 0}
-                assert len(delayed) == 1 and not delayed & set(r.used_workers), (mode, r.iteration, delayed, r)
+                assert len(delayed) == 1
+                skipped += not delayed & set(r.used_workers)
+            assert skipped >= 1, (mode, [list(r.used_workers) for r in coded])
             uncoded = await _reports(cluster6, "uncoded", {"n": 6}, straggler)
             assert all(len(r.used_workers) == 6 and r.wall_seconds >= delay for r in uncoded), (mode, uncoded)
 
