@@ -22,8 +22,9 @@ from gradcode.common.exceptions import JobFailedError
 from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
 from gradcode.common.wire import dtype_from_wire
+from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
-from gradcode.master.pool import BackgroundLoads, LatenessWatch, WorkerPool
+from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import failure_report
 from gradcode.v1 import worker_pb2
 

@@ -9,11 +9,10 @@ from typing import Any
 import grpc
 import pytest
 
+from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.node import MasterNode
 from gradcode.master.pool import (
     AddressTakenError,
-    BackgroundLoads,
-    LatenessWatch,
     PoolFullError,
     RemovedWorkerError,
     UnreachableWorkerError,
