@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CERTIFICATE_UNCERTIFIED",
     "DEFAULT_MAX_DECODE_ERROR",
+    "PROMISED_RELATIVE_ERROR",
     "SPAN_TOLERANCE",
     "ErrorCertificate",
+    "ErrorMeasurement",
     "RowProfile",
     "adversarial_straggler_sets",
     "certify_combination",
@@ -47,6 +49,7 @@ __all__ = [
     "decode_error",
     "equilibrated_decoding_weights",
     "fresh_gaussian_gradients",
+    "measure_decodings",
     "ones_in_span",
     "relative_error",
     "span_residual",
@@ -62,6 +65,10 @@ Array = npt.NDArray[Any]
 
 DEFAULT_MAX_DECODE_ERROR = 1e-9
 """Relative decode error a real- or complex-valued code must stay under (float64)."""
+
+PROMISED_RELATIVE_ERROR = 1e-12
+"""Certified relative error the recommended schemes promise in float64 for n <= 128 (issue 10): binary
+and fractional always, cyclic where a draw certifies it (refused otherwise, suggesting binary)."""
 
 SPAN_TOLERANCE = 1e-9
 r"""The one span tolerance: a target $t$ counts as lying in the row span of $B_F$ when the relative
@@ -142,8 +149,7 @@ def combined_error(decoding: Decoding, b: Array, gradients: Array) -> float:
     The messages $b_r G$ are formed row by row and combined with :meth:`Decoding.combine`, the path a
     real decode takes, then compared with $\mathbf{1}^\top G$ by :func:`relative_error`.
     """
-    messages = {row: b[row] @ gradients for row in decoding.rows}
-    return relative_error(decoding.combine(messages), gradients.sum(axis=0))
+    return measure_decodings(b, [decoding], [gradients], certify=False).measured
 
 
 def worst_combined_error(b: Array, decodings: Iterable[Decoding], gradients: Iterable[Array]) -> float:
@@ -152,12 +158,38 @@ def worst_combined_error(b: Array, decodings: Iterable[Decoding], gradients: Ite
     ``gradients`` is :func:`fresh_gaussian_gradients` for a new draw per decoding, or e.g.
     ``itertools.repeat(g)`` for one shared draw. A NaN (overflowing weights) propagates.
     """
+    return measure_decodings(b, decodings, gradients, certify=False).measured
+
+
+@dataclass(frozen=True)
+class ErrorMeasurement:
+    """Worst measured relative error and worst certified bound over a set of decodings (NaN: not certified)."""
+
+    measured: float
+    certified: float
+
+
+def measure_decodings(
+    b: Array, decodings: Iterable[Decoding], gradients: Iterable[Array], *, certify: bool = True
+) -> ErrorMeasurement:
+    """:func:`worst_combined_error`, and with ``certify`` the worst :meth:`Decoding.certify` bound of the
+    same combines (message norms and combined norm of the same test gradients)."""
     worst = 0.0
+    bound = 0.0 if certify else math.nan
     for decoding, g in zip(decodings, gradients, strict=False):  # gradients may be endless
-        error = combined_error(decoding, b, g)
+        messages = {row: b[row] @ g for row in decoding.rows}
+        combined = decoding.combine(messages)
+        error = relative_error(combined, g.sum(axis=0))
         if not error <= worst:
             worst = error
-    return worst
+        if certify:
+            norms = np.array([float(np.linalg.norm(messages[row])) for row in decoding.rows])
+            profile = RowProfile.of(decoding.weights, b[list(decoding.rows)])
+            u = unit_roundoff(np.result_type(b.dtype, g.dtype))
+            certificate = certify_combination(decoding.weights, profile, norms, float(np.linalg.norm(combined)), u=u)
+            if not certificate.bound <= bound:
+                bound = certificate.bound
+    return ErrorMeasurement(worst, bound)
 
 
 def fresh_gaussian_gradients(k: int, columns: int, rng: np.random.Generator) -> Iterator[Array]:
