@@ -13,6 +13,10 @@ Every scheme, the construction guards, the benchmarks and the master's verify mo
   :func:`worst_combined_error` takes the worst over many decodings; *which* test gradients each
   decoding sees is the caller's (:func:`fresh_gaussian_gradients` or one shared draw), because that is
   what decides which random constructions a guard accepts.
+* **Error certificate** — :func:`certify_combination` (behind :meth:`Decoding.certify`): a bound on
+  the relative error of one combined gradient from the weights, the rows and the message norms,
+  cheap enough for every iteration; the master calls a decode exact when it is within the job's
+  tolerance. :data:`PROMISED_RELATIVE_ERROR` is what the recommended schemes certify in float64.
 * **Survivor sets** — :func:`survivor_sets`: contiguous (the worst case of Vandermonde-like systems),
   searched-adversarial (:func:`adversarial_straggler_sets`, the worst case of random real codes) and
   seeded random, from one generator.
@@ -35,7 +39,6 @@ if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
-    "CERTIFICATE_UNCERTIFIED",
     "DEFAULT_MAX_DECODE_ERROR",
     "PROMISED_RELATIVE_ERROR",
     "SPAN_TOLERANCE",
@@ -400,10 +403,6 @@ class ErrorCertificate:
     def within(self, tolerance: float) -> bool:
         """True when the certified relative error is at most ``tolerance`` (the decode may be called exact)."""
         return self.bound <= tolerance
-
-
-CERTIFICATE_UNCERTIFIED = ErrorCertificate(math.inf, math.inf, math.inf, math.nan)
-"""The certificate of a decoding that is approximate by construction (``ignore_stragglers``)."""
 
 
 def certify_combination(
