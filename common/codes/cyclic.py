@@ -47,6 +47,14 @@ $s = 64$ at the fifth, $s = 16$ at the sixth. One draw costs about 0.2–0.25 s 
 (single-threaded BLAS; a multi-threaded BLAS on a loaded machine can be several times slower), so a
 construction takes between ~0.25 s and ~2 s. For bigger $n$, or when a bound must hold for every
 survivor set, use the ``binary`` or ``fractional`` scheme.
+
+The float64 promise (issue 10). Those limits are of the *measured* guard. By default a draw must
+also *certify* its guard decodes (:meth:`~gradcode.common.codes.base.Decoding.certify`, bound from
+the weights, rows and message norms) at :data:`~gradcode.common.codes.numerics.PROMISED_RELATIVE_ERROR`
+$= 10^{-12}$ (``max_certified_error``), which the recommended schemes promise for $n \le 128$. At the
+default seed that holds for every $s$ up to $n = 8$, most up to $n = 10$, and from $n = 16$ on only
+for $s = 1$ and $s = n - 1$; other configurations are refused, suggesting ``binary``.
+``max_certified_error=math.inf`` restores the measured guard alone (same draws as before).
 """
 
 from __future__ import annotations
