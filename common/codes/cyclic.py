@@ -59,6 +59,7 @@ for $s = 1$ and $s = n - 1$; other configurations are refused, suggesting ``bina
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -297,7 +298,9 @@ def draw_cyclic_repetition(
             b = cyclic_matrix(h)
         except ValueError:  # a singular block: probability 0, draw again
             continue
-        measured = _measure_draw(b, _check_sets(b, s, seed), seed, certify=certify)
+        measured = _measure_draw(
+            b, _check_sets(b, s, seed), seed, max_decode_error=max_decode_error, max_certified_error=max_certified_error
+        )
         if measured.measured <= max_decode_error:
             if not certify or measured.certified <= max_certified_error:
                 h.setflags(write=False)
@@ -342,13 +345,20 @@ def _check_sets(b: Array, s: int, seed: int) -> list[list[int]]:
     )
 
 
-def _measure_draw(b: Array, sets: Sequence[Sequence[int]], seed: int, *, certify: bool) -> ErrorMeasurement:
+def _measure_draw(
+    b: Array, sets: Sequence[Sequence[int]], seed: int, *, max_decode_error: float, max_certified_error: float
+) -> ErrorMeasurement:
     """Worst :func:`~gradcode.common.codes.numerics.combined_error` of the decoders' weights over ``sets``
-    (each on fresh Gaussian gradients, 8 columns, drawn from ``seed``) and, with ``certify``, the worst
-    certified bound of the same decodes."""
-    decodings = (Decoding(tuple(rows), equilibrated_decoding_weights(b[list(rows)], independent=True)) for rows in sets)
-    gradients = fresh_gaussian_gradients(b.shape[1], 8, np.random.default_rng(seed))
-    return measure_decodings(b, decodings, gradients, certify=certify)
+    (each on fresh Gaussian gradients, 8 columns, drawn from ``seed``); when that meets
+    ``max_decode_error`` and ``max_certified_error`` is finite, also the worst certified bound of the
+    same decodes (stopping at the first one above ``max_certified_error``)."""
+    decodings = [Decoding(tuple(rows), equilibrated_decoding_weights(b[list(rows)], independent=True)) for rows in sets]
+    gradients = list(itertools.islice(fresh_gaussian_gradients(b.shape[1], 8, np.random.default_rng(seed)), len(sets)))
+    measured = measure_decodings(b, decodings, gradients, certify=False).measured
+    if not (measured <= max_decode_error and math.isfinite(max_certified_error)):
+        return ErrorMeasurement(measured, math.nan)
+    certified = measure_decodings(b, decodings, gradients, stop_above=max_certified_error).certified
+    return ErrorMeasurement(measured, certified)
 
 
 @register
