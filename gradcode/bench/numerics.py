@@ -179,7 +179,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for index, name in enumerate(dict.fromkeys(r["scheme"] for r in results)):
-        color = f"C{index % 10}"
+        color = plt.get_cmap("tab20")(index % 20)
         ok = [r for r in results if r["scheme"] == name and r["certified"] is not None]
         if ok:
             ax.plot([r["n"] for r in ok], [max(r["error"], 1e-17) for r in ok], marker="o", color=color, label=name)
