@@ -17,8 +17,10 @@ from gradcode.common.codes.baseline import IgnoreStragglers, Uncoded
 from gradcode.common.codes.binary import BinaryCode, HeterogeneousBinaryCode
 from gradcode.common.codes.clustered import ClusteredCode, DynamicClusteredCode
 from gradcode.common.codes.coded_reduce import CodedReduceCode, CodedReduceTree, CompAllocCode
+from gradcode.common.codes.consistency import ConsistencyReport, check_consistency, decode_excluding
 from gradcode.common.codes.cyclic import CyclicRepetitionCode
 from gradcode.common.codes.fractional import FractionalRepetitionCode
+from gradcode.common.codes.numerics import ErrorCertificate, relative_error
 from gradcode.common.codes.partial import PartialStragglerCode
 from gradcode.common.codes.reed_solomon import ReedSolomonCode
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code, register
@@ -30,9 +32,11 @@ __all__ = [
     "CodedReduceCode",
     "CodedReduceTree",
     "CompAllocCode",
+    "ConsistencyReport",
     "CyclicRepetitionCode",
     "Decoding",
     "DynamicClusteredCode",
+    "ErrorCertificate",
     "FractionalRepetitionCode",
     "GradientCode",
     "HeterogeneousBinaryCode",
@@ -45,8 +49,11 @@ __all__ = [
     "SpanTracker",
     "Uncoded",
     "available_codes",
+    "check_consistency",
     "code_class",
     "code_parameters",
+    "decode_excluding",
     "make_code",
     "register",
+    "relative_error",
 ]

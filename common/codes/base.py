@@ -12,8 +12,8 @@ Three objects carry that idea:
   row (:class:`Assignment`, per iteration for dynamic schemes), and a factory of decoders.
 * :class:`OnlineDecoder` — fed message ids as they arrive, answers "decodable yet?" after each one in
   time independent of the number of straggler patterns, then yields a :class:`Decoding`.
-* :class:`Decoding` — the weights $a$ over the rows it uses, whether the result is exact, and the
-  combine step $\sum_i a_i m_i$.
+* :class:`Decoding` — the weights $a$ over the rows it uses, whether the result is exact, the
+  combine step $\sum_i a_i m_i$, and its error certificate (:meth:`Decoding.certify`).
 
 The network code (master, tree parents) only ever talks to these three, never to a scheme.
 """
@@ -117,7 +117,9 @@ class Decoding:
 
     ``exact`` is False for approximate schemes (``ignore_stragglers``) and for a decode whose
     estimated numerical error exceeds the code's bound (``cyclic``); either way the iteration is
-    reported as approximate, never silently used as exact.
+    reported as approximate, never silently used as exact. Whether the *combined gradient* is exact
+    is for :meth:`certify` to say, from the messages actually combined: exact means the certified
+    bound is within the job's tolerance.
     """
 
     rows: tuple[int, ...]

@@ -99,6 +99,9 @@ def check_consistency(
     unknown = [r for r in rows if r not in owners]
     if unknown:
         raise KeyError(f"Messages for rows {unknown} are not part of the assignment.")
+    shapes = {np.shape(messages[r]) for r in rows}
+    if len(shapes) > 1:
+        raise ValueError(f"Argument 'messages' must hold vectors of one shape; got shapes {sorted(shapes)}.")
     b_r = np.asarray(code.B)[rows]
     checks = parity_checks(b_r)
     if checks.shape[0] == 0:

@@ -13,6 +13,10 @@ Every scheme, the construction guards, the benchmarks and the master's verify mo
   :func:`worst_combined_error` takes the worst over many decodings; *which* test gradients each
   decoding sees is the caller's (:func:`fresh_gaussian_gradients` or one shared draw), because that is
   what decides which random constructions a guard accepts.
+* **Error certificate** — :func:`certify_combination` (behind :meth:`Decoding.certify`): a bound on
+  the relative error of one combined gradient from the weights, the rows and the message norms,
+  cheap enough for every iteration; the master calls a decode exact when it is within the job's
+  tolerance. :data:`PROMISED_RELATIVE_ERROR` is what the recommended schemes certify in float64.
 * **Survivor sets** — :func:`survivor_sets`: contiguous (the worst case of Vandermonde-like systems),
   searched-adversarial (:func:`adversarial_straggler_sets`, the worst case of random real codes) and
   seeded random, from one generator.
@@ -35,10 +39,11 @@ if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
-    "CERTIFICATE_UNCERTIFIED",
     "DEFAULT_MAX_DECODE_ERROR",
+    "PROMISED_RELATIVE_ERROR",
     "SPAN_TOLERANCE",
     "ErrorCertificate",
+    "ErrorMeasurement",
     "RowProfile",
     "adversarial_straggler_sets",
     "certify_combination",
@@ -47,6 +52,7 @@ __all__ = [
     "decode_error",
     "equilibrated_decoding_weights",
     "fresh_gaussian_gradients",
+    "measure_decodings",
     "ones_in_span",
     "relative_error",
     "span_residual",
@@ -62,6 +68,10 @@ Array = npt.NDArray[Any]
 
 DEFAULT_MAX_DECODE_ERROR = 1e-9
 """Relative decode error a real- or complex-valued code must stay under (float64)."""
+
+PROMISED_RELATIVE_ERROR = 1e-12
+"""Certified relative error the recommended schemes promise in float64 for n <= 128 (issue 10): binary
+and fractional always, cyclic where a draw certifies it (refused otherwise, suggesting binary)."""
 
 SPAN_TOLERANCE = 1e-9
 r"""The one span tolerance: a target $t$ counts as lying in the row span of $B_F$ when the relative
@@ -142,8 +152,7 @@ def combined_error(decoding: Decoding, b: Array, gradients: Array) -> float:
     The messages $b_r G$ are formed row by row and combined with :meth:`Decoding.combine`, the path a
     real decode takes, then compared with $\mathbf{1}^\top G$ by :func:`relative_error`.
     """
-    messages = {row: b[row] @ gradients for row in decoding.rows}
-    return relative_error(decoding.combine(messages), gradients.sum(axis=0))
+    return measure_decodings(b, [decoding], [gradients], certify=False).measured
 
 
 def worst_combined_error(b: Array, decodings: Iterable[Decoding], gradients: Iterable[Array]) -> float:
@@ -152,12 +161,46 @@ def worst_combined_error(b: Array, decodings: Iterable[Decoding], gradients: Ite
     ``gradients`` is :func:`fresh_gaussian_gradients` for a new draw per decoding, or e.g.
     ``itertools.repeat(g)`` for one shared draw. A NaN (overflowing weights) propagates.
     """
+    return measure_decodings(b, decodings, gradients, certify=False).measured
+
+
+@dataclass(frozen=True)
+class ErrorMeasurement:
+    """Worst measured relative error and worst certified bound over a set of decodings (NaN: not certified)."""
+
+    measured: float
+    certified: float
+
+
+def measure_decodings(
+    b: Array,
+    decodings: Iterable[Decoding],
+    gradients: Iterable[Array],
+    *,
+    certify: bool = True,
+    stop_above: float = math.inf,
+) -> ErrorMeasurement:
+    """:func:`worst_combined_error`, and with ``certify`` the worst :meth:`Decoding.certify` bound of the
+    same combines (message norms and combined norm of the same test gradients). The loop stops at the
+    first bound above ``stop_above`` (a guard that only needs to know whether the bound holds)."""
     worst = 0.0
+    bound = 0.0 if certify else math.nan
     for decoding, g in zip(decodings, gradients, strict=False):  # gradients may be endless
-        error = combined_error(decoding, b, g)
+        messages = {row: b[row] @ g for row in decoding.rows}
+        combined = decoding.combine(messages)
+        error = relative_error(combined, g.sum(axis=0))
         if not error <= worst:
             worst = error
-    return worst
+        if certify:
+            norms = np.array([float(np.linalg.norm(messages[row])) for row in decoding.rows])
+            profile = RowProfile.of(decoding.weights, b[list(decoding.rows)])
+            u = unit_roundoff(np.result_type(b.dtype, g.dtype))
+            certificate = certify_combination(decoding.weights, profile, norms, float(np.linalg.norm(combined)), u=u)
+            if not certificate.bound <= bound:
+                bound = certificate.bound
+            if bound > stop_above:
+                break
+    return ErrorMeasurement(worst, bound)
 
 
 def fresh_gaussian_gradients(k: int, columns: int, rng: np.random.Generator) -> Iterator[Array]:
@@ -368,10 +411,6 @@ class ErrorCertificate:
     def within(self, tolerance: float) -> bool:
         """True when the certified relative error is at most ``tolerance`` (the decode may be called exact)."""
         return self.bound <= tolerance
-
-
-CERTIFICATE_UNCERTIFIED = ErrorCertificate(math.inf, math.inf, math.inf, math.nan)
-"""The certificate of a decoding that is approximate by construction (``ignore_stragglers``)."""
 
 
 def certify_combination(

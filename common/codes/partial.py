@@ -127,8 +127,12 @@ class PartialStragglerCode(GradientCode):
         seed = check_int("seed", seed, 0)
         if inner not in INNER_CODES:
             raise ValueError(f"Argument 'inner' must be one of {list(INNER_CODES)}, not {inner!r}.")
+        # The inner cyclic code keeps its measured guard only: the float64 promise (certified 1e-12) is made
+        # by the recommended schemes; every decode of this one still carries its own certificate.
         self._inner_code: CyclicRepetitionCode | FractionalRepetitionCode = (
-            CyclicRepetitionCode(n, s, seed=seed) if inner == "cyclic" else FractionalRepetitionCode(n, s)
+            CyclicRepetitionCode(n, s, seed=seed, max_certified_error=math.inf)
+            if inner == "cyclic"
+            else FractionalRepetitionCode(n, s)
         )
         self._alpha = float(alpha)
         self._inner_name: InnerCode = inner

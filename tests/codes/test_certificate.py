@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 
 from gradcode.common.codes import GradientCode, available_codes, code_class, make_code
 from gradcode.common.codes.numerics import (
+    PROMISED_RELATIVE_ERROR,
     contiguous_survivor_sets,
     relative_error,
     survivor_sets,
     unit_roundoff,
 )
+from gradcode.common.exceptions import NumericallyUnsafeError
 
 CERTIFICATE_FACTOR = 1e4
 """Stated factor: the bound is at most this times max(true error, u). Observed: at most ~2e3 (n <= 64)."""
@@ -129,3 +131,21 @@ def test_float32_messages_get_a_float32_bound() -> None:
     assert certificate.unit_roundoff == unit_roundoff(np.float32)
     # The float32 rounding of the messages is what the bound must now cover.
     assert relative_error(combined, exact_sum(g)) <= certificate.bound < 1e-4
+
+
+@pytest.mark.parametrize("name", ["binary", "fractional", "cyclic"])
+@pytest.mark.parametrize(("n", "s"), [(6, 2), (8, 1), (32, 3), (128, 1), (128, 31)])
+def test_recommended_schemes_certify_the_promise_or_refuse(name: str, n: int, s: int) -> None:
+    """Issue 10: for n <= 128 the recommended schemes decode with certified error <= 1e-12 (float64) on
+    contiguous and random survivor sets, equal or six-orders-spread magnitudes; or refuse, naming binary."""
+    try:
+        code = code_class(name).for_stragglers(n, s)
+    except NumericallyUnsafeError as exc:
+        assert name == "cyclic" and "'binary'" in str(exc)
+        return
+    rng = np.random.default_rng(n + s)
+    sets = survivor_sets(code.n, code.n - code.s, random_sets=4, seed=rng)
+    for workers in sets[:: max(1, len(sets) // 8)]:
+        for orders in (0, SPREAD_ORDERS):
+            bound, true, _ = certified_and_true(code, workers, spread_gradients(rng, code.k, 8, orders))
+            assert true <= bound <= PROMISED_RELATIVE_ERROR, (code, workers, orders, bound)

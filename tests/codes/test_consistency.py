@@ -7,6 +7,8 @@ as one relation involves it, and located when the relations tell it apart from e
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,7 @@ from gradcode.common.codes.numerics import relative_error
 
 CODES = [
     ("cyclic", {"n": 6, "s": 2}),
-    ("cyclic", {"n": 16, "s": 4}),
+    ("cyclic", {"n": 16, "s": 4, "max_certified_error": math.inf}),
     ("binary", {"n": 6, "s": 2}),
     ("binary", {"n": 12, "s": 3}),
     ("fractional", {"n": 6, "s": 2}),
@@ -111,7 +113,9 @@ def test_decode_excluding_says_when_the_rest_is_not_decodable() -> None:
     assert decoding is not None and 0 not in decoding.rows
 
 
-def test_unknown_rows_are_refused() -> None:
+def test_unknown_rows_and_ragged_messages_are_refused() -> None:
     code = make_code("binary", n=4, s=1)
     with pytest.raises(KeyError, match="not part of the assignment"):
         check_consistency(code, {99: np.zeros(3)})
+    with pytest.raises(ValueError, match="one shape"):
+        check_consistency(code, {0: np.zeros(3), 1: np.zeros(4)})

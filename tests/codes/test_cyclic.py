@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from gradcode.common.codes.cyclic import (
 )
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
+    PROMISED_RELATIVE_ERROR,
     adversarial_straggler_sets,
     contiguous_survivor_sets,
     decode_error,
@@ -33,9 +35,14 @@ from gradcode.common.exceptions import NumericallyUnsafeError
 TOLERANCE = 1e-9
 
 
+MEASURED_ONLY = {"max_certified_error": math.inf}
+"""The measured guard alone (the pre-promise behaviour): most tests here exercise its mechanics at sizes
+where the float64 promise (certified 1e-12) refuses the code; the promise has its own tests below."""
+
+
 @functools.cache
 def _code(n: int, s: int) -> CyclicRepetitionCode:
-    return CyclicRepetitionCode(n, s)
+    return CyclicRepetitionCode(n, s, **MEASURED_ONLY)
 
 
 @pytest.mark.parametrize(("n", "s"), [(5, 2), (8, 1), (9, 4), (12, 11), (7, 0)])
@@ -76,20 +83,22 @@ def test_seeded_and_deterministic() -> None:
 
 
 def test_redraw_is_deterministic_and_meets_the_bound() -> None:
-    first = CyclicRepetitionCode(24, 4, max_decode_error=1.0)
+    first = CyclicRepetitionCode(24, 4, max_decode_error=1.0, **MEASURED_ONLY)
     assert first.draw == 0
     bound = first.measured_decode_error / 2
     try:
-        tight = CyclicRepetitionCode(24, 4, max_decode_error=bound)
+        tight = CyclicRepetitionCode(24, 4, max_decode_error=bound, **MEASURED_ONLY)
     except NumericallyUnsafeError:
         with pytest.raises(NumericallyUnsafeError):
-            CyclicRepetitionCode(24, 4, max_decode_error=bound)
+            CyclicRepetitionCode(24, 4, max_decode_error=bound, **MEASURED_ONLY)
         return
-    again = CyclicRepetitionCode(24, 4, max_decode_error=bound)
+    again = CyclicRepetitionCode(24, 4, max_decode_error=bound, **MEASURED_ONLY)
     assert 1 <= tight.draw < MAX_DRAWS
     assert tight.measured_decode_error <= bound
     np.testing.assert_array_equal(tight.B, again.B)
-    assert repr(tight) == f"<CyclicRepetitionCode(n=24, s=4, seed=0, max_decode_error={bound!r})>"
+    assert (
+        repr(tight) == f"<CyclicRepetitionCode(n=24, s=4, seed=0, max_decode_error={bound!r}, max_certified_error=inf)>"
+    )
 
 
 def test_unsafe_bound_is_refused_with_advice() -> None:
@@ -146,7 +155,7 @@ def test_registry_repr_and_configs() -> None:
 def test_estimate_bounds_the_actual_error_on_an_unchecked_draw() -> None:
     # max_decode_error=1 accepts the first draw unchecked in effect; its bad sets must be flagged by
     # the a-posteriori estimate, which stays above the measured error.
-    code = CyclicRepetitionCode(17, 8, max_decode_error=1.0)
+    code = CyclicRepetitionCode(17, 8, max_decode_error=1.0, **MEASURED_ONLY)
     rng = np.random.default_rng(11)
     for _ in range(40):
         rows = [int(w) for w in rng.permutation(17)[:9]]
@@ -207,7 +216,7 @@ def test_contiguous_survivors_decode_within_tolerance(params: tuple[int, int]) -
 
 # ---- the shared construction: draw_cyclic_repetition --------------------------------------------
 def test_the_code_is_the_shared_draw() -> None:
-    code = CyclicRepetitionCode(13, 4, seed=3)
+    code = CyclicRepetitionCode(13, 4, seed=3, **MEASURED_ONLY)
     accepted = draw_cyclic_repetition(13, 4, seed=3)
     np.testing.assert_array_equal(code.B, accepted.B)
     np.testing.assert_array_equal(code.H, accepted.H)
@@ -258,7 +267,7 @@ def _amplification_by_solving(b: np.ndarray, stragglers: tuple[int, ...]) -> flo
 
 @pytest.mark.parametrize(("n", "s"), [(6, 2), (9, 4), (11, 1), (12, 9)])
 def test_small_codes_get_the_truly_worst_straggler_sets(n: int, s: int) -> None:
-    b = CyclicRepetitionCode(n, s, max_decode_error=1.0).B
+    b = CyclicRepetitionCode(n, s, max_decode_error=1.0, **MEASURED_ONLY).B
     found = adversarial_straggler_sets(b, s, np.random.default_rng(0), count=5)
     scores = {t: _amplification_by_solving(b, t) for t in itertools.combinations(range(n), s)}
     fifth_worst = sorted(scores.values())[-5]
@@ -292,3 +301,17 @@ def test_equilibrated_weights_are_least_squares_and_ignore_row_scaling(rows: np.
     scales = 2.0 ** np.array(exponents[:m])
     scaled_weights = equilibrated_decoding_weights(rows * scales[:, None], independent=True)
     np.testing.assert_array_equal(scaled_weights, equilibrated_decoding_weights(rows, independent=True) / scales)
+
+
+# ---- the float64 promise (issue 10) ---------------------------------------------------------------
+@pytest.mark.parametrize(("n", "s"), [(4, 1), (6, 2), (8, 2), (8, 4), (12, 1), (16, 15)])
+def test_default_codes_certify_the_promise(n: int, s: int) -> None:
+    code = CyclicRepetitionCode(n, s)
+    assert code.certified_decode_error <= PROMISED_RELATIVE_ERROR
+    assert code.measured_decode_error <= code.certified_decode_error
+
+
+def test_a_code_that_cannot_keep_the_promise_is_refused_with_a_stable_alternative() -> None:
+    with pytest.raises(NumericallyUnsafeError, match=r"certifies relative error .* > max_certified_error.*'binary'"):
+        CyclicRepetitionCode(32, 8)
+    assert CyclicRepetitionCode(32, 8, **MEASURED_ONLY).measured_decode_error <= DEFAULT_MAX_DECODE_ERROR

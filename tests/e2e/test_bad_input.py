@@ -107,7 +107,7 @@ async def test_create_job_refuses_bad_specs_precisely(
 async def test_too_few_workers_without_waiting_is_a_failed_precondition(cluster2: Cluster) -> None:
     async with asyncio.timeout(120), master_stub(cluster2.master_address) as stub:
         await expect_error(
-            stub.CreateJob(job_spec("cyclic", {"n": 40, "s": 1})),
+            stub.CreateJob(job_spec("binary", {"n": 40, "s": 1})),
             grpc.StatusCode.FAILED_PRECONDITION,
             "needs 40 workers but",
             "start more workers or set wait_for_workers_seconds",
