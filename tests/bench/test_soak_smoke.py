@@ -11,6 +11,8 @@ import pytest
 
 from gradcode.bench import soak
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 def test_quick_soak_reads_the_masters_memory_after_every_job(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -34,7 +34,17 @@ def test_fixture_covers_every_scheme_redraws_and_refusals() -> None:
     assert sum(1 for e in ENTRIES if e.get("refused")) >= 10
 
 
-@pytest.mark.parametrize("before", ENTRIES, ids=[_ident(e) for e in ENTRIES])
+QUICK_SAMPLE = 8
+"""The quick loop (``-m "not slow"``) checks every 8th configuration; CI checks them all."""
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param(e, id=_ident(e), marks=[] if i % QUICK_SAMPLE == 0 else [pytest.mark.slow])
+        for i, e in enumerate(ENTRIES)
+    ],
+)
 def test_same_matrices_draws_refusals_and_decodes(before: dict[str, object]) -> None:
     params = dict(before["params"])  # type: ignore[call-overload]
     if before["scheme"] == "cyclic":

@@ -13,10 +13,13 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from gradcode.client.launch import service_env
 from gradcode.v1 import master_pb2, master_pb2_grpc
 from tests.e2e.conftest import START_TIMEOUT, start_cluster
+
+pytestmark = pytest.mark.e2e
 
 ITERATIONS = 30
 NUM_WORKERS = 4

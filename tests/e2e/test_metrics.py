@@ -10,12 +10,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gradcode.client.launch import ServiceProcess
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import START_TIMEOUT, job_spec, run_job
 from tests.helpers import fixed_delay
+
+pytestmark = pytest.mark.e2e
 
 NUM_WORKERS = 4
 ITERATIONS = 12
