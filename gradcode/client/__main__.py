@@ -25,6 +25,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import math
 import os
 import statistics
 import sys
@@ -143,9 +144,10 @@ async def _follow(
         def progress(r: master_pb2.IterationReport) -> None:
             seen.append(r)
             bar.update(1)
+            evaluated = [x.test_accuracy for x in seen if not math.isnan(x.test_accuracy)]  # every evaluate_every
             bar.set_postfix(
-                loss=f"{r.loss:.4f}", acc=f"{r.test_accuracy:.3f}", it=f"{r.wall_seconds * 1e3:.0f}ms",
-                late=len(r.late_workers) + len(r.failed_workers),
+                loss=f"{r.loss:.4f}", acc=f"{evaluated[-1]:.3f}" if evaluated else "-",
+                it=f"{r.wall_seconds * 1e3:.0f}ms", late=len(r.late_workers) + len(r.failed_workers),
             )  # fmt: skip
 
         await client.run(spec, on_report=progress, on_created=on_created)
