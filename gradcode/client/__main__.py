@@ -141,12 +141,15 @@ async def _follow(
     seen = [] if seen is None else seen
     with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
 
+        accuracy = ["-"]  # the latest evaluated test accuracy (the master evaluates every evaluate_every)
+
         def progress(r: master_pb2.IterationReport) -> None:
             seen.append(r)
             bar.update(1)
-            evaluated = [x.test_accuracy for x in seen if not math.isnan(x.test_accuracy)]  # every evaluate_every
+            if not math.isnan(r.test_accuracy):
+                accuracy[0] = f"{r.test_accuracy:.3f}"
             bar.set_postfix(
-                loss=f"{r.loss:.4f}", acc=f"{evaluated[-1]:.3f}" if evaluated else "-",
+                loss=f"{r.loss:.4f}", acc=accuracy[0],
                 it=f"{r.wall_seconds * 1e3:.0f}ms", late=len(r.late_workers) + len(r.failed_workers),
             )  # fmt: skip
 
