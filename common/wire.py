@@ -430,14 +430,19 @@ class CompletedMessage:
     straggle_seconds: float
     approximate: bool = False
     """True when the sender (a tree parent) decoded its children only approximately."""
+    norm: float = math.nan
+    """Euclidean norm of the message's first ``norm_length`` elements (the gradient part), accumulated
+    chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
 
 
 class MessageAssembler:
     """Reassembles the chunks of one worker's stream for one (job, iteration), validating everything.
 
     ``rows`` are the rows this worker was asked for; ``length`` the expected message length; ``dtypes``
-    the element types accepted. Raises :class:`WireError` on a chunk for another job or iteration, an
-    unknown worker or row, an out-of-order offset, a wrong length or a failed checksum.
+    the element types accepted; ``norm_length`` how many leading elements :attr:`CompletedMessage.norm`
+    covers (default: all; a receiver passes the gradient's length, so the appended statistics stay out of
+    the certificate). Raises :class:`WireError` on a chunk for another job or iteration, an unknown
+    worker or row, an out-of-order offset, a wrong length or a failed checksum.
     """
 
     def __init__(
@@ -449,6 +454,7 @@ class MessageAssembler:
         rows: tuple[int, ...],
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
+        norm_length: int | None = None,
     ) -> None:
         self.job_id = job_id
         self.iteration = iteration
@@ -456,7 +462,9 @@ class MessageAssembler:
         self.rows = rows
         self.length = length
         self.dtypes = dtypes
+        self.norm_length = length if norm_length is None else min(norm_length, length)
         self._row: int | None = None
+        self._squares = 0.0
         self._buffer: Array | None = None
         self._filled = 0
         self._crc = 0
@@ -493,6 +501,7 @@ class MessageAssembler:
             self._buffer = np.empty(self.length, dtype=dtype)
             self._filled = 0
             self._crc = 0
+            self._squares = 0.0
         elif chunk.row != self._row:
             raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
         elif chunk.HasField("header"):
@@ -512,6 +521,8 @@ class MessageAssembler:
             self._crc = google_crc32c.extend(self._crc, payload)
             if not np.isfinite(piece).all():
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
+            normed = piece[: max(0, self.norm_length - self._filled)]
+            self._squares += float(np.vdot(normed, normed).real)
         self._filled += count
         if not chunk.HasField("trailer"):
             return None
@@ -535,9 +546,10 @@ class MessageAssembler:
             compute_seconds=chunk.trailer.compute_seconds,
             straggle_seconds=chunk.trailer.straggle_seconds,
             approximate=chunk.trailer.approximate,
+            norm=math.sqrt(self._squares),
         )
         self._done.add(chunk.row)
-        self._row, self._buffer, self._filled, self._crc = None, None, 0, 0
+        self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0
         return done
 
     @property

@@ -143,8 +143,9 @@ class JobRuntime:
         seconds = time.perf_counter() - started
         logger.log(
             logging.DEBUG if decoded.exact else logging.WARNING,
-            "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
+            "job %r iteration %d: children used %s, late %s, failed %s, exact %s (certified error %.2g)",
             job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
+            decoded.error_bound,
         )  # fmt: skip
         out = []
         for row in rows:

@@ -187,7 +187,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
                 job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype,
-                security=self.security,
+                certified_length=job.num_params, security=self.security,
             )  # fmt: skip
         return runtime
 

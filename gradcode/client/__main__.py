@@ -160,10 +160,14 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
     exact = all(r.exact for r in reports)
     verified = [r.verify_error for r in reports if r.verify_error >= 0]
     check = f", worst verified error {max(verified):.1e}" if verified else ""
+    bounds = [r.error_bound for r in reports if r.error_bound >= 0]
+    certified = f", worst certified error {max(bounds):.1e}" if bounds else ""
+    suspects = sorted({w for r in reports for w in r.suspect_workers})
+    flagged = f", consistency checks flagged workers {suspects}" if suspects else ""
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
-        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}"
+        f"{'exact' if exact else 'APPROXIMATE'} gradients{certified}{check}{flagged}"
     )
 
 
