@@ -96,14 +96,14 @@ class IntegrityPolicy:
             round_.integrity = Integrity(note="no surplus message: nothing to check")
             return []
         if report.consistent:
-            round_.integrity = Integrity(checks=report.checks, note=f"consistent ({report.checks} checks)")
+            round_.integrity = Integrity(checks=report.checks, note=f"consistent ({_checks(report.checks)})")
             return []
         t = round_.iteration
-        ratio = f"{report.worst_violation:.3g}x the rounding bound"
+        ratio = f"{report.worst_violation:.3g}x the rounding bound, {_checks(report.checks)}"
         if report.located is None:
             suspects = report.suspects or _involved(self.code, sorted(round_.messages), assignment)
             note = (
-                f"violation ({ratio}, {report.checks} checks): the messages of workers "
+                f"violation ({ratio}): the messages of workers "
                 f"{[self.describe(w) for w in suspects]} break the code's relations; too little surplus to "
                 "single one out, the step uses them all"
             )
@@ -117,7 +117,7 @@ class IntegrityPolicy:
         rest = _check(self.code, round_, assignment, leave_out=culprit) if decoded_around else None
         cleared = self.policy == "locate" and rest is not None and rest.consistent
         note = (
-            f"violation ({ratio}, {report.checks} checks) singles out worker {self.describe(culprit)}; "
+            f"violation ({ratio}) singles out {self.describe(culprit)}; "
             + ("the step is decoded without it" if decoded_around else "the others are not decodable without it")
             + ("" if rest is None or rest.consistent else ", but the others are not consistent either")
         )
@@ -131,6 +131,10 @@ class IntegrityPolicy:
         log.warning("Iteration %d: consistency %s.", t, note)
         round_.integrity = Integrity(report.checks, (culprit,), trusted=cleared, note=note)
         return quarantine
+
+
+def _checks(count: int) -> str:
+    return f"{count} check" + ("" if count == 1 else "s")
 
 
 def _check(
