@@ -77,6 +77,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", default="", choices=["float64", "float32"],
         help="message precision, and the precision a plugin model computes in (default: float64)",
     )  # fmt: skip
+    t.add_argument(
+        "--integrity", default="", choices=["off", "detect", "locate"],
+        help="consistency checks from surplus messages (default: the master's, off)",
+    )  # fmt: skip
     t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
     t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
     t.add_argument(
@@ -119,6 +123,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "straggler_params": dict(args.straggler_param),
         "seed": args.seed,
         "message_dtype": args.dtype,
+        "integrity": args.integrity,
     }
     values.update(overrides)
     return build_job_spec(**values)
