@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from gradcode.client.__main__ import _summary
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.numerics import contiguous_survivor_sets, relative_error
 from gradcode.common.models import TrainingMetrics
@@ -21,6 +22,7 @@ from gradcode.common.wire import message_chunks
 from gradcode.master.integrity import DEFAULT_INTEGRITY, QUARANTINE_AFTER, IntegrityPolicy
 from gradcode.master.reporting import iteration_report
 from gradcode.master.spec import JobSpecError, plan_job
+from gradcode.v1 import master_pb2
 from tests.common.test_round import _FakeStream
 from tests.master.test_job_spec import spec
 
@@ -178,3 +180,24 @@ def test_job_spec_integrity_defaults_and_is_validated() -> None:
     assert plan_job(spec(integrity="locate")).spec.integrity == "locate"
     with pytest.raises(JobSpecError, match=r"JobSpec.integrity 'paranoid' is not a consistency policy; valid"):
         plan_job(spec(integrity="paranoid"))
+
+
+async def test_a_bound_above_the_tolerance_is_not_exact() -> None:
+    """What a tree parent forwards as approximate: its round's certified bound over the job's tolerance."""
+    code = make_code("cyclic", n=6, s=2)
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=P, tolerance=1e-20)
+    await round_.gather(sources(code, partials(code, 8))[0])
+    decoded = round_.decode()
+    assert round_.decoding is not None and round_.decoding.exact
+    assert 1e-20 < decoded.error_bound <= 1e-9 and not decoded.exact
+
+
+def test_cli_summary_quotes_the_worst_certified_error_and_the_flagged_workers() -> None:
+    reports = [
+        master_pb2.IterationReport(iteration=1, wall_seconds=0.01, exact=True, error_bound=2e-15, verify_error=-1),
+        master_pb2.IterationReport(
+            iteration=2, wall_seconds=0.01, exact=False, error_bound=3e-14, verify_error=-1, suspect_workers=[4]
+        ),
+    ]
+    line = _summary("cyclic", reports)
+    assert "APPROXIMATE" in line and "worst certified error 3.0e-14" in line and "flagged workers [4]" in line
