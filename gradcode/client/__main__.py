@@ -172,7 +172,7 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
-        f"{'exact' if exact else 'APPROXIMATE'} gradients{certified}{check}{flagged}"
+        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}{certified}{flagged}"
     )
 
 
