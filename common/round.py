@@ -134,6 +134,8 @@ class Decoded:
     (if any) left it trusted."""
     error_bound: float
     """Certified relative error of the gradient part (``inf``: nothing could be certified)."""
+    absolute_error: float
+    """Certified absolute error (Euclidean norm) of the gradient part: what a tree parent passes up."""
     used_workers: list[int]
     rows: tuple[int, ...]
     decode_seconds: float
@@ -223,16 +225,23 @@ class Round:
             raise ValueError("Nothing to combine: the gather did not reach a decodable set.")
         return self.decoding.combine({r: m.vector for r, m in self.messages.items()})
 
-    def error_bound(self, vector: Array) -> float:
-        """Certified relative error of ``vector``'s gradient part, the decoding's combination of the messages."""
+    def certify(self, vector: Array) -> tuple[float, float]:
+        """Certified (relative, absolute) error of ``vector``'s gradient part, the decoding's combination.
+
+        The absolute bound is the decoding's own certificate plus, for a message a tree parent sent,
+        its weight times the error bound the parent certified for its decoded part.
+        """
         if self.decoding is None:
             raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
         rows = self.decoding.rows
         norms = [self.messages[r].norm for r in rows]
         combined = float(np.linalg.norm(vector[: self.certified_length]))
         dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
-        bound = self.decoding.certify(norms, combined, dtype=dtype).bound
-        return bound if math.isfinite(bound) else math.inf
+        own = self.decoding.certify(norms, combined, dtype=dtype).absolute
+        inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
+        absolute = own + inherited
+        relative = absolute / (combined - absolute) if combined > absolute else math.inf  # as Decoding.certify
+        return relative, absolute
 
     def decode(self) -> Decoded:
         """:meth:`combine` and its certificate, timed, with what the decoding rests on."""
@@ -240,12 +249,12 @@ class Round:
             raise ValueError("Nothing to decode: the gather did not reach a decodable set.")
         started = time.perf_counter()
         vector = self.combine()
-        bound = self.error_bound(vector)
+        bound, absolute = self.certify(vector)
         seconds = self.gather_decode_seconds + time.perf_counter() - started
         exact = (
             self.decoding.exact and bound <= self.tolerance and not self.approximate_messages and self.integrity.trusted
         )
-        return Decoded(vector, exact, bound, self.used_workers, tuple(self.decoding.rows), seconds)
+        return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
 
     async def gather(
         self,

@@ -273,12 +273,14 @@ def message_chunk_bytes(
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
     approximate: bool = False,
+    decode_error: float = 0.0,
     chunk_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
-    ``approximate`` marks a tree parent's message whose decoded part is not exact. The payload is
+    ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
+    its certified absolute error bound on that part. The payload is
     copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
     small fields.
     """
@@ -305,6 +307,7 @@ def message_chunk_bytes(
             meta.trailer.compute_seconds = compute_seconds
             meta.trailer.straggle_seconds = straggle_seconds
             meta.trailer.approximate = approximate
+            meta.trailer.decode_error = decode_error
         piece = view[start : start + step]
         if len(piece):
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -433,6 +436,8 @@ class CompletedMessage:
     norm: float = math.nan
     """Euclidean norm of the message's first ``norm_length`` elements (the gradient part), accumulated
     chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
+    decode_error: float = 0.0
+    """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
 
 
 class MessageAssembler:
@@ -547,6 +552,7 @@ class MessageAssembler:
             straggle_seconds=chunk.trailer.straggle_seconds,
             approximate=chunk.trailer.approximate,
             norm=math.sqrt(self._squares),
+            decode_error=chunk.trailer.decode_error,
         )
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0

@@ -47,6 +47,8 @@ class Message:
     compute_seconds: float
     straggle_seconds: float
     approximate: bool = False
+    decode_error: float = 0.0
+    """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
 
 
 @dataclass
@@ -150,7 +152,8 @@ class JobRuntime:
         out = []
         for row in rows:
             total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
-            out.append(Message(row, total.astype(job.row_dtype(row), copy=False), seconds, delay, not decoded.exact))
+            vector = total.astype(job.row_dtype(row), copy=False)
+            out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error))
         return out
 
 

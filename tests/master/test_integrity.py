@@ -201,3 +201,28 @@ def test_cli_summary_quotes_the_worst_certified_error_and_the_flagged_workers() 
     ]
     line = _summary("cyclic", reports)
     assert "APPROXIMATE" in line and "worst certified error 3.0e-14" in line and "flagged workers [4]" in line
+
+
+async def test_a_tree_parents_certified_error_is_added_to_the_receivers_bound() -> None:
+    """A parent passes up the absolute error bound of its decoded part (trailer ``decode_error``); the
+    receiver's certificate adds it with the message's decoding weight."""
+    code = make_code("cyclic", n=6, s=2)
+    g = partials(code, 9)
+    plain = Round(code.decoder(), job_id="j", iteration=0, length=P)
+    await plain.gather(sources(code, g)[0])
+    base = plain.decode()
+    assert plain.decoding is not None
+    streams = []
+    for w in range(code.n):
+        message = code.encode(w, {j: g[j] for j in code.support(w)})
+        inherited = 1e-6 * float(np.linalg.norm(message)) if w == 0 else 0.0
+        chunks = list(message_chunks(message, job_id="j", iteration=0, worker_id=w, row=w, decode_error=inherited))
+        streams.append(_FakeStream(chunks, 0.001 * w))
+    parented = Round(code.decoder(), job_id="j", iteration=0, length=P)
+    await parented.gather([Source(w, (w,), lambda w=w: streams[w]) for w in range(code.n)])  # type: ignore[misc]
+    decoded = parented.decode()
+    assert parented.messages[0].decode_error > 0
+    weight = abs(parented.decoding.weights[parented.decoding.rows.index(0)]) if parented.decoding else 0.0
+    expected = base.absolute_error + weight * parented.messages[0].decode_error
+    assert decoded.absolute_error == pytest.approx(expected, rel=1e-12) and decoded.absolute_error > base.absolute_error
+    assert decoded.error_bound > 1e-9 and not decoded.exact
