@@ -9,15 +9,25 @@ running is cancelled (the cancellation reaches the worker, which abandons its st
 no late message can leak into a later iteration.
 
 A caller may call :meth:`Round.gather` again on the same round with other sources (the master's retry
-policy asks workers that came back); what already arrived is kept. :meth:`Round.decode` then combines
-the decodable set into a :class:`Decoded` without changing the round.
+policy asks workers that came back); what already arrived is kept. A caller that wants surplus
+messages (consistency checks) passes ``enough``: the gather then goes on past the first decodable
+moment until ``enough()`` says so. :meth:`Round.decode` then combines the decodable set into a
+:class:`Decoded` without changing the round.
+
+Every decode carries an error certificate (:meth:`Decoding.certify
+<gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
+gradient from the decoding weights, the code's rows and the norms of the messages it combined (each
+accumulated while its chunks arrived). The decode is ``exact`` only when that bound is within the
+round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
+tree parent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,10 +35,31 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
+from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError
 from gradcode.v1 import worker_pb2
 
-__all__ = ["ChunkStream", "Decoded", "Round", "Source", "WorkerFailure"]
+__all__ = [
+    "EXACT_TOLERANCE",
+    "FLOAT32_TOLERANCE",
+    "ChunkStream",
+    "Decoded",
+    "Integrity",
+    "Round",
+    "Source",
+    "WorkerFailure",
+    "decode_tolerance",
+]
+
+EXACT_TOLERANCE = 1e-9
+"""Largest certified relative error of a decode called exact (float64 and complex128 messages)."""
+FLOAT32_TOLERANCE = 1e-5
+"""The same bound when the workers send float32 messages."""
+
+
+def decode_tolerance(dtype: np.dtype[Any] | type) -> float:
+    """The relative error a decode of messages of ``dtype`` may have and still be called exact."""
+    return FLOAT32_TOLERANCE if np.dtype(dtype) == np.float32 else EXACT_TOLERANCE
 
 
 class ChunkStream(Protocol):
@@ -78,12 +109,33 @@ class WorkerFailure:
 
 
 @dataclass(frozen=True)
+class Integrity:
+    """What the consistency checks of a round's surplus messages found (the receiver's policy sets it).
+
+    ``checks`` counts the independent linear relations checked (0: none); ``suspects`` are the workers
+    whose messages broke them; ``trusted`` is False when a violation remains that the decode could not
+    be cleared of (the decode is then not exact); ``note`` says it in words for reports and logs.
+    """
+
+    checks: int = 0
+    suspects: tuple[int, ...] = ()
+    trusted: bool = True
+    note: str = "not checked"
+
+
+@dataclass(frozen=True)
 class Decoded:
     """A round's combined gradient and what it rests on."""
 
     vector: Array
     exact: bool
-    """The decoding is exact and no message it uses was itself decoded approximately (by a tree parent)."""
+    """The decoding is exact by construction, its certified error bound is within the round's tolerance,
+    no message it uses was itself decoded approximately (by a tree parent), and the consistency checks
+    (if any) left it trusted."""
+    error_bound: float
+    """Certified relative error of the gradient part (``inf``: nothing could be certified)."""
+    absolute_error: float
+    """Certified absolute error (Euclidean norm) of the gradient part: what a tree parent passes up."""
     used_workers: list[int]
     rows: tuple[int, ...]
     decode_seconds: float
@@ -107,12 +159,18 @@ class Round:
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
         started: float | None = None,
+        certified_length: int | None = None,
+        tolerance: float | None = None,
     ) -> None:
         self.decoder = decoder
         self.job_id = job_id
         self.iteration = iteration
         self.length = length
         self.dtypes = dtypes
+        self.certified_length = length if certified_length is None else certified_length
+        """Leading elements of a message the certificate covers: the gradient, not the appended statistics."""
+        self.tolerance = decode_tolerance(dtypes[0]) if tolerance is None else tolerance
+        """Largest certified relative error of a decode called exact."""
         self.started = time.perf_counter() if started is None else started
         """``time.perf_counter()`` when the iteration started (default: now); :attr:`finished` counts from it."""
         self.messages: dict[int, CompletedMessage] = {}
@@ -120,6 +178,9 @@ class Round:
         self.failed: dict[int, WorkerFailure] = {}
         self.late: list[int] = []
         self.decoding: Decoding | None = None
+        self.excluded: set[int] = set()
+        """Workers whose messages the decoding leaves out (:meth:`exclude`)."""
+        self.integrity = Integrity()
         self.timed_out = False
         self.gather_decode_seconds = 0.0
 
@@ -128,11 +189,9 @@ class Round:
         return self.decoding is not None
 
     @property
-    def exact(self) -> bool:
-        """True when the decoding is exact and no message it uses was itself decoded approximately."""
-        if self.decoding is None or not self.decoding.exact:
-            return False
-        return not any(self.messages[r].approximate for r in self.decoding.rows)
+    def approximate_messages(self) -> bool:
+        """True when a message the decoding uses was itself decoded approximately (by a tree parent)."""
+        return self.decoding is not None and any(self.messages[r].approximate for r in self.decoding.rows)
 
     @property
     def used_workers(self) -> list[int]:
@@ -145,26 +204,70 @@ class Round:
         """Record a failure found outside a gather (a worker that is DOWN), unless one is known already."""
         self.failed.setdefault(worker_id, failure)
 
+    def exclude(self, workers: Iterable[int]) -> bool:
+        """Decode without the messages of ``workers`` (e.g. a worker the consistency checks singled out).
+
+        Returns False, leaving the decoding as it was, when the other messages are not decodable.
+        """
+        if self.decoding is None:
+            raise ValueError("Nothing to exclude from: the gather did not reach a decodable set.")
+        left_out = set(workers)
+        decoding = decode_excluding(self.decoder.code, self.messages, left_out, self.decoder.assignment)
+        if decoding is None:
+            return False
+        self.decoding = decoding
+        self.excluded |= left_out
+        return True
+
     def combine(self) -> Array:
         """The decoded gradient: the decoding's combination of the received messages."""
         if self.decoding is None:
             raise ValueError("Nothing to combine: the gather did not reach a decodable set.")
         return self.decoding.combine({r: m.vector for r, m in self.messages.items()})
 
+    def certify(self, vector: Array) -> tuple[float, float]:
+        """Certified (relative, absolute) error of ``vector``'s gradient part, the decoding's combination.
+
+        The absolute bound is the decoding's own certificate plus, for a message a tree parent sent,
+        its weight times the error bound the parent certified for its decoded part.
+        """
+        if self.decoding is None:
+            raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
+        rows = self.decoding.rows
+        norms = [self.messages[r].norm for r in rows]
+        combined = float(np.linalg.norm(vector[: self.certified_length]))
+        dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
+        own = self.decoding.certify(norms, combined, dtype=dtype).absolute
+        inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
+        absolute = own + inherited
+        relative = absolute / (combined - absolute) if combined > absolute else math.inf  # as Decoding.certify
+        return relative, absolute
+
     def decode(self) -> Decoded:
-        """:meth:`combine`, timed, with what the decoding rests on."""
+        """:meth:`combine` and its certificate, timed, with what the decoding rests on."""
         if self.decoding is None:
             raise ValueError("Nothing to decode: the gather did not reach a decodable set.")
         started = time.perf_counter()
         vector = self.combine()
+        bound, absolute = self.certify(vector)
         seconds = self.gather_decode_seconds + time.perf_counter() - started
-        return Decoded(vector, self.exact, self.used_workers, tuple(self.decoding.rows), seconds)
+        exact = (
+            self.decoding.exact and bound <= self.tolerance and not self.approximate_messages and self.integrity.trusted
+        )
+        return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
 
-    async def gather(self, sources: list[Source], *, timeout: float | None = None) -> dict[int, WorkerFailure]:
+    async def gather(
+        self,
+        sources: list[Source],
+        *,
+        timeout: float | None = None,
+        enough: Callable[[], bool] | None = None,
+    ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
 
-        Returns the failures of this attempt (also recorded in :attr:`failed`); on expiry
-        :attr:`timed_out` is set.
+        With ``enough``, a decodable round goes on gathering until ``enough()`` is true (asked after each
+        new message once decodable; it may look at :attr:`messages`). Returns the failures of this
+        attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -175,7 +278,7 @@ class Round:
         async def pump(source: Source) -> None:
             assembler = MessageAssembler(
                 job_id=self.job_id, iteration=self.iteration, worker_id=source.worker_id, rows=source.rows,
-                length=self.length, dtypes=self.dtypes,
+                length=self.length, dtypes=self.dtypes, norm_length=self.certified_length,
             )  # fmt: skip
             try:
                 stream = source.open()
@@ -200,8 +303,12 @@ class Round:
         pending = set(tasks)
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
+
+        def done() -> bool:
+            return decoder.decodable and (enough is None or enough())
+
         try:
-            while not decoder.decodable and pending:
+            while pending and not done():
                 remaining = None if deadline is None else deadline - time.perf_counter()
                 if remaining is not None and remaining <= 0:
                     self.timed_out = True
@@ -222,7 +329,7 @@ class Round:
                 else:
                     pending.discard(worker_id)
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
-            if decoder.decodable and self.decoding is None:
+            if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
                 self.decoding = decoder.decoding()
                 self.gather_decode_seconds += time.perf_counter() - t0

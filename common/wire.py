@@ -273,12 +273,14 @@ def message_chunk_bytes(
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
     approximate: bool = False,
+    decode_error: float = 0.0,
     chunk_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
-    ``approximate`` marks a tree parent's message whose decoded part is not exact. The payload is
+    ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
+    its certified absolute error bound on that part. The payload is
     copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
     small fields.
     """
@@ -305,6 +307,7 @@ def message_chunk_bytes(
             meta.trailer.compute_seconds = compute_seconds
             meta.trailer.straggle_seconds = straggle_seconds
             meta.trailer.approximate = approximate
+            meta.trailer.decode_error = decode_error
         piece = view[start : start + step]
         if len(piece):
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -430,14 +433,21 @@ class CompletedMessage:
     straggle_seconds: float
     approximate: bool = False
     """True when the sender (a tree parent) decoded its children only approximately."""
+    norm: float = math.nan
+    """Euclidean norm of the message's first ``norm_length`` elements (the gradient part), accumulated
+    chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
+    decode_error: float = 0.0
+    """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
 
 
 class MessageAssembler:
     """Reassembles the chunks of one worker's stream for one (job, iteration), validating everything.
 
     ``rows`` are the rows this worker was asked for; ``length`` the expected message length; ``dtypes``
-    the element types accepted. Raises :class:`WireError` on a chunk for another job or iteration, an
-    unknown worker or row, an out-of-order offset, a wrong length or a failed checksum.
+    the element types accepted; ``norm_length`` how many leading elements :attr:`CompletedMessage.norm`
+    covers (default: all; a receiver passes the gradient's length, so the appended statistics stay out of
+    the certificate). Raises :class:`WireError` on a chunk for another job or iteration, an unknown
+    worker or row, an out-of-order offset, a wrong length or a failed checksum.
     """
 
     def __init__(
@@ -449,6 +459,7 @@ class MessageAssembler:
         rows: tuple[int, ...],
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
+        norm_length: int | None = None,
     ) -> None:
         self.job_id = job_id
         self.iteration = iteration
@@ -456,7 +467,9 @@ class MessageAssembler:
         self.rows = rows
         self.length = length
         self.dtypes = dtypes
+        self.norm_length = length if norm_length is None else min(norm_length, length)
         self._row: int | None = None
+        self._squares = 0.0
         self._buffer: Array | None = None
         self._filled = 0
         self._crc = 0
@@ -501,6 +514,7 @@ class MessageAssembler:
             self._buffer = np.empty(self.length, dtype=dtype)
             self._filled = 0
             self._crc = 0
+            self._squares = 0.0
         elif chunk.row != self._row:
             raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
         elif chunk.HasField("header"):
@@ -520,6 +534,8 @@ class MessageAssembler:
             self._crc = google_crc32c.extend(self._crc, payload)
             if not np.isfinite(piece).all():
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
+            normed = piece[: max(0, self.norm_length - self._filled)]
+            self._squares += float(np.vdot(normed, normed).real)
         self._filled += count
         if not chunk.HasField("trailer"):
             return None
@@ -543,9 +559,11 @@ class MessageAssembler:
             compute_seconds=chunk.trailer.compute_seconds,
             straggle_seconds=chunk.trailer.straggle_seconds,
             approximate=chunk.trailer.approximate,
+            norm=math.sqrt(self._squares),
+            decode_error=chunk.trailer.decode_error,
         )
         self._done.add(chunk.row)
-        self._row, self._buffer, self._filled, self._crc = None, None, 0, 0
+        self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0
         return done
 
     @property

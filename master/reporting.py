@@ -90,6 +90,8 @@ def iteration_report(
         timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in sorted(finished.items())],
         exact=decoded.exact,
         verify_error=verify_error,
+        error_bound=decoded.error_bound,
+        **_integrity_fields(round_, pool_ids),
     )
 
 
@@ -111,7 +113,19 @@ def failure_report(
         timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in round_.finished.items()],
         exact=exact,
         verify_error=-1.0,
+        error_bound=-1.0,
+        **_integrity_fields(round_, pool_ids),
     )
+
+
+def _integrity_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
+    """What the consistency checks found, in the report's terms (pool ids)."""
+    integrity = round_.integrity
+    return {
+        "consistency_checks": integrity.checks,
+        "suspect_workers": sorted(pool_ids[w] for w in integrity.suspects),
+        "integrity": integrity.note,
+    }
 
 
 class History:

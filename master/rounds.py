@@ -7,6 +7,10 @@ them again, until the iteration deadline; then the job fails naming the missing 
 whose call fails is marked DOWN, except a worker that lost the job (reloaded) and, for a code with a
 topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its children
 are not decodable, so it only counts as failed for this iteration.
+
+The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a decodable round goes on
+gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
+again by this job.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from gradcode.common.exceptions import JobFailedError
 from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
 from gradcode.common.wire import dtype_from_wire
+from gradcode.master.integrity import IntegrityPolicy
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.pool import WorkerPool
@@ -42,6 +47,9 @@ class RoundPolicy:
         """(Re)loads run beside the rounds: a slow or hung LoadJob never delays the others' gather."""
         self.lateness = LatenessWatch(pool)
         """Probes a worker late several iterations in a row, so a cut link does not eat the tolerance."""
+        self.integrity = IntegrityPolicy(
+            self.plan.integrity, self.plan.code, describe=lambda w: loader.workers[w].describe()
+        )
 
     async def close(self) -> None:
         """Stop the probes and loads under way (the job ended)."""
@@ -67,7 +75,11 @@ class RoundPolicy:
             length=message_length(plan.model, statistics=True),
             dtypes=(dtype_from_wire(plan.message_dtype),),
             started=started,
+            certified_length=plan.model.num_params,
+            tolerance=plan.tolerance,
         )
+        enough = self.integrity.enough(round_, assignment)
+        quarantined = self.integrity.quarantined
         deadline = round_.started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
         spent: set[int] = set()
@@ -75,7 +87,13 @@ class RoundPolicy:
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
             self._reload(range(code.n, plan.num_workers))
         while True:
-            askable = [w for w in needed if w not in round_.finished and w not in spent and workers[w].is_up]
+            for w in needed:
+                if w in quarantined:
+                    round_.fail(w, WorkerFailure.worker_down(quarantined[w]))
+            askable = [
+                w for w in needed
+                if w not in round_.finished and w not in spent and w not in quarantined and workers[w].is_up
+            ]  # fmt: skip
             self._reload(askable)  # a worker still loading is not asked; its load wakes wait_changed below
             ask = [w for w in askable if workers[w].is_up and workers[w].has_job(plan.job_id)]
             for w in needed:
@@ -84,7 +102,7 @@ class RoundPolicy:
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
                 sources = [self._source(w, t, assignment.rows[w], model_bytes) for w in ask]
-                failures = await round_.gather(sources, timeout=remaining)
+                failures = await round_.gather(sources, timeout=remaining, enough=enough)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 for w, failure in failures.items():
@@ -94,6 +112,8 @@ class RoundPolicy:
                     self.lateness.observe(
                         on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.late]
                     )
+                    for w in self.integrity.judge(round_, assignment):
+                        self.pool.mark_down(workers[w], f"{quarantined[w]} (job {plan.job_id!r})")
                     return round_
             if deadline - time.perf_counter() <= 0:
                 pool_ids = [w.worker_id for w in workers]

@@ -27,11 +27,13 @@ from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
 from gradcode.common.models import Model, available_models, make_model
 from gradcode.common.plugins import model_dtype, unknown_model
+from gradcode.common.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import dict_from_struct
 from gradcode.master import limits
 from gradcode.master.datafile import data_file as file_in_data_dir
 from gradcode.master.datafile import file_error
+from gradcode.master.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
 from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
 
@@ -54,10 +56,6 @@ gradient does on the test split's share of the data; every 10th iteration keeps 
 machine's work (gradcode.bench.training reports the measured share), and it never delays a step."""
 DEFAULT_TEST_FRACTION = 0.2
 """Used when the spec's ``dataset.test_fraction`` is 0 (proto3 cannot tell "unset" from 0)."""
-EXACT_TOLERANCE = 1e-9
-"""Largest relative error an exact decode may have against the centralized gradient (verify mode)."""
-FLOAT32_TOLERANCE = 1e-5
-"""The same bound when the workers send float32 messages."""
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -90,6 +88,11 @@ class JobPlan:
     def evaluate_every(self) -> int:
         """Held-out metrics every this many iterations (and at the last one)."""
         return int(self.spec.evaluate_every)
+
+    @property
+    def integrity(self) -> str:
+        """The consistency policy: ``off``, ``detect`` or ``locate`` (:mod:`gradcode.master.integrity`)."""
+        return self.spec.integrity
 
     @property
     def tolerance(self) -> float:
@@ -126,6 +129,7 @@ def plan_job(
     model = _plan_model(spec, dataset)
     _check_optimizer_and_loop(spec, model)
     _check_stragglers(spec, num_workers)
+    _check_integrity(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
     _check_worker_ids(spec, num_workers, topology, known_worker_ids)
@@ -278,6 +282,17 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
     _finite("wait_for_workers_seconds", spec.wait_for_workers_seconds)
     if spec.evaluate_every == 0:
         spec.evaluate_every = DEFAULT_EVALUATE_EVERY
+
+
+def _check_integrity(spec: master_pb2.JobSpec) -> None:
+    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`)."""
+    if not spec.integrity:
+        spec.integrity = DEFAULT_INTEGRITY
+    if spec.integrity not in INTEGRITY_POLICIES:
+        raise JobSpecError(
+            f"JobSpec.integrity {spec.integrity!r} is not a consistency policy; valid policies are "
+            f"{list(INTEGRITY_POLICIES)} (empty: the default, {DEFAULT_INTEGRITY!r})."
+        )
 
 
 def _check_stragglers(spec: master_pb2.JobSpec, num_workers: int) -> None:

@@ -11,8 +11,9 @@ The master loads every worker (children included) directly, so the parent only n
 children's addresses; the children's row ids are the child code's row ids.
 
 Exactness travels up the tree: the child code must be an exact scheme (an approximate one is refused
-when the job is loaded), and when a decoding is nevertheless not exact (flagged by the decoder, or
-built on a child's message that was itself approximate) the parent's messages are marked approximate.
+when the job is loaded), and when a decoding is nevertheless not exact (flagged by the decoder, its
+certified error bound above the job's tolerance, or built on a child's message that was itself
+approximate) the parent's messages are marked approximate.
 Only the job's message dtype is accepted from children (plus complex128 for a complex child code).
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
-from gradcode.common.round import Round, Source
+from gradcode.common.round import Round, Source, decode_tolerance
 from gradcode.common.security import Security
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, compute_stream, dict_from_struct
 from gradcode.v1 import worker_pb2
@@ -56,7 +57,8 @@ class ParentRunner:
     ``length`` is the job's message length, which the children's messages share (they are loaded
     with the same ``append_statistics``).
     ``message_dtype`` is the job's message type, the only one accepted from children besides
-    complex128 for a complex child code.
+    complex128 for a complex child code; it sets the tolerance of the decode's error certificate, which
+    covers the first ``certified_length`` elements (the gradient; default: all).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class ParentRunner:
         job_id: str,
         length: int,
         message_dtype: np.dtype[Any],
+        certified_length: int | None = None,
         security: Security | None = None,
     ) -> None:
         name = role.child_code.name
@@ -98,6 +101,7 @@ class ParentRunner:
         self.job_id = job_id
         self.length = length
         """Elements of every child message: the job's message length (parameters, plus statistics if appended)."""
+        self.certified_length = certified_length
         self.wait_seconds = float(role.wait_seconds) or None
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
@@ -140,12 +144,15 @@ class ParentRunner:
         ComputeCancelledError when the runner is (or gets) closed.
         """
         sources = [self._source(child, request) for child in self._open()]
+        dtype = self.child_dtypes[0]
         round_ = Round(
             self.code.decoder(self.assignment),
             job_id=self.job_id,
             iteration=int(request.iteration),
             length=self.length,
             dtypes=self.child_dtypes,
+            certified_length=self.certified_length,
+            tolerance=decode_tolerance(dtype),
         )
         await round_.gather(sources, timeout=self.wait_seconds)
         if self._closed:  # closed while gathering: the failures are our own doing, and nobody wants the sum

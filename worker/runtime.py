@@ -47,6 +47,8 @@ class Message:
     compute_seconds: float
     straggle_seconds: float
     approximate: bool = False
+    decode_error: float = 0.0
+    """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
 
 
 @dataclass
@@ -143,13 +145,15 @@ class JobRuntime:
         seconds = time.perf_counter() - started
         logger.log(
             logging.DEBUG if decoded.exact else logging.WARNING,
-            "job %r iteration %d: children used %s, late %s, failed %s, exact %s",
+            "job %r iteration %d: children used %s, late %s, failed %s, exact %s (certified error %.2g)",
             job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
+            decoded.error_bound,
         )  # fmt: skip
         out = []
         for row in rows:
             total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
-            out.append(Message(row, total.astype(job.row_dtype(row), copy=False), seconds, delay, not decoded.exact))
+            vector = total.astype(job.row_dtype(row), copy=False)
+            out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error))
         return out
 
 

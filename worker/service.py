@@ -187,7 +187,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
                 job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype,
-                security=self.security,
+                certified_length=job.num_params, security=self.security,
             )  # fmt: skip
         return runtime
 
@@ -240,7 +240,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 for chunk in message_chunk_bytes(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
-                    approximate=m.approximate, chunk_bytes=self.chunk_bytes,
+                    approximate=m.approximate, decode_error=m.decode_error, chunk_bytes=self.chunk_bytes,
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk

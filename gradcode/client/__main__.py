@@ -78,6 +78,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", default="", choices=["float64", "float32"],
         help="message precision, and the precision a plugin model computes in (default: float64)",
     )  # fmt: skip
+    t.add_argument(
+        "--integrity", default="", choices=["off", "detect", "locate"],
+        help="consistency checks from surplus messages (default: the master's, off)",
+    )  # fmt: skip
     t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
     t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
     t.add_argument(
@@ -120,6 +124,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "straggler_params": dict(args.straggler_param),
         "seed": args.seed,
         "message_dtype": args.dtype,
+        "integrity": args.integrity,
     }
     values.update(overrides)
     return build_job_spec(**values)
@@ -165,10 +170,14 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
     exact = all(r.exact for r in reports)
     verified = [r.verify_error for r in reports if r.verify_error >= 0]
     check = f", worst verified error {max(verified):.1e}" if verified else ""
+    bounds = [r.error_bound for r in reports if r.error_bound >= 0]
+    certified = f", worst certified error {max(bounds):.1e}" if bounds else ""
+    suspects = sorted({w for r in reports for w in r.suspect_workers})
+    flagged = f", consistency checks flagged workers {suspects}" if suspects else ""
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
-        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}"
+        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}{certified}{flagged}"
     )
 
 

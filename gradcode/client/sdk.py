@@ -58,13 +58,15 @@ def build_job_spec(
     wait_for_workers_seconds: float = 30.0,
     job_id: str = "",
     message_dtype: str = "",
+    integrity: str = "",
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
 
     ``test_fraction`` is the share of the dataset held out for the test accuracy, in [0, 1); 0 lets
     the master use its default. ``message_dtype`` is ``"float64"``, ``"float32"`` (half the bytes; a
     plugin model then computes in float32) or ``"complex128"``; empty lets the master choose (float64,
-    complex128 for complex codes).
+    complex128 for complex codes). ``integrity`` is the consistency policy (``off``, ``detect``,
+    ``locate``; empty: the master's default).
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1) (0: the master's default), not {test_fraction!r}.")
@@ -101,6 +103,7 @@ def build_job_spec(
         seed=seed,
         wait_for_workers_seconds=wait_for_workers_seconds,
         message_dtype=wire_dtype,  # type: ignore[arg-type]
+        integrity=integrity,
     )
 
 

@@ -114,7 +114,7 @@ class TreeSpec(_message.Message):
     def __init__(self, parent_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every")
+    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every", "integrity")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class JobSpec(_message.Message):
     MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     EVALUATE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     code: _common_pb2.CodeSpec
     model: _common_pb2.ModelSpec
@@ -149,7 +150,8 @@ class JobSpec(_message.Message):
     message_dtype: _common_pb2.DType
     extra: _struct_pb2.Struct
     evaluate_every: int
-    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ...) -> None: ...
+    integrity: str
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ..., integrity: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("job_id", "state", "message", "iterations_done", "spec")
@@ -186,7 +188,7 @@ class WorkerTiming(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class IterationReport(_message.Message):
-    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message")
+    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +205,10 @@ class IterationReport(_message.Message):
     VERIFY_ERROR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_BOUND_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     loss: float
@@ -219,7 +225,11 @@ class IterationReport(_message.Message):
     verify_error: float
     state: JobState
     message: str
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    error_bound: float
+    consistency_checks: int
+    suspect_workers: _containers.RepeatedScalarFieldContainer[int]
+    integrity: str
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., error_bound: _Optional[float] = ..., consistency_checks: _Optional[int] = ..., suspect_workers: _Optional[_Iterable[int]] = ..., integrity: _Optional[str] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("job_id",)

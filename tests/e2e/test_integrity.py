@@ -1,0 +1,137 @@
+"""A worker sending well-formed wrong gradients, caught by the code's own redundancy (issue 10), without verify mode.
+
+A real master and five real worker processes, plus one hostile worker (in this process, on loopback)
+that answers every Compute with CRC-valid chunks of 1e3 everywhere: n = 6, s = 2 (cyclic). Under
+``detect`` the affected iterations are labelled (not exact) and the worker named; under ``locate`` the
+job ends exactly like an honest (centralized) run and the worker is quarantined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradcode.common.models import make_model, message_length
+from gradcode.common.serving import ServingHandle, start_server
+from gradcode.common.wire import array_from_tensor, message_chunks
+from gradcode.master.integrity import QUARANTINE_AFTER
+from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
+from tests.e2e.test_training import centralized_gd
+
+pytestmark = pytest.mark.e2e
+
+HOSTILE_INDEX = 2
+"""The hostile worker's place among the job's six workers."""
+
+
+@pytest.fixture(scope="module")
+def cluster5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(5, tmp_path_factory.mktemp("cluster5")) as cluster:
+        yield cluster
+
+
+class WrongValuesWorker(worker_pb2_grpc.WorkerServicer):
+    """Accepts any job, then answers every Compute at once with a well-formed, CRC-valid message of 1e3s."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.computes = 0
+
+    async def LoadJob(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: Any) -> Any:  # noqa: N802
+        async for chunk in request_iterator:
+            if chunk.HasField("setup"):
+                setup = chunk.setup
+        spec = setup.model
+        model = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes)
+        self.length = message_length(model, statistics=setup.append_statistics)
+        return worker_pb2.LoadJobReply(job_id=setup.job_id, worker_id=setup.worker_id)
+
+    async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        self.computes += 1
+        vector = np.full(self.length, 1e3)
+        for chunk in message_chunks(
+            vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, row=request.rows[0]
+        ):
+            yield chunk
+
+    async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
+        return worker_pb2.EndJobReply()
+
+    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
+        return worker_pb2.HelloReply()
+
+
+async def _with_hostile(cluster: Cluster) -> tuple[WrongValuesWorker, ServingHandle, list[int]]:
+    """Start and register the hostile worker; the job's six pool ids with it at HOSTILE_INDEX."""
+    hostile = WrongValuesWorker()
+    handle = await start_server(
+        "127.0.0.1",
+        0,
+        registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(hostile, server)],
+        service_names=["gradcode.v1.Worker"],
+    )
+    async with master_stub(cluster.master_address) as stub:
+        reply = await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address, name="hostile"))
+    ids = list(cluster.ids)
+    ids.insert(HOSTILE_INDEX, reply.worker_id)
+    return hostile, handle, ids
+
+
+async def test_detect_labels_the_affected_iterations_and_names_the_worker(cluster5: Cluster) -> None:
+    cluster5.ensure_all_up()
+    hostile, handle, ids = await _with_hostile(cluster5)
+    bad = ids[HOSTILE_INDEX]
+    try:
+        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=4, worker_ids=ids, integrity="detect")
+        async with asyncio.timeout(180):
+            info, reports = await run_job(cluster5.master_address, spec)
+    finally:
+        await handle.stop(0)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert hostile.computes >= 1 and not spec.verify
+    affected = [r for r in reports if bad in r.used_workers or bad in r.suspect_workers]
+    assert affected, "the hostile worker's messages never reached a decode"
+    for r in affected:
+        assert not r.exact, (r.iteration, r.integrity)
+        assert bad in r.suspect_workers and r.consistency_checks >= 1 and "violation" in r.integrity
+    for r in reports:
+        assert r.error_bound >= 0  # every decode certified
+        assert r.exact == (bad not in r.used_workers and bad not in r.suspect_workers)
+    history = [json.loads(line) for line in (cluster5.local.run_dir / f"{info.job_id}.jsonl").read_text().splitlines()]
+    first = next(h for h in history if h["iteration"] == affected[0].iteration)
+    assert first["exact"] is False and bad in first["suspect_workers"] and first["error_bound"] >= 0
+
+
+async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(cluster5: Cluster) -> None:
+    cluster5.ensure_all_up()
+    hostile, handle, ids = await _with_hostile(cluster5)
+    bad = ids[HOSTILE_INDEX]
+    iterations, lr = 8, 0.5
+    try:
+        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+                        integrity="locate")  # fmt: skip
+        async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
+            info, reports = await run_job(cluster5.master_address, spec)
+            model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+            workers = {w.worker_id: w for w in (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers}
+    finally:
+        await handle.stop(0)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert [r.iteration for r in reports] == list(range(1, iterations + 1))
+    assert all(r.exact and 0 <= r.error_bound <= 1e-9 for r in reports), [(r.exact, r.integrity) for r in reports]
+    assert all(bad not in r.used_workers for r in reports)
+    singled_out = [r.iteration for r in reports if list(r.suspect_workers) == [bad]]
+    assert len(singled_out) == QUARANTINE_AFTER, [(r.iteration, r.integrity) for r in reports]
+    quarantined_at = singled_out[-1]
+    assert "quarantined" in reports[quarantined_at - 1].integrity
+    assert all(bad in r.failed_workers for r in reports if r.iteration > quarantined_at)
+    assert hostile.computes == quarantined_at  # asked every iteration until quarantined, never after
+    assert "quarantined" in workers[bad].last_error and info.job_id in workers[bad].last_error
+    params, _ = centralized_gd(iterations, lr)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-9, atol=1e-12)
