@@ -185,7 +185,8 @@ async def test_dynamic_clustering_moves_observed_stragglers_into_different_clust
     slow_ids = {cluster6.ids[w] for w in slow}
     # The static placement has to wait for one of them; once re-clustered, neither is waited for.
     assert reports[0].wall_seconds >= delay and slow_ids & set(reports[0].used_workers), reports[0]
-    assert all(slow_ids <= set(r.late_workers) and not slow_ids & set(r.used_workers) for r in reports[2:]), [
+    # (a re-clustered straggler is late, or gets no row to compute at all: either way it is not waited for)
+    assert all(not slow_ids & set(r.used_workers) for r in reports[2:]), [
         (list(r.used_workers), list(r.late_workers)) for r in reports
     ]
 
