@@ -423,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(handler=_resume)
     jobs = sub.add_parser("jobs", help="list the jobs a master holds and their states")
     jobs.add_argument("--master", default=master_default)
+    add_security_arguments(jobs, role="client")
     jobs.set_defaults(handler=_jobs)
     model = sub.add_parser("model", help="save a job's model parameters as .npy")
     model.add_argument("job_id")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradcode.client.launch import LocalCluster
+from gradcode.client.launch import LocalCluster, service_env
 from gradcode.client.sdk import GradcodeClient
 from gradcode.master.checkpoint import Checkpoint, checkpoint_path
 from gradcode.v1 import master_pb2
@@ -100,3 +102,47 @@ def test_master_killed_mid_job_resumes_from_its_checkpoint_with_identical_parame
             final = Checkpoint.load(checkpoint_path(state_dir, "durable"))
         assert (final.state, final.iteration) == ("succeeded", ITERATIONS)
         np.testing.assert_array_equal(final.optimizer.params, params)
+
+
+def _gradcode(*argv: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "gradcode", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=RESUME_TIMEOUT, env=service_env())
+
+
+def test_gradcode_resume_goes_on_with_a_cancelled_job_from_its_checkpoint_file_on_another_master(
+    tmp_path: Path,
+) -> None:
+    """`gradcode resume --checkpoint FILE` on a master that never saw the job; `gradcode run
+    --initial-parameters` starts a job from the resumed job's model."""
+    state_dir = tmp_path / "state"
+    master_args = ["--state-dir", str(state_dir), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    with LocalCluster(4, run_dir=tmp_path / "a", master_args=master_args) as first:
+
+        async def start_and_cancel() -> None:
+            async with GradcodeClient(first.master_address) as client:
+                await client.create_job(_spec("moving"))
+                await _run_until(client, "moving", CHECKPOINT_EVERY + 1)
+                await client.cancel("moving")
+
+        asyncio.run(start_and_cancel())
+    checkpoint = checkpoint_path(state_dir, "moving")
+    cancelled = Checkpoint.load(checkpoint)
+    assert cancelled.state == "cancelled" and cancelled.iteration < ITERATIONS
+
+    with LocalCluster(4, run_dir=tmp_path / "b") as second:
+        second.master.wait_ready(START_TIMEOUT)  # type: ignore[union-attr]
+        resumed = _gradcode("resume", "--checkpoint", str(checkpoint), "--master", second.master_address)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"job moving resumed after iteration {cancelled.iteration}" in resumed.stdout
+        assert "JOB_STATE_SUCCEEDED" in resumed.stdout
+        model = tmp_path / "model.npy"
+        saved = _gradcode("model", "moving", "--out", str(model), "--master", second.master_address)
+        assert saved.returncode == 0, saved.stderr
+        again = _gradcode(
+            "run", "--master", second.master_address, "--scheme", "fractional", "--n", "4", "--s", "1",
+            "--iterations", "1", "--initial-parameters", str(model), "--out", str(tmp_path / "again"),
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        refused = _gradcode("resume", "moving", "--master", second.master_address)
+    assert refused.returncode != 0
+    assert "keeps no checkpoints" in refused.stderr
