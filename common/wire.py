@@ -42,6 +42,7 @@ from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "CHILDREN_LOST_METADATA",
     "COMPLEX128",
     "COMPUTE_METHOD",
     "DEFAULT_CHUNK_BYTES",
@@ -55,6 +56,8 @@ __all__ = [
     "ReceivedChunk",
     "WireError",
     "array_from_tensor",
+    "children_lost_from_metadata",
+    "children_lost_metadata",
     "chunk_bytes_for",
     "code_spec",
     "compute_stream",
@@ -208,6 +211,26 @@ def _typed(message: Message, as_dict: dict[str, Any]) -> dict[str, Any]:
     return as_dict
 
 
+CHILDREN_LOST_METADATA = "gradcode-children-lost"
+"""Trailing-metadata key of a failed tree parent's Compute: its children that lost the job, comma-separated."""
+
+
+def children_lost_metadata(children: Sequence[int]) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata naming a tree parent's lost children (empty when there are none)."""
+    return ((CHILDREN_LOST_METADATA, ",".join(str(int(c)) for c in children)),) if children else ()
+
+
+def children_lost_from_metadata(metadata: Any) -> tuple[int, ...]:
+    """The lost children a call's trailing metadata names (none, or ignored when malformed)."""
+    for key, value in metadata or ():
+        if key == CHILDREN_LOST_METADATA and isinstance(value, str):
+            try:
+                return tuple(int(c) for c in value.split(",") if c)
+            except ValueError:
+                return ()
+    return ()
+
+
 def code_spec(name: str, params: Mapping[str, Any]) -> common_pb2.CodeSpec:
     """The wire CodeSpec of a code given by registry name and parameters."""
     return common_pb2.CodeSpec(name=name, params=struct_from_dict(params))
@@ -273,12 +296,14 @@ def message_chunk_bytes(
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
     approximate: bool = False,
+    children_lost: Sequence[int] = (),
     chunk_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
-    ``approximate`` marks a tree parent's message whose decoded part is not exact. The payload is
+    ``approximate`` marks a tree parent's message whose decoded part is not exact; ``children_lost``
+    names its children that lost the job (answered NOT_FOUND). The payload is
     copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
     small fields.
     """
@@ -305,6 +330,7 @@ def message_chunk_bytes(
             meta.trailer.compute_seconds = compute_seconds
             meta.trailer.straggle_seconds = straggle_seconds
             meta.trailer.approximate = approximate
+            meta.trailer.children_lost.extend(children_lost)
         piece = view[start : start + step]
         if len(piece):
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -430,6 +456,8 @@ class CompletedMessage:
     straggle_seconds: float
     approximate: bool = False
     """True when the sender (a tree parent) decoded its children only approximately."""
+    children_lost: tuple[int, ...] = ()
+    """The sender's (a tree parent's) children that lost the job: the master reloads them."""
 
 
 class MessageAssembler:
@@ -535,6 +563,7 @@ class MessageAssembler:
             compute_seconds=chunk.trailer.compute_seconds,
             straggle_seconds=chunk.trailer.straggle_seconds,
             approximate=chunk.trailer.approximate,
+            children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
         )
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled, self._crc = None, None, 0, 0

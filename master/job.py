@@ -35,8 +35,8 @@ met is noticed at the next evaluated iteration.
 
 A code with a topology (a CodedReduce tree) is run the same way: the master asks only the code's own
 workers (the first layer) and decodes with the code's decoder; what happens below is the parents'
-business. A deeper node the master never hears from is not monitored: a leaf that restarts stays
-missing for its parent (the parent tolerates ``s``).
+business, except that a parent names the children that lost the job (they restarted) and the
+master reloads them (:mod:`gradcode.master.rounds`), so every node of the tree stays in the job.
 """
 
 from __future__ import annotations
