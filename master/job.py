@@ -222,7 +222,9 @@ class JobRunner:
         except asyncio.CancelledError:
             await self._drain()  # the last committed iteration's report still goes out
             if not self.done:
-                why = "stopped with the master (resumable from its checkpoint)" if self._suspended else "cancelled"
+                why = "cancelled"
+                if self._suspended:
+                    why = "stopped with the master" + (" (resumable from its checkpoint)" if self.state_dir else "")
                 await self._set_state(master_pb2.JOB_STATE_CANCELLED, f"{why} after {self.iterations_done} iterations")
         except JobFailedError as exc:
             if not await self._drain():  # unless the previous iteration already ended the job
