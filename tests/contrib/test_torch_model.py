@@ -22,7 +22,7 @@ from gradcode.common.codes import code_class
 from gradcode.common.data import Dataset, load_dataset, partition_indices
 from gradcode.common.models import available_models, make_model
 from gradcode.contrib.torch_model import TorchModel
-from gradcode.master.job import FLOAT32_TOLERANCE
+from gradcode.master.spec import FLOAT32_TOLERANCE
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import JobBuilder, JobSetupError, build_job
 from tests.worker.conftest import partition_data
