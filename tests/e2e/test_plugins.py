@@ -21,8 +21,8 @@ import torch
 from gradcode.common.data import load_dataset
 from gradcode.common.models import available_models, make_model
 from gradcode.common.wire import array_from_tensor
-from gradcode.master.spec import FLOAT32_TOLERANCE
 from gradcode.master.optimizer import make_optimizer, mean_gradient
+from gradcode.master.spec import FLOAT32_TOLERANCE
 from gradcode.v1 import common_pb2, master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.helpers import fixed_delay
