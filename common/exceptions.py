@@ -101,7 +101,14 @@ class ComputeCancelledError(GradcodeError):
 
 
 class ChildrenUnavailableError(GradcodeError):
-    """Not enough children answered (in time) to decode their sum; the message names the missing ones."""
+    """Not enough children answered (in time) to decode their sum; the message names the missing ones.
+
+    ``children_lost`` are the children that answered NOT_FOUND (they lost the job: the master reloads them).
+    """
+
+    def __init__(self, message: str, *, children_lost: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.children_lost = children_lost
 
 
 class RequestError(GradcodeError):

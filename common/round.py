@@ -36,7 +36,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
-from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError
+from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
 from gradcode.v1 import worker_pb2
 
 __all__ = [
@@ -92,11 +92,14 @@ class WorkerFailure:
     status: grpc.StatusCode | None = None
     error: str = ""
     down: bool = False
+    children_lost: tuple[int, ...] = ()
+    """A failed tree parent's children that lost the job (its error's trailing metadata)."""
 
     @classmethod
     def from_exception(cls, exc: BaseException) -> WorkerFailure:
         if isinstance(exc, grpc.aio.AioRpcError):
-            return cls(details=str(exc.details()), status=exc.code())
+            lost = children_lost_from_metadata(exc.trailing_metadata())
+            return cls(details=str(exc.details()), status=exc.code(), children_lost=lost)
         return cls(details=str(exc), error=type(exc).__name__)
 
     @classmethod

@@ -42,6 +42,7 @@ from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
     "CHANNEL_OPTIONS",
+    "CHILDREN_LOST_METADATA",
     "COMPLEX128",
     "COMPUTE_METHOD",
     "DEFAULT_CHUNK_BYTES",
@@ -55,6 +56,8 @@ __all__ = [
     "ReceivedChunk",
     "WireError",
     "array_from_tensor",
+    "children_lost_from_metadata",
+    "children_lost_metadata",
     "chunk_bytes_for",
     "code_spec",
     "compute_stream",
@@ -208,6 +211,26 @@ def _typed(message: Message, as_dict: dict[str, Any]) -> dict[str, Any]:
     return as_dict
 
 
+CHILDREN_LOST_METADATA = "gradcode-children-lost"
+"""Trailing-metadata key of a failed tree parent's Compute: its children that lost the job, comma-separated."""
+
+
+def children_lost_metadata(children: Sequence[int]) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata naming a tree parent's lost children (empty when there are none)."""
+    return ((CHILDREN_LOST_METADATA, ",".join(str(int(c)) for c in children)),) if children else ()
+
+
+def children_lost_from_metadata(metadata: Any) -> tuple[int, ...]:
+    """The lost children a call's trailing metadata names (none, or ignored when malformed)."""
+    for key, value in metadata or ():
+        if key == CHILDREN_LOST_METADATA and isinstance(value, str):
+            try:
+                return tuple(int(c) for c in value.split(",") if c)
+            except ValueError:
+                return ()
+    return ()
+
+
 def code_spec(name: str, params: Mapping[str, Any]) -> common_pb2.CodeSpec:
     """The wire CodeSpec of a code given by registry name and parameters."""
     return common_pb2.CodeSpec(name=name, params=struct_from_dict(params))
@@ -274,13 +297,15 @@ def message_chunk_bytes(
     straggle_seconds: float = 0.0,
     approximate: bool = False,
     decode_error: float = 0.0,
+    children_lost: Sequence[int] = (),
     chunk_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
-    its certified absolute error bound on that part. The payload is
+    its certified absolute error bound on that part; ``children_lost`` names its children that lost the
+    job (answered NOT_FOUND). The payload is
     copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
     small fields.
     """
@@ -308,6 +333,7 @@ def message_chunk_bytes(
             meta.trailer.straggle_seconds = straggle_seconds
             meta.trailer.approximate = approximate
             meta.trailer.decode_error = decode_error
+            meta.trailer.children_lost.extend(children_lost)
         piece = view[start : start + step]
         if len(piece):
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -438,6 +464,8 @@ class CompletedMessage:
     chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
     decode_error: float = 0.0
     """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
+    children_lost: tuple[int, ...] = ()
+    """The sender's (a tree parent's) children that lost the job: the master reloads them."""
 
 
 class MessageAssembler:
@@ -561,6 +589,7 @@ class MessageAssembler:
             approximate=chunk.trailer.approximate,
             norm=math.sqrt(self._squares),
             decode_error=chunk.trailer.decode_error,
+            children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
         )
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0

@@ -17,6 +17,7 @@ from gradcode.common.cli import add_service_arguments, env_default, prepare_proc
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.master.datafile import DATA_DIR_ENV
+from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, worker_address
 
@@ -64,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--state-dir",
+        default=env_default("GRADCODE_STATE_DIR", None),
+        metavar="DIR",
+        help=(
+            "where each job's checkpoint (<job>.ckpt.npz) is written; a master started on it resumes the jobs "
+            "that were running (default: none, jobs are not durable) [GRADCODE_STATE_DIR]"
+        ),
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int,
+        default=int(env_default("GRADCODE_CHECKPOINT_EVERY", "") or DEFAULT_CHECKPOINT_EVERY),
+        metavar="K",
+        help="checkpoint every K iterations and at the end; a restart loses at most K [GRADCODE_CHECKPOINT_EVERY] "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
         help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
     )  # fmt: skip
@@ -84,6 +101,7 @@ async def _serve(args: argparse.Namespace) -> None:
     node = MasterNode(
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
+        state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
     )  # fmt: skip
     await node.start()
     metrics = None
@@ -111,6 +129,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.security = security_from_args(args)
         if args.max_data_file_bytes < 1:
             raise ValueError(f"--max-data-file-bytes must be >= 1, not {args.max_data_file_bytes}.")
+        if args.checkpoint_every < 1:
+            raise ValueError(f"--checkpoint-every must be >= 1, not {args.checkpoint_every}.")
         if args.max_workers < 1:
             raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
     except ValueError as exc:

@@ -26,10 +26,19 @@ reported), and the job ends with that evaluated iteration's model and iteration 
 it had stopped there. A target can therefore be noticed up to ``evaluate_every - 1`` iterations
 after the first iteration that would have met it.
 
+Durable jobs: with a state directory the runner saves a :class:`~gradcode.master.checkpoint.Checkpoint`
+every ``checkpoint_every`` iterations (in a thread, beside training) and when the job ends; a runner
+built with ``resume=`` goes on from one: from the next iteration, with the checkpoint's optimizer and
+dynamic-code observation, keeping the history file's reports up to that iteration (later ones, from
+after the checkpoint, are dropped: they are computed again). A job stopped because the master shuts
+down (:meth:`JobRunner.suspend`) keeps a ``running`` checkpoint, so the next master resumes it.
+An evaluation still running when the master died is not redone: a target accuracy it would have
+met is noticed at the next evaluated iteration.
+
 A code with a topology (a CodedReduce tree) is run the same way: the master asks only the code's own
 workers (the first layer) and decodes with the code's decoder; what happens below is the parents'
-business. A deeper node the master never hears from is not monitored: a leaf that restarts stays
-missing for its parent (the parent tolerates ``s``).
+business, except that a parent names the children that lost the job (they restarted) and the
+master reloads them (:mod:`gradcode.master.rounds`), so every node of the tree stays in the job.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from gradcode.common.models import TrainingMetrics, training_metrics
 from gradcode.common.round import Decoded, Round
 from gradcode.common.wire import model_request_bytes, tensor_from_array
 from gradcode.master import reporting
+from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.master.pool import WorkerPool
@@ -64,9 +74,12 @@ from gradcode.master.spec import JobPlan
 from gradcode.master.step import stepped, verify_error
 from gradcode.v1 import master_pb2
 
-__all__ = ["JobRunner"]
+__all__ = ["DEFAULT_CHECKPOINT_EVERY", "JobRunner"]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CHECKPOINT_EVERY = 10
+"""Iterations between checkpoints (a master option); a restarted master loses at most this many."""
 
 _TERMINAL = (master_pb2.JOB_STATE_SUCCEEDED, master_pb2.JOB_STATE_FAILED, master_pb2.JOB_STATE_CANCELLED)
 
@@ -74,7 +87,18 @@ _TERMINAL = (master_pb2.JOB_STATE_SUCCEEDED, master_pb2.JOB_STATE_FAILED, master
 class JobRunner:
     """Runs one planned job against the pool; watchers get every IterationReport."""
 
-    def __init__(self, plan: JobPlan, pool: WorkerPool, *, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        plan: JobPlan,
+        pool: WorkerPool,
+        *,
+        run_dir: Path | None = None,
+        state_dir: Path | None = None,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        resume: Checkpoint | None = None,
+    ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
         self.plan = plan
         self.pool = pool
         self.state: int = master_pb2.JOB_STATE_PENDING
@@ -85,15 +109,32 @@ class JobRunner:
         self.rounds = RoundPolicy(self.loader, pool)
         self.history_file = History(run_dir, plan.job_id)
         spec = plan.spec
+        self.state_dir = state_dir
+        self.checkpoint_every = checkpoint_every
+        self.resumed_from = resume
+        """The checkpoint this runner goes on from (None for a new job)."""
         self.optimizer: Optimizer = make_optimizer(
             spec.optimizer.kind,
-            plan.model.init_params(),
+            plan.start_params(),
             learning_rate=spec.optimizer.learning_rate,
             momentum=spec.optimizer.momentum,
         )
+        if resume is not None:
+            params = resume.optimizer.params
+            if resume.optimizer.kind != spec.optimizer.kind or params.shape != self.optimizer.params.shape:
+                raise ValueError(
+                    f"Checkpoint of job {resume.job_id!r} holds a {resume.optimizer.kind!r} optimizer over "
+                    f"{params.size} parameters; the job needs {spec.optimizer.kind!r} over "
+                    f"{self.optimizer.params.size}."
+                )
+            self.optimizer = copy.deepcopy(resume.optimizer)
+            self.iterations_done = resume.iteration
         self.finished_at: float | None = None
         """time.monotonic() when the job reached its final state (None while it runs)."""
-        self._observation: Observation | None = None
+        self._observation: Observation | None = None if resume is None else resume.observation
+        self._suspended = False
+        self._saving = asyncio.Lock()
+        self._saves: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._started = 0.0
@@ -136,6 +177,12 @@ class JobRunner:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job-{self.job_id}")
             self._on_done = on_done
 
+    def suspend(self) -> None:
+        """Stop because the master shuts down: the job ends here, but its checkpoint stays resumable."""
+        self._suspended = True
+        if self._task is not None and not self.done:
+            self._task.cancel()
+
     async def cancel(self) -> None:
         """Cancel the job (no-op once it has ended) and wait until it has stopped."""
         if self._task is not None and not self.done:
@@ -165,7 +212,10 @@ class JobRunner:
     # ---- the job -----------------------------------------------------------------------------------
     async def _run(self) -> None:
         try:
-            self.history_file.open(self.plan.spec)
+            if self.resumed_from is None:
+                self.history_file.open(self.plan.spec)
+            else:
+                self.history.extend(self.history_file.resume(self.plan.spec, self.iterations_done))
             await self.loader.select()
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "loading workers")
             self._started = time.perf_counter()
@@ -175,9 +225,10 @@ class JobRunner:
         except asyncio.CancelledError:
             await self._drain()  # the last committed iteration's report still goes out
             if not self.done:
-                await self._set_state(
-                    master_pb2.JOB_STATE_CANCELLED, f"cancelled after {self.iterations_done} iterations"
-                )
+                why = "cancelled"
+                if self._suspended:
+                    why = "stopped with the master" + (" (resumable from its checkpoint)" if self.state_dir else "")
+                await self._set_state(master_pb2.JOB_STATE_CANCELLED, f"{why} after {self.iterations_done} iterations")
         except JobFailedError as exc:
             if not await self._drain():  # unless the previous iteration already ended the job
                 if exc.report is not None:
@@ -189,6 +240,7 @@ class JobRunner:
             log.exception("job %s crashed", self.job_id)
             await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            await self._final_checkpoint()
             await self.rounds.close()
             await self.loader.end()
             self._release_data()
@@ -197,7 +249,10 @@ class JobRunner:
     async def _loop(self) -> None:
         """Gather, decode, commit and report each iteration; evaluations run beside it (see the module docstring)."""
         last = self.plan.spec.iterations
-        for t in range(1, last + 1):
+        if self.iterations_done >= last:  # resumed from a checkpoint of its last iteration
+            await self._set_state(master_pb2.JOB_STATE_SUCCEEDED, f"completed {self.iterations_done} iterations")
+            return
+        for t in range(self.iterations_done + 1, last + 1):
             gathered = await self._unless_stopped(self._iteration(t))
             if gathered is None:
                 return  # an evaluation reached the target while iteration t gathered
@@ -209,6 +264,8 @@ class JobRunner:
                     self._evaluate(outgoing, params), name=f"job-{self.job_id}-evaluate-{t}"
                 )
             self._outbox.append(outgoing)
+            if t % self.checkpoint_every == 0 and t < last:
+                self._checkpoint_beside()
             if await self._flush():
                 return
         while self._outbox and not self.done:  # the last evaluation(s) still running
@@ -332,6 +389,45 @@ class JobRunner:
         GetModel and WatchJob) but not their datasets, so its memory does not grow with them."""
         self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
         self.loader.plan = self.rounds.plan = self.plan
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def checkpoint(self, state: str = "running") -> Checkpoint:
+        """The job as committed now (the optimizer is replaced, never mutated, by a step: no copy needed)."""
+        return Checkpoint(
+            spec=self.plan.spec,
+            iteration=self.iterations_done,
+            optimizer=self.optimizer,
+            observation=self._observation,
+            state=state,
+        )
+
+    def _checkpoint_beside(self) -> None:
+        """Save a checkpoint of the committed state in a thread while training goes on (saves keep their order)."""
+        if self.state_dir is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._save(self.checkpoint()), name=f"job-{self.job_id}-checkpoint-{self.iterations_done}"
+        )
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
+
+    async def _save(self, checkpoint: Checkpoint) -> None:
+        assert self.state_dir is not None
+        async with self._saving:
+            try:
+                await asyncio.to_thread(checkpoint.save, self.state_dir)
+            except OSError as exc:
+                log.error("job %s: checkpoint of iteration %d not saved: %s", self.job_id, checkpoint.iteration, exc)
+            else:
+                log.debug("job %s: checkpoint of iteration %d saved", self.job_id, checkpoint.iteration)
+
+    async def _final_checkpoint(self) -> None:
+        """The last checkpoint, after the pending ones: ``running`` when suspended, else the final state."""
+        if self.state_dir is None:
+            return
+        state = "running" if self._suspended or not self.done else _state_name(self.state)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(asyncio.gather(*self._saves, return_exceptions=True))
+            await asyncio.shield(self._save(self.checkpoint(state)))
 
     def _pool_ids(self) -> list[int]:
         return [w.worker_id for w in self.loader.workers]
@@ -355,6 +451,11 @@ class JobRunner:
             self.finished_at = time.monotonic()
             if self._on_done is not None:
                 self._on_done(self)
+
+
+def _state_name(state: int) -> str:
+    """``JOB_STATE_SUCCEEDED`` -> ``succeeded`` (a checkpoint's state)."""
+    return master_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import grpc
 
 from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
+from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
 from gradcode.master.service import MAX_FINISHED_JOBS, MasterServicer
@@ -35,7 +36,8 @@ class MasterNode(ServiceNode):
     Keyword options: ``workers`` (fixed addresses), ``run_dir`` (job histories), ``data_dir`` (the only
     directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``,
     ``security`` (TLS and tokens, :class:`gradcode.common.security.Security`; default plaintext and open)
-    and ``max_workers`` (the pool's bound).
+    ``max_workers`` (the pool's bound), ``state_dir`` (job checkpoints; None keeps none) and
+    ``checkpoint_every``. Started on a state directory, the node resumes the jobs that were running.
     """
 
     service_name = MASTER_SERVICE_NAME
@@ -53,6 +55,8 @@ class MasterNode(ServiceNode):
         security: Security | None = None,
         max_workers: int = MAX_WORKERS,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
+        state_dir: str | Path | None = None,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     ) -> None:
         super().__init__(host, port, grace=grace, security=security)
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -61,6 +65,7 @@ class MasterNode(ServiceNode):
         self.servicer = MasterServicer(
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
             max_data_file_bytes=max_data_file_bytes,
+            state_dir=None if state_dir is None else Path(state_dir), checkpoint_every=checkpoint_every,
         )  # fmt: skip
 
     def _register(self, server: grpc.aio.Server) -> None:
@@ -72,6 +77,9 @@ class MasterNode(ServiceNode):
             "master serving on %s (%s) with %d listed workers",
             self.address, self.security.describe(), len(self.pool.workers),
         )  # fmt: skip
+        resumed = await self.servicer.resume_saved()
+        if resumed:
+            log.info("resumed %d job(s) from %s: %s", len(resumed), self.servicer.state_dir, ", ".join(resumed))
 
     async def _before_stop(self) -> None:
         await self.servicer.close()  # cancel running jobs; their watchers' streams end

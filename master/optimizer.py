@@ -85,6 +85,29 @@ class Optimizer(ABC):
     @abstractmethod
     def _step(self, gradient: FloatArray) -> None: ...
 
+    def state_arrays(self) -> dict[str, FloatArray]:
+        """The arrays that, with :attr:`steps`, are this optimizer's whole state (for checkpoints)."""
+        return {"params": self._params}
+
+    def restore_state(self, arrays: dict[str, ArrayLike], *, steps: int) -> None:
+        """Go back to a state from :meth:`state_arrays` after ``steps`` steps; ValueError names a bad array."""
+        mine = self.state_arrays()
+        if set(arrays) != set(mine):
+            raise ValueError(f"Optimizer {self.kind!r} state needs arrays {sorted(mine)}, not {sorted(arrays)}.")
+        restored = {k: np.array(v, dtype=np.float64, copy=True) for k, v in arrays.items()}
+        for name, value in restored.items():
+            if value.shape != self._params.shape or not np.all(np.isfinite(value)):
+                raise ValueError(
+                    f"Optimizer state {name!r} must be {self._params.shape[0]} finite numbers, got shape {value.shape}."
+                )
+        if steps < 0:
+            raise ValueError(f"Optimizer steps must be >= 0, not {steps!r}.")
+        self._set_state(restored)
+        self.steps = int(steps)
+
+    def _set_state(self, arrays: dict[str, FloatArray]) -> None:
+        self._params = arrays["params"]
+
 
 class GradientDescent(Optimizer):
     """Plain gradient descent with a constant step size."""
@@ -111,6 +134,12 @@ class Nesterov(Optimizer):
     @property
     def point(self) -> FloatArray:
         return self._lookahead
+
+    def state_arrays(self) -> dict[str, FloatArray]:
+        return {"params": self._params, "lookahead": self._lookahead}
+
+    def _set_state(self, arrays: dict[str, FloatArray]) -> None:
+        self._params, self._lookahead = arrays["params"], arrays["lookahead"]
 
     def _step(self, gradient: FloatArray) -> None:
         t = self.steps

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+from google.protobuf import json_format
 
 from gradcode.common.models import Model, TrainingMetrics
 from gradcode.common.round import Decoded, Round
@@ -142,6 +143,32 @@ class History:
         spec_path = self.path.with_suffix(".spec.json")
         spec_path.write_text(json.dumps(message_to_dict(spec), indent=2))
         self._file = self.path.open("a", encoding="utf-8")
+
+    def resume(self, spec: master_pb2.JobSpec, upto: int) -> list[master_pb2.IterationReport]:
+        """Go on with the history of a job resumed after iteration ``upto``: keep (and return) its reports up
+        to ``upto``, drop the later ones (they are computed again), append from there. A master without
+        the old file (another run directory) starts a fresh one."""
+        if self.path is None:
+            return []
+        kept: list[master_pb2.IterationReport] = []
+        lines: list[str] = []
+        if self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    report = json_format.ParseDict(json.loads(line), master_pb2.IterationReport())
+                except (ValueError, json_format.ParseError):
+                    break  # a line cut short by the crash: everything after it is lost anyway
+                if report.iteration > upto:
+                    break
+                kept.append(report)
+                lines.append(line)
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+            tmp.replace(self.path)
+        self.open(spec)
+        return kept
 
     def append(self, report: master_pb2.IterationReport) -> None:
         if self._file is not None:

@@ -6,7 +6,9 @@ decodable it reloads workers that came back (a restarted worker lost the job: NO
 them again, until the iteration deadline; then the job fails naming the missing workers. A worker
 whose call fails is marked DOWN, except a worker that lost the job (reloaded) and, for a code with a
 topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its children
-are not decodable, so it only counts as failed for this iteration.
+are not decodable, so it only counts as failed for this iteration. A tree parent names its children
+that lost the job (they restarted: their Compute answered NOT_FOUND) in its message or its error;
+they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job.
 
 The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a decodable round goes on
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
@@ -105,6 +107,7 @@ class RoundPolicy:
                 failures = await round_.gather(sources, timeout=remaining, enough=enough)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
+                self._reload_lost(round_, failures.values())
                 for w, failure in failures.items():
                     if await self._alive_parent(w, failure):
                         spent.add(w)
@@ -127,6 +130,16 @@ class RoundPolicy:
                 )  # fmt: skip
             if not ask:
                 await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
+
+    def _reload_lost(self, round_: Round, failures: Iterable[WorkerFailure]) -> None:
+        """Reload the tree nodes the parents say lost the job (in their messages, or their errors)."""
+        lost = {c for m in round_.messages.values() for c in m.children_lost}
+        lost.update(c for f in failures for c in f.children_lost)
+        workers, job_id = self.loader.workers, self.plan.job_id
+        lost = {c for c in lost if 0 <= c < len(workers)}
+        for c in lost:
+            workers[c].jobs.discard(job_id)
+        self._reload(sorted(lost))
 
     def _source(self, w: int, t: int, rows: tuple[int, ...], model_bytes: bytes) -> Source:
         """Worker ``w``'s Compute call: its own fields serialized, followed by the shared model bytes."""

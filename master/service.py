@@ -11,6 +11,17 @@ Finished jobs are kept in memory (GetJob, WatchJob, GetModel) only up to ``max_f
 (:data:`MAX_FINISHED_JOBS`, the most recently finished ones); older ones are evicted with their
 dataset and history, and answer NOT_FOUND saying so. Their history stays on disk in the run directory
 (``<run_dir>/<job_id>.jsonl``), and their ids cannot be reused.
+
+A job id is never reused for another job's history: CreateJob refuses (ALREADY_EXISTS) an id this
+master holds, evicted, or finds a history (``<run_dir>/<job_id>.jsonl``) or checkpoint of.
+
+Durable jobs (with a state directory): every job is checkpointed (:mod:`gradcode.master.checkpoint`).
+A master started on a state directory resumes the jobs whose checkpoint says ``running`` (they were
+running when the last master died or stopped: :meth:`MasterServicer.close` suspends, never cancels);
+ResumeJob resumes one explicitly, from the state directory or from a checkpoint file sent by the
+client (for example one written by another master). A resumed job runs on whichever workers are up
+(its ``worker_ids`` named the old master's pool and are dropped) and waits at least
+:data:`RESUME_WAIT_SECONDS` for them to re-register.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from gradcode.common.exceptions import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidRequestError,
+    JobSpecError,
     NotFoundError,
     RequestError,
     ResourceExhaustedError,
@@ -36,14 +48,15 @@ from gradcode.common.exceptions import (
 from gradcode.common.logs import log_context
 from gradcode.common.security import short
 from gradcode.common.status import grpc_errors
-from gradcode.master.job import JobRunner
+from gradcode.master.checkpoint import Checkpoint, CheckpointError, checkpoint_path, saved_checkpoints
+from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import WorkerPool
-from gradcode.master.spec import plan_job
+from gradcode.master.spec import JobPlan, plan_job
 from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
 
-__all__ = ["MAX_FINISHED_JOBS", "MasterServicer"]
+__all__ = ["MAX_FINISHED_JOBS", "RESUME_WAIT_SECONDS", "MasterServicer"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,8 @@ MAX_EVICTED_IDS = 100_000
 """Evicted job ids remembered (to answer "evicted" and refuse their reuse); the oldest are forgotten."""
 MAX_LISTED_EVICTED = 100
 """ListJobs names at most this many of the most recently evicted job ids."""
+RESUME_WAIT_SECONDS = 120.0
+"""A resumed job waits at least this long for enough workers (they re-register with a restarted master)."""
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -66,7 +81,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         data_dir: Path | None = None,
         max_finished_jobs: int = MAX_FINISHED_JOBS,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
+        state_dir: Path | None = None,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
         if max_finished_jobs < 0:
             raise ValueError(f"Argument 'max_finished_jobs' must be >= 0, not {max_finished_jobs!r}.")
         self.pool = pool
@@ -74,6 +93,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.data_dir = data_dir
         self.max_data_file_bytes = max_data_file_bytes
         self.max_finished_jobs = max_finished_jobs
+        self.state_dir = state_dir
+        self.checkpoint_every = checkpoint_every
         self.jobs: dict[str, JobRunner] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
@@ -123,21 +144,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             check_spec_numbers(request)
         except SpecCheckError as exc:
             raise InvalidRequestError(str(exc)) from None
-        if request.job_id and (request.job_id in self.jobs or request.job_id in self.evicted):
-            raise AlreadyExistsError(f"Job {short(request.job_id)} already exists.")
-        known = [w.worker_id for w in self.pool.workers]
-        try:
-            plan = await asyncio.to_thread(
-                plan_job, request, known_worker_ids=known, data_dir=self.data_dir,
-                max_data_file_bytes=self.max_data_file_bytes,
-            )  # fmt: skip
-        except MemoryError:
-            raise ResourceExhaustedError(
-                "The master ran out of memory while planning this job; use a smaller dataset, model or code "
-                "(fewer workers or partitions)."
-            ) from None
-        if plan.job_id in self.jobs or plan.job_id in self.evicted:  # created concurrently while we planned
-            raise AlreadyExistsError(f"Job {short(plan.job_id)} already exists.")
+        if request.job_id:
+            self._refuse_reuse(request.job_id)
+        plan = await self._plan(request, known_worker_ids=[w.worker_id for w in self.pool.workers])
+        self._refuse_reuse(plan.job_id)  # created concurrently while we planned
         n, up = plan.num_workers, self.pool.up()
         if plan.spec.wait_for_workers_seconds == 0 and not plan.spec.worker_ids and len(up) < n:
             raise FailedPreconditionError(
@@ -145,12 +155,121 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 f"(ids {[w.worker_id for w in up]}); start more workers or set wait_for_workers_seconds."
             )
         try:
-            job = JobRunner(plan, self.pool, run_dir=self.run_dir)
+            job = JobRunner(
+                plan, self.pool, run_dir=self.run_dir, state_dir=self.state_dir, checkpoint_every=self.checkpoint_every
+            )
         except MemoryError:
             raise ResourceExhaustedError("The master ran out of memory while starting this job.") from None
         self._start(job)
         log.info("created job %s: %r", plan.job_id, plan.code, extra={"job_id": plan.job_id})
         return job.info()
+
+    async def _plan(self, spec: master_pb2.JobSpec, *, known_worker_ids: list[int] | None) -> JobPlan:
+        """Plan a job in a thread; running out of memory is RESOURCE_EXHAUSTED."""
+        try:
+            return await asyncio.to_thread(
+                plan_job, spec, known_worker_ids=known_worker_ids, data_dir=self.data_dir,
+                max_data_file_bytes=self.max_data_file_bytes,
+            )  # fmt: skip
+        except MemoryError:
+            raise ResourceExhaustedError(
+                "The master ran out of memory while planning this job; use a smaller dataset, model or code "
+                "(fewer workers or partitions)."
+            ) from None
+
+    def _refuse_reuse(self, job_id: str) -> None:
+        """ALREADY_EXISTS when ``job_id`` names a job held, evicted, or with a history or checkpoint on disk."""
+        if job_id in self.jobs or job_id in self.evicted:
+            raise AlreadyExistsError(f"Job {short(job_id)} already exists.")
+        for directory, path in (
+            (self.run_dir, None if self.run_dir is None else self.run_dir / f"{job_id}.jsonl"),
+            (self.state_dir, None if self.state_dir is None else checkpoint_path(self.state_dir, job_id)),
+        ):
+            if directory is not None and path is not None and path.exists():
+                raise AlreadyExistsError(
+                    f"Job {short(job_id)} already exists: {path} holds its history; choose another job id, "
+                    f"or continue that job with `gradcode resume {job_id}`."
+                )
+
+    # ---- durable jobs ------------------------------------------------------------------------------
+    async def resume_saved(self) -> list[str]:
+        """Resume every job whose checkpoint in the state directory says it was running; returns their ids."""
+        if self.state_dir is None:
+            return []
+        resumed = []
+        for path in saved_checkpoints(self.state_dir):
+            try:
+                checkpoint = await asyncio.to_thread(Checkpoint.load, path)
+                if checkpoint.state != "running" or checkpoint.job_id in self.jobs:
+                    continue
+                job = await self._resume(checkpoint)
+            except (CheckpointError, RequestError, ValueError) as exc:
+                log.error("not resuming from %s: %s", path, exc)
+                continue
+            resumed.append(job.job_id)
+        return resumed
+
+    async def _resume(self, checkpoint: Checkpoint) -> JobRunner:
+        """Plan the checkpoint's job again and start it from the checkpoint."""
+        if not checkpoint.resumable:
+            raise FailedPreconditionError(
+                f"Job {short(checkpoint.job_id)} {checkpoint.state} after {checkpoint.iteration} of "
+                f"{checkpoint.spec.iterations} iterations; there is nothing to resume."
+            )
+        spec = master_pb2.JobSpec()
+        spec.CopyFrom(checkpoint.spec)
+        spec.ClearField("worker_ids")  # they named the old master's pool
+        spec.wait_for_workers_seconds = max(spec.wait_for_workers_seconds, RESUME_WAIT_SECONDS)
+        try:
+            plan = await self._plan(spec, known_worker_ids=None)
+        except JobSpecError as exc:
+            raise InvalidRequestError(f"The checkpoint's job cannot be planned here: {exc}") from None
+        try:
+            job = JobRunner(
+                plan, self.pool, run_dir=self.run_dir, state_dir=self.state_dir,
+                checkpoint_every=self.checkpoint_every, resume=checkpoint,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        self.evicted.pop(job.job_id, None)
+        self._start(job)
+        log.info(
+            "resumed job %s after iteration %d: %r", job.job_id, checkpoint.iteration, plan.code,
+            extra={"job_id": job.job_id},
+        )  # fmt: skip
+        return job
+
+    @grpc_errors
+    async def ResumeJob(  # noqa: N802
+        self, request: master_pb2.ResumeJobRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> master_pb2.JobInfo:
+        if request.checkpoint:
+            try:
+                checkpoint = Checkpoint.from_bytes(request.checkpoint, source="The checkpoint sent")
+            except CheckpointError as exc:
+                raise InvalidRequestError(str(exc)) from None
+            if request.job_id and request.job_id != checkpoint.job_id:
+                raise InvalidRequestError(
+                    f"The checkpoint sent is of job {short(checkpoint.job_id)}, not {short(request.job_id)}."
+                )
+        else:
+            if not request.job_id:
+                raise InvalidRequestError("ResumeJob needs a job_id or a checkpoint.")
+            if self.state_dir is None:
+                raise FailedPreconditionError(
+                    "This master keeps no checkpoints (start it with --state-dir); send the checkpoint file instead."
+                )
+            path = checkpoint_path(self.state_dir, request.job_id)
+            if not path.exists():
+                raise NotFoundError(f"No checkpoint of job {short(request.job_id)} in this master's state directory.")
+            try:
+                checkpoint = await asyncio.to_thread(Checkpoint.load, path)
+            except CheckpointError as exc:
+                raise FailedPreconditionError(str(exc)) from None
+        held = self.jobs.get(checkpoint.job_id)
+        if held is not None and not held.done:
+            raise AlreadyExistsError(f"Job {short(checkpoint.job_id)} is running on this master.")
+        return (await self._resume(checkpoint)).info()
 
     def _start(self, job: JobRunner) -> None:
         """Hold and start ``job``: its log lines name it, its reports feed the metrics, its end is logged.
@@ -245,8 +364,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self.evicted.popitem(last=False)
 
     async def close(self) -> None:
-        """Cancel every running job and wait for them to stop."""
-        await asyncio.gather(*(job.cancel() for job in self.jobs.values()), return_exceptions=True)
+        """Stop every running job (suspended: a checkpointed one resumes with the next master) and wait."""
+        jobs = list(self.jobs.values())
+        for job in jobs:
+            job.suspend()
+        await asyncio.gather(*(job.wait() for job in jobs), return_exceptions=True)
         for observer in list(self._observers):
             observer.cancel()
         await asyncio.gather(*self._observers, return_exceptions=True)

@@ -29,7 +29,7 @@ from gradcode.common.models import Model, available_models, make_model
 from gradcode.common.plugins import model_dtype, unknown_model
 from gradcode.common.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
-from gradcode.common.wire import dict_from_struct
+from gradcode.common.wire import array_from_tensor, dict_from_struct
 from gradcode.master import limits
 from gradcode.master.datafile import data_file as file_in_data_dir
 from gradcode.master.datafile import file_error
@@ -74,6 +74,12 @@ class JobPlan:
     """Wire dtype of the workers' messages."""
     topology: Topology | None = None
     """The code's worker layout when not every worker answers the master (a tree); None for flat jobs."""
+    initial_params: np.ndarray[Any, Any] | None = None
+    """Where training starts: ``JobSpec.initial_parameters``, or None for the model's own initial values."""
+
+    def start_params(self) -> np.ndarray[Any, Any]:
+        """The parameters of iteration 0."""
+        return self.model.init_params() if self.initial_params is None else self.initial_params.copy()
 
     @property
     def job_id(self) -> str:
@@ -128,6 +134,7 @@ def plan_job(
     dataset = _plan_dataset(spec, data_dir, max_data_file_bytes)
     model = _plan_model(spec, dataset)
     _check_optimizer_and_loop(spec, model)
+    initial_params = _initial_params(spec, model)
     _check_stragglers(spec, num_workers)
     _check_integrity(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
@@ -146,6 +153,7 @@ def plan_job(
         partitions=partitions,
         message_dtype=message_dtype,
         topology=topology,
+        initial_params=initial_params,
     )
 
 
@@ -260,6 +268,22 @@ def _plan_model(spec: master_pb2.JobSpec, dataset: Dataset) -> Model:
             f"({limits.MAX_MODEL_BYTES >> 20} MiB)."
         )
     return model
+
+
+def _initial_params(spec: master_pb2.JobSpec, model: Model) -> np.ndarray[Any, Any] | None:
+    """``JobSpec.initial_parameters`` as float64, checked against the model's size (None when not given)."""
+    if not spec.HasField("initial_parameters"):
+        return None
+    try:
+        given = array_from_tensor(spec.initial_parameters, expected_shape=(model.num_params,))
+    except ValueError as exc:  # a WireError: wrong shape or byte length
+        raise JobSpecError(
+            f"JobSpec.initial_parameters must be a flat vector of the model's {model.num_params} parameters: {exc}"
+        ) from None
+    params = np.array(given, dtype=np.float64)
+    if not np.all(np.isfinite(params)):
+        raise JobSpecError("JobSpec.initial_parameters contains NaN or infinite entries.")
+    return params
 
 
 def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:

@@ -8,7 +8,10 @@ Its upward message for every requested row is its own coded message for that row
 (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
 
 The master loads every worker (children included) directly, so the parent only needs the
-children's addresses; the children's row ids are the child code's row ids.
+children's addresses; the children's row ids are the child code's row ids. A child that answers
+NOT_FOUND restarted and lost the job: the parent names it in its message's trailer (or, when it
+fails, in its error's trailing metadata) and the master reloads it, so a node that restarts anywhere
+in the tree comes back into the job.
 
 Exactness travels up the tree: the child code must be an exact scheme (an approximate one is refused
 when the job is loaded), and when a decoding is nevertheless not exact (flagged by the decoder, its
@@ -34,9 +37,14 @@ from gradcode.common.security import Security
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, compute_stream, dict_from_struct
 from gradcode.v1 import worker_pb2
 
-__all__ = ["ChildrenUnavailableError", "ParentRunner"]
+__all__ = ["ChildrenUnavailableError", "ParentRunner", "children_lost"]
 
 logger = logging.getLogger(__name__)
+
+
+def children_lost(round_: Round) -> tuple[int, ...]:
+    """The children that answered NOT_FOUND: they restarted and lost the job (the master reloads them)."""
+    return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,7 @@ class ParentRunner:
                 f"The tree parent of job {self.job_id!r} was closed during iteration {request.iteration}."
             )
         if not round_.decodable:
-            raise ChildrenUnavailableError(self._describe_failure(round_))
+            raise ChildrenUnavailableError(self._describe_failure(round_), children_lost=children_lost(round_))
         return round_
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:

@@ -6,9 +6,11 @@ emulation, its parent role when it is an inner tree node, and the computations r
 
 * a leaf computes its own rows in a worker thread, spreading the emulated delay over its messages (a
   worker with several messages, e.g. partial stragglers, still delivers its first ones early);
-* a parent sleeps the delay, then computes its own rows while its :class:`~gradcode.worker.parent.ParentRunner`
-  gathers and decodes the children (one :class:`~gradcode.common.round.Round`), and adds the two
-  (Reisizadeh et al., Algorithm 2); its messages are approximate when the children's decode was not exact.
+* a parent asks its children first (its :class:`~gradcode.worker.parent.ParentRunner` gathers and
+  decodes them, one :class:`~gradcode.common.round.Round`), then sleeps its own delay and computes its
+  own rows meanwhile, and adds the two (Reisizadeh et al., Algorithm 2): its emulated slowness never
+  holds up its children's work. Its messages are approximate when the children's decode was not
+  exact, and name the children that lost the job (:func:`~gradcode.worker.parent.children_lost`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.round import Round
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import WorkerJob
-from gradcode.worker.parent import ParentRunner
+from gradcode.worker.parent import ParentRunner, children_lost
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = ["JobRuntime", "Message", "PartitionObserver"]
@@ -49,6 +51,8 @@ class Message:
     approximate: bool = False
     decode_error: float = 0.0
     """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
+    children_lost: tuple[int, ...] = ()
+    """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
 
 
 @dataclass
@@ -94,7 +98,6 @@ class JobRuntime:
             async for message in self._leaf_messages(params, rows, delay, flag, on_partition):
                 yield message
         else:
-            await self._straggle(flag, delay)
             for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
                 yield message
 
@@ -133,6 +136,7 @@ class JobRuntime:
         started = time.perf_counter()
         children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request))
         try:
+            await self._straggle(flag, delay)  # the children already work meanwhile
             computation = job.start(params, cancelled=flag, on_partition=on_partition)
             own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
             gathered = await flag.race(children)
@@ -149,11 +153,12 @@ class JobRuntime:
             job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
             decoded.error_bound,
         )  # fmt: skip
+        lost = children_lost(gathered)
         out = []
         for row in rows:
             total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
             vector = total.astype(job.row_dtype(row), copy=False)
-            out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error))
+            out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error, lost))
         return out
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from gradcode.common import metrics
 from gradcode.common.exceptions import (
     AbortedError,
+    ChildrenUnavailableError,
     ComputeCancelledError,
     FailedPreconditionError,
     InvalidRequestError,
@@ -41,7 +42,7 @@ from gradcode.common.exceptions import (
 from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
 from gradcode.common.status import grpc_errors
-from gradcode.common.wire import array_from_tensor, message_chunk_bytes, serialize_chunk
+from gradcode.common.wire import array_from_tensor, children_lost_metadata, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
@@ -240,12 +241,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 for chunk in message_chunk_bytes(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
-                    approximate=m.approximate, decode_error=m.decode_error, chunk_bytes=self.chunk_bytes,
+                    approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
+                    chunk_bytes=self.chunk_bytes,
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk
             job.stats.add(iterations_completed=1)
             metrics.COMPUTES_SERVED.inc()
+        except ChildrenUnavailableError as exc:  # the master reloads the children that lost the job
+            context.set_trailing_metadata(children_lost_metadata(exc.children_lost))
+            raise
         except ComputeCancelledError:
             metrics.COMPUTES_CANCELLED.inc()
             raise AbortedError(

@@ -99,6 +99,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("straggler emulation (experiments)")
     e.add_argument("--straggler", default="none", help="none | fixed | shifted_exponential | pareto | gilbert_elliot")
     e.add_argument("--straggler-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
+    t.add_argument(
+        "--initial-parameters", type=Path, default=None, metavar="FILE.npy",
+        help="start from these parameters (a flat vector, e.g. from `gradcode model`) instead of the model's own",
+    )  # fmt: skip
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, default=Path("runs/latest"), help="where history and plots go")
 
@@ -125,6 +129,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "seed": args.seed,
         "message_dtype": args.dtype,
         "integrity": args.integrity,
+        "initial_parameters": None if args.initial_parameters is None else np.load(args.initial_parameters),
     }
     values.update(overrides)
     return build_job_spec(**values)
@@ -282,6 +287,17 @@ async def _watch(args: argparse.Namespace) -> int:
     return 0 if info.state == master_pb2.JOB_STATE_SUCCEEDED else 1
 
 
+async def _resume(args: argparse.Namespace) -> int:
+    checkpoint = b"" if args.checkpoint is None else args.checkpoint.read_bytes()
+    async with _client(args) as client:
+        info = await client.resume(args.job_id or "", checkpoint=checkpoint)
+    print(f"job {info.job_id} resumed after iteration {info.iterations_done}", flush=True)
+    if args.detach:
+        return 0
+    args.job_id = info.job_id
+    return await _watch(args)
+
+
 async def _jobs(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         reply = await client.list_jobs()
@@ -406,6 +422,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         if name == "watch":
             p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+    resume = sub.add_parser(
+        "resume", help="resume a job from its last checkpoint (the master's, or a checkpoint file) and follow it"
+    )
+    resume.add_argument("job_id", nargs="?", default="", help="the job (optional with --checkpoint)")
+    resume.add_argument(
+        "--checkpoint", type=Path, default=None, metavar="FILE",
+        help="a checkpoint file (<state_dir>/<job>.ckpt.npz, e.g. another master's) to resume from",
+    )  # fmt: skip
+    resume.add_argument("--detach", action="store_true", help="return once the job is resumed")
+    resume.add_argument("--master", default=master_default)
+    resume.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+    add_security_arguments(resume, role="client")
+    resume.set_defaults(handler=_resume)
     jobs = sub.add_parser("jobs", help="list the jobs a master holds and their states")
     jobs.add_argument("--master", default=master_default)
     add_security_arguments(jobs, role="client")

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -105,12 +106,19 @@ class LocalCluster:
     """A master and ``num_workers`` workers on 127.0.0.1, each its own process.
 
     Workers register with the master (as under ``docker-compose --scale worker=N``). ``env`` adds
-    variables to every process's environment (TLS files and secrets). Use as a context manager; every
-    process is stopped on exit, even after an error.
+    variables to every process's environment (TLS files and secrets); ``master_args`` are extra master
+    flags (e.g. ``--state-dir``). Use as a context manager; every process is stopped on exit, even after
+    an error.
     """
 
     def __init__(
-        self, num_workers: int, *, run_dir: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None
+        self,
+        num_workers: int,
+        *,
+        run_dir: Path,
+        host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
+        master_args: Sequence[str] = (),
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, not {num_workers}.")
@@ -119,8 +127,10 @@ class LocalCluster:
         self.host = host
         self.env = service_env(env)
         """Every process's environment (``env`` adds e.g. the GRADCODE_TLS_* and secret variables)."""
+        self.master_args = list(master_args)
         self.master: ServiceProcess | None = None
         self.workers: list[ServiceProcess] = []
+        self._master_starts = 0
 
     @property
     def master_address(self) -> str:
@@ -132,17 +142,37 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
-        self.master = ServiceProcess(
-            [sys.executable, "-m", "gradcode.master", "--listen", f"{self.host}:0", "--run-dir", str(self.run_dir)],
-            log_path=logs / "master.log",
-            env=self.env,
-        )
+        self.master = self._start_master(f"{self.host}:0")
         master = self.master.wait_ready(timeout)
         for i in range(self.num_workers):
             self.add_worker(master, logs / f"worker-{i}.log")
         for w in self.workers:
             w.wait_ready(timeout)
         return self
+
+    def _start_master(self, listen: str) -> ServiceProcess:
+        argv = [sys.executable, "-m", "gradcode.master", "--listen", listen, "--run-dir", str(self.run_dir)]
+        name = "master.log" if not self._master_starts else f"master-restart-{self._master_starts}.log"
+        self._master_starts += 1
+        return ServiceProcess([*argv, *self.master_args], log_path=self.run_dir / "logs" / name, env=self.env)
+
+    def restart_master(self, timeout: float = 60.0, attempts: int = 5) -> str:
+        """Start the master again at its old address (after it died), so the workers find it when they
+        re-register; retries while the port is not free yet. Returns the address."""
+        if self.master is None or self.master.address is None:
+            raise RuntimeError("The cluster is not started.")
+        old, address = self.master, self.master.address
+        if old.alive:
+            raise RuntimeError(f"The master at {address} is still running; kill or stop it first.")
+        old.stop()
+        for attempt in range(attempts):
+            self.master = self._start_master(address)
+            try:
+                return self.master.wait_ready(timeout)
+            except RuntimeError:
+                self.master.stop()
+                time.sleep(0.5 * (attempt + 1))
+        raise RuntimeError(f"The master could not be restarted at {address}; see {self.run_dir / 'logs'}.")
 
     def add_worker(self, master_address: str | None = None, log_path: Path | None = None) -> ServiceProcess:
         """Start one more worker that registers with the master (also used to bring one back)."""

@@ -17,11 +17,12 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gradcode.common.codes.registry import code_class
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.security import Security, security_from_env
-from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict
+from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 __all__ = ["GradcodeClient", "JobFailedError", "ReportCallback", "build_job_spec", "code_params_for"]
@@ -59,6 +60,7 @@ def build_job_spec(
     job_id: str = "",
     message_dtype: str = "",
     integrity: str = "",
+    initial_parameters: npt.ArrayLike | None = None,
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
 
@@ -66,7 +68,8 @@ def build_job_spec(
     the master use its default. ``message_dtype`` is ``"float64"``, ``"float32"`` (half the bytes; a
     plugin model then computes in float32) or ``"complex128"``; empty lets the master choose (float64,
     complex128 for complex codes). ``integrity`` is the consistency policy (``off``, ``detect``,
-    ``locate``; empty: the master's default).
+    ``locate``; empty: the master's default). ``initial_parameters`` (a flat vector of the model's
+    size) is where training starts instead of the model's own initial values.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1) (0: the master's default), not {test_fraction!r}.")
@@ -80,7 +83,7 @@ def build_job_spec(
         if n is None or s is None:
             raise ValueError("Give either code_params or both n and s.")
         code_params = code_params_for(scheme, n, s)
-    return master_pb2.JobSpec(
+    spec = master_pb2.JobSpec(
         job_id=job_id,
         code=common_pb2.CodeSpec(name=scheme, params=struct_from_dict(code_params)),
         model=common_pb2.ModelSpec(kind=model, l2=l2),
@@ -105,6 +108,12 @@ def build_job_spec(
         message_dtype=wire_dtype,  # type: ignore[arg-type]
         integrity=integrity,
     )
+    if initial_parameters is not None:
+        start = np.asarray(initial_parameters, dtype=np.float64)
+        if start.ndim != 1:
+            raise ValueError(f"initial_parameters must be a flat vector, not an array of shape {start.shape}.")
+        spec.initial_parameters.CopyFrom(tensor_from_array(start))
+    return spec
 
 
 ReportCallback = Callable[[master_pb2.IterationReport], Awaitable[None] | None]
@@ -168,6 +177,13 @@ class GradcodeClient:
         """The jobs the master holds (without their specs) and the ids of the most recently evicted ones."""
         reply: master_pb2.ListJobsReply = await self._stub.ListJobs(master_pb2.ListJobsRequest())
         return reply
+    async def resume(self, job_id: str = "", *, checkpoint: bytes = b"") -> master_pb2.JobInfo:
+        """Resume a job from its last checkpoint: the master's own (by ``job_id``), or ``checkpoint``, the
+        contents of a checkpoint file (``<state_dir>/<job_id>.ckpt.npz``, e.g. from another master)."""
+        request = master_pb2.ResumeJobRequest(job_id=job_id, checkpoint=checkpoint)
+        info: master_pb2.JobInfo = await self._stub.ResumeJob(request)
+        return info
+
     async def remove_worker(self, worker_id: int) -> master_pb2.WorkerInfo:
         """Remove a worker from the master's pool (it is DOWN for good; running jobs see it as failed)."""
         info: master_pb2.WorkerInfo = await self._stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=worker_id))

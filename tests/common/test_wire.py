@@ -18,6 +18,8 @@ from gradcode.common.wire import (
     MessageAssembler,
     WireError,
     array_from_tensor,
+    children_lost_from_metadata,
+    children_lost_metadata,
     chunk_bytes_for,
     compute_stream,
     dict_from_struct,
@@ -139,6 +141,18 @@ def test_approximate_flag_travels_in_the_trailer() -> None:
     asm = _assembler()
     done = [asm.feed(c) for c in _chunks(np.arange(1000.0))][-1]
     assert done is not None and not done.approximate
+
+
+def test_a_parents_lost_children_travel_in_its_trailer_and_error_metadata() -> None:
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), children_lost=(4, 2))][-1]
+    assert done is not None and done.children_lost == (4, 2)
+    asm = _assembler()
+    done = [asm.feed(parse_chunk(c.SerializeToString())) for c in _chunks(np.arange(1000.0))][-1]
+    assert done is not None and done.children_lost == ()
+    assert children_lost_from_metadata(children_lost_metadata([3, 5])) == (3, 5)
+    assert children_lost_metadata([]) == () and children_lost_from_metadata(None) == ()
+    assert children_lost_from_metadata((("other", "1"), ("gradcode-children-lost", "x,1"))) == ()
 
 
 def test_absurd_tensor_shapes_get_a_precise_error() -> None:

@@ -133,3 +133,46 @@ async def test_a_parent_without_decodable_children_fails_the_job_naming_them_and
     assert reports and set(reports[-1].failed_workers) == {cluster6.ids[w] for w in FIRST_LAYER}
     states = {w.worker_id: w.state for w in cluster6.list_workers()}
     assert states[cluster6.ids[1]] == master_pb2.WORKER_STATE_UP  # alive: its children failed, not it
+
+
+async def test_a_deeper_node_killed_and_restarted_is_reloaded_and_used_again(cluster6: Cluster) -> None:
+    """Leaf 2 (under first-layer node 0) is killed and restarted at its address; then its sibling, leaf 3,
+    dies for good. From then on node 0 can only answer if leaf 2 was loaded with the job again and is
+    used: first-layer node 1 is a fixed 1 s straggler, so every iteration node 0 answers in is decoded
+    from node 0 (and, without a reload, node 0 fails every iteration and node 1 is used instead)."""
+    cluster6.ensure_all_up()
+    restarted, sibling = CHILDREN[0]
+    events: dict[str, int] = {}
+
+    def chaos(report: master_pb2.IterationReport) -> None:
+        if "killed" not in events and report.iteration >= 3:
+            cluster6.kill(restarted)
+            events["killed"] = int(report.iteration)
+        elif "killed" in events and "restarted" not in events and report.iteration >= events["killed"] + 3:
+            cluster6.restart(restarted)
+            cluster6.wait_all_up()  # at its old address: the same pool worker, UP again
+            events["restarted"] = int(report.iteration)
+        elif "restarted" in events and "sibling killed" not in events:
+            cluster6.kill(sibling)
+            events["sibling killed"] = int(report.iteration)
+
+    iterations = 400
+    spec = job_spec(
+        "coded_reduce", TREE, iterations=iterations, worker_ids=list(cluster6.ids), verify=True,
+        iteration_deadline_seconds=20.0, straggler=fixed_delay(1.0, workers=[FIRST_LAYER[1]]),
+    )  # fmt: skip
+    restarted_address = cluster6.addresses[restarted]
+    async with asyncio.timeout(600):
+        info, reports = await run_job(cluster6.master_address, spec, chaos)
+    assert set(events) == {"killed", "restarted", "sibling killed"}, events
+    assert cluster6.addresses[restarted] == restarted_address, "the leaf must come back at its old address"
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert_exact(reports, iterations)
+    node0, node1 = cluster6.ids[FIRST_LAYER[0]], cluster6.ids[FIRST_LAYER[1]]
+    after = [r for r in reports if r.iteration > events["sibling killed"]]
+    assert after, events
+    tail = after[len(after) // 2 :]  # the reload has long happened by then
+    assert all(r.used_workers == [node0] and node0 not in r.failed_workers for r in tail), [
+        (r.iteration, list(r.used_workers), list(r.failed_workers)) for r in tail if r.used_workers != [node0]
+    ]
+    assert node1 not in tail[-1].used_workers

@@ -513,7 +513,9 @@ async def test_parent_accepts_only_the_jobs_message_dtype_from_children() -> Non
             await stop_worker(child)
 
 
-async def test_end_job_during_parent_sleep_never_asks_the_children() -> None:
+async def test_a_parent_asks_its_children_before_its_own_delay_and_end_job_during_it_aborts() -> None:
+    """The parent's emulated delay never holds up its children: they are asked at once; EndJob during
+    the delay still aborts the call and closes the parent role."""
     async with asyncio.timeout(TEST_TIMEOUT):
         partitions = make_partitions(2)
         child, parent = _ChildWorker(), WorkerServicer()
@@ -525,11 +527,12 @@ async def test_end_job_during_parent_sleep_never_asks_the_children() -> None:
             async with grpc.aio.insecure_channel(served_parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 call = asyncio.create_task(_status(stub.Compute(_request("tree", 0, (0,), random_params()))))
-                await _wait_until(lambda: 0 in runtime.active)  # the parent is sleeping
+                await _wait_until(lambda: 0 in runtime.active and child.compute_calls == 1)  # asked; parent sleeps 60 s
+                assert not call.done()
                 await stub.EndJob(worker_pb2.EndJobRequest(job_id="tree"))
                 error = await call
             assert error.code() == grpc.StatusCode.ABORTED and "was abandoned" in error.details()
-            assert runtime.parent.closed and child.compute_calls == 0
+            assert runtime.parent.closed and child.compute_calls == 1
         finally:
             await stop_worker(served_parent)
             await stop_worker(served_child)

@@ -79,6 +79,11 @@ class MasterStub:
                 request_serializer=gradcode_dot_v1_dot_master__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_master__pb2.ListJobsReply.FromString,
                 _registered_method=True)
+        self.ResumeJob = channel.unary_unary(
+                '/gradcode.v1.Master/ResumeJob',
+                request_serializer=gradcode_dot_v1_dot_master__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -142,6 +147,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeJob(self, request, context):
+        """Go on with a job from its last checkpoint: the one in this master's state directory, or one
+        sent in the request (a checkpoint file written by another master).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +202,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=gradcode_dot_v1_dot_master__pb2.ListJobsRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_master__pb2.ListJobsReply.SerializeToString,
+            ),
+            'ResumeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeJob,
+                    request_deserializer=gradcode_dot_v1_dot_master__pb2.ResumeJobRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_master__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -434,6 +452,33 @@ class Master:
             '/gradcode.v1.Master/ListJobs',
             gradcode_dot_v1_dot_master__pb2.ListJobsRequest.SerializeToString,
             gradcode_dot_v1_dot_master__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Master/ResumeJob',
+            gradcode_dot_v1_dot_master__pb2.ResumeJobRequest.SerializeToString,
+            gradcode_dot_v1_dot_master__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,

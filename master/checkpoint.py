@@ -1,0 +1,170 @@
+"""Durable jobs: a job's checkpoint, written atomically to the master's state directory.
+
+A :class:`Checkpoint` holds everything a job needs to go on exactly where it was: the normalised
+spec (the code, partitions, dataset and straggler model are rebuilt from it, all seeded), the
+iteration committed last, the optimizer's state (parameters, Nesterov's look-ahead point and step
+count) and the :class:`~gradcode.common.codes.base.Observation` the next assignment of a dynamic code
+uses. The master keeps no other random state: every draw is a pure function of the spec's seeds.
+
+The file is ``<state_dir>/<job_id>.ckpt.npz``: numpy arrays (no pickles) plus a JSON header. It is
+written to a temporary file in the same directory, fsynced, renamed over the old one and the
+directory fsynced, so a crash at any moment leaves either the old checkpoint or the new one, whole.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradcode.common.codes.base import Observation
+from gradcode.master.optimizer import Optimizer, make_optimizer
+from gradcode.v1 import master_pb2
+
+__all__ = ["CHECKPOINT_SUFFIX", "FORMAT", "Checkpoint", "CheckpointError", "checkpoint_path", "saved_checkpoints"]
+
+CHECKPOINT_SUFFIX = ".ckpt.npz"
+FORMAT = "gradcode-checkpoint-1"
+"""The header's ``format``; a file with another format is refused."""
+_RESUMABLE = ("running", "cancelled", "failed")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or resumed; the message says why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One job's state after ``iteration`` committed iterations."""
+
+    spec: master_pb2.JobSpec
+    iteration: int
+    optimizer: Optimizer
+    observation: Observation | None
+    state: str = "running"
+    """``running`` while the job goes on (or when the master stopped under it), else its final state
+    (``succeeded``, ``failed``, ``cancelled``); a restarted master resumes only ``running`` ones."""
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def resumable(self) -> bool:
+        """Whether ``gradcode resume`` may go on from here (a succeeded job has nothing left to do)."""
+        return self.state in _RESUMABLE and self.iteration < self.spec.iterations
+
+    # ---- bytes -------------------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        opt = self.optimizer
+        header = {
+            "format": FORMAT,
+            "job_id": self.job_id,
+            "iteration": self.iteration,
+            "state": self.state,
+            "optimizer": {
+                "kind": opt.kind,
+                "steps": opt.steps,
+                "learning_rate": opt.learning_rate,
+                "momentum": float(getattr(opt, "momentum", 0.0)),
+            },
+            "observation": None if self.observation is None else {"straggling": list(self.observation.straggling)},
+        }
+        arrays: dict[str, np.ndarray[Any, Any]] = {f"optimizer.{k}": v for k, v in opt.state_arrays().items()}
+        if self.observation is not None:
+            arrays["observation.speed"] = np.asarray(self.observation.speed, dtype=np.float64)
+        buffer = io.BytesIO()
+        arrays["header"] = np.array(json.dumps(header))
+        arrays["spec"] = np.frombuffer(self.spec.SerializeToString(), dtype=np.uint8)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types allow_pickle only
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "checkpoint") -> Checkpoint:
+        """Parse a checkpoint file's contents; CheckpointError says what is wrong with it."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                header = json.loads(str(npz["header"]))
+                if not isinstance(header, dict) or header.get("format") != FORMAT:
+                    found = header.get("format") if isinstance(header, dict) else header
+                    raise CheckpointError(f"{source} has format {found!r}; this master reads {FORMAT!r}.")
+                spec = master_pb2.JobSpec.FromString(npz["spec"].tobytes())
+                arrays = {k.removeprefix("optimizer."): npz[k] for k in npz.files if k.startswith("optimizer.")}
+                speed = npz["observation.speed"] if "observation.speed" in npz.files else None
+                opt_header = header["optimizer"]
+                optimizer = make_optimizer(
+                    str(opt_header["kind"]),
+                    arrays["params"],
+                    learning_rate=float(opt_header["learning_rate"]),
+                    momentum=float(opt_header["momentum"]),
+                )
+                optimizer.restore_state(arrays, steps=int(opt_header["steps"]))
+                observed = header["observation"]
+                observation = (
+                    None
+                    if observed is None
+                    else Observation(
+                        straggling=tuple(bool(v) for v in observed["straggling"]),
+                        speed=tuple(float(v) for v in (speed if speed is not None else ())),
+                    )
+                )
+                return cls(
+                    spec=spec,
+                    iteration=int(header["iteration"]),
+                    optimizer=optimizer,
+                    observation=observation,
+                    state=str(header["state"]),
+                )
+        except CheckpointError:
+            raise
+        except Exception as exc:  # a truncated or foreign file: say which and why
+            why = f"{type(exc).__name__}: {exc}"
+            raise CheckpointError(f"{source} is not a readable gradcode checkpoint: {why}") from None
+
+    # ---- files -------------------------------------------------------------------------------------
+    def save(self, state_dir: Path) -> Path:
+        """Write atomically to ``<state_dir>/<job_id>.ckpt.npz`` (temp file, fsync, rename, fsync dir)."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        final = checkpoint_path(state_dir, self.job_id)
+        data = self.to_bytes()
+        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f".{self.job_id}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        directory = os.open(state_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return final
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {exc.strerror or exc}.") from None
+        return cls.from_bytes(data, source=f"Checkpoint {str(path)!r}")
+
+
+def checkpoint_path(state_dir: Path, job_id: str) -> Path:
+    return Path(state_dir) / f"{job_id}{CHECKPOINT_SUFFIX}"
+
+
+def saved_checkpoints(state_dir: Path) -> list[Path]:
+    """The checkpoint files in ``state_dir``, by name (none when it does not exist yet)."""
+    if not Path(state_dir).is_dir():
+        return []
+    return sorted(Path(state_dir).glob(f"*{CHECKPOINT_SUFFIX}"))

@@ -1,0 +1,115 @@
+"""Every node of a CodedReduce tree stays in the job (real gRPC servers in one process).
+
+The tree is n = 2, s = 1, L = 2: worker indices 0 and 1 are the first layer, 2 and 3 the children of
+0, 4 and 5 the children of 1 (see ``tests/e2e/test_tree.py``). The workers are listed to the master
+(``--workers``) and never register, so the master learns that a deeper node restarted only from its
+parent, which names the children that answered NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from gradcode.common.wire import struct_from_dict
+from gradcode.master.node import MasterNode
+from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
+from gradcode.worker.node import WorkerNode
+from tests.helpers import fixed_delay
+from tests.master.test_master_node import SAMPLES, TIMEOUT
+
+TREE = {"n": 2, "s": 1, "L": 2}
+
+
+def _tree_spec(ids: list[int], iterations: int, straggler: common_pb2.StragglerSpec) -> master_pb2.JobSpec:
+    return master_pb2.JobSpec(
+        code=common_pb2.CodeSpec(name="coded_reduce", params=struct_from_dict(TREE)),
+        dataset=master_pb2.DatasetSpec(name="digits", num_samples=SAMPLES),
+        optimizer=master_pb2.OptimizerSpec(kind="gd", learning_rate=0.5),
+        iterations=iterations, worker_ids=ids, verify=True, iteration_deadline_seconds=30.0, straggler=straggler,
+    )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _static_tree() -> AsyncIterator[tuple[list[WorkerNode], master_pb2_grpc.MasterStub, list[int]]]:
+    """Six workers that never register, a master that lists them, and their pool ids in worker order."""
+    workers = [WorkerNode(grace=0.2) for _ in range(6)]
+    try:
+        for w in workers:
+            await w.start()
+        addresses = [w.address for w in workers]
+        async with contextlib.AsyncExitStack() as stack:
+            master = await stack.enter_async_context(MasterNode(workers=addresses, grace=0.2))
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
+            stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+            while True:
+                listed = (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+                by_address = {w.address: w for w in listed}
+                if all(a in by_address and by_address[a].state == master_pb2.WORKER_STATE_UP for a in addresses):
+                    break
+                await asyncio.sleep(0.02)
+            yield workers, stub, [by_address[a].worker_id for a in addresses]
+    finally:
+        for w in workers:
+            await w.shutdown()
+
+
+async def test_a_restarted_deeper_node_is_reloaded_through_its_parent_and_used_again() -> None:
+    """Leaf 2 restarts (same port, empty); then its sibling leaf 3 stops for good. First-layer node 1
+    is a 0.3 s straggler, so node 0 answers first whenever it can, and from then on it can only with
+    leaf 2 back in the job: the master must have reloaded leaf 2 on its parent's word."""
+    async with asyncio.timeout(TIMEOUT * 3), _static_tree() as (workers, stub, ids):
+        iterations = 40
+        spec = _tree_spec(ids, iterations, fixed_delay(0.3, workers=[1]))
+        info = await stub.CreateJob(spec)
+        events: dict[str, int] = {}
+        reports = []
+        async for report in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)):
+            reports.append(report)
+            if "restarted" not in events and report.iteration >= 3:
+                port = int(workers[2].address.rpartition(":")[2])
+                await workers[2].shutdown()
+                workers[2] = WorkerNode(port=port, grace=0.2)
+                await workers[2].start()
+                events["restarted"] = int(report.iteration)
+            elif "sibling stopped" not in events and report.iteration > events.get("restarted", iterations):
+                await workers[3].shutdown()
+                events["sibling stopped"] = int(report.iteration)
+        final = await stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id))
+    assert final.state == master_pb2.JOB_STATE_SUCCEEDED, final.message
+    assert all(r.exact and 0 <= r.verify_error <= 1e-9 for r in reports)
+    after = [r for r in reports if r.iteration > events["sibling stopped"]]
+    assert len(after) >= 20, events
+    # Leaf 2's parent may first learn that it lost the job in the iteration the sibling is gone (while
+    # the sibling answered, the parent needed only one child): node 0 fails then, until the reload is done.
+    failed = [r.iteration for r in after if ids[0] in r.failed_workers]
+    tail = after[len(after) // 2 :]
+    assert len(failed) <= 3 and all(list(r.used_workers) == [ids[0]] for r in tail), [
+        (r.iteration, list(r.used_workers), list(r.failed_workers)) for r in after if list(r.used_workers) != [ids[0]]
+    ]
+
+
+async def test_a_parents_own_delay_does_not_hold_up_its_children() -> None:
+    """First-layer node 0 sleeps 600 s per iteration; its children are still asked at once and compute
+    while it sleeps (until the master, decoding from node 1, cancels node 0 and with it their calls).
+    A parent that slept before asking would never have asked them."""
+    async with asyncio.timeout(TIMEOUT * 3), _static_tree() as (workers, stub, ids):
+        computed: dict[int, set[int]] = {2: set(), 3: set()}
+
+        def observer(leaf: int) -> Any:
+            return lambda job_id, iteration, partition: computed[leaf].add(iteration)
+
+        for leaf in computed:
+            workers[leaf].servicer.on_partition = observer(leaf)
+        iterations = 5
+        info = await stub.CreateJob(_tree_spec(ids, iterations, fixed_delay(600.0, workers=[0])))
+        reports = [r async for r in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id))]
+        final = await stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id))
+    assert final.state == master_pb2.JOB_STATE_SUCCEEDED, final.message
+    assert all(list(r.used_workers) == [ids[1]] for r in reports)
+    assert set().union(*computed.values()) <= set(range(1, iterations + 1))
+    assert any(computed.values()), "node 0's children never computed while it slept"
