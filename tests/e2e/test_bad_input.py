@@ -10,19 +10,18 @@ the reason and the worker, and fails the job at its deadline instead of using a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
-from gradcode.common.models import make_model, message_length
 from gradcode.common.serving import start_server
-from gradcode.common.wire import message_chunks, tensor_from_array
+from gradcode.common.wire import tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
-from tests.helpers import fixed_delay
+from tests.helpers import HostileWorker, Mangle, fixed_delay
 
 pytestmark = pytest.mark.e2e
 
@@ -242,43 +241,6 @@ async def until_started(stub: Any, job_id: str, iteration: int) -> None:
 
 
 # ---- bad gradient chunks reaching the master ----------------------------------------------------
-Mangle = Callable[[worker_pb2.GradientChunk], None]
-
-
-class HostileWorker(worker_pb2_grpc.WorkerServicer):
-    """Accepts any job, then answers Compute with chunks altered by ``mangle`` (or of a wrong length)."""
-
-    def __init__(self, mangle: Mangle, extra_elements: int = 0) -> None:
-        self.mangle = mangle
-        self.extra_elements = extra_elements
-        self.num_params = 0
-        self.computes = 0
-
-    async def LoadJob(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: Any) -> Any:  # noqa: N802
-        async for chunk in request_iterator:
-            if chunk.HasField("setup"):
-                setup = chunk.setup
-        spec = setup.model
-        model = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes)
-        self.length = message_length(model, statistics=setup.append_statistics)
-        return worker_pb2.LoadJobReply(job_id=setup.job_id, worker_id=setup.worker_id)
-
-    async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        self.computes += 1
-        vector = np.zeros(self.length + self.extra_elements)
-        for chunk in message_chunks(
-            vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, row=request.rows[0]
-        ):
-            self.mangle(chunk)
-            yield chunk
-
-    async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
-        return worker_pb2.EndJobReply()
-
-    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
-        return worker_pb2.HelloReply()
-
-
 def _stale(c: worker_pb2.GradientChunk) -> None:
     c.iteration -= 1
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from gradcode.common.models import make_model, message_length
 from gradcode.common.serving import ServingHandle, start_server
-from gradcode.common.wire import array_from_tensor, message_chunks
+from gradcode.common.wire import array_from_tensor
 from gradcode.master.integrity import QUARANTINE_AFTER
-from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.v1 import master_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.e2e.test_training import centralized_gd
+from tests.helpers import HostileWorker
 
 pytestmark = pytest.mark.e2e
 
@@ -36,40 +35,9 @@ def cluster5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-class WrongValuesWorker(worker_pb2_grpc.WorkerServicer):
-    """Accepts any job, then answers every Compute at once with a well-formed, CRC-valid message of 1e3s."""
-
-    def __init__(self) -> None:
-        self.length = 0
-        self.computes = 0
-
-    async def LoadJob(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: Any) -> Any:  # noqa: N802
-        async for chunk in request_iterator:
-            if chunk.HasField("setup"):
-                setup = chunk.setup
-        spec = setup.model
-        model = make_model(spec.kind, num_features=spec.num_features, num_classes=spec.num_classes)
-        self.length = message_length(model, statistics=setup.append_statistics)
-        return worker_pb2.LoadJobReply(job_id=setup.job_id, worker_id=setup.worker_id)
-
-    async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        self.computes += 1
-        vector = np.full(self.length, 1e3)
-        for chunk in message_chunks(
-            vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, row=request.rows[0]
-        ):
-            yield chunk
-
-    async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
-        return worker_pb2.EndJobReply()
-
-    async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
-        return worker_pb2.HelloReply()
-
-
-async def _with_hostile(cluster: Cluster) -> tuple[WrongValuesWorker, ServingHandle, list[int]]:
+async def _with_hostile(cluster: Cluster) -> tuple[HostileWorker, ServingHandle, list[int]]:
     """Start and register the hostile worker; the job's six pool ids with it at HOSTILE_INDEX."""
-    hostile = WrongValuesWorker()
+    hostile = HostileWorker(value=1e3)  # well-formed, CRC-valid messages of 1e3s
     handle = await start_server(
         "127.0.0.1",
         0,
