@@ -1,1 +1,1 @@
-"""Benchmarks: each prints a table and saves JSON and a PNG figure under bench/results/."""
+"""Benchmarks: each prints a table and saves JSON and a PNG figure (:mod:`gradcode.bench.output`)."""

@@ -27,7 +27,6 @@ Prints a table and saves ``decode.json`` and ``decode.png`` in ``bench/results/`
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from gradcode.bench.output import RESULTS, save
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
@@ -47,7 +47,6 @@ from gradcode.common.codes.reed_solomon import (
     encoding_matrix,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = (10, 20, 40, 80, 160, 320, 640, 1280)
 QUICK_SIZES = (10, 20)
 FULL_COMBINE = ((100_000, (8, 64, 256)), (1_000_000, (8, 32, 64)))
@@ -234,10 +233,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     print(_format_coefficients(coefficients))
     print()
     print(_format_combine(combine))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.json").write_text(json.dumps(results, indent=2) + "\n")
-    _plot(coefficients, combine, out / "decode.png")
-    print(f"\nSaved {out / 'decode.json'} and {out / 'decode.png'}")
+    save(results, out, "decode", lambda path: _plot(coefficients, combine, path))
     return results
 
 

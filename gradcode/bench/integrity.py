@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -34,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
-RESULTS = Path(__file__).resolve().parent / "results"
 START_TIMEOUT = 120.0
 POLICIES = ("off", "detect", "locate")
 N, S = 6, 2
@@ -50,10 +49,6 @@ STRAGGLERS: dict[str, dict[str, Any]] = {
 """Delay models (common.stragglers) and their parameters: none; s random workers 100 ms slow every
 iteration (Tandon et al., Fig. 4); 5 ms + Exp(mean 20 ms) per worker; Pareto with t0 = 10 ms, shape 1.5."""
 
-
-def load_average() -> list[float]:
-    """The machine's 1, 5 and 15 minute load averages (``/proc/loadavg``)."""
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 async def _job(client: GradcodeClient, straggler: str, policy: str, iterations: int, seed: int) -> dict[str, Any]:
@@ -190,10 +185,7 @@ def run(*, rounds: int, iterations: int, out: Path) -> dict[str, Any]:
     }
     print()
     print(format_table(summary))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "integrity.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, out / "integrity.png")
-    print(f"Saved {out / 'integrity.json'} and {out / 'integrity.png'} ({results['seconds']:.0f} s)")
+    save(results, out, "integrity", lambda path: plot(results, path))
     return results
 
 

@@ -19,13 +19,13 @@ shows the error the guard measured or certified, so the table says *why*. Prints
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
@@ -36,7 +36,6 @@ from gradcode.common.codes.numerics import (
 from gradcode.common.codes.registry import available_codes, code_class, make_code
 from gradcode.common.exceptions import NumericallyUnsafeError
 
-RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = 32
 SPREAD_ORDERS = 6.0
 MEASURED_ONLY_CYCLIC = "cyclic[measured guard only]"
@@ -47,12 +46,6 @@ def stragglers_for(n: int, fraction: float) -> int:
     target = max(1, int(n * fraction))
     return max(s for s in range(1, target + 1) if n % (s + 1) == 0) if n >= 2 else 0
 
-
-def load_average() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "unavailable"
 
 
 def _decode(code: GradientCode, workers: list[int], g: np.ndarray) -> tuple[float, float]:
@@ -207,11 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results, args.sizes))
     load_after = load_average()
     print(f"/proc/loadavg before: {load_before}; after: {load_after}")
-    args.out.mkdir(parents=True, exist_ok=True)
     document = {"loadavg_before": load_before, "loadavg_after": load_after, "results": results}
-    (args.out / "numerics.json").write_text(json.dumps(document, indent=1))
-    plot(results, args.out / "numerics.png")
-    print(f"saved {args.out / 'numerics.json'} and {args.out / 'numerics.png'}")
+    save(document, args.out, "numerics", lambda path: plot(results, path))
     return 0
 
 

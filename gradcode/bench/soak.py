@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -32,10 +31,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.client.launch import ServiceProcess
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
-RESULTS = Path(__file__).resolve().parent / "results"
 JOB_ITERATIONS = 20
 
 
@@ -104,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 2:
         parser.error(f"--workers must be at least 2 (cyclic with s = 1), not {args.workers}.")
     seconds, max_jobs = (60.0, 4) if args.quick else (args.minutes * 60, 10**9)
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    load_before = load_average()
     metrics_port = _free_port()
     processes: list[ServiceProcess] = []
     with tempfile.TemporaryDirectory(prefix="gradcode-soak-") as tmp:
@@ -128,12 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             for p in processes:
                 p.stop()
-    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    load_after = load_average()
 
     first_half, second_half = growth_per_100_jobs(samples)
     print(f"Master memory over {samples[-1]['job']} back-to-back jobs ({samples[-1]['seconds']:.0f} s, "
-          f"{args.workers} workers, {JOB_ITERATIONS} iterations each); load {' '.join(load_before)} -> "
-          f"{' '.join(load_after)}")  # fmt: skip
+          f"{args.workers} workers, {JOB_ITERATIONS} iterations each); load {load_before} -> {load_after}")  # fmt: skip
     print(f"{'job':>6} {'seconds':>8} {'RSS MiB':>8} {'jobs held':>9}")
     picks = sorted({round(i * (len(samples) - 1) / 10) for i in range(11)})
     for s in (samples[i] for i in picks):
@@ -142,19 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     median_rss = statistics.median(s["rss_bytes"] for s in samples) / 2**20
     print(f"median RSS {median_rss:.1f} MiB")
 
-    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "quick": args.quick, "workers": args.workers, "job_iterations": JOB_ITERATIONS, "samples": samples,
         "growth_per_100_jobs_bytes": {"first_half": first_half, "second_half": second_half},
         "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count(),
     }  # fmt: skip
-    (args.out / "soak.json").write_text(json.dumps(result, indent=1))
-    _plot(samples, args.out / "soak.png", load_before, load_after)
-    print(f"saved {args.out / 'soak.json'} and {args.out / 'soak.png'}")
+    save(result, args.out, "soak", lambda path: _plot(samples, path, load_before, load_after))
     return 0
 
 
-def _plot(samples: Sequence[dict[str, Any]], path: Path, load_before: list[str], load_after: list[str]) -> None:
+def _plot(samples: Sequence[dict[str, Any]], path: Path, load_before: list[float], load_after: list[float]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,7 +157,7 @@ def _plot(samples: Sequence[dict[str, Any]], path: Path, load_before: list[str],
 
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot([s["job"] for s in samples], [s["rss_bytes"] / 2**20 for s in samples], marker=".", label="master RSS")
-    load = f"load {' '.join(load_before)} → {' '.join(load_after)}"
+    load = f"load {load_before} → {load_after}"
     ax.set(xlabel="jobs finished", ylabel="resident memory (MiB)", title=f"Master memory, back-to-back jobs ({load})")
     held = ax.twinx()
     held.plot([s["job"] for s in samples], [s["jobs_held"] for s in samples], color="tab:gray", alpha=0.5)

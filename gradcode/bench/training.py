@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import math
 import multiprocessing
 import os
@@ -64,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.data import load_dataset, partition_indices
@@ -73,7 +73,6 @@ from gradcode.v1 import master_pb2
 
 __all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMES = ("uncoded", "fractional", "cyclic", "reed_solomon", "binary")
 ALLREDUCE = "allreduce"
 """The torch.distributed (gloo) baseline's name in the tables."""
@@ -123,10 +122,6 @@ class Workload:
 FULL = Workload(num_samples=30_000, num_features=2000, n=6, iterations=100)
 QUICK = Workload(num_samples=1500, num_features=40, n=6, iterations=10)
 
-
-def load_average() -> list[float]:
-    """The machine's 1, 5 and 15 minute load averages (``/proc/loadavg``)."""
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
 def step_size(X: np.ndarray[Any, Any], iterations: int = 30) -> float:
@@ -623,10 +618,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     print()
     print(format_tables(summary, systems))
     print(f"\nWorst verified relative gradient error per scheme: {raw['verify_max_error']}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "training.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, out / "training.png")
-    print(f"Saved {out / 'training.json'} and {out / 'training.png'} ({results['seconds']:.0f} s)")
+    save(results, out, "training", lambda path: plot(results, path))
     return results
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import multiprocessing
 import os
@@ -72,6 +71,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.serving import reuse_large_buffers
@@ -91,7 +91,6 @@ from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["main", "run"]
 
-RESULTS = Path(__file__).resolve().parent / "results"
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -809,7 +808,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
         },
         "quick": quick,
         "repeats": repeats,
-        "load_average_after": list(os.getloadavg()),
+        "load_average_after": load_average(),
         "streaming": stream_rows,
         "chunk_sweep": sweep,
         "iteration": iteration,
@@ -820,10 +819,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     print(_format_chunks(sweep))
     print()
     print(_format_iterations(iteration))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "transport.json").write_text(json.dumps(results, indent=2) + "\n")
-    _plot(results, out / "transport.png")
-    print(f"\nSaved {out / 'transport.json'} and {out / 'transport.png'} ({results['seconds']:.0f} s)")
+    save(results, out, "transport", lambda path: _plot(results, path))
     return results
 
 
