@@ -85,10 +85,13 @@ async def test_a_restarted_deeper_node_is_reloaded_through_its_parent_and_used_a
     after = [r for r in reports if r.iteration > events["sibling stopped"]]
     assert len(after) >= 20, events
     # Leaf 2's parent may first learn that it lost the job in the iteration the sibling is gone (while
-    # the sibling answered, the parent needed only one child): node 0 fails then, until the reload is done.
-    failed = [r.iteration for r in after if ids[0] in r.failed_workers]
+    # the sibling answered, the parent needed only one child): node 0 fails then, until the reload is
+    # done (how many iterations that takes depends on scheduling). Once node 0 is used again it never
+    # fails again: leaf 2 is back in the job for good.
+    back = next(r.iteration for r in after if list(r.used_workers) == [ids[0]])
+    assert not [r.iteration for r in after if r.iteration > back and ids[0] in r.failed_workers]
     tail = after[len(after) // 2 :]
-    assert len(failed) <= 3 and all(list(r.used_workers) == [ids[0]] for r in tail), [
+    assert back <= tail[0].iteration and all(list(r.used_workers) == [ids[0]] for r in tail), [
         (r.iteration, list(r.used_workers), list(r.failed_workers)) for r in after if list(r.used_workers) != [ids[0]]
     ]
 
