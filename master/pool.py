@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,38 +112,6 @@ def worker_address(address: str) -> str:
     return format_address(host, port)
 
 
-class _SerializedRequests:
-    """A channel whose methods also accept an already serialized request (bytes), for the generated stub.
-
-    The master serializes the model once per iteration and prepends each worker's small fields
-    (protobuf concatenation merges messages) instead of serializing the model once per worker; the
-    generated :class:`WorkerStub` then sends those bytes as they are. Requests given as messages are
-    serialized as usual.
-    """
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._channel = channel
-
-    @staticmethod
-    def _serializer(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
-        def serializer(request: Any) -> bytes:
-            if isinstance(request, bytes):
-                return request
-            return serialize(request) if serialize is not None else bytes(request)
-
-        return serializer
-
-    def unary_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
-        return self._channel.unary_unary(method, request_serializer=self._serializer(request_serializer), **kwargs)
-
-    def unary_stream(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
-        return self._channel.unary_stream(method, request_serializer=self._serializer(request_serializer), **kwargs)
-
-    def stream_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
-        return self._channel.stream_unary(method, request_serializer=self._serializer(request_serializer), **kwargs)
-
-    def stream_stream(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
-        return self._channel.stream_stream(method, request_serializer=self._serializer(request_serializer), **kwargs)
 def _check_label(name: str, instance_id: str) -> None:
     if len(name) > MAX_NAME_CHARS or not name.isprintable():
         raise ValueError(f"Worker name {short(name)} must be at most {MAX_NAME_CHARS} printable characters.")
@@ -179,7 +147,7 @@ class PoolWorker:
             self.channel = self.security.channel(
                 self.address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS
             )
-            self._stub = worker_pb2_grpc.WorkerStub(_SerializedRequests(self.channel))  # type: ignore[no-untyped-call]
+            self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, ReceivedChunk]:
