@@ -24,20 +24,13 @@ from typing import Any, TextIO
 import numpy as np
 from google.protobuf import json_format
 
-from gradcode.common.models import Model, TrainingMetrics
+from gradcode.common.models import TrainingMetrics
 from gradcode.common.round import Decoded, Round
 from gradcode.common.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
-__all__ = ["Evaluation", "History", "evaluate", "failure_report", "iteration_report", "regularised_loss"]
-
-
-def regularised_loss(
-    model: Model, params: np.ndarray[Any, Any], X: np.ndarray[Any, Any], y: np.ndarray[Any, Any], l2: float
-) -> float:
-    """The objective the optimizer minimises: mean loss plus ``l2 / 2 * ||params||^2``."""
-    return model.loss(params, X, y) / max(len(y), 1) + 0.5 * l2 * float(params @ params)
+__all__ = ["Evaluation", "History", "evaluate", "failure_report", "iteration_report"]
 
 
 @dataclass(frozen=True)
