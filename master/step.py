@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gradcode.common.codes.numerics import relative_error
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.round import Decoded
 from gradcode.master.optimizer import Optimizer, mean_gradient
@@ -41,7 +42,7 @@ async def verify_error(
         return -1.0
     central = await asyncio.to_thread(plan.model.gradient, point, plan.dataset.X_train, plan.dataset.y_train)
     vector = np.asarray(gradient_sum, dtype=np.float64)
-    error = float(np.linalg.norm(vector - central) / max(float(np.linalg.norm(central)), 1e-300))
+    error = relative_error(vector, central)
     if decoded.exact and not error <= plan.tolerance:
         raise JobFailedError(
             f"Iteration {t}: the decoded gradient differs from the centralized one by relative error "
@@ -57,7 +58,7 @@ def stepped(
     """A copy of ``optimizer`` stepped with the decoded gradient (mean plus L2 term), and its new parameters."""
     vector = np.asarray(gradient_sum, dtype=np.float64)
     gradient = mean_gradient(vector, point, num_samples=plan.dataset.num_train, l2=plan.spec.model.l2)
-    new = copy.deepcopy(optimizer)
+    new = copy.copy(optimizer)  # steps rebind the state arrays (Optimizer._step): no array is copied
     try:
         params = new.step(gradient)
     except ValueError as exc:
