@@ -259,7 +259,7 @@ class JobRunner:
             report, params = self._commit(t, gathered)
             outgoing = _Outgoing(report)
             if t % self.plan.evaluate_every == 0 or t == last:
-                outgoing.snapshot = (copy.deepcopy(self.optimizer), t)
+                outgoing.snapshot = (copy.copy(self.optimizer), t)  # a snapshot: steps rebind, never mutate
                 outgoing.evaluation = asyncio.get_running_loop().create_task(
                     self._evaluate(outgoing, params), name=f"job-{self.job_id}-evaluate-{t}"
                 )
@@ -355,7 +355,7 @@ class JobRunner:
         started = time.perf_counter()
         code = self.plan.code
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
-        point = self.optimizer.point.copy()
+        point = self.optimizer.point  # never written into: a step rebinds the optimizer's arrays
         model_bytes = model_request_bytes(point)
         round_ = await self.rounds.run(t, assignment, model_bytes, started=started, job_started=self._started)
         decoded = round_.decode()

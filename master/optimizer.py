@@ -83,7 +83,9 @@ class Optimizer(ABC):
         return self._params
 
     @abstractmethod
-    def _step(self, gradient: FloatArray) -> None: ...
+    def _step(self, gradient: FloatArray) -> None:
+        """Advance by one step, rebinding the state arrays to new ones and never writing into them: a
+        shallow copy of an optimizer (``copy.copy``) is then a snapshot that later steps leave alone."""
 
     def state_arrays(self) -> dict[str, FloatArray]:
         """The arrays that, with :attr:`steps`, are this optimizer's whole state (for checkpoints)."""
