@@ -28,11 +28,9 @@ gradcode's worker r does.
   the last needed message to the applied step, as the master measures it).
 * *Training loss against wall-clock* under Pareto delays (scale 0.05 s, shape 1.5) for 100
   iterations, and each system's time to get within 1% of the loss that 100 uncoded iterations reach.
-  The loss is the regularised training loss each system reports per iteration: gradcode's report,
-  and for the baseline the same quantity — today the loss at the parameters after each step,
-  evaluated after the run on the parameters rank 0 recorded (off the clock); once the master decodes
-  coded training statistics (:data:`MASTER_REPORTS_POINT_LOSS`), the loss at the evaluated point,
-  which the baseline all-reduces with its gradient.
+  The loss is the regularised training loss each system reports per iteration at the point its
+  gradient was evaluated (the Nesterov look-ahead): gradcode's master decodes it from the workers'
+  coded statistics, and the baseline all-reduces the same statistics with its gradient.
 
 Runs are interleaved: every round runs each configuration's systems one after the other (A, B, C, …)
 and the rounds repeat (A, B, …, A, B, …); figures are medians over rounds. ``/proc/loadavg`` is
@@ -56,7 +54,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +67,6 @@ from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.data import load_dataset, partition_indices
 from gradcode.common.models import make_model
 from gradcode.common.serving import BLAS_THREAD_VARIABLES
-from gradcode.v1 import master_pb2
 
 __all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
 
@@ -89,11 +86,6 @@ QUICK_ROUNDS = 1
 PARETO = {"shape": 1.5, "scale": 0.05}
 LOSS_TOLERANCE = 0.01
 """Time to target = first moment a system's loss is within 1% of the loss 100 uncoded iterations reach."""
-MASTER_REPORTS_POINT_LOSS = "evaluate_every" in master_pb2.JobSpec.DESCRIPTOR.fields_by_name
-"""Whether the master has the coded-statistics mode (its JobSpec has ``evaluate_every``): its report of
-iteration t then carries the training loss at the point the workers evaluated (the Nesterov look-ahead),
-decoded from their messages, and the baseline reports the same quantity (from its all-reduced
-statistics). Before, the master reports the loss at the parameters after step t, and so does the baseline."""
 
 START_TIMEOUT = 120.0
 RUN_TIMEOUT = 1800.0
@@ -121,7 +113,6 @@ class Workload:
 
 FULL = Workload(num_samples=30_000, num_features=2000, n=6, iterations=100)
 QUICK = Workload(num_samples=1500, num_features=40, n=6, iterations=10)
-
 
 
 def step_size(X: np.ndarray[Any, Any], iterations: int = 30) -> float:
@@ -256,7 +247,7 @@ def _allreduce_rank(
             optimizer = make_optimizer("nesterov", model.init_params(), learning_rate=workload.learning_rate)
             dist.barrier()
             started = time.perf_counter()
-            elapsed, params, point_losses = [], [], []
+            elapsed, losses = [], []
             for t in range(1, command["iterations"] + 1):
                 time.sleep(max(0.0, delays.delay(rank, t)))
                 point = optimizer.point
@@ -266,10 +257,9 @@ def _allreduce_rank(
                 optimizer.step(mean_gradient(metrics.gradient, point, num_samples=len(y_all), l2=workload.l2))
                 if rank == 0:  # the loss at the point the gradient was evaluated at, as gradcode reports it
                     elapsed.append(time.perf_counter() - started)
-                    params.append(optimizer.params.copy())
-                    point_losses.append(metrics.loss)
+                    losses.append(metrics.loss)
             if rank == 0:
-                connection.send({"elapsed_s": elapsed, "params": np.stack(params), "point_loss": point_losses})
+                connection.send({"elapsed_s": elapsed, "loss": losses})
     finally:
         dist.destroy_process_group()
 
@@ -313,9 +303,7 @@ class AllreducePool:
         self._pipe.close()
 
 
-def _allreduce_run(
-    pool: AllreducePool, delays: Delays, iterations: int, loss: Callable[[np.ndarray[Any, Any]], float]
-) -> dict[str, Any]:
+def _allreduce_run(pool: AllreducePool, delays: Delays, iterations: int) -> dict[str, Any]:
     load_before = load_average()
     result = pool.run(delays, iterations)
     load_after = load_average()
@@ -329,7 +317,7 @@ def _allreduce_run(
         "tail_s": math.nan,
         "decode_s": math.nan,
         "elapsed_s": elapsed,
-        "loss": result["point_loss"] if MASTER_REPORTS_POINT_LOSS else [loss(p) for p in result["params"]],
+        "loss": list(result["loss"]),
         "exact": True,
         "load_before": load_before,
         "load_after": load_after,
@@ -381,9 +369,7 @@ class _Clusters:
         self._client, self._cluster = None, None
 
 
-async def _experiments(
-    workload: Workload, quick: bool, run_dir: Path, data_dir: Path, loss: Callable[[np.ndarray[Any, Any]], float]
-) -> dict[str, Any]:
+async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir: Path) -> dict[str, Any]:
     delays_grid = QUICK_DELAYS if quick else FULL_DELAYS
     stragglers = QUICK_STRAGGLERS if quick else FULL_STRAGGLERS
     rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
@@ -400,7 +386,7 @@ async def _experiments(
 
         async def one(system: str, s: int, delays: Delays, iterations: int) -> dict[str, Any]:
             if system == ALLREDUCE:
-                return await asyncio.to_thread(_allreduce_run, pool, delays, iterations, loss)
+                return await asyncio.to_thread(_allreduce_run, pool, delays, iterations)
             return await _gradcode_run(await clusters.client(), workload, system, s, delays, iterations)
 
         for round_ in range(rounds):
@@ -559,7 +545,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _prepare_data(workload: Workload, data_dir: Path) -> tuple[Workload, Callable[[np.ndarray[Any, Any]], float]]:
+def _prepare_data(workload: Workload, data_dir: Path) -> Workload:
     """Generate the dataset once (as the master will), fix the step size, and write the baseline's partitions."""
     dataset = load_dataset(
         "gaussian_mixture", num_samples=workload.num_samples, num_features=workload.num_features,
@@ -572,12 +558,7 @@ def _prepare_data(workload: Workload, data_dir: Path) -> tuple[Workload, Callabl
     # The uncoded code's partitions: rank r holds exactly what gradcode's uncoded worker r holds.
     for rank, index in enumerate(partition_indices(len(y), np.ones(workload.n), seed=workload.seed)):
         np.save(data_dir / f"partition_{rank}.npy", index)
-    model = make_model("logistic", num_features=workload.num_features)
-
-    def loss(params: np.ndarray[Any, Any]) -> float:
-        return model.loss(params, X, y) / len(y) + 0.5 * workload.l2 * float(params @ params)
-
-    return workload, loss
+    return workload
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
@@ -588,13 +569,13 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-training-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        workload, loss = _prepare_data(QUICK if quick else FULL, data_dir)
+        workload = _prepare_data(QUICK if quick else FULL, data_dir)
         print(
             f"Workload: logistic regression, {workload.num_train} x {workload.num_features} Gaussian mixture, "
             f"n = {workload.n}, Nesterov, step {workload.learning_rate:.3g}; load {load_average()}",
             flush=True,
         )
-        raw = asyncio.run(_experiments(workload, quick, Path(tmp) / "cluster", data_dir, loss))
+        raw = asyncio.run(_experiments(workload, quick, Path(tmp) / "cluster", data_dir))
     systems = [*SCHEMES, ALLREDUCE]
     summary = summarise(raw, systems)
     import torch
@@ -609,7 +590,6 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
         },
         "quick": quick,
         "workload": {**asdict(workload), "num_train": workload.num_train},
-        "master_reports_point_loss": MASTER_REPORTS_POINT_LOSS,
         "systems": systems,
         "summary": summary,
         "raw": raw,
