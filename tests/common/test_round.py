@@ -87,3 +87,38 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
     assert decoded.used_workers == [0, 1, 2] and decoded.decode_seconds >= 0
     np.testing.assert_allclose(decoded.vector, g[[0, 1, 2]].sum(axis=0) * 4 / 3)
     np.testing.assert_array_equal(round_.combine(), decoded.vector)  # decoding never changes the round
+
+
+async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_float32_tolerance() -> None:
+    """Cyclic (n=6, s=2) is exact by construction from any 4 rows, but rows {1, 2, 4, 5} decode with
+    weights summing to ~300 in absolute value: at float32 precision their bound exceeds the tolerance,
+    so that decode must say it is not exact, while a well-conditioned set of survivors is exact."""
+    code = make_code("cyclic", n=6, s=2)
+    g = np.random.default_rng(7).standard_normal((6, 400))
+    total = g.sum(axis=0)
+    float32 = (np.dtype("<f4"),)
+    for slow, expect_exact in (((0, 3), False), ((2, 4), True)):
+        streams = [
+            _FakeStream(
+                list(
+                    message_chunks(
+                        code.encode(w, {j: g[j] for j in code.support(w)}).astype(np.float32),
+                        job_id="j",
+                        iteration=0,
+                        worker_id=w,
+                        row=w,
+                    )
+                ),
+                5.0 if w in slow else 0.0,
+            )
+            for w in range(6)
+        ]
+        sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(6)]  # type: ignore[misc]
+        result = Round(code.decoder(), job_id="j", iteration=0, length=400, dtypes=float32)
+        await asyncio.wait_for(result.gather(sources, timeout=10.0), 4.0)
+        decoded = result.decode()
+        assert decoded.used_workers == sorted(set(range(6)) - set(slow))
+        error = float(np.linalg.norm(decoded.vector - total) / np.linalg.norm(total))
+        assert error <= decoded.error_bound  # the certificate covers the float32 rounding either way
+        assert decoded.exact is expect_exact, (slow, decoded.error_bound)
+        assert (decoded.error_bound <= result.tolerance) is expect_exact
