@@ -113,7 +113,7 @@ async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_f
             )
             for w in range(6)
         ]
-        sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(6)]  # type: ignore[misc]
+        sources = [Source(w, (w,), lambda stream=stream: stream) for w, stream in enumerate(streams)]  # type: ignore[misc]
         result = Round(code.decoder(), job_id="j", iteration=0, length=400, dtypes=float32)
         await asyncio.wait_for(result.gather(sources, timeout=10.0), 4.0)
         decoded = result.decode()
