@@ -43,6 +43,12 @@ trip to one worker (a health ``Check``, median of many) measured in the same run
 measured in this process (workers compute in parallel); it is reported as a multiple of the round
 trip, with the share of it that is decode.
 
+**The wide model** (the n = 16, p = 1e5 target). The same jobs with 16 workers on linear regression
+with p = 1e5 parameters and 40 samples (compute under 1 ms), against the transfers they need: ``one`` =
+one Compute's transport time at p = 1e5 from the streaming stage, and ``master`` = every model sent
+(n × 8p bytes) and every used message received through the master at that rate, which one master
+process on loopback must move one after the other.
+
 Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
 ``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
 """
@@ -63,6 +69,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +120,29 @@ SKIP_ITERATIONS = 2
 """First iterations of each job left out of the medians (connection and cache warm-up)."""
 FULL_RTT_CALLS = 300
 QUICK_RTT_CALLS = 50
+FULL_WIDE_CLUSTER = (16,)
+QUICK_WIDE_CLUSTER = (4,)
+"""Workers of the wide-model overhead stage (the issue's n = 16, p = 1e5 target)."""
 RECV_PIECE = 4 * MiB
 CALL_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and data of the per-iteration overhead jobs (as named in a JobSpec)."""
+
+    name: str
+    model: str
+    dataset: str
+    num_samples: int = 0
+    num_features: int = 0
+
+
+DIGITS = Workload("softmax regression on digits, p = 650", "softmax", "digits")
+WIDE = Workload("linear regression, p = 1e5", "linear", "linear", num_samples=40, num_features=99_999)
+"""A wide model with little data: the compute is ~1 ms, so the overhead shows (p = features + bias)."""
+WIDE_PARAMETERS = 100_000
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -584,12 +611,15 @@ async def _wait_workers_up(client: GradcodeClient, count: int) -> None:
         await asyncio.sleep(0.05)
 
 
-def worker_compute_time(n: int, s: int, repeats: int) -> float:
-    """Median seconds of one worker's gradient over its s + 1 partitions of the digits training set."""
+def worker_compute_time(n: int, s: int, repeats: int, workload: Workload | None = None) -> float:
+    """Median seconds of one worker's gradient over its s + 1 partitions of ``workload``'s training set."""
     from gradcode.common.data import load_dataset
     from gradcode.common.models import make_model
 
-    dataset = load_dataset("digits")
+    workload = workload or DIGITS
+    dataset = load_dataset(
+        workload.dataset, num_samples=workload.num_samples or None, num_features=workload.num_features or None
+    )
     model = make_model(dataset.model_kind, num_features=dataset.X_train.shape[1], num_classes=dataset.num_classes)
     rows = min(dataset.num_train, -(-dataset.num_train // n) * (s + 1))
     X, y = dataset.X_train[:rows], dataset.y_train[:rows]
@@ -598,7 +628,7 @@ def worker_compute_time(n: int, s: int, repeats: int) -> float:
 
 
 async def _iteration_jobs(
-    cluster: LocalCluster, sizes: Sequence[int], iterations: int, rtt_calls: int
+    cluster: LocalCluster, sizes: Sequence[int], iterations: int, rtt_calls: int, workload: Workload
 ) -> tuple[float, list[dict[str, Any]]]:
     async with GradcodeClient(cluster.master_address) as client:
         await client.wait_ready(START_TIMEOUT)
@@ -607,7 +637,17 @@ async def _iteration_jobs(
         rows = []
         for n in sizes:
             for scheme, s in SCHEMES:
-                spec = build_job_spec(scheme=scheme, n=n, s=s, iterations=iterations, seed=0)
+                spec = build_job_spec(
+                    scheme=scheme,
+                    n=n,
+                    s=s,
+                    iterations=iterations,
+                    seed=0,
+                    model=workload.model,
+                    dataset=workload.dataset,
+                    num_samples=workload.num_samples,
+                    num_features=workload.num_features,
+                )
                 _, reports = await client.run(spec)
                 kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
                 elapsed = [r.elapsed_seconds for r in reports]
@@ -631,12 +671,15 @@ async def _iteration_jobs(
     return rtt, rows
 
 
-async def iteration_overhead(sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path) -> dict[str, Any]:
+async def iteration_overhead(
+    sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path, workload: Workload | None = None
+) -> dict[str, Any]:
     """Per-iteration wall and decode time of real jobs against the gRPC unary round trip to one worker."""
+    workload = workload or DIGITS
     with LocalCluster(max(sizes), run_dir=run_dir) as cluster:
-        rtt, rows = await _iteration_jobs(cluster, sizes, iterations, rtt_calls)
+        rtt, rows = await _iteration_jobs(cluster, sizes, iterations, rtt_calls, workload)
     for row in rows:
-        compute = worker_compute_time(row["n"], row["s"], 20)
+        compute = worker_compute_time(row["n"], row["s"], 20, workload)
         overhead = max(row["wall_s"] - compute, 0.0)
         row.update(
             {
@@ -647,7 +690,7 @@ async def iteration_overhead(sizes: Sequence[int], iterations: int, rtt_calls: i
                 "decode_share": row["decode_s"] / overhead if overhead > 0 else math.nan,
             }
         )
-    return {"rtt_s": rtt, "rows": rows}
+    return {"rtt_s": rtt, "rows": rows, "workload": asdict(workload), "load_average": load_average()}
 
 
 # ---- output -----------------------------------------------------------------------------------------------
@@ -713,8 +756,8 @@ def _format_chunks(sweep: dict[str, Any]) -> str:
 def _format_iterations(result: dict[str, Any]) -> str:
     rtt = result["rtt_s"]
     lines = [
-        f"Per-iteration overhead (softmax on digits, no stragglers); gRPC unary round trip to a worker "
-        f"{rtt * 1e6:.0f} us",
+        f"Per-iteration overhead ({result['workload']['name']}, no stragglers, load {_load(result)}); gRPC unary"
+        f" round trip to a worker {rtt * 1e6:.0f} us",
         f"{'n':>3} {'scheme':>8} {'wall ms':>8} {'first':>6} {'gather':>7} {'decode':>7} {'compute':>8} {'period':>7}"
         f" {'overhead':>9} {'x RTT':>6} {'decode %':>9}",
     ]
@@ -727,6 +770,25 @@ def _format_iterations(result: dict[str, Any]) -> str:
         )
     lines.append("(medians in ms; first / gather = iteration start to the first / last message used; overhead = wall")
     lines.append(" - one worker's compute; period = time between iteration reports; x RTT = overhead / round trip)")
+    return "\n".join(lines)
+
+
+def _load(result: dict[str, Any]) -> str:
+    return "/".join(f"{x:.2f}" for x in result["load_average"][:3])
+
+
+def _format_wide(result: dict[str, Any]) -> str:
+    lines = [
+        "The wide model against the transfers it needs (ms): one = one Compute's transport at this p (model down,",
+        " message up); master = every model sent and every used message received through the master at that rate",
+        f"{'n':>3} {'scheme':>8} {'overhead':>9} {'one':>6} {'beyond one':>11} {'master':>7} {'beyond master':>14}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['n']:>3} {r['scheme']:>8} {r['overhead_s'] * 1e3:>9.2f} {r['one_transfer_s'] * 1e3:>6.2f}"
+            f" {r['beyond_one_transfer_s'] * 1e3:>11.2f} {r['through_master_s'] * 1e3:>7.2f}"
+            f" {r['beyond_master_bytes_s'] * 1e3:>14.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -774,21 +836,33 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-async def _measure_all(
-    quick: bool, repeats: int, logs: Path
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """The three stages in one event loop (the helper processes and sockets block it only briefly)."""
+async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
+    """The stages in one event loop (the helper processes and sockets block it only briefly)."""
     stream_rows = await streaming(QUICK_SIZES if quick else FULL_SIZES, repeats, logs)
     sweep = await chunk_sweep(
         QUICK_CHUNK_P if quick else FULL_CHUNK_P, QUICK_CHUNKS if quick else FULL_CHUNKS, repeats, logs
     )
+    iterations = QUICK_ITERATIONS if quick else FULL_ITERATIONS
+    rtt_calls = QUICK_RTT_CALLS if quick else FULL_RTT_CALLS
     iteration = await iteration_overhead(
-        QUICK_CLUSTER if quick else FULL_CLUSTER,
-        QUICK_ITERATIONS if quick else FULL_ITERATIONS,
-        QUICK_RTT_CALLS if quick else FULL_RTT_CALLS,
-        logs / "cluster",
+        QUICK_CLUSTER if quick else FULL_CLUSTER, iterations, rtt_calls, logs / "cluster"
     )
-    return stream_rows, sweep, iteration
+    wide = await iteration_overhead(
+        QUICK_WIDE_CLUSTER if quick else FULL_WIDE_CLUSTER, iterations, rtt_calls, logs / "wide", WIDE
+    )
+    transfer = next(row for row in stream_rows if row["p"] == WIDE_PARAMETERS)
+    for row in wide["rows"]:
+        one_transfer = transfer["transport_s"]
+        through_master = (row["n"] + row["used_workers"]) / 2 * one_transfer  # one transfer = 8p down + 8p up
+        row.update(
+            {
+                "one_transfer_s": one_transfer,
+                "beyond_one_transfer_s": row["overhead_s"] - one_transfer,
+                "through_master_s": through_master,
+                "beyond_master_bytes_s": row["overhead_s"] - through_master,
+            }
+        )
+    return {"streaming": stream_rows, "chunk_sweep": sweep, "iteration": iteration, "wide": wide}
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
@@ -796,7 +870,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     repeats = QUICK_REPEATS if quick else FULL_REPEATS
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-transport-") as tmp:
-        stream_rows, sweep, iteration = asyncio.run(_measure_all(quick, repeats, Path(tmp)))
+        stages = asyncio.run(_measure_all(quick, repeats, Path(tmp)))
     results: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
@@ -809,16 +883,17 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
         "quick": quick,
         "repeats": repeats,
         "load_average_after": load_average(),
-        "streaming": stream_rows,
-        "chunk_sweep": sweep,
-        "iteration": iteration,
+        **stages,
         "seconds": time.perf_counter() - started,
     }
-    print(_format_streaming(stream_rows))
+    print(_format_streaming(stages["streaming"]))
     print()
-    print(_format_chunks(sweep))
+    print(_format_chunks(stages["chunk_sweep"]))
     print()
-    print(_format_iterations(iteration))
+    print(_format_iterations(stages["iteration"]))
+    print()
+    print(_format_iterations(stages["wide"]))
+    print(_format_wide(stages["wide"]))
     save(results, out, "transport", lambda path: _plot(results, path))
     return results
 

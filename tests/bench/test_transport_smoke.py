@@ -75,3 +75,15 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
         for name in ITERATION_FIELDS:
             assert _positive(row[name]), (row["n"], row["scheme"], name, row[name])
     assert (tmp_path / "transport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    wide = results["wide"]  # the n = 16, p = 1e5 stage, smaller here
+    assert wide["workload"]["num_features"] + 1 == transport.WIDE_PARAMETERS
+    assert [(row["n"], row["scheme"]) for row in wide["rows"]] == [
+        (n, scheme) for n in transport.QUICK_WIDE_CLUSTER for scheme, _ in transport.SCHEMES
+    ]
+    one = next(row["transport_s"] for row in streaming if row["p"] == transport.WIDE_PARAMETERS)
+    for row in wide["rows"]:
+        assert row["one_transfer_s"] == one
+        assert row["beyond_one_transfer_s"] == pytest.approx(row["overhead_s"] - one)
+        assert row["through_master_s"] == pytest.approx((row["n"] + row["used_workers"]) / 2 * one)
+    assert "The wide model against the transfers" in printed
