@@ -177,3 +177,13 @@ async def test_a_worker_that_refuses_the_masters_credential_is_told_about_the_jo
             assert pool.workers == []
         finally:
             await pool.close()
+
+
+async def test_without_a_join_secret_no_call_token_is_issued() -> None:
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as node:
+        pool = WorkerPool()
+        try:
+            worker = await pool.register(node.address, "w", node.instance_id)
+            assert worker.call_token is None and worker.bearer is None
+        finally:
+            await pool.close()
