@@ -5,9 +5,10 @@ start; registering an address that is already known is the same worker (workers 
 periodically), and brings a DOWN one back UP. A worker that restarted holds no job any more: its
 Compute answers NOT_FOUND and the job runner reloads it. A worker whose call errors, disconnects or is
 killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
-gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP. A worker
-that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job` and
-reload it.
+gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP only if
+the process answering ``Worker.Hello`` there is the one that registered (a new process must register).
+A worker that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job`
+and reload it.
 
 Call tokens: with a join secret, the master mints a random call token for every worker process it
 admits (a new worker, or a new process at a known address; a restarted master mints new ones as its
@@ -403,19 +404,29 @@ class WorkerPool:
 
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
-        """Ask a worker's health service over a fresh channel; on SERVING mark it UP (it holds no job)."""
-        channel = self.security.channel(worker.address, options=_CHANNEL_OPTIONS)
-        try:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-            if not serving and worker.is_up:
-                self.mark_down(worker, "health check: the worker is not serving (shutting down)")
-        except grpc.aio.AioRpcError as exc:
-            serving = False
-            if worker.is_up:
-                self.mark_down(worker, f"health check: {exc.code().name}: {exc.details()}")
-        finally:
-            await channel.close(None)
+        """Ask a worker's health service over a fresh channel, then who answers (Worker.Hello); mark it UP
+        (it holds no job) only if it serves and is the process that registered.
+
+        Another process at the address (the worker restarted) is not revived: it registers itself, and
+        is admitted with a new call token then. A ``--workers`` address (no instance id) needs SERVING only.
+        """
+        error, foreign = "", False
+        async with self._fresh_channel(worker.address) as channel:
+            try:
+                health = health_pb2_grpc.HealthStub(channel)
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    error = "health check: the worker is not serving (shutting down)"
+                elif worker.instance_id and await _hello(channel, timeout) != worker.instance_id:
+                    error, foreign = (
+                        "another worker process answers at this address (restarted?); it must register",
+                        True,
+                    )
+            except grpc.aio.AioRpcError as exc:
+                error = f"health check: {exc.code().name}: {exc.details()}"
+        serving = not error
+        if not serving and (worker.is_up or foreign):
+            self.mark_down(worker, error)
         if serving and not worker.is_up:
             worker.jobs.clear()
             worker.reconnect()
