@@ -221,7 +221,7 @@ class Security:
 
         With a join secret, a worker given ``call_token`` (one that registers with a master) answers
         LoadJob/Compute/EndJob only with the token its master issued; without it, with the worker call
-        token derived from the join secret. Hello (changes nothing) takes the derived token as well.
+        token derived from the join secret. Hello (changes nothing) always takes the derived token.
         """
         rules: dict[str, dict[str, str | CallToken] | None] = {}
         if self.token is not None:
@@ -235,7 +235,7 @@ class Security:
             )
             rules[REGISTER_METHOD] = {"join secret": self.join_secret}
             rules[WORKER_SERVICE] = issued or derived
-            rules[HELLO_METHOD] = {**derived, **issued}
+            rules[HELLO_METHOD] = derived  # never waits on a registration: the master's admission check calls it
         if not rules:
             return None
         known = {name: secret for rule in rules.values() for name, secret in (rule or {}).items()}
