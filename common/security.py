@@ -223,16 +223,14 @@ class Security:
         LoadJob/Compute/EndJob only with the token its master issued; without it, with the worker call
         token derived from the join secret. Hello (changes nothing) always takes the derived token.
         """
-        rules: dict[str, dict[str, str | CallToken] | None] = {}
+        rules: dict[str, dict[str, Credential] | None] = {}
         if self.token is not None:
             rules[MASTER_SERVICE] = {"client token": self.token}
             rules[REGISTER_METHOD] = None  # open unless a join secret is set (mTLS may still gate it)
         if self.join_secret is not None:
             assert self.worker_call_token is not None
-            derived: dict[str, str | CallToken] = {"worker call token": self.worker_call_token}
-            issued: dict[str, str | CallToken] = (
-                {} if call_token is None else {"call token its master issued": call_token}
-            )
+            derived: dict[str, Credential] = {"worker call token": self.worker_call_token}
+            issued: dict[str, Credential] = {} if call_token is None else {"call token its master issued": call_token}
             rules[REGISTER_METHOD] = {"join secret": self.join_secret}
             rules[WORKER_SERVICE] = issued or derived
             rules[HELLO_METHOD] = derived  # never waits on a registration: the master's admission check calls it
