@@ -6,10 +6,13 @@
   CA is configured, with a bearer token attached by a client interceptor when one is given) and the
   one server interceptor that checks tokens (:meth:`Security.interceptor`).
 * Who may call what (:class:`AuthInterceptor`): clients present the *token* on every Master method;
-  workers present the *join secret* on ``Master.RegisterWorker``; the master (and a tree parent)
-  present the *worker call token* — derived from the join secret, so only the cluster's members hold
-  it — on every Worker method. The health service is always open (probes); reflection is off by
-  default when authentication is on.
+  workers present the *join secret* on ``Master.RegisterWorker``. A worker that registered answers
+  LoadJob/Compute/EndJob only with the *call token* its master issued it at registration
+  (:class:`CallToken`: random, per worker process), which only that master and the worker's tree
+  parents (given it by the master) hold. ``Worker.Hello`` (the master's admission check, which changes
+  nothing) and the Worker methods of a worker that never registers (a ``--workers`` list) take the
+  *worker call token* derived from the join secret. The health service is always open (probes);
+  reflection is off by default when authentication is on.
 * :func:`add_security_arguments` / :func:`security_from_args` — the flags and their environment
   variables (``GRADCODE_TLS_CERT``, ``GRADCODE_TLS_KEY``, ``GRADCODE_TLS_CA``, ``GRADCODE_MTLS``,
   ``GRADCODE_TOKEN``, ``GRADCODE_JOIN_SECRET``, ``GRADCODE_REFLECTION``, ``GRADCODE_TLS_SERVER_NAME``).
@@ -22,13 +25,14 @@ anyone on the path, so a token without TLS is only for loopback.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ import grpc
 __all__ = [
     "AUTH_METADATA_KEY",
     "AuthInterceptor",
+    "CallToken",
     "Security",
     "add_security_arguments",
     "is_loopback",
@@ -55,6 +60,7 @@ _WORKER_CALL_CONTEXT = b"gradcode/v1 worker calls"
 MASTER_SERVICE = "/gradcode.v1.Master/"
 WORKER_SERVICE = "/gradcode.v1.Worker/"
 REGISTER_METHOD = MASTER_SERVICE + "RegisterWorker"
+HELLO_METHOD = WORKER_SERVICE + "Hello"
 
 
 def short(text: str, limit: int = 48) -> str:
@@ -144,11 +150,12 @@ class Security:
 
     @property
     def worker_call_token(self) -> str | None:
-        """The bearer a Worker accepts: HMAC-SHA256 of a fixed label under the join secret (None without one).
+        """HMAC-SHA256 of a fixed label under the join secret (None without one): the bearer of Worker.Hello.
 
-        Only holders of the join secret (the master and the registered workers, which act as tree
-        parents) can compute it; it is never the secret itself, so a worker's logs or a captured call
-        do not reveal the join secret.
+        Every holder of the join secret can compute it, so it opens no state-changing Worker method of a
+        registered worker (those take the :class:`CallToken` its master issued); only a worker that never
+        registers (a ``--workers`` list) accepts it on every method. It is never the secret itself, so
+        a worker's logs or a captured call do not reveal the join secret.
         """
         if self.join_secret is None:
             return None
@@ -209,16 +216,24 @@ class Security:
         return ((AUTH_METADATA_KEY, _BEARER + bearer),) if bearer else ()
 
     # ---- servers -------------------------------------------------------------------------------------
-    def interceptor(self) -> AuthInterceptor | None:
-        """The server interceptor enforcing this configuration's tokens (None when no token is configured)."""
-        rules: dict[str, dict[str, str] | None] = {}
+    def interceptor(self, call_token: CallToken | None = None) -> AuthInterceptor | None:
+        """The server interceptor enforcing this configuration's tokens (None when no token is configured).
+
+        With a join secret, a worker given ``call_token`` (one that registers with a master) answers
+        LoadJob/Compute/EndJob only with the token its master issued; without it, with the worker call
+        token derived from the join secret. Hello (changes nothing) always takes the derived token.
+        """
+        rules: dict[str, dict[str, Credential] | None] = {}
         if self.token is not None:
             rules[MASTER_SERVICE] = {"client token": self.token}
             rules[REGISTER_METHOD] = None  # open unless a join secret is set (mTLS may still gate it)
         if self.join_secret is not None:
             assert self.worker_call_token is not None
+            derived: dict[str, Credential] = {"worker call token": self.worker_call_token}
+            issued: dict[str, Credential] = {} if call_token is None else {"call token its master issued": call_token}
             rules[REGISTER_METHOD] = {"join secret": self.join_secret}
-            rules[WORKER_SERVICE] = {"worker call token": self.worker_call_token}
+            rules[WORKER_SERVICE] = issued or derived
+            rules[HELLO_METHOD] = derived  # never waits on a registration: the master's admission check calls it
         if not rules:
             return None
         known = {name: secret for rule in rules.values() for name, secret in (rule or {}).items()}
@@ -260,6 +275,47 @@ def warn_if_exposed(host: str, security: Security, services: Sequence[str] = ())
 
 
 # ---- the server interceptor ---------------------------------------------------------------------------
+class CallToken:
+    """The call token a master issued this worker process at registration (None until it registered).
+
+    The master may use a token it minted as soon as it admitted the worker, before the RegisterWorker
+    reply has arrived here; so while a registration is in flight (:meth:`registering` ...
+    :meth:`registered`), the interceptor lets a call with an unknown bearer wait for its outcome
+    before judging it.
+    """
+
+    def __init__(self) -> None:
+        self.value: str | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def pending(self) -> bool:
+        """A registration is in flight (its reply may carry a new token)."""
+        return not self._idle.is_set()
+
+    def registering(self) -> None:
+        """A RegisterWorker call starts; pair it with :meth:`registered` (in a ``finally``)."""
+        self._idle.clear()
+
+    def registered(self, token: str | None) -> None:
+        """The registration ended; ``token`` (if any) replaces the previous one."""
+        if token:
+            self.value = token
+        self._idle.set()
+
+    async def settled(self) -> None:
+        """Wait until no registration is in flight (each is bounded by its RPC timeout)."""
+        await self._idle.wait()
+
+    def matches(self, presented: str) -> bool:
+        return self.value is not None and _equal(presented, self.value)
+
+
+Credential = str | CallToken
+"""What a rule accepts: a fixed secret, or the current value of a :class:`CallToken`."""
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Checks the bearer token of every call whose method matches a rule; the rest (health, reflection) is open.
 
@@ -269,13 +325,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     Tokens are compared in constant time.
     """
 
-    def __init__(self, rules: Mapping[str, Mapping[str, str] | None], *, known: Mapping[str, str]) -> None:
+    def __init__(
+        self, rules: Mapping[str, Mapping[str, Credential] | None], *, known: Mapping[str, Credential]
+    ) -> None:
         self._rules = sorted(rules.items(), key=lambda item: -len(item[0]))
         self._known = dict(known)
         self.refused = 0
         """Calls refused so far (the log shows the first ones and then every thousandth)."""
 
-    def _rule(self, method: str) -> Mapping[str, str] | None:
+    def _rule(self, method: str) -> Mapping[str, Credential] | None:
         """The credentials ``method`` accepts; None when it is open (no rule, or a rule saying open)."""
         for prefix, accepted in self._rules:
             if method == prefix or (prefix.endswith("/") and method.startswith(prefix)):
@@ -291,12 +349,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if accepted is None:
             return await continuation(details)
         presented = _bearer(details.invocation_metadata)
-        if presented is not None and any(_equal(presented, secret) for secret in accepted.values()):
+        if presented is not None and _any_matches(presented, accepted.values()):
             return await continuation(details)
+        issuing = [c for c in accepted.values() if isinstance(c, CallToken) and c.pending]
+        if presented is not None and issuing:  # the master may already use the token its reply carries
+            for token in issuing:
+                await token.settled()
+            if _any_matches(presented, accepted.values()):
+                return await continuation(details)
         wanted = " or ".join(accepted)
         if presented is None:
             code, message = grpc.StatusCode.UNAUTHENTICATED, f"{details.method} needs the {wanted} (no credential)."
-        elif any(_equal(presented, secret) for secret in self._known.values()):
+        elif _any_matches(presented, self._known.values()):
             code, message = grpc.StatusCode.PERMISSION_DENIED, f"{details.method} needs the {wanted}; this "
             message += "credential is valid but not for this method."
         else:
@@ -311,6 +375,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 def _equal(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _any_matches(presented: str, credentials: Iterable[Credential]) -> bool:
+    """``presented`` equals one of ``credentials`` (constant-time comparisons, every one made)."""
+    results = [c.matches(presented) if isinstance(c, CallToken) else _equal(presented, c) for c in credentials]
+    return any(results)
 
 
 def _bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
@@ -438,8 +508,8 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
                        + " (prefer the variable) [GRADCODE_TOKEN]")  # fmt: skip
     if role in ("master", "worker"):
         g.add_argument("--join-secret", default=env("GRADCODE_JOIN_SECRET") or None, metavar="SECRET",
-                       help="shared secret workers present to register; the master's calls to workers are "
-                       "authenticated with a token derived from it (prefer the variable) "
+                       help="shared secret workers present to register; the master then gives each worker "
+                       "its own call token for the master's calls (prefer the variable) "
                        "[GRADCODE_JOIN_SECRET]")  # fmt: skip
         g.add_argument("--reflection", action=argparse.BooleanOptionalAction, default=None,
                        help="serve gRPC reflection (default: on without authentication, off with it) "

@@ -35,7 +35,7 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gradcode.common.security import Security, warn_if_exposed
+from gradcode.common.security import CallToken, Security, warn_if_exposed
 from gradcode.common.wire import CHANNEL_OPTIONS
 
 __all__ = [
@@ -115,16 +115,18 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
     options: Sequence[tuple[str, Any]] = (),
     security: Security | None = None,
+    call_token: CallToken | None = None,
 ) -> ServingHandle:
     """Create, register, bind and start a grpc.aio server; health SERVING once it accepts calls.
 
     ``service_names`` are the full names of the registered services (``gradcode.v1.Worker``); they
     get a health status and are listed by reflection. ``security`` (default: plaintext, open) gives the
-    TLS credentials, the authentication interceptor (health stays open) and whether reflection is served.
+    TLS credentials, the authentication interceptor (health stays open) and whether reflection is served;
+    ``call_token`` is the token a registering worker's master issues it (:meth:`Security.interceptor`).
     Raises ``OSError`` when ``host:port`` cannot be bound (in use, or not an address of this machine).
     """
     security = security or Security()
-    auth = security.interceptor()
+    auth = security.interceptor(call_token)
     interceptors = [auth, *interceptors] if auth is not None else list(interceptors)  # refused calls go no further
     # NOTE: SO_REUSEPORT off, so a second process on a taken port fails instead of silently sharing it.
     server_options = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0), *options]
@@ -234,6 +236,8 @@ class ServiceNode:
         self.port = port
         self.grace = grace
         self.security = security or Security()
+        self.call_token: CallToken | None = None
+        """Set by a node whose master issues it a call token (a registering worker with a join secret)."""
         self._handle: ServingHandle | None = None
         self._shutdown_started = False
         self._stopped = asyncio.Event()
@@ -264,7 +268,7 @@ class ServiceNode:
             raise RuntimeError(f"This {type(self).__name__} was shut down; create a new one.")
         self._handle = await start_server(
             self.host, self.port, registrars=[self._register], service_names=[self.service_name],
-            security=self.security,
+            security=self.security, call_token=self.call_token,
         )  # fmt: skip
         await self._on_started()
 

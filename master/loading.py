@@ -6,7 +6,9 @@ worker with exactly the partitions its rows need (streamed in chunks; each parti
 once per job, in a thread: :class:`PartitionBytes`). A worker of a flat code gets every row it can be
 asked for (:meth:`~gradcode.common.codes.base.GradientCode.rows_for_worker`); a node of a code with a
 topology gets its one row and, when it has children, its parent role (the child code, the children's
-ids and addresses in slot order, and how long to wait for them).
+ids, addresses and call tokens in slot order, and how long to wait for them). A parent holding a
+child's old call token (the child restarted and was issued a new one) is reloaded
+(:meth:`WorkerLoader.drop_stale_parents`).
 
 Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
 the code's worker index ``0..N-1`` (the index the code's rows and the straggler model refer to).
@@ -79,6 +81,8 @@ class WorkerLoader:
         self.workers: list[PoolWorker] = []
         """The pool worker behind each worker index (set by :meth:`select`)."""
         self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
+        self._given: dict[int, dict[int, str]] = {}
+        """The call tokens each parent was last loaded with, by parent and child worker index."""
 
     @property
     def job_id(self) -> str:
@@ -137,7 +141,14 @@ class WorkerLoader:
                 setup.parent.CopyFrom(
                     worker_pb2.ParentRole(
                         child_code=code_spec(topology.child_code.name, topology.child_code.params),
-                        children=[worker_pb2.ChildSpec(worker_id=c, address=self.workers[c].address) for c in children],
+                        children=[
+                            worker_pb2.ChildSpec(
+                                worker_id=c,
+                                address=self.workers[c].address,
+                                call_token=self.workers[c].call_token or "",
+                            )
+                            for c in children
+                        ],
                         wait_seconds=topology.wait_seconds(w, plan.spec.iteration_deadline_seconds),
                     )
                 )
@@ -147,6 +158,8 @@ class WorkerLoader:
     async def load_stream(self, w: int) -> AsyncIterator[worker_pb2.LoadJobChunk]:
         """Worker ``w``'s LoadJob stream: its setup, then the data of every partition its rows need."""
         setup = self.job_setup(w)
+        if setup.HasField("parent"):
+            self._given[w] = {c.worker_id: c.call_token for c in setup.parent.children}
         parts = sorted({j for row in setup.rows for j in row.partitions})
         yield worker_pb2.LoadJobChunk(setup=setup)
         for j in parts:
@@ -167,6 +180,21 @@ class WorkerLoader:
         worker.jobs.add(self.job_id)
         self.pool.mark_seen(worker)
         return True
+
+    def drop_stale_parents(self) -> list[int]:
+        """Parents holding the job with a child's old call token: marked as lacking the job, so they are reloaded.
+
+        A child that restarted was issued a new call token when it registered again, and refuses the
+        old one its parent still presents.
+        """
+        stale = [
+            p for p, given in self._given.items()
+            if self.workers[p].has_job(self.job_id)
+            and any((self.workers[c].call_token or "") != token for c, token in given.items())
+        ]  # fmt: skip
+        for p in stale:
+            self.workers[p].jobs.discard(self.job_id)
+        return stale
 
     async def load_all(self, indices: range | list[int] | None = None) -> None:
         """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet."""

@@ -5,9 +5,16 @@ start; registering an address that is already known is the same worker (workers 
 periodically), and brings a DOWN one back UP. A worker that restarted holds no job any more: its
 Compute answers NOT_FOUND and the job runner reloads it. A worker whose call errors, disconnects or is
 killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
-gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP. A worker
-that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job` and
-reload it.
+gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP only if
+the process answering ``Worker.Hello`` there is the one that registered (a new process must register).
+A worker that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job`
+and reload it.
+
+Call tokens: with a join secret, the master mints a random call token for every worker process it
+admits (a new worker, or a new process at a known address; a restarted master mints new ones as its
+workers re-register) and returns it in the registration reply; the master calls that worker with it,
+and gives it to the worker's tree parents. A periodic re-registration of the same process keeps its
+token, so calls and parents holding it are not disturbed.
 
 Admission: a worker that registers is UP only after the master reached it at its advertised address
 and the process answering there (``Worker.Hello``) is the one that registered (same instance id), so
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable
@@ -121,7 +129,6 @@ def _check_label(name: str, instance_id: str) -> None:
         )
 
 
-
 @dataclass(eq=False)
 class PoolWorker:
     """One worker: its id, address, channel and stubs, state, last error and the jobs it holds."""
@@ -136,6 +143,8 @@ class PoolWorker:
     """Jobs loaded on this worker since it last (re)started."""
     instance_id: str = ""
     """The worker process's random id (from its registration; empty for a ``--workers`` address)."""
+    call_token: str | None = field(default=None, repr=False)
+    """The call token issued to this worker process (None: none issued, the join-derived token is used)."""
     security: Security = field(default_factory=Security, repr=False)
     channel: grpc.aio.Channel | None = None
     _stub: worker_pb2_grpc.WorkerStub | None = None
@@ -144,11 +153,22 @@ class PoolWorker:
     def stub(self) -> worker_pb2_grpc.WorkerStub:
         """The Worker stub, opening the channel on first use (inside the event loop)."""
         if self._stub is None:
-            self.channel = self.security.channel(
-                self.address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS
-            )
+            self.channel = self.security.channel(self.address, bearer=self.bearer, options=_CHANNEL_OPTIONS)
             self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
+
+    @property
+    def bearer(self) -> str | None:
+        """What calls to this worker present: its issued call token, else the token derived from the join secret."""
+        return self.call_token or self.security.worker_call_token
+
+    def issue_call_token(self) -> str | None:
+        """Mint a fresh call token for a newly admitted process (with a join secret only); channel reopened."""
+        if self.security.join_secret is None:
+            return None
+        self.call_token = secrets.token_urlsafe(32)
+        self.reconnect()
+        return self.call_token
 
     def compute(self, request: bytes) -> grpc.aio.UnaryStreamCall[bytes, ReceivedChunk]:
         """Worker.Compute with an already serialized ComputeRequest.
@@ -229,15 +249,14 @@ class WorkerPool:
         self._count()
         return worker
 
+    def _fresh_channel(self, address: str) -> grpc.aio.Channel:
+        """A new channel (no reconnect back-off) for admission and probes, with Hello's bearer."""
+        return self.security.channel(address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS)
+
     async def hello(self, address: str, timeout: float = ADMISSION_TIMEOUT_SECONDS) -> str:
         """The instance id of the worker process answering at ``address`` (fresh channel, ``timeout`` seconds)."""
-        channel = self.security.channel(address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS)
-        try:
-            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-            reply = await stub.Hello(worker_pb2.HelloRequest(), timeout=timeout)
-            return str(reply.instance_id)
-        finally:
-            await channel.close(None)
+        async with self._fresh_channel(address) as channel:
+            return await _hello(channel, timeout)
 
     async def _admit(self, address: str, instance_id: str) -> str:
         """Reach ``address`` and check who answers; the instance id found there (see the module docstring)."""
@@ -290,6 +309,7 @@ class WorkerPool:
             worker_id = self._by_address.get(addr)  # it may have registered concurrently while we waited
         if worker_id is None:
             worker = self._add(addr, name, instance_id)
+            worker.issue_call_token()
             log.info("registered %s", worker.describe())
         else:
             worker = self._workers[worker_id]
@@ -298,6 +318,7 @@ class WorkerPool:
                 if worker.is_up and worker.instance_id:
                     self.mark_down(worker, "a new worker process registered at this address")
                 worker.instance_id = instance_id
+                worker.issue_call_token()
             if not worker.is_up:  # it came back: a fresh channel, and it holds no job any more
                 worker.jobs.clear()
                 worker.reconnect()
@@ -383,19 +404,29 @@ class WorkerPool:
 
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
-        """Ask a worker's health service over a fresh channel; on SERVING mark it UP (it holds no job)."""
-        channel = self.security.channel(worker.address, options=_CHANNEL_OPTIONS)
-        try:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-            if not serving and worker.is_up:
-                self.mark_down(worker, "health check: the worker is not serving (shutting down)")
-        except grpc.aio.AioRpcError as exc:
-            serving = False
-            if worker.is_up:
-                self.mark_down(worker, f"health check: {exc.code().name}: {exc.details()}")
-        finally:
-            await channel.close(None)
+        """Ask a worker's health service over a fresh channel, then who answers (Worker.Hello); mark it UP
+        (it holds no job) only if it serves and is the process that registered.
+
+        Another process at the address (the worker restarted) is not revived: it registers itself, and
+        is admitted with a new call token then. A ``--workers`` address (no instance id) needs SERVING only.
+        """
+        error, foreign = "", False
+        async with self._fresh_channel(worker.address) as channel:
+            try:
+                health = health_pb2_grpc.HealthStub(channel)
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    error = "health check: the worker is not serving (shutting down)"
+                elif worker.instance_id and await _hello(channel, timeout) != worker.instance_id:
+                    error, foreign = (
+                        "another worker process answers at this address (restarted?); it must register",
+                        True,
+                    )
+            except grpc.aio.AioRpcError as exc:
+                error = f"health check: {exc.code().name}: {exc.details()}"
+        serving = not error
+        if not serving and (worker.is_up or foreign):
+            self.mark_down(worker, error)
         if serving and not worker.is_up:
             worker.jobs.clear()
             worker.reconnect()
@@ -433,6 +464,13 @@ class WorkerPool:
             channel, worker.channel, worker._stub = worker.channel, None, None
             if channel is not None:
                 await channel.close(None)
+
+
+async def _hello(channel: grpc.aio.Channel, timeout: float) -> str:
+    """The instance id Worker.Hello answers on ``channel``."""
+    stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+    reply = await stub.Hello(worker_pb2.HelloRequest(), timeout=timeout)
+    return str(reply.instance_id)
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

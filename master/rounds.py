@@ -8,7 +8,8 @@ whose call fails is marked DOWN, except a worker that lost the job (reloaded) an
 topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its children
 are not decodable, so it only counts as failed for this iteration. A tree parent names its children
 that lost the job (they restarted: their Compute answered NOT_FOUND) in its message or its error;
-they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job.
+they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job (its
+parent is reloaded too when the node was issued a new call token).
 
 The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a decodable round goes on
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
@@ -87,6 +88,7 @@ class RoundPolicy:
         spent: set[int] = set()
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
+            self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
             self._reload(range(code.n, plan.num_workers))
         while True:
             for w in needed:

@@ -117,7 +117,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except RequestError as exc:  # unreachable, address taken, pool full, removed: the pool says which
             log.warning("refused a worker registering as %s: %s", short(request.address), exc)
             raise
-        return master_pb2.RegisterWorkerReply(worker_id=worker.worker_id)
+        return master_pb2.RegisterWorkerReply(worker_id=worker.worker_id, call_token=worker.call_token or "")
 
     @grpc_errors
     async def RemoveWorker(  # noqa: N802

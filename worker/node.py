@@ -14,6 +14,11 @@ With ``master_address`` the node registers with the master (``Master.RegisterWor
 advertised address), retrying with exponential backoff until the master answers, and then again
 every ``reregister_seconds`` so a restarted master relearns it. The master must therefore treat a
 re-registration of the same address as the same worker.
+
+With a join secret, the registration reply carries the call token the master issued this process;
+from then on LoadJob/Compute/EndJob answer only that token (:class:`~gradcode.common.security.CallToken`),
+and a later reply's token (a restarted master's) replaces it. Before the first registration they
+answer nobody.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import socket
 
 import grpc
 
-from gradcode.common.security import Security
+from gradcode.common.security import CallToken, Security
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
@@ -41,6 +46,8 @@ WORKER_SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full
 """``gradcode.v1.Worker``: the name health checks and reflection use."""
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+REGISTER_TIMEOUT_SECONDS = 5.0
+"""Timeout of one RegisterWorker call (it includes the master's reachability check of this worker)."""
 
 
 class WorkerNode(ServiceNode):
@@ -90,6 +97,8 @@ class WorkerNode(ServiceNode):
         self.reregister_seconds = reregister_seconds
         self.instance_id = secrets.token_hex(16)
         """Random id of this process: the master admits it only where Worker.Hello answers with it."""
+        if master_address and self.security.join_secret is not None:
+            self.call_token = CallToken()
         self.servicer = WorkerServicer(
             max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes, max_jobs=max_jobs,
             security=self.security, instance_id=self.instance_id, chunk_bytes=chunk_bytes,
@@ -143,8 +152,11 @@ class WorkerNode(ServiceNode):
                 address=self.advertised, name=self.name, instance_id=self.instance_id
             )
             while True:
+                if self.call_token is not None:
+                    self.call_token.registering()
+                reply: master_pb2.RegisterWorkerReply | None = None
                 try:
-                    reply = await stub.RegisterWorker(request, timeout=5.0)
+                    reply = await stub.RegisterWorker(request, timeout=REGISTER_TIMEOUT_SECONDS)
                 except grpc.aio.AioRpcError as exc:
                     failures += 1
                     self.registration_failures += 1
@@ -154,9 +166,18 @@ class WorkerNode(ServiceNode):
                         level, "registering with master %s failed (%d): %s: %s; retrying in %.1f s",
                         master_address, failures, exc.code().name, exc.details(), backoff,
                     )  # fmt: skip
+                finally:
+                    if self.call_token is not None:
+                        self.call_token.registered(reply.call_token if reply is not None else None)
+                if reply is None:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.reregister_seconds)
                     continue
+                if self.call_token is not None and not reply.call_token:
+                    logger.warning(
+                        "master %s issued no call token, so nobody may load jobs on this worker; give the master "
+                        "the join secret (GRADCODE_JOIN_SECRET) too", master_address,
+                    )  # fmt: skip
                 if reply.worker_id != self.worker_id:
                     logger.info(
                         "registered with master %s as worker %d (%s)", master_address, reply.worker_id, request.address

@@ -8,7 +8,8 @@ Its upward message for every requested row is its own coded message for that row
 (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
 
 The master loads every worker (children included) directly, so the parent only needs the
-children's addresses; the children's row ids are the child code's row ids. A child that answers
+children's addresses and the call tokens the master issued them (a child answers only its master and
+its parent); the children's row ids are the child code's row ids. A child that answers
 NOT_FOUND restarted and lost the job: the parent names it in its message's trailer (or, when it
 fails, in its error's trailing metadata) and the master reloads it, so a node that restarts anywhere
 in the tree comes back into the job.
@@ -113,12 +114,14 @@ class ParentRunner:
         self.wait_seconds = float(role.wait_seconds) or None
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
+        self._bearers = [c.call_token or None for c in role.children]
+        """Each child's call token (None: the token derived from the join secret, if any)."""
         dtype = np.dtype(message_dtype)
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
             (dtype, COMPLEX128) if self.code.is_complex and dtype != COMPLEX128 else (dtype,)
         )
         self.security = security or Security()
-        """TLS and the worker call token for the channels to the children."""
+        """TLS (and, for a child without a call token, the join-derived token) for the channels to the children."""
         self._channels: list[ChildChannel] | None = None
         self._closed = False
 
@@ -138,10 +141,9 @@ class ParentRunner:
             )
         if self._channels is None:
             self._channels = []
-            for worker_id, address, rows in self.children:
-                channel = self.security.channel(
-                    address, bearer=self.security.worker_call_token, options=CHANNEL_OPTIONS
-                )
+            for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
+                bearer = bearer or self.security.worker_call_token
+                channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, compute_stream(channel)))
         return self._channels
 

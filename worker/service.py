@@ -92,7 +92,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Budget of the data all jobs together hold; a LoadJob beyond it is RESOURCE_EXHAUSTED."""
         self.max_jobs = max_jobs
         self.security = security or Security()
-        """How a tree parent reaches its children (TLS and the worker call token)."""
+        """How a tree parent reaches its children (TLS; their call tokens come in the job's ChildSpecs)."""
         self.instance_id = instance_id
         """What Hello answers: the random id this process registered with."""
         self._loading: dict[int, int] = {}

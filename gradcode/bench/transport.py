@@ -32,6 +32,14 @@ loops) and the socket.
 set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size, all alive at once and called
 round-robin.
 
+**TLS on the stream.** Coded-gradient ingest at p = 1e6 over plaintext and over mutual TLS
+(grpcio's own credentials, throw-away certificates from :func:`gradcode.client.certs.make_certificates`):
+two worker processes, alike but for TLS, called alternately (plaintext, TLS, plaintext, ...). Per mode,
+medians of the Compute call's ``transport`` (total - compute, as above: the model down and the message
+up) and of its ``ingest``, the time from the first chunk of the message to the complete message (the
+master receiving, checking and reassembling the rest of the stream); the TLS / plaintext ratio of
+each; and the load average (``/proc/loadavg``) before and after, beside the figures.
+
 **Per-iteration overhead.** A :class:`gradcode.client.launch.LocalCluster` with 8 worker processes; jobs of
 softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
 stragglers, 30 iterations each, run through the SDK. From the reports (first two iterations left out),
@@ -71,7 +79,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import google_crc32c
 import grpc
@@ -81,6 +89,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gradcode.bench.output import RESULTS, load_average, save
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.security import Security
 from gradcode.common.serving import reuse_large_buffers
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
@@ -108,6 +117,8 @@ QUICK_CHUNKS: tuple[int | None, ...] = (None, 64 * KiB)
 """Worker chunk sizes swept; None is the default, :func:`gradcode.common.wire.chunk_bytes_for` the message size."""
 FULL_CHUNK_P = 1_000_000
 QUICK_CHUNK_P = 100_000
+FULL_TLS_P = 1_000_000
+QUICK_TLS_P = 100_000
 FULL_REPEATS = 15
 QUICK_REPEATS = 3
 WARMUP_CALLS = 2
@@ -192,8 +203,20 @@ def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
     return job_id, chunks()
 
 
-async def _compute_call(compute: Any, job_id: str, iteration: int, params: Any) -> tuple[float, float, int]:
-    """One Compute as the master makes it: (seconds until the message is complete, its compute_seconds, chunks)."""
+class CallTiming(NamedTuple):
+    """One Compute call as the master saw it."""
+
+    total: float
+    """Seconds from the request until the message is complete."""
+    compute: float
+    """The worker's own compute_seconds (message trailer)."""
+    chunks: int
+    first: float
+    """Seconds from the request until the message's first chunk arrived."""
+
+
+async def _compute_call(compute: Any, job_id: str, iteration: int, params: Any) -> CallTiming:
+    """One Compute as the master makes it, timed."""
     p = len(params)
     started = time.perf_counter()
     head = worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=0, rows=[0])
@@ -201,16 +224,19 @@ async def _compute_call(compute: Any, job_id: str, iteration: int, params: Any) 
     assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p)
     done = None
     count = 0
+    first = 0.0
     async for chunk in compute(request, timeout=CALL_TIMEOUT):
+        if not count:
+            first = time.perf_counter() - started
         count += 1
         done = assembler.feed(chunk) or done
     elapsed = time.perf_counter() - started
     if done is None or not assembler.complete:
         raise RuntimeError(f"Compute for p={p} ended without a complete message.")
-    return elapsed, done.compute_seconds, count
+    return CallTiming(elapsed, done.compute_seconds, count, first)
 
 
-def _summary(calls: Sequence[tuple[float, float, int]]) -> dict[str, float]:
+def _summary(calls: Sequence[CallTiming]) -> dict[str, float]:
     """Medians of total, compute and transport (= total - compute, per call) seconds."""
     return {
         "total_s": statistics.median(c[0] for c in calls),
@@ -230,7 +256,7 @@ async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[
             job_id, chunks = _linear_job(p)
             await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
         params = np.random.default_rng(0).standard_normal(p)
-        calls: list[list[tuple[float, float, int]]] = [[] for _ in stubs]
+        calls: list[list[CallTiming]] = [[] for _ in stubs]
         computes = [compute_stream(channel) for channel in channels]
         for iteration in range(1, WARMUP_CALLS + repeats + 1):
             for compute, record in zip(computes, calls, strict=True):
@@ -245,14 +271,19 @@ async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[
             await channel.close(None)
 
 
-def _start_workers(chunk_sizes: Sequence[int | None], logs: Path) -> list[ServiceProcess]:
-    """One worker process per chunk size (None: plain ``python -m gradcode.worker``), started concurrently."""
+def _start_workers(
+    chunk_sizes: Sequence[int | None], logs: Path, envs: Sequence[dict[str, str]] | None = None
+) -> list[ServiceProcess]:
+    """One worker process per chunk size (None: plain ``python -m gradcode.worker``), started concurrently;
+    ``envs`` adds variables to each one's environment (e.g. TLS)."""
     processes: list[ServiceProcess] = []
     try:
-        for chunk_bytes in chunk_sizes:
+        for i, chunk_bytes in enumerate(chunk_sizes):
             name = "worker" if chunk_bytes is None else f"worker-chunk-{chunk_bytes}"
+            extra = envs[i] if envs is not None else {}
+            name += "-tls" if extra else ""
             processes.append(
-                ServiceProcess(_worker_argv(chunk_bytes), log_path=logs / f"{name}.log", env=service_env())
+                ServiceProcess(_worker_argv(chunk_bytes), log_path=logs / f"{name}.log", env=service_env(extra))
             )
         for process in processes:
             process.wait_ready(START_TIMEOUT)
@@ -473,7 +504,7 @@ async def _measure_sizes(
             outgoing, incoming = memoryview(np.random.default_rng(1).bytes(half)), memoryview(bytearray(half))
             copy_source = np.random.default_rng(2).standard_normal(2 * p)
             copy_target = np.empty_like(copy_source)
-            calls: list[tuple[float, float, int]] = []
+            calls: list[CallTiming] = []
             raw_times: list[float] = []
             loop_times: list[float] = []
             copy_times: list[float] = []
@@ -582,6 +613,70 @@ async def chunk_sweep(p: int, chunk_sizes: Sequence[int | None], repeats: int, l
         "rows": rows,
         "best_chunk_bytes": best["chunk_bytes"],
         "best_vs_default": default["transport_s"] / best["transport_s"],
+    }
+
+
+# ---- TLS on the stream ------------------------------------------------------------------------------------
+def _tls_summary(calls: Sequence[CallTiming], p: int) -> dict[str, float]:
+    """Medians of one mode's calls, with ingest (first chunk to complete message) and the rates."""
+    row = _summary(calls)
+    ingest = statistics.median(c.total - c.first for c in calls)
+    chunks = int(row["chunks"])
+    return {
+        **row,
+        "ingest_s": ingest,
+        "transport_GBps": 16 * p / row["transport_s"] / 1e9,
+        "ingest_GBps": 8 * p * (chunks - 1) / chunks / ingest / 1e9 if chunks > 1 else math.nan,
+    }
+
+
+async def tls_overhead(p: int, repeats: int, logs: Path) -> dict[str, Any]:
+    """Compute at size p over plaintext and over mutual TLS, two worker processes called alternately."""
+    from gradcode.client.certs import make_certificates
+
+    certs = make_certificates(logs / "certs", ["127.0.0.1"])
+    tls_env = {
+        "GRADCODE_TLS_CERT": str(certs.node), "GRADCODE_TLS_KEY": str(certs.node_key),
+        "GRADCODE_TLS_CA": str(certs.ca), "GRADCODE_MTLS": "1",
+    }  # fmt: skip
+    tls = Security(cert=certs.client, key=certs.client_key, ca=certs.ca, mutual=True)
+    load_before = load_average()
+    processes = _start_workers([None, None], logs, envs=[{}, tls_env])
+    channels = [
+        Security().channel(processes[0].wait_ready(), options=CHANNEL_OPTIONS),
+        tls.channel(processes[1].wait_ready(), options=CHANNEL_OPTIONS),
+    ]
+    try:
+        job_id = ""
+        for channel in channels:
+            job_id, chunks = _linear_job(p)
+            await worker_pb2_grpc.WorkerStub(channel).LoadJob(chunks, timeout=CALL_TIMEOUT)  # type: ignore[no-untyped-call]
+        params = np.random.default_rng(0).standard_normal(p)
+        computes = [compute_stream(channel) for channel in channels]
+        calls: list[list[CallTiming]] = [[], []]
+        for iteration in range(1, WARMUP_CALLS + repeats + 1):
+            for compute, record in zip(computes, calls, strict=True):  # plaintext, TLS, plaintext, TLS, ...
+                result = await _compute_call(compute, job_id, iteration, params)
+                if iteration > WARMUP_CALLS:
+                    record.append(result)
+    finally:
+        for channel in channels:
+            await channel.close(None)
+        for process in processes:
+            process.stop()
+    plain, secure = (_tls_summary(record, p) for record in calls)
+    return {
+        "p": p,
+        "bytes": 16 * p,
+        "repeats": repeats,
+        "tls": "mutual TLS (grpcio ssl credentials, certificates from gradcode.client.certs)",
+        "plaintext": plain,
+        "mutual_tls": secure,
+        "ratio_total": secure["total_s"] / plain["total_s"],
+        "ratio_transport": secure["transport_s"] / plain["transport_s"],
+        "ratio_ingest": secure["ingest_s"] / plain["ingest_s"],
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
     }
 
 
@@ -753,6 +848,31 @@ def _format_chunks(sweep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _format_tls(result: dict[str, Any]) -> str:
+    p = result["p"]
+    lines = [
+        f"TLS on the stream: Compute at p = {p} ({8 * p / 1e6:.0f} MB model down, {8 * p / 1e6:.0f} MB message up), "
+        "plaintext and mutual TLS called alternately; medians",
+        f"{'':>10} {'total ms':>9} {'compute':>8} {'transp.':>8} {'ingest':>7} {'GB/s':>6} {'ingest GB/s':>12}",
+    ]
+    for name, key in (("plaintext", "plaintext"), ("mutual TLS", "mutual_tls")):
+        r = result[key]
+        lines.append(
+            f"{name:>10} {r['total_s'] * 1e3:>9.2f} {r['compute_s'] * 1e3:>8.2f} {r['transport_s'] * 1e3:>8.2f}"
+            f" {r['ingest_s'] * 1e3:>7.2f} {r['transport_GBps']:>6.2f} {r['ingest_GBps']:>12.2f}"
+        )
+    before, after = result["load_average_before"], result["load_average_after"]
+    lines.append(
+        f"TLS / plaintext: total {result['ratio_total']:.2f}x, transport {result['ratio_transport']:.2f}x, "
+        f"ingest {result['ratio_ingest']:.2f}x  (load average 1/5/15 min: before "
+        f"{'/'.join(f'{x:.2f}' for x in before)}, after {'/'.join(f'{x:.2f}' for x in after)}; "
+        f"{os.cpu_count()} CPUs)"
+    )
+    lines.append("(transport = total - worker compute, both directions; ingest = first chunk of the message to the")
+    lines.append(" complete message, the master receiving and checking the rest of the stream)")
+    return "\n".join(lines)
+
+
 def _format_iterations(result: dict[str, Any]) -> str:
     rtt = result["rtt_s"]
     lines = [
@@ -798,7 +918,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, (left, middle, tls, right) = plt.subplots(1, 4, figsize=(21, 4.8))
     rows = results["streaming"]
     ps = [r["p"] for r in rows]
     for key, label in [
@@ -820,6 +940,22 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     middle.bar(labels, [r["transport_GBps"] for r in sweep["rows"]], color=colors)
     middle.set_ylabel("gRPC transport GB/s")
     middle.set_title(f"Worker chunk size at p = {sweep['p']:.0e} (orange: default)")
+
+    secure = results["tls"]
+    modes = [("plaintext", "tab:blue"), ("mutual_tls", "tab:red")]
+    x = np.arange(2)
+    for i, (mode, color) in enumerate(modes):
+        values = [secure[mode]["transport_s"] * 1e3, secure[mode]["ingest_s"] * 1e3]
+        tls.bar(x + (i - 0.5) * 0.4, values, width=0.4, color=color, label=mode.replace("_", " "))
+    tls.set_xticks(x, ["transport", "ingest"])
+    tls.set_ylabel("ms (median)")
+    load = "/".join(f"{v:.1f}" for v in secure["load_average_after"])
+    tls.set_title(
+        f"TLS at p = {secure['p']:.0e}: transport {secure['ratio_transport']:.2f}x, "
+        f"ingest {secure['ratio_ingest']:.2f}x\n(load {load})",
+        fontsize=10,
+    )
+    tls.legend(fontsize=8)
 
     it = results["iteration"]
     names = [f"{r['scheme']}\nn={r['n']}" for r in it["rows"]]
@@ -844,6 +980,7 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     )
     iterations = QUICK_ITERATIONS if quick else FULL_ITERATIONS
     rtt_calls = QUICK_RTT_CALLS if quick else FULL_RTT_CALLS
+    secure = await tls_overhead(QUICK_TLS_P if quick else FULL_TLS_P, repeats, logs)
     iteration = await iteration_overhead(
         QUICK_CLUSTER if quick else FULL_CLUSTER, iterations, rtt_calls, logs / "cluster"
     )
@@ -862,7 +999,7 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
                 "beyond_master_bytes_s": row["overhead_s"] - through_master,
             }
         )
-    return {"streaming": stream_rows, "chunk_sweep": sweep, "iteration": iteration, "wide": wide}
+    return {"streaming": stream_rows, "chunk_sweep": sweep, "tls": secure, "iteration": iteration, "wide": wide}
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
@@ -889,6 +1026,8 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     print(_format_streaming(stages["streaming"]))
     print()
     print(_format_chunks(stages["chunk_sweep"]))
+    print()
+    print(_format_tls(stages["tls"]))
     print()
     print(_format_iterations(stages["iteration"]))
     print()

@@ -29,7 +29,8 @@ def _positive(value: object) -> bool:
 def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     transport.main(["--quick", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    for title in ("Gradient streaming", "Where the transport time goes", "Chunk size", "Per-iteration overhead"):
+    titles = ("Gradient streaming", "Where the transport time goes", "Chunk size", "TLS on the stream", "Per-iteration")
+    for title in titles:
         assert title in printed
     results = json.loads((tmp_path / "transport.json").read_text())
     assert results["quick"] is True
@@ -64,6 +65,15 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
     # A smaller chunk size can only mean as many chunks or more for the same message.
     chunks = [row["chunks"] for row in sorted(sweep["rows"], key=lambda r: r["chunk_bytes"])]
     assert chunks == sorted(chunks, reverse=True) and chunks[0] > chunks[-1]
+
+    secure = results["tls"]
+    assert secure["p"] == transport.QUICK_TLS_P and secure["bytes"] == 16 * secure["p"]
+    for mode in ("plaintext", "mutual_tls"):
+        for name in ("total_s", "compute_s", "transport_s", "ingest_s", "transport_GBps"):
+            assert _positive(secure[mode][name]), (mode, name, secure[mode][name])
+    for name in ("ratio_total", "ratio_transport", "ratio_ingest"):
+        assert _positive(secure[name]), name
+    assert len(secure["load_average_before"]) == len(secure["load_average_after"]) == 3
 
     iteration = results["iteration"]
     assert _positive(iteration["rtt_s"])

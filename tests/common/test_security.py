@@ -221,3 +221,96 @@ async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(cer
         info, reports = await client.run(spec, check=False)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)
+
+
+# ---- per-worker call tokens ------------------------------------------------------------------------------
+async def _status(call: Any) -> grpc.StatusCode:
+    """The status of ``call``: OK, or the code it failed with."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        code: grpc.StatusCode = exc.code()
+        return code
+    return grpc.StatusCode.OK
+
+
+async def _worker_statuses(address: str, bearer: str | None) -> dict[str, grpc.StatusCode]:
+    """What a worker answers to each of its methods called with ``bearer`` (plaintext, loopback)."""
+    async with Security().channel(address, bearer=bearer) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        load = stub.LoadJob(iter([worker_pb2.LoadJobChunk(setup=worker_pb2.JobSetup(job_id="x"))]))
+        return {
+            "LoadJob": await _status(load),
+            "Compute": await _status(stub.Compute(worker_pb2.ComputeRequest(job_id="x")).read()),
+            "EndJob": await _status(stub.EndJob(worker_pb2.EndJobRequest(job_id="x"))),
+            "Hello": await _status(stub.Hello(worker_pb2.HelloRequest())),
+        }
+
+
+async def test_each_registered_worker_answers_only_the_call_token_its_master_issued_it() -> None:
+    """A join-secret holder (any worker) cannot drive another worker; a restarted master issues new tokens."""
+    security = Security(join_secret=JOIN)
+    async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.2, security=security) as master:
+        port = int(master.address.rpartition(":")[2])
+        nodes = [WorkerNode(master_address=master.address, grace=0.2, security=security, reregister_seconds=0.2)
+                 for _ in range(2)]  # fmt: skip
+        async with nodes[0] as a, nodes[1] as b:
+            await asyncio.gather(a.registered.wait(), b.registered.wait())
+            assert a.call_token is not None and b.call_token is not None
+            token_a, token_b = a.call_token.value, b.call_token.value
+            assert token_a and token_b and len({token_a, token_b, security.worker_call_token}) == 3
+            assert {w.address: w.call_token for w in master.pool.workers} == {a.address: token_a, b.address: token_b}
+            unknown, known = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+            calls = ("LoadJob", "Compute", "EndJob")
+            derived = await _worker_statuses(a.address, security.worker_call_token)
+            assert derived == {**dict.fromkeys(calls, known), "Hello": grpc.StatusCode.OK}
+            for bearer in (None, token_b, JOIN):  # nothing, another worker's token, the join secret itself
+                statuses = await _worker_statuses(a.address, bearer)
+                assert [statuses[c] for c in calls] == [unknown if bearer != JOIN else known] * 3, bearer
+            own = await _worker_statuses(a.address, token_a)  # passes the check: the worker itself answers
+            assert own == {"LoadJob": grpc.StatusCode.INVALID_ARGUMENT, "Compute": grpc.StatusCode.NOT_FOUND,
+                           "EndJob": grpc.StatusCode.NOT_FOUND, "Hello": known}  # fmt: skip
+            await asyncio.sleep(0.6)  # periodic re-registrations keep the token
+            assert a.call_token.value == token_a and token_a in [w.call_token for w in master.pool.workers]
+
+            await master.shutdown()  # the master restarts at its address: the workers register again
+            async with MasterNode(port=port, grace=0.2, security=security) as again:
+                while len(again.pool.up()) < 2 or a.call_token.value == token_a:
+                    await asyncio.sleep(0.05)
+                fresh = a.call_token.value
+                assert fresh != token_a and {w.address: w.call_token for w in again.pool.workers}[a.address] == fresh
+                assert (await _worker_statuses(a.address, token_a))["EndJob"] == unknown  # the old token is dead
+                assert (await _worker_statuses(a.address, fresh))["EndJob"] == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply() -> None:
+    """The master may use a token it minted before its RegisterWorker reply arrived: such a call waits."""
+    from collections import namedtuple
+
+    from gradcode.common.security import AUTH_METADATA_KEY, CallToken
+
+    details = namedtuple("details", "method invocation_metadata")
+    token = CallToken()
+    interceptor = Security(join_secret=JOIN).interceptor(token)
+    assert interceptor is not None
+    admitted = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+
+    async def continuation(_details: Any) -> Any:
+        return admitted
+
+    def call(bearer: str) -> Any:
+        metadata = ((AUTH_METADATA_KEY, f"Bearer {bearer}"),)
+        return interceptor.intercept_service(continuation, details("/gradcode.v1.Worker/EndJob", metadata))
+
+    async with asyncio.timeout(TIMEOUT):
+        assert await call("minted-but-unknown") is not admitted  # no registration in flight: refused at once
+        token.registering()
+        waiting = asyncio.create_task(call("minted-0123456789abcdef"))
+        stranger = asyncio.create_task(call("wrong-0123456789abcdef"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and not stranger.done()
+        token.registered("minted-0123456789abcdef")
+        assert await waiting is admitted and await stranger is not admitted
+        token.registering()
+        token.registered(None)  # a failed registration keeps the token
+        assert await call("minted-0123456789abcdef") is admitted

@@ -4,7 +4,9 @@ The job resumes from its last checkpoint (losing at most ``--checkpoint-every`` 
 re-register with the new master and are loaded again, and the final parameters equal those of an
 uninterrupted run of the same spec to 1e-12. The code is a fractional repetition code (every message
 is a plain sum of partition gradients) and the straggler model delays every worker by the same fixed
-amount, so the two runs step with the same gradients whichever worker answers first.
+amount, so the two runs step with the same gradients whichever worker answers first. With a join
+secret, the restarted master issues every worker a new call token as it re-registers, and loads the
+resumed job with them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ITERATIONS = 40
 KILL_AFTER = 2 * CHECKPOINT_EVERY + 1
 """Iteration whose report triggers the SIGKILL (a checkpoint exists by then)."""
 RESUME_TIMEOUT = 180.0
+JOIN = "durable-join-secret-0123456789abcdef"
 
 
 def _spec(job_id: str) -> master_pb2.JobSpec:
@@ -59,10 +62,14 @@ async def _finish(address: str, job_id: str) -> tuple[master_pb2.JobInfo, list[m
         return await client.get_job(job_id), reports, await client.get_model(job_id)
 
 
-def test_master_killed_mid_job_resumes_from_its_checkpoint_with_identical_parameters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "call-tokens"])
+def test_master_killed_mid_job_resumes_from_its_checkpoint_with_identical_parameters(
+    tmp_path: Path, secure: bool
+) -> None:
     state_dir = tmp_path / "state"
     master_args = ["--state-dir", str(state_dir), "--checkpoint-every", str(CHECKPOINT_EVERY)]
-    with LocalCluster(4, run_dir=tmp_path / "runs", master_args=master_args) as cluster:
+    env = {"GRADCODE_JOIN_SECRET": JOIN} if secure else None  # no client token: the client needs none
+    with LocalCluster(4, run_dir=tmp_path / "runs", master_args=master_args, env=env) as cluster:
 
         async def reference_and_kill() -> tuple[np.ndarray, int]:
             async with GradcodeClient(cluster.master_address) as client:

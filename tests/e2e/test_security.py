@@ -2,8 +2,10 @@
 
 A whole job runs; meanwhile a client without the token, a worker without the join secret and a
 process that is not the master calling a worker's LoadJob/Compute/EndJob are refused with
-UNAUTHENTICATED or PERMISSION_DENIED, and the job is undisturbed. A worker that registers at an
-address where the master cannot reach it is never UP.
+UNAUTHENTICATED or PERMISSION_DENIED — even one holding the join secret, the token derived from it, or
+the call token the master issued to another registered worker — and the job is undisturbed. A tree
+job runs with every parent calling its children with the children's own call tokens. A worker that
+registers at an address where the master cannot reach it is never UP.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.security import Security
 from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.worker.node import WorkerNode
 
 from .conftest import START_TIMEOUT, job_spec
 
@@ -71,7 +74,12 @@ async def refused(call: Any) -> grpc.StatusCode:
 
 
 async def intrusions(certs: CertificateSet, master: str, workers: list[str], job_id: str) -> list[str]:
-    """Everything an outsider tries while the job runs; returns the statuses, one line per attempt."""
+    """Everything an outsider tries while the job runs; returns the statuses, one line per attempt.
+
+    The insider is a worker that registers with the master now (a process holding the certificates and
+    the join secret, admitted and issued its own call token): neither that token nor the join secret
+    nor the token derived from it lets it drive another worker.
+    """
     seen: list[str] = []
     async with client(certs, master, token=None) as anonymous:
         seen.append(f"client without token ListWorkers: {(await refused(anonymous.list_workers())).name}")
@@ -79,7 +87,17 @@ async def intrusions(certs: CertificateSet, master: str, workers: list[str], job
         spec = job_spec("cyclic", {"n": 3, "s": 1})
         seen.append(f"client without token CreateJob: {(await refused(anonymous.create_job(spec))).name}")
     outsider = Security(cert=certs.client, key=certs.client_key, ca=certs.ca, mutual=True)
-    for label, bearer in (("no credential", None), ("the client token", TOKEN), ("the join secret", JOIN)):
+    insider_security = Security(cert=certs.node, key=certs.node_key, ca=certs.ca, mutual=True, join_secret=JOIN)
+    async with WorkerNode(master_address=master, name="insider", grace=0.2, security=insider_security) as insider:
+        await asyncio.wait_for(insider.registered.wait(), START_TIMEOUT)
+        assert insider.call_token is not None and insider.call_token.value is not None
+        insider_token = insider.call_token.value
+    credentials = (
+        ("no credential", None), ("the client token", TOKEN), ("the join secret", JOIN),
+        ("the join-derived token", insider_security.worker_call_token),
+        ("another worker's call token", insider_token),
+    )  # fmt: skip
+    for label, bearer in credentials:
         async with outsider.channel(workers[0], bearer=bearer) as channel:
             stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
             load = stub.LoadJob(iter([worker_pb2.LoadJobChunk(setup=worker_pb2.JobSetup(job_id=job_id))]))
@@ -130,12 +148,36 @@ def test_a_job_over_mutual_tls_with_tokens_is_undisturbed_by_intruders(certs: Ce
                 ("no credential", "UNAUTHENTICATED"),
                 ("the client token", "UNAUTHENTICATED"),
                 ("the join secret", "PERMISSION_DENIED"),
+                ("the join-derived token", "PERMISSION_DENIED"),
+                ("another worker's call token", "UNAUTHENTICATED"),
             )
             for name in ("LoadJob", "Compute", "EndJob")
         ),
     ]
-    assert "stranger" not in names and len(names) == WORKERS
+    assert "stranger" not in names and len(names) == WORKERS + 1 and "insider" in names
     assert "UNAUTHENTICATED" in stranger_log
+
+
+def test_a_tree_job_with_call_tokens_reaches_every_child(certs: CertificateSet, tmp_path: Path) -> None:
+    """CodedReduce n = 2, s = 1, L = 2 over mutual TLS with tokens: six worker processes, two of them
+    parents that call their children with the call tokens the master issued those children. Every
+    iteration is exact and verified against the centralized gradient, and no worker refused a call."""
+    with LocalCluster(6, run_dir=tmp_path, env=server_env(certs)) as cluster:
+
+        async def scenario() -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport], list[int]]:
+            async with client(certs, cluster.master_address) as c:
+                ids = [w.worker_id for w in await wait_up(c, 6)]
+                spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=6, verify=True, worker_ids=ids)
+                info, reports = await c.run(spec, check=False)
+                return info, reports, ids[:2]
+
+        info, reports, first_layer = asyncio.run(asyncio.wait_for(scenario(), 180))
+        logs = [(tmp_path / "logs" / f"worker-{i}.log").read_text() for i in range(6)]
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert len(reports) == 6 and all(r.exact and 0 <= r.verify_error <= 1e-9 for r in reports)
+    # the master decodes from the first layer, whose messages hold their children's decoded sum
+    assert all(set(r.used_workers) <= set(first_layer) for r in reports), [list(r.used_workers) for r in reports]
+    assert not [line for log in logs for line in log.splitlines() if "refused" in line]
 
 
 def test_a_worker_advertising_an_unreachable_address_is_never_up(tmp_path: Path) -> None:

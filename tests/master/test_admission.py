@@ -177,3 +177,49 @@ async def test_a_worker_that_refuses_the_masters_credential_is_told_about_the_jo
             assert pool.workers == []
         finally:
             await pool.close()
+
+
+async def test_a_probe_revives_only_the_process_that_registered_and_a_new_one_gets_a_new_token() -> None:
+    """A DOWN worker answering the probe is UP again only if Hello names the registered process; a new
+    process at the address stays DOWN until it registers, and is then issued a new call token."""
+    from gradcode.common.security import Security
+
+    security = Security(join_secret="probe-join-secret-0123456789")
+    pool = WorkerPool(security=security)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            async with WorkerNode(grace=0.1, security=security) as first:
+                address = first.address
+                worker = await pool.register(address, "w", first.instance_id)
+                token = worker.call_token
+                assert token is not None and worker.is_up
+                assert (await pool.register(address, "w", first.instance_id)).call_token == token  # periodic: kept
+                pool.mark_down(worker, "Compute failed")
+                assert await pool.probe(worker) and worker.is_up and worker.call_token == token  # the same process
+                pool.mark_down(worker, "Compute failed")
+            port = int(address.rpartition(":")[2])
+            async with WorkerNode(port=port, grace=0.1, security=security) as second:
+                assert second.address == address
+                for _ in range(2):  # the monitor probes again and again: never revived
+                    assert not await pool.probe(worker)
+                    assert not worker.is_up and "another worker process answers" in worker.last_error
+                await pool.probe_down()
+                assert not worker.is_up
+                again = await pool.register(address, "w", second.instance_id)
+                assert again is worker and worker.is_up and worker.instance_id == second.instance_id
+                assert worker.call_token not in (None, token)
+                # and an UP worker whose address now answers with another process is marked DOWN by a probe
+                second.servicer.instance_id = "someone-else"
+                assert not await pool.probe(worker) and not worker.is_up
+    finally:
+        await pool.close()
+
+
+async def test_without_a_join_secret_no_call_token_is_issued() -> None:
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as node:
+        pool = WorkerPool()
+        try:
+            worker = await pool.register(node.address, "w", node.instance_id)
+            assert worker.call_token is None and worker.bearer is None
+        finally:
+            await pool.close()

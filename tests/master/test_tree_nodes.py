@@ -3,18 +3,22 @@
 The tree is n = 2, s = 1, L = 2: worker indices 0 and 1 are the first layer, 2 and 3 the children of
 0, 4 and 5 the children of 1 (see ``tests/e2e/test_tree.py``). The workers are listed to the master
 (``--workers``) and never register, so the master learns that a deeper node restarted only from its
-parent, which names the children that answered NOT_FOUND.
+parent, which names the children that answered NOT_FOUND. With call tokens the workers register with
+a join secret instead: a restarted node registers again and is issued a new call token, which its
+parent must be given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import pytest
 
+from gradcode.common.security import Security
 from gradcode.common.wire import struct_from_dict
 from gradcode.master.node import MasterNode
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
@@ -23,6 +27,7 @@ from tests.helpers import fixed_delay
 from tests.master.test_master_node import SAMPLES, TIMEOUT
 
 TREE = {"n": 2, "s": 1, "L": 2}
+JOIN = "tree-join-secret-0123456789abcdef"
 
 
 def _tree_spec(ids: list[int], iterations: int, straggler: common_pb2.StragglerSpec) -> master_pb2.JobSpec:
@@ -35,15 +40,32 @@ def _tree_spec(ids: list[int], iterations: int, straggler: common_pb2.StragglerS
 
 
 @contextlib.asynccontextmanager
-async def _static_tree() -> AsyncIterator[tuple[list[WorkerNode], master_pb2_grpc.MasterStub, list[int]]]:
-    """Six workers that never register, a master that lists them, and their pool ids in worker order."""
-    workers = [WorkerNode(grace=0.2) for _ in range(6)]
+async def _tree(
+    secure: bool = False,
+) -> AsyncIterator[tuple[list[WorkerNode], master_pb2_grpc.MasterStub, list[int], Callable[[int], WorkerNode]]]:
+    """Six workers, a master, the workers' pool ids in worker order, and a factory of a worker at a port.
+
+    Plain: the workers never register and the master lists them. ``secure``: master and workers share a
+    join secret and the workers register, so each answers only the call token the master issued it.
+    """
+    security = Security(join_secret=JOIN) if secure else Security()
+    master = MasterNode(grace=0.2, security=security) if secure else None
+
+    def worker(port: int = 0) -> WorkerNode:
+        where = master.address if master is not None else None
+        return WorkerNode(port=port, grace=0.2, master_address=where, security=security, reregister_seconds=0.5)
+
+    workers: list[WorkerNode] = []
     try:
+        if master is not None:
+            await master.start()
+        workers.extend(worker() for _ in range(6))
         for w in workers:
             await w.start()
         addresses = [w.address for w in workers]
         async with contextlib.AsyncExitStack() as stack:
-            master = await stack.enter_async_context(MasterNode(workers=addresses, grace=0.2))
+            if master is None:
+                master = await stack.enter_async_context(MasterNode(workers=addresses, grace=0.2))
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
             while True:
@@ -52,17 +74,22 @@ async def _static_tree() -> AsyncIterator[tuple[list[WorkerNode], master_pb2_grp
                 if all(a in by_address and by_address[a].state == master_pb2.WORKER_STATE_UP for a in addresses):
                     break
                 await asyncio.sleep(0.02)
-            yield workers, stub, [by_address[a].worker_id for a in addresses]
+            yield workers, stub, [by_address[a].worker_id for a in addresses], worker
     finally:
         for w in workers:
             await w.shutdown()
+        if master is not None:
+            await master.shutdown()
 
 
-async def test_a_restarted_deeper_node_is_reloaded_through_its_parent_and_used_again() -> None:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "call-tokens"])
+async def test_a_restarted_deeper_node_is_reloaded_through_its_parent_and_used_again(secure: bool) -> None:
     """Leaf 2 restarts (same port, empty); then its sibling leaf 3 stops for good. First-layer node 1
     is a 0.3 s straggler, so node 0 answers first whenever it can, and from then on it can only with
-    leaf 2 back in the job: the master must have reloaded leaf 2 on its parent's word."""
-    async with asyncio.timeout(TIMEOUT * 3), _static_tree() as (workers, stub, ids):
+    leaf 2 back in the job: the master must have reloaded leaf 2 on its parent's word (plain), or, with
+    call tokens, reloaded node 0 with the new call token the restarted leaf was issued when it registered
+    again (the leaf refuses the old one)."""
+    async with asyncio.timeout(TIMEOUT * 3), _tree(secure) as (workers, stub, ids, worker):
         iterations = 40
         spec = _tree_spec(ids, iterations, fixed_delay(0.3, workers=[1]))
         info = await stub.CreateJob(spec)
@@ -73,7 +100,7 @@ async def test_a_restarted_deeper_node_is_reloaded_through_its_parent_and_used_a
             if "restarted" not in events and report.iteration >= 3:
                 port = int(workers[2].address.rpartition(":")[2])
                 await workers[2].shutdown()
-                workers[2] = WorkerNode(port=port, grace=0.2)
+                workers[2] = worker(port)
                 await workers[2].start()
                 events["restarted"] = int(report.iteration)
             elif "sibling stopped" not in events and report.iteration > events.get("restarted", iterations):
@@ -100,7 +127,7 @@ async def test_a_parents_own_delay_does_not_hold_up_its_children() -> None:
     """First-layer node 0 sleeps 600 s per iteration; its children are still asked at once and compute
     while it sleeps (until the master, decoding from node 1, cancels node 0 and with it their calls).
     A parent that slept before asking would never have asked them."""
-    async with asyncio.timeout(TIMEOUT * 3), _static_tree() as (workers, stub, ids):
+    async with asyncio.timeout(TIMEOUT * 3), _tree() as (workers, stub, ids, _):
         computed: dict[int, set[int]] = {2: set(), 3: set()}
 
         def observer(leaf: int) -> Any:

@@ -50,10 +50,12 @@ class RemoveWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerReply(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "call_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
-    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+    call_token: str
+    def __init__(self, worker_id: _Optional[int] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix")

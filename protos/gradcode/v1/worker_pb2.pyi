@@ -30,12 +30,14 @@ class RowDefinition(_message.Message):
     def __init__(self, row: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., coefficients_real: _Optional[_Iterable[float]] = ..., coefficients_imag: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ChildSpec(_message.Message):
-    __slots__ = ("worker_id", "address")
+    __slots__ = ("worker_id", "address", "call_token")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CALL_TOKEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+    call_token: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class ParentRole(_message.Message):
     __slots__ = ("child_code", "children", "wait_seconds")
