@@ -121,7 +121,6 @@ def _check_label(name: str, instance_id: str) -> None:
         )
 
 
-
 @dataclass(eq=False)
 class PoolWorker:
     """One worker: its id, address, channel and stubs, state, last error and the jobs it holds."""
