@@ -45,6 +45,7 @@ from gradcode.common.data import (
     split_rows,
 )
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES, data_file
+from gradcode.common.exceptions import JobSpecError
 from gradcode.common.plugins import PluginError, load_dataset_plugin
 
 __all__ = ["DataSource", "DatasetPlugin", "LocalDescription", "dataset_plugin", "describe", "load_partitions"]
@@ -87,7 +88,7 @@ class _FilePlugin:
     def open(self, source: DataSource) -> DataTable:
         unknown = sorted(set(source.options) - set(FILE_OPTIONS))
         if unknown:
-            raise ValueError(f"Dataset 'file' takes options {list(FILE_OPTIONS)}, not {unknown}.")
+            raise JobSpecError(f"Dataset 'file' takes options {list(FILE_OPTIONS)}, not {unknown}.")
         file = source.resolve(source.path)
         labels = source.options.get("labels")
         table = open_data_file(
