@@ -87,6 +87,9 @@ class WorkerLoader:
         self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
         self.bytes_sent = 0
         """Serialized bytes of every LoadJob chunk sent for this job (all workers, reloads included)."""
+        self.refusals: dict[int, str] = {}
+        """Worker-local data a worker refused (INVALID_ARGUMENT: not there, another copy, no such plugin), by
+        worker index: the worker is healthy, it just cannot serve this job."""
 
     @property
     def job_id(self) -> str:
@@ -195,6 +198,9 @@ class WorkerLoader:
         try:
             await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
+            if self.plan.local is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                self.refusals[w] = exc.details() or ""
+                return False
             self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
             return False
         worker.jobs.add(self.job_id)
@@ -202,11 +208,20 @@ class WorkerLoader:
         return True
 
     async def load_all(self, indices: range | list[int] | None = None) -> None:
-        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet."""
+        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet.
+
+        JobFailedError when a worker refused the job's worker-local data: every worker needs it, so the job
+        fails at once with the worker's reason instead of running short of workers.
+        """
         chosen = range(self.plan.num_workers) if indices is None else indices
         await asyncio.gather(
             *(self.load(w) for w in chosen if self.workers[w].is_up and not self.workers[w].has_job(self.job_id))
         )
+        if self.refusals:
+            w, reason = min(self.refusals.items())
+            ids = sorted(self.workers[i].worker_id for i in self.refusals)
+            first = self.workers[w].worker_id
+            raise JobFailedError(f"Worker(s) {ids} cannot load this job's worker-local data; worker {first}: {reason}")
 
     async def end(self) -> None:
         """EndJob on every worker that holds the job (best effort), and free the partition bytes."""
