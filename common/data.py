@@ -40,6 +40,7 @@ __all__ = [
     "DataTable",
     "Dataset",
     "check_data",
+    "check_num_features",
     "generate",
     "infer_task",
     "load_dataset",
@@ -416,10 +417,14 @@ def check_data(X: FloatArray, y: FloatArray, file: Path, *, num_features: int | 
     """ValueError unless ``X``/``y`` (rows read from ``file``) are finite and ``X`` has ``num_features`` columns."""
     if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
         raise ValueError(f"Data file {str(file)!r} contains NaN or infinite values.")
-    if num_features is not None and num_features != X.shape[1]:
+    check_num_features(file, X.shape[1], num_features)
+
+
+def check_num_features(file: str | Path, have: int, want: int | None) -> None:
+    """ValueError unless ``want`` (a job's ``num_features``) is None or the file's ``have``."""
+    if want is not None and want != have:
         raise ValueError(
-            f"Data file {str(file)!r} has {X.shape[1]} features; 'num_features' must be None or that, "
-            f"not {num_features}."
+            f"Data file {str(file)!r} has {have} features; 'num_features' must be None or that, not {want}."
         )
 
 

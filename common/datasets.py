@@ -37,6 +37,7 @@ from gradcode.common.data import (
     FloatArray,
     IndexArray,
     check_data,
+    check_num_features,
     generate,
     infer_task,
     open_data_file,
@@ -97,11 +98,7 @@ class _FilePlugin:
             label_column=source.options.get("label"),
         )
         table.keep = source.num_samples
-        if source.num_features is not None and source.num_features != table.num_features:
-            raise ValueError(
-                f"Data file {source.path!r} has {table.num_features} features; 'num_features' must be None or that, "
-                f"not {source.num_features}."
-            )
+        check_num_features(source.path, table.num_features, source.num_features)
         return table
 
 
@@ -155,7 +152,9 @@ def _open(source: DataSource) -> DataTable:
             f"Dataset plugin {source.name!r} returned a {type(table).__name__}, not a gradcode.common.data.DataTable."
         )
     rows, features = getattr(table, "num_rows", None), getattr(table, "num_features", None)
-    if not (isinstance(rows, int) and rows >= 2 and isinstance(features, int) and features >= 1):
+    if not (
+        isinstance(rows, (int, np.integer)) and rows >= 2 and isinstance(features, (int, np.integer)) and features >= 1
+    ):
         raise ValueError(
             f"Dataset {source.name!r} has {rows} rows of {features} features; a dataset needs at least 2 rows and "
             "1 feature."

@@ -244,6 +244,7 @@ def test_a_fifo_is_refused_unopened(tmp_path: Path) -> None:
 def test_wrong_shapes_are_refused_with_what_was_expected(tmp_path: Path) -> None:
     X, y = arrays()
     np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
     np.save(tmp_path / "y_short.npy", y[:-1])
     np.save(tmp_path / "y_2d.npy", y.reshape(-1, 1))
     np.save(tmp_path / "X_1d.npy", y)
@@ -261,6 +262,8 @@ def test_wrong_shapes_are_refused_with_what_was_expected(tmp_path: Path) -> None
         JobSpecError, match=r"refused: a .npy of features needs the labels' .npy too \(option 'labels'\)"
     ):
         plan_job(spec("file", "X.npy", local=True), data_dir=tmp_path)
+    with pytest.raises(JobSpecError, match=r"refused: it has 5 features; leave dataset.num_features 0 or give that"):
+        plan_job(spec("file", "X.npy", {"labels": "y.npy"}, local=True, num_features=4), data_dir=tmp_path)
     with pytest.raises(JobSpecError, match=r"takes options \['labels', 'label'\], not \['sep'\]"):
         plan_job(spec("file", "X.npy", {"labels": "y_short.npy", "sep": ";"}, local=True), data_dir=tmp_path)
 
