@@ -12,7 +12,15 @@ from gradcode.common.logs import LOG_FORMATS, configure_logging
 from gradcode.common.metrics import MetricsServer, start_metrics_server
 from gradcode.common.serving import format_address, limit_blas_threads, parse_address, reuse_large_buffers
 
-__all__ = ["add_service_arguments", "env_default", "prepare_process", "service_address", "start_metrics"]
+__all__ = [
+    "add_data_arguments",
+    "add_service_arguments",
+    "check_data_arguments",
+    "env_default",
+    "prepare_process",
+    "service_address",
+    "start_metrics",
+]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -21,6 +29,36 @@ def env_default(name: str, default: str | None) -> str | None:
     """The environment variable ``name`` if set and non-empty, else ``default`` (a flag still wins)."""
     value = os.environ.get(name)
     return value if value else default
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, *, role: str) -> None:
+    """``--data-dir`` and ``--max-data-file-bytes``: where this master or worker may read data files, and how large."""
+    from gradcode.common.datafile import DATA_DIR_ENV, DATA_FILE_SUFFIXES, MAX_DATA_FILE_BYTES
+
+    reads = (
+        "the 'file' dataset may read"
+        if role == "master"
+        else "worker-local jobs (DatasetSpec.worker_local) read their partitions from"
+    )
+    parser.add_argument(
+        "--data-dir", default=env_default(DATA_DIR_ENV, None), metavar="DIR",
+        help=f"directory {reads} ({', '.join(DATA_FILE_SUFFIXES)}; paths in job specs are relative to it); "
+        f"default: none, data files are refused [{DATA_DIR_ENV}]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-data-file-bytes", type=int,
+        default=int(env_default("GRADCODE_MAX_DATA_FILE_BYTES", str(MAX_DATA_FILE_BYTES)) or MAX_DATA_FILE_BYTES),
+        help="largest data file a dataset may load from --data-dir [GRADCODE_MAX_DATA_FILE_BYTES] "
+        "(default: %(default)s, 2 GiB)",
+    )  # fmt: skip
+
+
+def check_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit with status 2 when --data-dir is not a directory or --max-data-file-bytes is not positive."""
+    if args.max_data_file_bytes < 1:
+        parser.error(f"--max-data-file-bytes must be >= 1, not {args.max_data_file_bytes}.")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
 
 
 def add_service_arguments(parser: argparse.ArgumentParser, *, default_listen: str) -> None:

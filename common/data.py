@@ -6,16 +6,21 @@ r"""Datasets for gradcode jobs and the deterministic split of samples into data 
   $[0, 1]$, 10 classes); the default demo, a small stand-in for Halbawi et al.'s MNIST softmax run.
 * ``"gaussian_mixture"`` — Tandon et al.'s artificial logistic-regression data (§5).
 * ``"linear"`` — CodedReduce's artificial linear-regression data (Reisizadeh et al., §VI eq. (10)).
-* ``"file"`` — a user's ``.npz`` (arrays ``X`` and ``y``) or ``.csv`` (label in the last column).
+* ``"file"`` — a user's ``.npz`` (arrays ``X`` and ``y``), ``.csv`` (label in the last column), ``.npy``
+  (features, memory-mapped, with a second ``.npy`` of labels) or ``.parquet`` (one label column).
 
-:func:`partition_indices` splits the training samples into the ``k`` partitions of a gradient code in
-the proportions ``code.partition_weights``.
+:func:`split_rows` is the seeded train/test split and :func:`partition_indices` splits the training
+samples into the ``k`` partitions of a gradient code in the proportions ``code.partition_weights``:
+a worker that loads its own partitions (:mod:`gradcode.common.datasets`) uses both exactly as the
+master does, so the same seeds give the same partitions. :func:`open_data_file` reads a data file's
+shape, labels or selected rows (a memory-mapped ``.npy`` reads only those rows).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import os
 import zipfile
@@ -30,7 +35,20 @@ import numpy.typing as npt
 from gradcode.common.models import MODEL_KINDS
 from gradcode.common.validation import check_int
 
-__all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "partition_indices"]
+__all__ = [
+    "DATASET_NAMES",
+    "DataTable",
+    "Dataset",
+    "check_data",
+    "check_num_features",
+    "generate",
+    "infer_task",
+    "load_dataset",
+    "open_data_file",
+    "partition_indices",
+    "signed_labels",
+    "split_rows",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.int64]
@@ -65,6 +83,9 @@ class Dataset:
     num_classes: int
     model_kind: str
     true_params: FloatArray | None = field(default=None)
+    features_on_workers: bool = False
+    """The training features stay on the workers (worker-local data): ``X_train`` is empty and ``y_train``
+    holds the training labels only, which is all the master needs (their count and spread)."""
 
     def __post_init__(self) -> None:
         if self.model_kind not in MODEL_KINDS:
@@ -74,7 +95,8 @@ class Dataset:
             y = getattr(self, f"y_{part}")
             if X.dtype != np.float64 or y.dtype != np.float64:
                 raise ValueError(f"X_{part} and y_{part} must be float64, got {X.dtype} and {y.dtype}.")
-            if X.ndim != 2 or y.shape != (X.shape[0],):
+            local = part == "train" and self.features_on_workers  # no feature rows here, only labels
+            if X.ndim != 2 or y.ndim != 1 or X.shape[0] != (0 if local else y.shape[0]):
                 raise ValueError(f"X_{part} must be 2-D and y_{part} must have one label per row of X_{part}.")
             X.setflags(write=False)
             y.setflags(write=False)
@@ -87,7 +109,7 @@ class Dataset:
 
     @property
     def num_train(self) -> int:
-        return int(self.X_train.shape[0])
+        return int(self.y_train.shape[0])
 
     def without_samples(self) -> Dataset:
         """The same dataset with no samples: what a finished job keeps (its name, shape and classes)."""
@@ -113,12 +135,16 @@ def load_dataset(
     seed: int = 0,
     test_fraction: float = 0.2,
     model_kind: str | None = None,
+    labels_path: str | os.PathLike[str] | None = None,
+    label_column: str | None = None,
 ) -> Dataset:
     """Load or generate the dataset ``name`` (one of :data:`DATASET_NAMES`) and split it.
 
     Arguments:
         name: ``"digits"``, ``"gaussian_mixture"``, ``"linear"`` or ``"file"``.
-        path: the ``.npz``/``.csv`` file, required for ``"file"`` only.
+        path: the ``.npz``/``.csv``/``.npy``/``.parquet`` file, required for ``"file"`` only.
+        labels_path: with a ``.npy`` of features, the ``.npy`` of labels (``"file"`` only).
+        label_column: a ``.parquet`` file's label column; default the last (``"file"`` only).
         num_samples: total samples before the train/test split. Synthetic sets default to 2000
             (``gaussian_mixture``) and 1000 (``linear``); for digits and files it subsamples.
         num_features: synthetic sets default to 20 (``gaussian_mixture``) and 50 (``linear``); for
@@ -142,15 +168,16 @@ def load_dataset(
         check_int("num_samples", num_samples, 2)
     if num_features is not None:
         check_int("num_features", num_features, 1)
-    if path is not None and name != "file":
-        raise ValueError(f"Argument 'path' is only used by the 'file' dataset, not by {name!r}.")
+    for argument, value in (("path", path), ("labels_path", labels_path), ("label_column", label_column)):
+        if value is not None and name != "file":
+            raise ValueError(f"Argument {argument!r} is only used by the 'file' dataset, not by {name!r}.")
     if model_kind is not None and name != "file":
         raise ValueError(f"Argument 'model_kind' is only used by the 'file' dataset, not by {name!r}.")
 
     loaders: dict[str, Callable[..., Dataset]] = {
-        "digits": _load_digits,
-        "gaussian_mixture": _gaussian_mixture,
-        "linear": _linear,
+        "digits": functools.partial(_load_generated, "digits"),
+        "gaussian_mixture": functools.partial(_load_generated, "gaussian_mixture"),
+        "linear": functools.partial(_load_generated, "linear"),
         "file": _load_file,
     }
     kwargs: dict[str, Any] = {
@@ -160,7 +187,7 @@ def load_dataset(
         "test_fraction": float(test_fraction),
     }
     if name == "file":
-        kwargs.update(path=path, model_kind=model_kind)
+        kwargs.update(path=path, model_kind=model_kind, labels_path=labels_path, label_column=label_column)
     return loaders[name](**kwargs)
 
 
@@ -222,6 +249,25 @@ def _largest_remainder(n: int, weights: FloatArray) -> npt.NDArray[np.int64]:
     return result
 
 
+def split_rows(
+    total: int, *, seed: int, test_fraction: float, num_samples: int | None = None, name: str = "data"
+) -> tuple[IndexArray, IndexArray]:
+    """The rows of a ``total``-row dataset kept for training and for testing (in that shuffled order).
+
+    Shuffles with ``seed``, keeps ``num_samples`` (if given), holds out ``test_fraction`` for testing:
+    what :func:`load_dataset` does, so a worker reading its own rows (:mod:`gradcode.common.datasets`)
+    gets exactly the master's training set. ValueError names ``name`` when the sizes do not fit.
+    """
+    if num_samples is not None and num_samples > total:
+        raise ValueError(f"Argument 'num_samples' must be at most {total} for dataset {name!r}, not {num_samples}.")
+    keep = total if num_samples is None else num_samples
+    order = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_STREAM])).permutation(total)[:keep]
+    num_test = round(test_fraction * keep)
+    if keep - num_test < 1:
+        raise ValueError(f"Dataset {name!r} has {keep} samples, too few to keep any for training.")
+    return order[num_test:].astype(np.int64), order[:num_test].astype(np.int64)
+
+
 def _split(
     name: str,
     X: FloatArray,
@@ -235,15 +281,7 @@ def _split(
     true_params: FloatArray | None = None,
 ) -> Dataset:
     """Shuffle with ``seed``, keep ``num_samples`` (if given), hold out ``test_fraction`` for testing."""
-    total = X.shape[0]
-    if num_samples is not None and num_samples > total:
-        raise ValueError(f"Argument 'num_samples' must be at most {total} for dataset {name!r}, not {num_samples}.")
-    keep = total if num_samples is None else num_samples
-    order = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_STREAM])).permutation(total)[:keep]
-    num_test = round(test_fraction * keep)
-    if keep - num_test < 1:
-        raise ValueError(f"Dataset {name!r} has {keep} samples, too few to keep any for training.")
-    test, train = order[:num_test], order[num_test:]
+    train, test = split_rows(X.shape[0], seed=seed, test_fraction=test_fraction, num_samples=num_samples, name=name)
     return Dataset(
         name=name,
         X_train=np.ascontiguousarray(X[train]),
@@ -256,7 +294,46 @@ def _split(
     )
 
 
-def _load_digits(*, num_samples: int | None, num_features: int | None, seed: int, test_fraction: float) -> Dataset:
+@dataclass(frozen=True, eq=False)
+class Generated:
+    """A built-in dataset before its train/test split: all its rows, and what they are for."""
+
+    X: FloatArray
+    y: FloatArray
+    num_classes: int
+    model_kind: str
+    true_params: FloatArray | None = None
+    keep: int | None = None
+    """Rows the split keeps (``num_samples`` subsamples the digits; a generator draws exactly that many)."""
+
+
+def generate(name: str, *, num_samples: int | None, num_features: int | None, seed: int) -> Generated:
+    """Every row of the built-in dataset ``name`` (``digits``, ``gaussian_mixture`` or ``linear``), from ``seed``.
+
+    The master splits it (:func:`load_dataset`); a worker with worker-local data generates the same rows
+    and keeps its partitions' (:mod:`gradcode.common.datasets`).
+    """
+    generators: dict[str, Callable[..., Generated]] = {
+        "digits": _digits,
+        "gaussian_mixture": _gaussian_mixture,
+        "linear": _linear,
+    }
+    if name not in generators:
+        raise ValueError(f"Unknown built-in dataset {name!r}; valid names are {sorted(generators)}.")
+    return generators[name](num_samples=num_samples, num_features=num_features, seed=seed)
+
+
+def _load_generated(
+    name: str, *, num_samples: int | None, num_features: int | None, seed: int, test_fraction: float
+) -> Dataset:
+    g = generate(name, num_samples=num_samples, num_features=num_features, seed=seed)
+    return _split(
+        name, g.X, g.y, seed=seed, test_fraction=test_fraction, num_samples=g.keep, num_classes=g.num_classes,
+        model_kind=g.model_kind, true_params=g.true_params,
+    )  # fmt: skip
+
+
+def _digits(*, num_samples: int | None, num_features: int | None, seed: int) -> Generated:
     from sklearn.datasets import load_digits  # local: scikit-learn is slow to import
 
     bunch = load_digits()
@@ -264,19 +341,10 @@ def _load_digits(*, num_samples: int | None, num_features: int | None, seed: int
     y = np.asarray(bunch.target, dtype=np.float64)
     if num_features is not None and num_features != X.shape[1]:
         raise ValueError(f"Dataset 'digits' has {X.shape[1]} features; 'num_features' must be None or that.")
-    return _split(
-        "digits",
-        X,
-        y,
-        seed=seed,
-        test_fraction=test_fraction,
-        num_samples=num_samples,
-        num_classes=10,
-        model_kind="softmax",
-    )
+    return Generated(X, y, num_classes=10, model_kind="softmax", keep=num_samples)
 
 
-def _gaussian_mixture(*, num_samples: int | None, num_features: int | None, seed: int, test_fraction: float) -> Dataset:
+def _gaussian_mixture(*, num_samples: int | None, num_features: int | None, seed: int) -> Generated:
     r"""Tandon et al. §5: $x \sim \tfrac12 N(\mu_1, I) + \tfrac12 N(\mu_2, I)$, $y \sim \mathrm{Ber}(p)$.
 
     The paper sets $p = 1 / (\exp(2 x^\top \beta^*) + 1)$ (i.e. $P(y = 1 \mid x) = \sigma(-2 x^\top \beta^*)$)
@@ -296,20 +364,10 @@ def _gaussian_mixture(*, num_samples: int | None, num_features: int | None, seed
     prob_one = 1.0 / (np.exp(np.clip(2.0 * X @ beta, -700.0, 700.0)) + 1.0)
     y = (rng.random(d) < prob_one).astype(np.float64)
     true_params = np.concatenate((-2.0 * beta, [0.0]))
-    return _split(
-        "gaussian_mixture",
-        X,
-        y,
-        seed=seed,
-        test_fraction=test_fraction,
-        num_samples=None,
-        num_classes=2,
-        model_kind="logistic",
-        true_params=true_params,
-    )
+    return Generated(X, y, num_classes=2, model_kind="logistic", true_params=true_params)
 
 
-def _linear(*, num_samples: int | None, num_features: int | None, seed: int, test_fraction: float) -> Dataset:
+def _linear(*, num_samples: int | None, num_features: int | None, seed: int) -> Generated:
     r"""CodedReduce §VI eq. (10): $y_j = x_j^\top \theta_* + z_j$, $x_j, \theta_* \sim N(0, I_p)$, $z_j \sim N(0, 1)$.
 
     The paper uses $(d, p) = (7644, 6500)$; the defaults here are 1000 × 50. ``true_params`` is
@@ -322,17 +380,7 @@ def _linear(*, num_samples: int | None, num_features: int | None, seed: int, tes
     theta = rng.standard_normal(p)
     X = rng.standard_normal((d, p))
     y = X @ theta + rng.standard_normal(d)
-    return _split(
-        "linear",
-        X,
-        y,
-        seed=seed,
-        test_fraction=test_fraction,
-        num_samples=None,
-        num_classes=0,
-        model_kind="linear",
-        true_params=np.concatenate((theta, [0.0])),
-    )
+    return Generated(X, y, num_classes=0, model_kind="linear", true_params=np.concatenate((theta, [0.0])))
 
 
 def _load_file(
@@ -343,29 +391,16 @@ def _load_file(
     num_features: int | None,
     seed: int,
     test_fraction: float,
+    labels_path: str | os.PathLike[str] | None = None,
+    label_column: str | None = None,
 ) -> Dataset:
     if path is None:
-        raise ValueError("Dataset 'file' needs a 'path' to a .npz or .csv file.")
+        raise ValueError("Dataset 'file' needs a 'path' to a .npz, .csv, .npy or .parquet file.")
+    table = open_data_file(path, labels_path=labels_path, label_column=label_column)
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"Data file {str(file)!r} does not exist or is not a file.")
-    suffix = file.suffix.lower()
-    if suffix == ".npz":
-        X, y = _read_npz(file)
-    elif suffix == ".csv":
-        X, y = _read_csv(file)
-    else:
-        raise ValueError(f"Data file {str(file)!r} must end in .npz or .csv, not {suffix or '(no suffix)'!r}.")
-    if X.shape[0] < 2:
-        raise ValueError(f"Data file {str(file)!r} has {X.shape[0]} samples; at least 2 are needed.")
-    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
-        raise ValueError(f"Data file {str(file)!r} contains NaN or infinite values.")
-    if num_features is not None and num_features != X.shape[1]:
-        raise ValueError(
-            f"Data file {str(file)!r} has {X.shape[1]} features; 'num_features' must be None or that, "
-            f"not {num_features}."
-        )
-    kind, y, num_classes = _infer_task(y, model_kind, file)
+    X, y = table.rows(np.arange(table.num_rows))
+    check_data(X, y, file, num_features=num_features)
+    kind, y, num_classes = infer_task(y, model_kind, file)
     return _split(
         file.name,
         X,
@@ -375,6 +410,200 @@ def _load_file(
         num_samples=num_samples,
         num_classes=num_classes,
         model_kind=kind,
+    )
+
+
+def check_data(X: FloatArray, y: FloatArray, file: Path, *, num_features: int | None = None) -> None:
+    """ValueError unless ``X``/``y`` (rows read from ``file``) are finite and ``X`` has ``num_features`` columns."""
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+        raise ValueError(f"Data file {str(file)!r} contains NaN or infinite values.")
+    check_num_features(file, X.shape[1], num_features)
+
+
+def check_num_features(file: str | Path, have: int, want: int | None) -> None:
+    """ValueError unless ``want`` (a job's ``num_features``) is None or the file's ``have``."""
+    if want is not None and want != have:
+        raise ValueError(
+            f"Data file {str(file)!r} has {have} features; 'num_features' must be None or that, not {want}."
+        )
+
+
+class DataTable:
+    """A data file opened for reading: its shape, all its labels, or selected rows (features and labels).
+
+    ``.npz`` and ``.csv`` files are parsed whole when opened; a ``.npy`` is memory-mapped, so
+    :meth:`rows` reads only the rows asked for; a ``.parquet`` file reads its label column or the rows'
+    columns. Every array returned is float64.
+    """
+
+    num_rows: int
+    num_features: int
+    file: Path
+    model_kind: str | None = None
+    """The model the rows are for; None: inferred from the labels (:func:`infer_task`)."""
+    num_classes: int = 0
+    """With ``model_kind``: the number of classes (0 for regression)."""
+    keep: int | None = None
+    """Rows the train/test split keeps (:func:`split_rows`' ``num_samples``); None: every row."""
+
+    def labels(self) -> FloatArray:
+        """Every row's label."""
+        raise NotImplementedError
+
+    def rows(self, rows: IndexArray) -> tuple[FloatArray, FloatArray]:
+        """Features ``(len(rows), num_features)`` and labels of ``rows``, in that order."""
+        raise NotImplementedError
+
+    def _check_shape(self) -> None:
+        if self.num_rows < 2:
+            raise ValueError(f"Data file {str(self.file)!r} has {self.num_rows} samples; at least 2 are needed.")
+
+
+class _ArrayTable(DataTable):
+    def __init__(self, file: Path, X: FloatArray, y: FloatArray) -> None:
+        self.file, self._X, self._y = file, X, y
+        self.num_rows, self.num_features = int(X.shape[0]), int(X.shape[1])
+        self._check_shape()
+
+    def labels(self) -> FloatArray:
+        return self._y
+
+    def rows(self, rows: IndexArray) -> tuple[FloatArray, FloatArray]:
+        return np.ascontiguousarray(self._X[rows]), np.ascontiguousarray(self._y[rows])
+
+
+class _NpyTable(DataTable):
+    """Features in one .npy (2-D), labels in another (1-D), both memory-mapped: nothing is read until asked."""
+
+    def __init__(self, file: Path, labels_file: Path) -> None:
+        self.file = file
+        self._X = _mmap_npy(file, "features", ndim=2)
+        self._y = _mmap_npy(labels_file, "labels", ndim=1)
+        self.num_rows, self.num_features = int(self._X.shape[0]), int(self._X.shape[1])
+        if self.num_features < 1:
+            raise ValueError(
+                f"Data file {str(file)!r}: 'X' must be 2-D (samples, features), got shape {self._X.shape}."
+            )
+        if self._y.shape != (self.num_rows,):
+            raise ValueError(
+                f"Data file {str(file)!r}: 'y' must have shape ({self.num_rows},) to match 'X', got shape "
+                f"{self._y.shape}."
+            )
+        self._check_shape()
+
+    def labels(self) -> FloatArray:
+        return np.asarray(self._y, dtype=np.float64)
+
+    def rows(self, rows: IndexArray) -> tuple[FloatArray, FloatArray]:
+        return np.asarray(self._X[rows], dtype=np.float64), np.asarray(self._y[rows], dtype=np.float64)
+
+
+def _mmap_npy(file: Path, what: str, *, ndim: int) -> np.ndarray[Any, Any]:
+    """A .npy memory-mapped read-only (never unpickled), with a real-number dtype and ``ndim`` dimensions."""
+    try:
+        array = np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, EOFError, ValueError) as exc:
+        raise ValueError(
+            f"Data file {str(file)!r} is not a readable .npy array (object arrays are refused): {exc}"
+        ) from None
+    if not isinstance(array, np.ndarray) or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        raise ValueError(
+            f"Data file {str(file)!r}: 'X' and 'y' must be numeric, got dtype {getattr(array, 'dtype', '?')}."
+        )
+    if array.ndim != ndim:
+        key = "X" if what == "features" else "y"
+        shape = "2-D (samples, features)" if ndim == 2 else "1-D (one label per sample)"
+        raise ValueError(f"Data file {str(file)!r}: '{key}' must be {shape}, got shape {array.shape}.")
+    return array
+
+
+class _ParquetTable(DataTable):
+    """A Parquet file (pyarrow, the ``parquet`` extra): the label column (default: the last) and the other,
+    numeric, columns as features."""
+
+    def __init__(self, file: Path, label_column: str | None) -> None:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError("Reading .parquet files needs pyarrow: pip install 'gradcode[parquet]'.") from None
+        import pyarrow as pa
+
+        self.file = file
+        self._pq = pq
+        try:
+            schema = pq.read_schema(file)
+            self.num_rows = int(pq.ParquetFile(file).metadata.num_rows)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise ValueError(f"Data file {str(file)!r} is not a readable .parquet file: {exc}") from None
+        names = list(schema.names)
+        label = label_column or (names[-1] if names else "")
+        if label not in names:
+            raise ValueError(f"Data file {str(file)!r} has no label column {label!r}; its columns are {names[:20]}.")
+        self._label = label
+        self._features = [n for n in names if n != label]
+        self.num_features = len(self._features)
+        if self.num_features < 1:
+            raise ValueError(f"Data file {str(file)!r}: each line needs at least one feature and a label.")
+        bad = [
+            n
+            for n in names
+            if not (pa.types.is_integer(schema.field(n).type) or pa.types.is_floating(schema.field(n).type))
+        ]
+        if bad:
+            raise ValueError(f"Data file {str(file)!r}: 'X' and 'y' must be numeric; columns {bad[:5]} are not.")
+        self._check_shape()
+
+    def _read(self, columns: list[str]) -> Any:
+        return self._pq.read_table(self.file, columns=columns, memory_map=True)
+
+    def labels(self) -> FloatArray:
+        column = self._read([self._label]).column(0)
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+    def rows(self, rows: IndexArray) -> tuple[FloatArray, FloatArray]:
+        table = self._read([*self._features, self._label]).take(rows)
+        X = np.empty((len(rows), self.num_features), dtype=np.float64)
+        for j, name in enumerate(self._features):
+            X[:, j] = table.column(name).to_numpy(zero_copy_only=False)
+        y = np.asarray(table.column(self._label).to_numpy(zero_copy_only=False), dtype=np.float64)
+        return X, y
+
+
+def open_data_file(
+    path: str | os.PathLike[str],
+    *,
+    labels_path: str | os.PathLike[str] | None = None,
+    label_column: str | None = None,
+) -> DataTable:
+    """Open a ``.npz`` (arrays ``X``, ``y``), ``.csv`` (label last), ``.npy`` (features; ``labels_path`` is the
+    labels' ``.npy``) or ``.parquet`` (``label_column``, default the last) data file; ValueError says what is wrong.
+
+    Paths are used as given: callers confine them first (:func:`gradcode.common.datafile.data_file`).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"Data file {str(file)!r} does not exist or is not a file.")
+    suffix = file.suffix.lower()
+    if labels_path is not None and suffix != ".npy":
+        raise ValueError(f"A labels file is only used with a .npy features file, not with {suffix or 'no suffix'!r}.")
+    if label_column is not None and suffix != ".parquet":
+        raise ValueError(f"A label column is only used with a .parquet file, not with {suffix or 'no suffix'!r}.")
+    if suffix == ".npz":
+        return _ArrayTable(file, *_read_npz(file))
+    if suffix == ".csv":
+        return _ArrayTable(file, *_read_csv(file))
+    if suffix == ".npy":
+        if labels_path is None:
+            raise ValueError(
+                f"Data file {str(file)!r} is a .npy of features; name the labels' .npy too (option 'labels')."
+            )
+        return _NpyTable(file, Path(labels_path))
+    if suffix == ".parquet":
+        return _ParquetTable(file, label_column)
+    raise ValueError(
+        f"Data file {str(file)!r} must end in .npz, .csv, .npy or .parquet, not {suffix or '(no suffix)'!r}."
     )
 
 
@@ -486,13 +715,17 @@ def _is_float(text: str) -> bool:
     return True
 
 
-def _infer_task(y: FloatArray, model_kind: str | None, file: Path) -> tuple[str, FloatArray, int]:
+def signed_labels(y: FloatArray) -> bool:
+    """Whether every label is -1 or +1: such labels train as 0/1 (:func:`infer_task`)."""
+    return bool(set(np.unique(y).tolist()) <= {-1.0, 1.0})
+
+
+def infer_task(y: FloatArray, model_kind: str | None, file: Path) -> tuple[str, FloatArray, int]:
     """Decide the model for a file's labels (see :func:`load_dataset`); return (kind, labels, classes)."""
+    if signed_labels(y):
+        y = (y > 0).astype(np.float64)  # ±1 labels → 0/1
     values = np.unique(y)
     integral = bool(np.all(np.floor(values) == values))
-    if integral and values.size <= 2 and set(values.tolist()) <= {-1.0, 1.0}:
-        y = (y > 0).astype(np.float64)  # ±1 labels → 0/1
-        values = np.unique(y)
     is_class = integral and values.size > 0 and values[0] >= 0 and values[-1] < _MAX_INFERRED_CLASSES
     num_classes = max(2, int(values[-1]) + 1) if is_class else 0
     if model_kind is None:

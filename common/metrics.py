@@ -17,7 +17,7 @@ Where each is recorded:
   the straggler tolerance left;
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
-  scrape time, and :data:`JOBS_FINISHED` when a job ends;
+  scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
 * worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`.
 """
 
@@ -44,6 +44,7 @@ __all__ = [
     "COMPUTES_SERVED",
     "COMPUTE_SECONDS",
     "JOBS_FINISHED",
+    "LOAD_BYTES_SENT",
     "MASTER_REGISTRY",
     "WORKER_REGISTRY",
     "MetricsServer",
@@ -111,6 +112,12 @@ WORKERS_UP = Gauge("gradcode_workers_up", "Workers the master sees UP.", registr
 WORKERS_KNOWN = Gauge("gradcode_workers_known", "Workers the master knows (UP or DOWN).", registry=MASTER_REGISTRY)
 JOBS_FINISHED = Counter(
     "gradcode_jobs_finished", "Jobs that ended, by final state.", ["state"], registry=MASTER_REGISTRY
+)
+LOAD_BYTES_SENT = Counter(
+    "gradcode_load_bytes_sent",
+    "Bytes of LoadJob chunks the master sent to workers (serialized size): the data it streams, or with "
+    "worker-local data only each worker's setup.",
+    registry=MASTER_REGISTRY,
 )
 
 # ---- worker ------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Model plugins: models from installed packages, found through the ``gradcode.models`` entry-point group.
+"""Plugins: models and datasets from installed packages, found through the ``gradcode.models`` and
+``gradcode.datasets`` entry-point groups.
 
 A plugin is a distribution that declares, in its ``pyproject.toml``::
 
@@ -15,6 +16,11 @@ arrives over the network: an unknown name is refused with the list of what is in
 
 Plugins may not reuse a built-in name (:data:`gradcode.common.models.MODEL_KINDS`); two installed
 distributions declaring the same name are refused by name (ambiguous) rather than picked at random.
+
+Dataset plugins (:data:`DATASET_ENTRY_POINT_GROUP`) are found the same way: an entry point names an
+object with the :class:`gradcode.common.datasets.DatasetPlugin` methods, which a worker uses to load
+its own partitions (worker-local data) and the master to learn the dataset's shape, labels and
+held-out rows; :func:`load_dataset_plugin` resolves a name against what is installed here only.
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ if TYPE_CHECKING:
     from gradcode.common.models import Model
 
 __all__ = [
+    "DATASET_ENTRY_POINT_GROUP",
     "MODEL_ENTRY_POINT_GROUP",
     "ModelFactory",
     "PluginError",
+    "dataset_plugins",
+    "load_dataset_plugin",
     "load_model_factory",
     "model_dtype",
     "model_plugins",
@@ -41,12 +50,14 @@ __all__ = [
 
 MODEL_ENTRY_POINT_GROUP = "gradcode.models"
 """The entry-point group installed packages register model factories under."""
+DATASET_ENTRY_POINT_GROUP = "gradcode.datasets"
+"""The entry-point group installed packages register dataset plugins under."""
 
 _PLUGIN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 
 class PluginError(ValueError):
-    """A model plugin is unknown, ambiguous, fails to load, or builds something that is not a Model."""
+    """A plugin is unknown, ambiguous, fails to load, or is not what its group needs."""
 
 
 class ModelFactory(Protocol):
@@ -72,9 +83,9 @@ def model_dtype(message_dtype: int) -> np.dtype[Any]:
     return np.dtype(np.float32) if message_dtype == common_pb2.DTYPE_FLOAT32 else np.dtype(np.float64)
 
 
-def _discover() -> dict[str, list[EntryPoint]]:
+def _discover(group: str = MODEL_ENTRY_POINT_GROUP) -> dict[str, list[EntryPoint]]:
     found: dict[str, list[EntryPoint]] = {}
-    for ep in entry_points(group=MODEL_ENTRY_POINT_GROUP):
+    for ep in entry_points(group=group):
         found.setdefault(ep.name, []).append(ep)
     return found
 
@@ -111,20 +122,50 @@ def load_model_factory(name: str) -> ModelFactory:
 
 @functools.cache
 def _load(name: str) -> ModelFactory:
-    eps = _discover().get(name, []) if _PLUGIN_NAME.match(name) else []
+    factory = _load_entry_point(MODEL_ENTRY_POINT_GROUP, name, "Model", unknown_model)
+    if not callable(factory):
+        raise PluginError(f"Model plugin {name!r} is not callable; it must be a model factory.")
+    return factory  # type: ignore[no-any-return]
+
+
+def _load_entry_point(group: str, name: str, what: str, unknown: Any) -> Any:
+    """The object the one installed entry point ``name`` of ``group`` names; ``unknown(name)`` when there is none."""
+    eps = _discover(group).get(name, []) if _PLUGIN_NAME.match(name) else []
     if not eps:
-        raise unknown_model(name)
+        raise unknown(name)
     if len(eps) > 1:
         raise PluginError(
-            f"Model plugin {name!r} is registered more than once ({[ep.value for ep in eps]}); uninstall all but "
+            f"{what} plugin {name!r} is registered more than once ({[ep.value for ep in eps]}); uninstall all but "
             "one of the packages that provide it."
         )
     try:
-        factory = eps[0].load()
+        return eps[0].load()
     except Exception as exc:  # whatever the plugin's import raises, say which plugin and why
         raise PluginError(
-            f"Model plugin {name!r} ({eps[0].value}) failed to load: {type(exc).__name__}: {exc}"
+            f"{what} plugin {name!r} ({eps[0].value}) failed to load: {type(exc).__name__}: {exc}"
         ) from exc
-    if not callable(factory):
-        raise PluginError(f"Model plugin {name!r} ({eps[0].value}) is not callable; it must be a model factory.")
-    return factory  # type: ignore[no-any-return]
+
+
+def dataset_plugins(builtin: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed dataset plugins: name -> ``module:attribute``, sorted; names in ``builtin`` are left out."""
+    return {
+        name: " | ".join(ep.value for ep in eps)
+        for name, eps in sorted(_discover(DATASET_ENTRY_POINT_GROUP).items())
+        if name not in builtin and _PLUGIN_NAME.match(name)
+    }
+
+
+def load_dataset_plugin(name: str, *, builtin: tuple[str, ...] = ()) -> Any:
+    """The object the installed dataset plugin ``name`` registered; PluginError lists the valid names when
+    there is none (``builtin`` first, then the installed plugins)."""
+
+    def unknown(name: str) -> PluginError:
+        valid = [*builtin, *dataset_plugins(builtin)]
+        return PluginError(
+            f"Unknown dataset {name!r}; valid datasets here are {valid} (the built-in ones, then the plugins "
+            f"installed under the entry-point group {DATASET_ENTRY_POINT_GROUP!r})."
+        )
+
+    if name in builtin:
+        raise PluginError(f"{name!r} is a built-in dataset, not a plugin.")
+    return _load_entry_point(DATASET_ENTRY_POINT_GROUP, name, "Dataset", unknown)

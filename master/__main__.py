@@ -11,14 +11,19 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
+from gradcode.common.cli import (
+    add_data_arguments,
+    add_service_arguments,
+    check_data_arguments,
+    env_default,
+    prepare_process,
+    service_address,
+    start_metrics,
+)
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
-from gradcode.master.datafile import DATA_DIR_ENV
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
-from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
@@ -55,15 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where each job's per-iteration history (<job>.jsonl) is written as it runs [GRADCODE_RUN_DIR] "
         "(default: %(default)s)",
     )
-    parser.add_argument(
-        "--data-dir",
-        default=env_default(DATA_DIR_ENV, None),
-        metavar="DIR",
-        help=(
-            "directory the 'file' dataset may read .npz/.csv files from (paths in job specs are relative to it); "
-            f"default: none, file datasets are refused [{DATA_DIR_ENV}]"
-        ),
-    )
+    add_data_arguments(parser, role="master")
     parser.add_argument(
         "--state-dir",
         default=env_default("GRADCODE_STATE_DIR", None),
@@ -83,12 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
         help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-data-file-bytes", type=int,
-        default=int(env_default("GRADCODE_MAX_DATA_FILE_BYTES", str(MAX_DATA_FILE_BYTES)) or MAX_DATA_FILE_BYTES),
-        help="largest .npz/.csv a 'file' dataset may load from --data-dir [GRADCODE_MAX_DATA_FILE_BYTES] "
-        "(default: %(default)s, 2 GiB)",
     )  # fmt: skip
     add_security_arguments(parser, role="master")
     return parser
@@ -127,16 +118,13 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.worker_list = [worker_address(a) for a in args.workers.split(",") if a.strip()]
         args.security = security_from_args(args)
-        if args.max_data_file_bytes < 1:
-            raise ValueError(f"--max-data-file-bytes must be >= 1, not {args.max_data_file_bytes}.")
         if args.checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be >= 1, not {args.checkpoint_every}.")
         if args.max_workers < 1:
             raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
     except ValueError as exc:
         parser.error(str(exc))
-    if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        parser.error(f"--data-dir {args.data_dir!r} is not a directory.")
+    check_data_arguments(parser, args)
     return args
 
 

@@ -389,6 +389,7 @@ class JobRunner:
         GetModel and WatchJob) but not their datasets, so its memory does not grow with them."""
         self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
         self.loader.plan = self.rounds.plan = self.plan
+
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint(self, state: str = "running") -> Checkpoint:
         """The job as committed now (the optimizer is replaced, never mutated, by a step: no copy needed)."""

@@ -8,6 +8,7 @@ An oversized spec is refused with a precise INVALID_ARGUMENT instead of exhausti
 from __future__ import annotations
 
 from gradcode.common.codes.registry import code_class
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import JobSpecError
 from gradcode.v1 import master_pb2
 
@@ -35,9 +36,6 @@ MAX_FEATURES = 100_000
 """Features per sample."""
 MAX_DATASET_BYTES = 1 << 30
 """float64 bytes of the feature matrix, samples x features x 8 (1 GiB)."""
-MAX_DATA_FILE_BYTES = 2 << 30
-"""Default largest ``file`` dataset on disk (2 GiB; the master's ``--max-data-file-bytes``): it holds any
-dataset within :data:`MAX_DATASET_BYTES` as a float64 ``.npz``, and a CSV of it (2-3x larger) mostly."""
 MAX_MODEL_BYTES = 64 << 20
 """float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
 _SYNTHETIC_DEFAULT_SIZE = {"gaussian_mixture": (2000, 20), "linear": (1000, 50), "digits": (1797, 64)}

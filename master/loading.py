@@ -12,6 +12,11 @@ child's old call token (the child restarted and was issued a new one) is reloade
 
 Worker ids in reports are the pool's ids (as in ListWorkers); on the wire to the workers a job uses
 the code's worker index ``0..N-1`` (the index the code's rows and the straggler model refer to).
+
+With worker-local data (``DatasetSpec.worker_local``) a LoadJob is the setup alone: it carries the
+dataset reference and the partitioning (:class:`~gradcode.v1.worker_pb2.LocalData`), and each worker
+loads its own partitions, so what the master sends does not grow with the data
+(:attr:`WorkerLoader.bytes_sent`, and the ``gradcode_load_bytes_sent`` metric).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from gradcode.common import metrics
 from gradcode.common.data import Dataset
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.wire import code_spec, partition_chunks, row_definition
@@ -83,6 +89,11 @@ class WorkerLoader:
         self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
         self._given: dict[int, dict[int, str]] = {}
         """The call tokens each parent was last loaded with, by parent and child worker index."""
+        self.bytes_sent = 0
+        """Serialized bytes of every LoadJob chunk sent for this job (all workers, reloads included)."""
+        self.refusals: dict[int, str] = {}
+        """Worker-local data a worker refused (INVALID_ARGUMENT: not there, another copy, no such plugin), by
+        worker index: the worker is healthy, it just cannot serve this job."""
 
     @property
     def job_id(self) -> str:
@@ -152,20 +163,45 @@ class WorkerLoader:
                         wait_seconds=topology.wait_seconds(w, plan.spec.iteration_deadline_seconds),
                     )
                 )
-        setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
+        if plan.local is None:
+            setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
+        else:
+            setup.local_data.CopyFrom(self._local_data())
         return setup
 
+    def _local_data(self) -> worker_pb2.LocalData:
+        """Where a worker finds its own partitions: the dataset reference and the job's partitioning."""
+        plan, local = self.plan, self.plan.local
+        assert local is not None
+        ds = plan.spec.dataset
+        return worker_pb2.LocalData(
+            dataset=ds.name, path=ds.path, options=dict(ds.options), num_samples=ds.num_samples,
+            num_features=ds.num_features, dataset_seed=ds.seed, test_fraction=ds.test_fraction,
+            partition_seed=plan.spec.seed, partition_weights=[float(w) for w in plan.code.partition_weights],
+            num_rows=local.num_rows, signed_labels=local.signed_labels,
+        )  # fmt: skip
+
     async def load_stream(self, w: int) -> AsyncIterator[worker_pb2.LoadJobChunk]:
-        """Worker ``w``'s LoadJob stream: its setup, then the data of every partition its rows need."""
+        """Worker ``w``'s LoadJob stream: its setup, then (unless the data is worker-local) the data of every
+        partition its rows need."""
         setup = self.job_setup(w)
         if setup.HasField("parent"):
             self._given[w] = {c.worker_id: c.call_token for c in setup.parent.children}
-        parts = sorted({j for row in setup.rows for j in row.partitions})
-        yield worker_pb2.LoadJobChunk(setup=setup)
-        for j in parts:
+        first = worker_pb2.LoadJobChunk(setup=setup)
+        self._count(first)
+        yield first
+        if self.plan.local is not None:
+            return
+        for j in sorted({j for row in setup.rows for j in row.partitions}):
             features, labels = await self.partition_bytes.get(j)
             for chunk in partition_chunks(j, len(self.plan.partitions[j]), features, labels):
+                self._count(chunk)
                 yield chunk
+
+    def _count(self, chunk: worker_pb2.LoadJobChunk) -> None:
+        size = chunk.ByteSize()
+        self.bytes_sent += size
+        metrics.LOAD_BYTES_SENT.inc(size)
 
     async def load(self, w: int) -> bool:
         """LoadJob worker ``w``; on failure mark it DOWN and return False (the job goes on)."""
@@ -175,6 +211,9 @@ class WorkerLoader:
         try:
             await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
+            if self.plan.local is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                self.refusals[w] = exc.details() or ""
+                return False
             self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
             return False
         worker.jobs.add(self.job_id)
@@ -197,11 +236,20 @@ class WorkerLoader:
         return stale
 
     async def load_all(self, indices: range | list[int] | None = None) -> None:
-        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet."""
+        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet.
+
+        JobFailedError when a worker refused the job's worker-local data: every worker needs it, so the job
+        fails at once with the worker's reason instead of running short of workers.
+        """
         chosen = range(self.plan.num_workers) if indices is None else indices
         await asyncio.gather(
             *(self.load(w) for w in chosen if self.workers[w].is_up and not self.workers[w].has_job(self.job_id))
         )
+        if self.refusals:
+            w, reason = min(self.refusals.items())
+            ids = sorted(self.workers[i].worker_id for i in self.refusals)
+            first = self.workers[w].worker_id
+            raise JobFailedError(f"Worker(s) {ids} cannot load this job's worker-local data; worker {first}: {reason}")
 
     async def end(self) -> None:
         """EndJob on every worker that holds the job (best effort), and free the partition bytes."""

@@ -4,7 +4,9 @@
 :class:`~gradcode.common.exceptions.JobSpecError` with the precise reason, so CreateJob can refuse a
 bad spec before anything starts. Sizes are checked against the caps of :mod:`gradcode.master.limits`
 before anything is built, and a ``file`` dataset must lie inside the master's data directory
-(:mod:`gradcode.master.datafile`). The code says what the job needs (its size, its topology), so no
+(:mod:`gradcode.common.datafile`). A ``worker_local`` dataset is only described here
+(:func:`gradcode.common.datasets.describe`: its labels and held-out rows); the workers load their own
+partitions. The code says what the job needs (its size, its topology), so no
 scheme is named here: a code with a topology (a CodedReduce tree, ``L > 1``) takes a worker process
 for every node, and ``JobSpec.tree``, if given, must equal the implied topology.
 """
@@ -24,15 +26,16 @@ from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from gradcode.common.datafile import data_file as file_in_data_dir
+from gradcode.common.datafile import file_error
+from gradcode.common.datasets import FILE_OPTIONS, DataSource, LocalDescription, describe
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
 from gradcode.common.models import Model, available_models, make_model
-from gradcode.common.plugins import model_dtype, unknown_model
+from gradcode.common.plugins import PluginError, model_dtype, unknown_model
 from gradcode.common.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import array_from_tensor, dict_from_struct
 from gradcode.master import limits
-from gradcode.master.datafile import data_file as file_in_data_dir
-from gradcode.master.datafile import file_error
 from gradcode.master.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
 from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
@@ -76,6 +79,8 @@ class JobPlan:
     """The code's worker layout when not every worker answers the master (a tree); None for flat jobs."""
     initial_params: np.ndarray[Any, Any] | None = None
     """Where training starts: ``JobSpec.initial_parameters``, or None for the model's own initial values."""
+    local: LocalDescription | None = None
+    """For worker-local data: what the workers must find (None when the master streams the partitions)."""
 
     def start_params(self) -> np.ndarray[Any, Any]:
         """The parameters of iteration 0."""
@@ -131,7 +136,7 @@ def plan_job(
     _check_job_id(spec)
     code, topology = _plan_code(spec)
     num_workers = code.n if topology is None else topology.num_workers
-    dataset = _plan_dataset(spec, data_dir, max_data_file_bytes)
+    dataset, local = _plan_dataset(spec, data_dir, max_data_file_bytes)
     model = _plan_model(spec, dataset)
     _check_optimizer_and_loop(spec, model)
     initial_params = _initial_params(spec, model)
@@ -154,6 +159,7 @@ def plan_job(
         message_dtype=message_dtype,
         topology=topology,
         initial_params=initial_params,
+        local=local,
     )
 
 
@@ -191,15 +197,30 @@ def _plan_code(spec: master_pb2.JobSpec) -> tuple[GradientCode, Topology | None]
     return code, topology
 
 
-def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int) -> Dataset:
-    """The dataset (generated or loaded), within the size caps."""
+def _plan_dataset(
+    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int
+) -> tuple[Dataset, LocalDescription | None]:
+    """The dataset (generated or loaded; for worker-local data, described), within the size caps."""
     ds = spec.dataset
-    if ds.name not in DATASET_NAMES:
-        raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
     if ds.test_fraction == 0:
         ds.test_fraction = DEFAULT_TEST_FRACTION
     limits.check_dataset_size(ds)
-    data_file = file_in_data_dir(ds.path, data_dir, max_bytes=max_file_bytes) if ds.name == "file" else None
+    if ds.worker_local:
+        return _plan_local_dataset(spec, data_dir, max_file_bytes)
+    if ds.name not in DATASET_NAMES:
+        raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
+    options = dict(ds.options)
+    unknown = sorted(set(options) - (set(FILE_OPTIONS) if ds.name == "file" else set()))
+    if unknown:
+        raise JobSpecError(
+            f"JobSpec.dataset.options {unknown} are not options of dataset {ds.name!r}; "
+            f"{'it takes ' + str(list(FILE_OPTIONS)) if ds.name == 'file' else 'it takes none'}."
+        )
+    data_file = labels_file = None
+    if ds.name == "file":
+        data_file = file_in_data_dir(ds.path, data_dir, max_bytes=max_file_bytes)
+        if "labels" in options:
+            labels_file = file_in_data_dir(options["labels"], data_dir, max_bytes=max_file_bytes, what="Labels file")
     try:
         dataset = load_dataset(
             ds.name,
@@ -208,6 +229,8 @@ def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None, max_fil
             num_features=int(ds.num_features) or None,
             seed=int(ds.seed),
             test_fraction=float(ds.test_fraction),
+            labels_path=labels_file,
+            label_column=options.get("label"),
         )
     except MemoryError:
         raise
@@ -225,7 +248,46 @@ def _plan_dataset(spec: master_pb2.JobSpec, data_dir: str | Path | None, max_fil
             f"Dataset {ds.name!r} has {samples} samples x {dataset.num_features} features; a job may use at most "
             f"{limits.MAX_FEATURES} features and {limits.MAX_DATASET_BYTES >> 20} MiB of features."
         )
-    return dataset
+    return dataset, None
+
+
+def _plan_local_dataset(
+    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int
+) -> tuple[Dataset, LocalDescription]:
+    """Worker-local data: its description (labels and held-out rows); the features stay on the workers."""
+    ds = spec.dataset
+    if spec.verify:
+        raise JobSpecError(
+            "JobSpec.verify compares every decoded gradient with the centralized one, which needs the training data "
+            "on the master; with dataset.worker_local it stays on the workers. Turn verify off, or let the master "
+            "stream the dataset (worker_local false)."
+        )
+    source = DataSource(
+        name=ds.name, path=ds.path, options=dict(ds.options), num_samples=int(ds.num_samples) or None,
+        num_features=int(ds.num_features) or None, seed=int(ds.seed),
+        data_dir=None if data_dir is None else Path(data_dir), max_file_bytes=max_file_bytes, where="master",
+    )  # fmt: skip
+    try:
+        local = describe(source, test_fraction=float(ds.test_fraction))
+    except (MemoryError, JobSpecError):
+        raise
+    except Exception as exc:  # a plugin's or reader's error; a file's never echoes its content
+        if ds.name == "file" and isinstance(exc, (ValueError, OSError)) and not isinstance(exc, PluginError):
+            raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
+        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        raise JobSpecError(f"Dataset {ds.name!r} (worker_local) refused: {reason}") from None
+    dataset = local.dataset
+    if not len(dataset.y_test):
+        raise JobSpecError(
+            f"Dataset {ds.name!r} keeps no held-out rows (test_fraction {ds.test_fraction:g} of {local.num_rows}); "
+            "worker-local data needs some for the test accuracy: raise dataset.test_fraction."
+        )
+    if dataset.num_features > limits.MAX_FEATURES or local.num_rows > limits.MAX_SAMPLES:
+        raise JobSpecError(
+            f"Dataset {ds.name!r} has {local.num_rows} samples x {dataset.num_features} features; a job may use at "
+            f"most {limits.MAX_SAMPLES} samples and {limits.MAX_FEATURES} features."
+        )
+    return dataset, local
 
 
 def _plan_model(spec: master_pb2.JobSpec, dataset: Dataset) -> Model:

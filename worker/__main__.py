@@ -12,7 +12,15 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gradcode.common.cli import add_service_arguments, env_default, prepare_process, service_address, start_metrics
+from gradcode.common.cli import (
+    add_data_arguments,
+    add_service_arguments,
+    check_data_arguments,
+    env_default,
+    prepare_process,
+    service_address,
+    start_metrics,
+)
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals, parse_address
 from gradcode.common.wire import MAX_MESSAGE_BYTES
@@ -45,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradcode worker",
         description=(
-            "A gradcode worker: holds the data partitions the master sends it, computes coded partial "
+            "A gradcode worker: holds the data partitions the master sends it (or, for worker-local data, loads "
+            "its own from --data-dir), computes coded partial "
             "gradients on request and streams them back; in a tree it also decodes its children."
         ),
         epilog=_EPILOG,
@@ -84,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-jobs", type=int, default=int(env_default("GRADCODE_MAX_JOBS", "16") or 16),
         help="jobs this worker holds at once [GRADCODE_MAX_JOBS] (default: %(default)s)",
     )  # fmt: skip
+    add_data_arguments(parser, role="worker")
     add_security_arguments(parser, role="worker")
     return parser
 
@@ -116,6 +126,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.security = security_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    check_data_arguments(parser, args)
     return args
 
 
@@ -137,6 +148,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
         chunk_bytes=args.chunk_bytes or None,
         max_total_bytes=int(args.memory_budget * 1024**3), max_jobs=args.max_jobs, security=args.security,
+        data_dir=args.data_dir, max_data_file_bytes=args.max_data_file_bytes,
     )  # fmt: skip
     from gradcode.common.metrics import WORKER_REGISTRY
 

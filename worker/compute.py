@@ -1,7 +1,9 @@
 r"""What a worker computes, without any gRPC: its job's data and the coded messages of one iteration.
 
 A job arrives as a :class:`~gradcode.v1.worker_pb2.JobSetup` followed by the data of every
-partition its rows need, in :class:`~gradcode.v1.worker_pb2.PartitionData` chunks.
+partition its rows need, in :class:`~gradcode.v1.worker_pb2.PartitionData` chunks; or, with
+``JobSetup.local_data``, the setup alone, and the worker loads its partitions from its own data
+directory (:mod:`gradcode.common.datasets`).
 :class:`JobBuilder` validates each piece as it arrives (offsets, sizes, which partitions the rows
 need, a cap on the total bytes) and :meth:`JobBuilder.finish` returns the immutable :class:`WorkerJob`.
 
@@ -23,14 +25,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from gradcode.common.codes.base import Array
-from gradcode.common.exceptions import ComputeCancelledError, JobSetupError
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES, file_error
+from gradcode.common.datasets import DataSource, load_partitions
+from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
 from gradcode.common.models import Model, make_model, message_length
-from gradcode.common.plugins import model_dtype
+from gradcode.common.plugins import PluginError, model_dtype
 from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -269,7 +274,14 @@ class JobBuilder:
     ``num_samples x num_features`` float64, labels ``num_samples`` float64, little-endian.
     """
 
-    def __init__(self, setup: worker_pb2.JobSetup, *, max_bytes: int = MAX_JOB_BYTES) -> None:
+    def __init__(
+        self,
+        setup: worker_pb2.JobSetup,
+        *,
+        max_bytes: int = MAX_JOB_BYTES,
+        data_dir: Path | None = None,
+        max_file_bytes: int = MAX_DATA_FILE_BYTES,
+    ) -> None:
         if not setup.job_id:
             raise JobSetupError("JobSetup.job_id is empty; give the job a name.")
         self.setup = setup
@@ -306,7 +318,14 @@ class JobBuilder:
                 "use DTYPEFLOAT64 (complex rows are then sent as complex128)."
             )
         self.needed = sorted({p for row in self.rows.values() for p in row.partitions})
-        if setup.num_partitions_sent != len(self.needed):
+        self.local = setup.local_data if setup.HasField("local_data") else None
+        self.data_dir, self.max_file_bytes = data_dir, max_file_bytes
+        if self.local is not None and setup.num_partitions_sent:
+            raise JobSetupError(
+                f"JobSetup has local_data but announces {setup.num_partitions_sent} partitions sent; a worker-local "
+                "job loads its partitions here, so it must announce 0."
+            )
+        if self.local is None and setup.num_partitions_sent != len(self.needed):
             raise JobSetupError(
                 f"JobSetup announces {setup.num_partitions_sent} partitions, but its rows need exactly "
                 f"{len(self.needed)}: {self.needed}."
@@ -318,6 +337,11 @@ class JobBuilder:
     def add(self, data: worker_pb2.PartitionData) -> None:
         """Copy one chunk into place, refusing anything that does not fit."""
         p = int(data.partition)
+        if self.local is not None:
+            raise JobSetupError(
+                f"Data for partition {p} arrived, but this job's data is worker-local (JobSetup.local_data): "
+                "the worker loads its partitions itself and takes no PartitionData."
+            )
         if p not in self.rows_partitions:
             raise JobSetupError(f"Data for partition {p}, which no row of this worker needs; it needs {self.needed}.")
         buffer = self._buffers.get(p)
@@ -372,8 +396,46 @@ class JobBuilder:
         self.bytes_received += len(payload)
         return end
 
+    def _load_local(self, local: worker_pb2.LocalData) -> None:
+        """Load every needed partition from this worker's data (:func:`gradcode.common.datasets.load_partitions`)."""
+        source = DataSource(
+            name=local.dataset, path=local.path, options=dict(local.options),
+            num_samples=int(local.num_samples) or None, num_features=int(local.num_features) or None,
+            seed=int(local.dataset_seed), data_dir=self.data_dir,
+            max_file_bytes=self.max_file_bytes, where="worker",
+        )  # fmt: skip
+        num_features = int(self.setup.model.num_features)
+
+        def budget(samples: dict[int, int]) -> None:
+            for p, n in samples.items():
+                self._allocate(p, n)  # checks the job's byte cap before anything is read
+
+        try:
+            loaded = load_partitions(
+                source, test_fraction=float(local.test_fraction), partition_seed=int(local.partition_seed),
+                weights=list(local.partition_weights), wanted=self.needed, num_rows=int(local.num_rows),
+                num_features=num_features, signed=bool(local.signed_labels), check_bytes=budget,
+            )  # fmt: skip
+        except (JobSetupError, JobSpecError, PluginError):
+            raise
+        except Exception as exc:  # a reader's or plugin's error; a file's never echoes its content
+            if local.dataset == "file" and isinstance(exc, (ValueError, OSError)):
+                raise JobSetupError(
+                    f"Dataset 'file' {local.path[:64]!r} refused on this worker: {file_error(exc)}."
+                ) from None
+            raise JobSetupError(f"Dataset {local.dataset[:64]!r} refused on this worker: {exc}") from None
+        for p, (X, y) in loaded.items():
+            buffer = self._buffers[p]
+            buffer.features[...] = X
+            buffer.labels[...] = y
+            buffer.features_filled, buffer.labels_filled = buffer.features.nbytes, buffer.labels.nbytes
+            self.bytes_received += X.nbytes + y.nbytes
+
     def finish(self) -> WorkerJob:
-        """Check that every needed partition is complete and valid, and return the job."""
+        """Check that every needed partition is complete and valid (loading it first when worker-local), and
+        return the job."""
+        if self.local is not None:
+            self._load_local(self.local)
         missing = [p for p in self.needed if p not in self._buffers]
         if missing:
             raise JobSetupError(f"No data arrived for partition(s) {missing}; the rows need {self.needed}.")

@@ -28,9 +28,11 @@ import contextlib
 import logging
 import secrets
 import socket
+from pathlib import Path
 
 import grpc
 
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.security import CallToken, Security
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.wire import CHANNEL_OPTIONS
@@ -67,6 +69,8 @@ class WorkerNode(ServiceNode):
             :func:`~gradcode.common.wire.chunk_bytes_for`).
         max_total_bytes: cap on the data all jobs together may hold on this worker.
         max_jobs: cap on the jobs held at once.
+        data_dir: the only directory worker-local jobs read data files from (None: they may only generate).
+        max_data_file_bytes: largest data file such a job may read.
         security: TLS and the join secret (:class:`gradcode.common.security.Security`); default plaintext, open.
     """
 
@@ -87,6 +91,8 @@ class WorkerNode(ServiceNode):
         max_total_bytes: int = MAX_TOTAL_BYTES,
         max_jobs: int = MAX_JOBS,
         security: Security | None = None,
+        data_dir: str | Path | None = None,
+        max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
     ) -> None:
         if reregister_seconds <= 0:
             raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
@@ -102,6 +108,7 @@ class WorkerNode(ServiceNode):
         self.servicer = WorkerServicer(
             max_job_bytes=max_job_bytes, max_total_bytes=max_total_bytes, max_jobs=max_jobs,
             security=self.security, instance_id=self.instance_id, chunk_bytes=chunk_bytes,
+            data_dir=None if data_dir is None else Path(data_dir), max_data_file_bytes=max_data_file_bytes,
         )  # fmt: skip
         self.worker_id: int | None = None
         """The id the master gave this worker (None until registered)."""

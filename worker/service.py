@@ -2,8 +2,9 @@
 job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emulation) and
 :mod:`gradcode.worker.compute` (what a worker computes).
 
-* ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data; replaces an earlier
-  job with the same id.
+* ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data (or, for worker-local
+  data, nothing: the worker loads its partitions from its ``--data-dir``); replaces an earlier job with
+  the same id.
 * ``Compute`` (server streaming): one iteration; applies the job's straggler emulation as a
   cancellable sleep, spread over the worker's messages (a straggler is slow, not dead), computes
   the rows in a worker thread and streams each one as soon as it is ready. When the receiver
@@ -23,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 
 from gradcode.common import metrics
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import (
     AbortedError,
     ChildrenUnavailableError,
@@ -80,6 +83,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         security: Security | None = None,
         instance_id: str = "",
         chunk_bytes: int | None = None,
+        data_dir: Path | None = None,
+        max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
     ) -> None:
         if max_jobs < 1 or max_total_bytes < 1:
             raise ValueError(f"max_jobs and max_total_bytes must be >= 1, not {max_jobs!r} and {max_total_bytes!r}.")
@@ -95,6 +100,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """How a tree parent reaches its children (TLS; their call tokens come in the job's ChildSpecs)."""
         self.instance_id = instance_id
         """What Hello answers: the random id this process registered with."""
+        self.data_dir = data_dir
+        """The only directory worker-local jobs read data files from (None: none)."""
+        self.max_data_file_bytes = max_data_file_bytes
         self._loading: dict[int, int] = {}
         """Bytes budgeted to the LoadJob streams under way, by stream."""
         self._budget_bound: dict[int, bool] = {}
@@ -170,7 +178,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self._budget_bound[stream] = free < self.max_job_bytes
                 limit = max(0, min(self.max_job_bytes, free))
                 self._loading[stream] = limit
-                builder = JobBuilder(chunk.setup, max_bytes=limit)
+                builder = JobBuilder(
+                    chunk.setup, max_bytes=limit, data_dir=self.data_dir, max_file_bytes=self.max_data_file_bytes
+                )
             elif kind == "data":
                 if builder is None:
                     raise JobSetupError(

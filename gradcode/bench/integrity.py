@@ -50,7 +50,6 @@ STRAGGLERS: dict[str, dict[str, Any]] = {
 iteration (Tandon et al., Fig. 4); 5 ms + Exp(mean 20 ms) per worker; Pareto with t0 = 10 ms, shape 1.5."""
 
 
-
 async def _job(client: GradcodeClient, straggler: str, policy: str, iterations: int, seed: int) -> dict[str, Any]:
     spec = build_job_spec(
         scheme="cyclic", n=N, s=S, optimizer="gd", iterations=iterations, straggler=straggler,

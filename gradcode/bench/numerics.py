@@ -47,7 +47,6 @@ def stragglers_for(n: int, fraction: float) -> int:
     return max(s for s in range(1, target + 1) if n % (s + 1) == 0) if n >= 2 else 0
 
 
-
 def _decode(code: GradientCode, workers: list[int], g: np.ndarray) -> tuple[float, float]:
     """(true relative error, certified bound) of decoding ``workers`` on partial gradients ``g``."""
     assignment = code.static_assignment()

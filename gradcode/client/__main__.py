@@ -60,6 +60,14 @@ def _key_value(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _text_key_value(text: str) -> tuple[str, str]:
+    """KEY=VALUE with the value kept as text (dataset options are strings)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, value
+
+
 def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gradient code")
     g.add_argument("--scheme", default="cyclic", help=f"one of: {', '.join(available_codes())} (default: cyclic)")
@@ -82,8 +90,25 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--integrity", default="", choices=["off", "detect", "locate"],
         help="consistency checks from surplus messages (default: the master's, off)",
     )  # fmt: skip
-    t.add_argument("--dataset", default="digits", help="digits | gaussian_mixture | linear | file (default: digits)")
-    t.add_argument("--dataset-path", default="", help="a .npz (X, y) or .csv file, with --dataset file")
+    t.add_argument(
+        "--dataset", default="digits",
+        help="digits | gaussian_mixture | linear | file, or with --worker-data an installed dataset plugin "
+        "(default: digits)",
+    )  # fmt: skip
+    t.add_argument(
+        "--dataset-path", default="",
+        help="with --dataset file: a .npz (X, y), .csv (label last), .npy of features or .parquet file, relative "
+        "to the master's (and with --worker-data each worker's) --data-dir",
+    )  # fmt: skip
+    t.add_argument(
+        "--dataset-option", type=_text_key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="a dataset option, e.g. labels=y.npy (the labels beside a .npy of features) or label=COLUMN (Parquet)",
+    )  # fmt: skip
+    t.add_argument(
+        "--worker-data", action="store_true",
+        help="keep the data on the workers: each loads (or generates) its own partitions and the master sends "
+        "only the dataset reference and the partitioning; the master reads the labels and held-out rows only",
+    )  # fmt: skip
     t.add_argument(
         "--test-fraction", type=float, default=0.0,
         help="share of the dataset held out for the test accuracy, in [0, 1) (default 0: the master's default)",
@@ -116,6 +141,8 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "model": args.model,
         "dataset": args.dataset,
         "dataset_path": args.dataset_path,
+        "dataset_options": dict(args.dataset_option),
+        "worker_data": args.worker_data,
         "test_fraction": args.test_fraction,
         "optimizer": args.optimizer,
         "learning_rate": args.learning_rate,
@@ -150,7 +177,6 @@ async def _follow(
 
     seen = [] if seen is None else seen
     with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
-
         accuracy = ["-"]  # the latest evaluated test accuracy (the master evaluates every evaluate_every)
 
         def progress(r: master_pb2.IterationReport) -> None:

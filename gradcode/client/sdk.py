@@ -42,6 +42,8 @@ def build_job_spec(
     model: str = "softmax",
     dataset: str = "digits",
     dataset_path: str = "",
+    dataset_options: Mapping[str, str] | None = None,
+    worker_data: bool = False,
     num_samples: int = 0,
     num_features: int = 0,
     test_fraction: float = 0.0,
@@ -69,7 +71,10 @@ def build_job_spec(
     plugin model then computes in float32) or ``"complex128"``; empty lets the master choose (float64,
     complex128 for complex codes). ``integrity`` is the consistency policy (``off``, ``detect``,
     ``locate``; empty: the master's default). ``initial_parameters`` (a flat vector of the model's
-    size) is where training starts instead of the model's own initial values.
+    size) is where training starts instead of the model's own initial values. ``worker_data`` keeps
+    the data on the workers (``DatasetSpec.worker_local``: each loads its own partitions from its
+    ``--data-dir``, or generates them); ``dataset_options`` are the dataset's options, e.g.
+    ``{"labels": "y.npy"}`` beside a ``.npy`` of features.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1) (0: the master's default), not {test_fraction!r}.")
@@ -90,6 +95,8 @@ def build_job_spec(
         dataset=master_pb2.DatasetSpec(
             name=dataset,
             path=dataset_path,
+            options=dict(dataset_options or {}),
+            worker_local=worker_data,
             num_samples=num_samples,
             num_features=num_features,
             seed=seed,
@@ -177,6 +184,7 @@ class GradcodeClient:
         """The jobs the master holds (without their specs) and the ids of the most recently evicted ones."""
         reply: master_pb2.ListJobsReply = await self._stub.ListJobs(master_pb2.ListJobsRequest())
         return reply
+
     async def resume(self, job_id: str = "", *, checkpoint: bytes = b"") -> master_pb2.JobInfo:
         """Resume a job from its last checkpoint: the master's own (by ``job_id``), or ``checkpoint``, the
         contents of a checkpoint file (``<state_dir>/<job_id>.ckpt.npz``, e.g. from another master)."""

@@ -1,4 +1,4 @@
-"""`gradcode run` and build_job_spec carry the dataset's test fraction into the JobSpec."""
+"""`gradcode run` and build_job_spec carry the dataset's test fraction, options and mode into the JobSpec."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ def test_run_exposes_the_test_fraction() -> None:
     assert _spec_from_args(args).dataset.test_fraction == pytest.approx(0.35)
     default = build_parser().parse_args(["run"])
     assert _spec_from_args(default).dataset.test_fraction == 0.0  # the master's default applies
+
+
+def test_run_chooses_worker_local_data_with_options() -> None:
+    argv = ["run", "--worker-data", "--dataset", "file", "--dataset-path", "X.npy", "--dataset-option", "labels=y.npy"]
+    dataset = _spec_from_args(build_parser().parse_args(argv)).dataset
+    assert dataset.worker_local and dataset.path == "X.npy" and dict(dataset.options) == {"labels": "y.npy"}
+    assert not _spec_from_args(build_parser().parse_args(["run"])).dataset.worker_local  # the master streams
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--dataset-option", "labels"])
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])

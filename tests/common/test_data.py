@@ -149,7 +149,7 @@ def test_bad_npz_and_path_errors(tmp_path: Path) -> None:
         load_dataset("file")
     txt = tmp_path / "data.txt"
     txt.write_text("1,2\n")
-    with pytest.raises(ValueError, match=re.escape("must end in .npz or .csv, not '.txt'")):
+    with pytest.raises(ValueError, match=re.escape("must end in .npz, .csv, .npy or .parquet, not '.txt'")):
         load_dataset("file", path=txt)
     no_y = tmp_path / "no_y.npz"
     np.savez(no_y, X=np.zeros((4, 2)))

@@ -267,6 +267,8 @@ def test_model_request_bytes_equal_protobufs_serialization(params: np.ndarray) -
     got = worker_pb2.ComputeRequest.FromString(head.SerializeToString() + model_request_bytes(params))
     want = worker_pb2.ComputeRequest(job_id="j", iteration=4, worker_id=2, rows=[1, 3], model=tensor_from_array(params))
     assert got == want
+
+
 def test_message_to_dict_keeps_integers_as_numbers() -> None:
     """protobuf's JSON mapping writes 64-bit ints as strings and Struct numbers as doubles; history
     files and saved specs keep their own types, and ParseDict reads them back unchanged."""

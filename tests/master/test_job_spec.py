@@ -294,7 +294,7 @@ def test_a_file_dataset_outside_the_data_dir_is_refused(tmp_path: Path) -> None:
             plan_job(file_spec(path), data_dir=data_dir)
     with pytest.raises(JobSpecError, match=r"'missing.csv' is not a file in the master's data directory"):
         plan_job(file_spec("missing.csv"), data_dir=data_dir)
-    with pytest.raises(JobSpecError, match=r"must name a .npz or .csv file"):
+    with pytest.raises(JobSpecError, match=r"must name a .npz, .csv, .npy or .parquet file"):
         plan_job(file_spec("notes.txt"), data_dir=data_dir)
     with pytest.raises(JobSpecError, match=r"Dataset 'file' is disabled on this master"):
         plan_job(file_spec("ok.csv"))

@@ -316,6 +316,28 @@ async def test_a_file_dataset_is_read_from_the_data_dir_only(tmp_path: Path) -> 
         assert "Dataset 'file' is disabled on this master: start it with --data-dir" in (error.value.details() or "")
 
 
+async def test_a_job_whose_worker_local_data_a_worker_cannot_load_fails_with_the_workers_reason(
+    tmp_path: Path,
+) -> None:
+    """The master has the file, the workers have no --data-dir: the job fails at once, naming why; the workers
+    stay UP (they are healthy, they just cannot serve this job) and run the next job."""
+    np.save(tmp_path / "X.npy", np.arange(40.0).reshape(20, 2))
+    np.save(tmp_path / "y.npy", np.arange(20.0) % 2)
+    dataset = master_pb2.DatasetSpec(name="file", path="X.npy", options={"labels": "y.npy"}, worker_local=True)
+    async with asyncio.timeout(TIMEOUT), running_master(2, data_dir=tmp_path) as master:
+        ids = await master.wait_workers(2)
+        info, _ = await master.run(job_spec("uncoded", {"n": 2}, dataset=dataset, worker_ids=ids))
+        assert info.state == master_pb2.JOB_STATE_FAILED
+        assert f"Worker(s) {sorted(ids)} cannot load this job's worker-local data" in info.message, info.message
+        assert "Dataset 'file' is disabled on this worker: start it with --data-dir" in info.message
+        workers = (await master.stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+        assert all(w.state == master_pb2.WORKER_STATE_UP for w in workers)
+        generated = master_pb2.DatasetSpec(name="gaussian_mixture", num_samples=200, worker_local=True)
+        info, reports = await master.run(job_spec("uncoded", {"n": 2}, dataset=generated, worker_ids=ids))
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert all(r.exact for r in reports)
+
+
 async def test_running_out_of_memory_while_planning_is_resource_exhausted(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_memory(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError

@@ -26,17 +26,19 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from gradcode.v1 import common_pb2 as gradcode_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gradcode/v1/master.proto\x12\x0bgradcode.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18gradcode/v1/common.proto\"K\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"(\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"<\n\x13RegisterWorkerReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x12\n\ncall_token\x18\x02 \x01(\t\"\x93\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\'\n\x05state\x18\x04 \x01(\x0e\x32\x18.gradcode.v1.WorkerState\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x16\n\x0elast_seen_unix\x18\x06 \x01(\x01\"\x14\n\x12ListWorkersRequest\"<\n\x10ListWorkersReply\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.gradcode.v1.WorkerInfo\"y\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x14\n\x0cnum_features\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x15\n\rtest_fraction\x18\x06 \x01(\x01\"F\n\rOptimizerSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x10\n\x08momentum\x18\x03 \x01(\x01\"\x1d\n\x08TreeSpec\x12\x11\n\tparent_of\x18\x01 \x03(\x05\"\xe7\x04\n\x07JobSpec\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x04\x63ode\x18\x02 \x01(\x0b\x32\x15.gradcode.v1.CodeSpec\x12%\n\x05model\x18\x03 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\x12)\n\x07\x64\x61taset\x18\x04 \x01(\x0b\x32\x18.gradcode.v1.DatasetSpec\x12-\n\toptimizer\x18\x05 \x01(\x0b\x32\x1a.gradcode.v1.OptimizerSpec\x12\x12\n\niterations\x18\x06 \x01(\r\x12\x17\n\x0ftarget_accuracy\x18\x07 \x01(\x01\x12\"\n\x1aiteration_deadline_seconds\x18\x08 \x01(\x01\x12\x0e\n\x06verify\x18\t \x01(\x08\x12-\n\tstraggler\x18\n \x01(\x0b\x32\x1a.gradcode.v1.StragglerSpec\x12#\n\x04tree\x18\x0b \x01(\x0b\x32\x15.gradcode.v1.TreeSpec\x12\x12\n\nworker_ids\x18\x0c \x03(\r\x12\x0c\n\x04seed\x18\r \x01(\x04\x12 \n\x18wait_for_workers_seconds\x18\x0e \x01(\x01\x12)\n\rmessage_dtype\x18\x0f \x01(\x0e\x32\x12.gradcode.v1.DType\x12&\n\x05\x65xtra\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0e\x65valuate_every\x18\x11 \x01(\r\x12\x11\n\tintegrity\x18\x12 \x01(\t\x12/\n\x12initial_parameters\x18  \x01(\x0b\x32\x13.gradcode.v1.Tensor\"\x8d\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.gradcode.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0fiterations_done\x18\x04 \x01(\r\x12\"\n\x04spec\x18\x05 \x01(\x0b\x32\x14.gradcode.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x0cWorkerTiming\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\xe1\x03\n\x0fIterationReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x16\n\x0etrain_accuracy\x18\x04 \x01(\x01\x12\x15\n\rtest_accuracy\x18\x05 \x01(\x01\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x17\n\x0f\x65lapsed_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cused_workers\x18\t \x03(\r\x12\x14\n\x0clate_workers\x18\n \x03(\r\x12\x16\n\x0e\x66\x61iled_workers\x18\x0b \x03(\r\x12*\n\x07timings\x18\x0c \x03(\x0b\x32\x19.gradcode.v1.WorkerTiming\x12\r\n\x05\x65xact\x18\r \x01(\x08\x12\x14\n\x0cverify_error\x18\x0e \x01(\x01\x12$\n\x05state\x18\x0f \x01(\x0e\x32\x15.gradcode.v1.JobState\x12\x0f\n\x07message\x18\x10 \x01(\t\x12\x13\n\x0b\x65rror_bound\x18\x11 \x01(\x01\x12\x1a\n\x12\x63onsistency_checks\x18\x12 \x01(\r\x12\x17\n\x0fsuspect_workers\x18\x13 \x03(\r\x12\x11\n\tintegrity\x18\x14 \x01(\t\"!\n\x0fGetModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x7f\n\nModelReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\'\n\nparameters\x18\x03 \x01(\x0b\x32\x13.gradcode.v1.Tensor\x12%\n\x05model\x18\x04 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\"6\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x0c\"L\n\rListJobsReply\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.gradcode.v1.JobInfo\x12\x17\n\x0f\x65victed_job_ids\x18\x02 \x03(\t*W\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fWORKER_STATE_UP\x10\x01\x12\x15\n\x11WORKER_STATE_DOWN\x10\x02*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xc6\x05\n\x06Master\x12V\n\x0eRegisterWorker\x12\".gradcode.v1.RegisterWorkerRequest\x1a .gradcode.v1.RegisterWorkerReply\x12M\n\x0bListWorkers\x12\x1f.gradcode.v1.ListWorkersRequest\x1a\x1d.gradcode.v1.ListWorkersReply\x12I\n\x0cRemoveWorker\x12 .gradcode.v1.RemoveWorkerRequest\x1a\x17.gradcode.v1.WorkerInfo\x12\x37\n\tCreateJob\x12\x14.gradcode.v1.JobSpec\x1a\x14.gradcode.v1.JobInfo\x12:\n\x06GetJob\x12\x1a.gradcode.v1.GetJobRequest\x1a\x14.gradcode.v1.JobInfo\x12H\n\x08WatchJob\x12\x1c.gradcode.v1.WatchJobRequest\x1a\x1c.gradcode.v1.IterationReport0\x01\x12\x41\n\x08GetModel\x12\x1c.gradcode.v1.GetModelRequest\x1a\x17.gradcode.v1.ModelReply\x12@\n\tCancelJob\x12\x1d.gradcode.v1.CancelJobRequest\x1a\x14.gradcode.v1.JobInfo\x12\x44\n\x08ListJobs\x12\x1c.gradcode.v1.ListJobsRequest\x1a\x1a.gradcode.v1.ListJobsReply\x12@\n\tResumeJob\x12\x1d.gradcode.v1.ResumeJobRequest\x1a\x14.gradcode.v1.JobInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gradcode/v1/master.proto\x12\x0bgradcode.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x18gradcode/v1/common.proto\"K\n\x15RegisterWorkerRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"(\n\x13RemoveWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\"<\n\x13RegisterWorkerReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x12\n\ncall_token\x18\x02 \x01(\t\"\x93\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\'\n\x05state\x18\x04 \x01(\x0e\x32\x18.gradcode.v1.WorkerState\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x16\n\x0elast_seen_unix\x18\x06 \x01(\x01\"\x14\n\x12ListWorkersRequest\"<\n\x10ListWorkersReply\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.gradcode.v1.WorkerInfo\"\xf7\x01\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x14\n\x0cnum_features\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x15\n\rtest_fraction\x18\x06 \x01(\x01\x12\x14\n\x0cworker_local\x18\x07 \x01(\x08\x12\x36\n\x07options\x18\x08 \x03(\x0b\x32%.gradcode.v1.DatasetSpec.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\rOptimizerSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x10\n\x08momentum\x18\x03 \x01(\x01\"\x1d\n\x08TreeSpec\x12\x11\n\tparent_of\x18\x01 \x03(\x05\"\xe7\x04\n\x07JobSpec\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x04\x63ode\x18\x02 \x01(\x0b\x32\x15.gradcode.v1.CodeSpec\x12%\n\x05model\x18\x03 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\x12)\n\x07\x64\x61taset\x18\x04 \x01(\x0b\x32\x18.gradcode.v1.DatasetSpec\x12-\n\toptimizer\x18\x05 \x01(\x0b\x32\x1a.gradcode.v1.OptimizerSpec\x12\x12\n\niterations\x18\x06 \x01(\r\x12\x17\n\x0ftarget_accuracy\x18\x07 \x01(\x01\x12\"\n\x1aiteration_deadline_seconds\x18\x08 \x01(\x01\x12\x0e\n\x06verify\x18\t \x01(\x08\x12-\n\tstraggler\x18\n \x01(\x0b\x32\x1a.gradcode.v1.StragglerSpec\x12#\n\x04tree\x18\x0b \x01(\x0b\x32\x15.gradcode.v1.TreeSpec\x12\x12\n\nworker_ids\x18\x0c \x03(\r\x12\x0c\n\x04seed\x18\r \x01(\x04\x12 \n\x18wait_for_workers_seconds\x18\x0e \x01(\x01\x12)\n\rmessage_dtype\x18\x0f \x01(\x0e\x32\x12.gradcode.v1.DType\x12&\n\x05\x65xtra\x18\x10 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0e\x65valuate_every\x18\x11 \x01(\r\x12\x11\n\tintegrity\x18\x12 \x01(\t\x12/\n\x12initial_parameters\x18  \x01(\x0b\x32\x13.gradcode.v1.Tensor\"\x8d\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.gradcode.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0fiterations_done\x18\x04 \x01(\r\x12\"\n\x04spec\x18\x05 \x01(\x0b\x32\x14.gradcode.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x0cWorkerTiming\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\xe1\x03\n\x0fIterationReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x16\n\x0etrain_accuracy\x18\x04 \x01(\x01\x12\x15\n\rtest_accuracy\x18\x05 \x01(\x01\x12\x14\n\x0cwall_seconds\x18\x06 \x01(\x01\x12\x17\n\x0f\x65lapsed_seconds\x18\x07 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cused_workers\x18\t \x03(\r\x12\x14\n\x0clate_workers\x18\n \x03(\r\x12\x16\n\x0e\x66\x61iled_workers\x18\x0b \x03(\r\x12*\n\x07timings\x18\x0c \x03(\x0b\x32\x19.gradcode.v1.WorkerTiming\x12\r\n\x05\x65xact\x18\r \x01(\x08\x12\x14\n\x0cverify_error\x18\x0e \x01(\x01\x12$\n\x05state\x18\x0f \x01(\x0e\x32\x15.gradcode.v1.JobState\x12\x0f\n\x07message\x18\x10 \x01(\t\x12\x13\n\x0b\x65rror_bound\x18\x11 \x01(\x01\x12\x1a\n\x12\x63onsistency_checks\x18\x12 \x01(\r\x12\x17\n\x0fsuspect_workers\x18\x13 \x03(\r\x12\x11\n\tintegrity\x18\x14 \x01(\t\"!\n\x0fGetModelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x7f\n\nModelReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\'\n\nparameters\x18\x03 \x01(\x0b\x32\x13.gradcode.v1.Tensor\x12%\n\x05model\x18\x04 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fListJobsRequest\"6\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x0c\"L\n\rListJobsReply\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.gradcode.v1.JobInfo\x12\x17\n\x0f\x65victed_job_ids\x18\x02 \x03(\t*W\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fWORKER_STATE_UP\x10\x01\x12\x15\n\x11WORKER_STATE_DOWN\x10\x02*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xc6\x05\n\x06Master\x12V\n\x0eRegisterWorker\x12\".gradcode.v1.RegisterWorkerRequest\x1a .gradcode.v1.RegisterWorkerReply\x12M\n\x0bListWorkers\x12\x1f.gradcode.v1.ListWorkersRequest\x1a\x1d.gradcode.v1.ListWorkersReply\x12I\n\x0cRemoveWorker\x12 .gradcode.v1.RemoveWorkerRequest\x1a\x17.gradcode.v1.WorkerInfo\x12\x37\n\tCreateJob\x12\x14.gradcode.v1.JobSpec\x1a\x14.gradcode.v1.JobInfo\x12:\n\x06GetJob\x12\x1a.gradcode.v1.GetJobRequest\x1a\x14.gradcode.v1.JobInfo\x12H\n\x08WatchJob\x12\x1c.gradcode.v1.WatchJobRequest\x1a\x1c.gradcode.v1.IterationReport0\x01\x12\x41\n\x08GetModel\x12\x1c.gradcode.v1.GetModelRequest\x1a\x17.gradcode.v1.ModelReply\x12@\n\tCancelJob\x12\x1d.gradcode.v1.CancelJobRequest\x1a\x14.gradcode.v1.JobInfo\x12\x44\n\x08ListJobs\x12\x1c.gradcode.v1.ListJobsRequest\x1a\x1a.gradcode.v1.ListJobsReply\x12@\n\tResumeJob\x12\x1d.gradcode.v1.ResumeJobRequest\x1a\x14.gradcode.v1.JobInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gradcode.v1.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATE']._serialized_start=2457
-  _globals['_WORKERSTATE']._serialized_end=2544
-  _globals['_JOBSTATE']._serialized_start=2547
-  _globals['_JOBSTATE']._serialized_end=2702
+  _globals['_DATASETSPEC_OPTIONSENTRY']._loaded_options = None
+  _globals['_DATASETSPEC_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATE']._serialized_start=2584
+  _globals['_WORKERSTATE']._serialized_end=2671
+  _globals['_JOBSTATE']._serialized_start=2674
+  _globals['_JOBSTATE']._serialized_end=2829
   _globals['_REGISTERWORKERREQUEST']._serialized_start=97
   _globals['_REGISTERWORKERREQUEST']._serialized_end=172
   _globals['_REMOVEWORKERREQUEST']._serialized_start=174
@@ -49,36 +51,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTWORKERSREQUEST']._serialized_end=448
   _globals['_LISTWORKERSREPLY']._serialized_start=450
   _globals['_LISTWORKERSREPLY']._serialized_end=510
-  _globals['_DATASETSPEC']._serialized_start=512
-  _globals['_DATASETSPEC']._serialized_end=633
-  _globals['_OPTIMIZERSPEC']._serialized_start=635
-  _globals['_OPTIMIZERSPEC']._serialized_end=705
-  _globals['_TREESPEC']._serialized_start=707
-  _globals['_TREESPEC']._serialized_end=736
-  _globals['_JOBSPEC']._serialized_start=739
-  _globals['_JOBSPEC']._serialized_end=1354
-  _globals['_JOBINFO']._serialized_start=1357
-  _globals['_JOBINFO']._serialized_end=1498
-  _globals['_GETJOBREQUEST']._serialized_start=1500
-  _globals['_GETJOBREQUEST']._serialized_end=1531
-  _globals['_WATCHJOBREQUEST']._serialized_start=1533
-  _globals['_WATCHJOBREQUEST']._serialized_end=1566
-  _globals['_WORKERTIMING']._serialized_start=1568
-  _globals['_WORKERTIMING']._serialized_end=1618
-  _globals['_ITERATIONREPORT']._serialized_start=1621
-  _globals['_ITERATIONREPORT']._serialized_end=2102
-  _globals['_GETMODELREQUEST']._serialized_start=2104
-  _globals['_GETMODELREQUEST']._serialized_end=2137
-  _globals['_MODELREPLY']._serialized_start=2139
-  _globals['_MODELREPLY']._serialized_end=2266
-  _globals['_CANCELJOBREQUEST']._serialized_start=2268
-  _globals['_CANCELJOBREQUEST']._serialized_end=2302
-  _globals['_LISTJOBSREQUEST']._serialized_start=2304
-  _globals['_LISTJOBSREQUEST']._serialized_end=2321
-  _globals['_RESUMEJOBREQUEST']._serialized_start=2323
-  _globals['_RESUMEJOBREQUEST']._serialized_end=2377
-  _globals['_LISTJOBSREPLY']._serialized_start=2379
-  _globals['_LISTJOBSREPLY']._serialized_end=2455
-  _globals['_MASTER']._serialized_start=2705
-  _globals['_MASTER']._serialized_end=3415
+  _globals['_DATASETSPEC']._serialized_start=513
+  _globals['_DATASETSPEC']._serialized_end=760
+  _globals['_DATASETSPEC_OPTIONSENTRY']._serialized_start=714
+  _globals['_DATASETSPEC_OPTIONSENTRY']._serialized_end=760
+  _globals['_OPTIMIZERSPEC']._serialized_start=762
+  _globals['_OPTIMIZERSPEC']._serialized_end=832
+  _globals['_TREESPEC']._serialized_start=834
+  _globals['_TREESPEC']._serialized_end=863
+  _globals['_JOBSPEC']._serialized_start=866
+  _globals['_JOBSPEC']._serialized_end=1481
+  _globals['_JOBINFO']._serialized_start=1484
+  _globals['_JOBINFO']._serialized_end=1625
+  _globals['_GETJOBREQUEST']._serialized_start=1627
+  _globals['_GETJOBREQUEST']._serialized_end=1658
+  _globals['_WATCHJOBREQUEST']._serialized_start=1660
+  _globals['_WATCHJOBREQUEST']._serialized_end=1693
+  _globals['_WORKERTIMING']._serialized_start=1695
+  _globals['_WORKERTIMING']._serialized_end=1745
+  _globals['_ITERATIONREPORT']._serialized_start=1748
+  _globals['_ITERATIONREPORT']._serialized_end=2229
+  _globals['_GETMODELREQUEST']._serialized_start=2231
+  _globals['_GETMODELREQUEST']._serialized_end=2264
+  _globals['_MODELREPLY']._serialized_start=2266
+  _globals['_MODELREPLY']._serialized_end=2393
+  _globals['_CANCELJOBREQUEST']._serialized_start=2395
+  _globals['_CANCELJOBREQUEST']._serialized_end=2429
+  _globals['_LISTJOBSREQUEST']._serialized_start=2431
+  _globals['_LISTJOBSREQUEST']._serialized_end=2448
+  _globals['_RESUMEJOBREQUEST']._serialized_start=2450
+  _globals['_RESUMEJOBREQUEST']._serialized_end=2504
+  _globals['_LISTJOBSREPLY']._serialized_start=2506
+  _globals['_LISTJOBSREPLY']._serialized_end=2582
+  _globals['_MASTER']._serialized_start=2832
+  _globals['_MASTER']._serialized_end=3542
 # @@protoc_insertion_point(module_scope)

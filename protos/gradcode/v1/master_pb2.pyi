@@ -84,20 +84,31 @@ class ListWorkersReply(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class DatasetSpec(_message.Message):
-    __slots__ = ("name", "path", "num_samples", "num_features", "seed", "test_fraction")
+    __slots__ = ("name", "path", "num_samples", "num_features", "seed", "test_fraction", "worker_local", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     NUM_FEATURES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TEST_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     num_samples: int
     num_features: int
     seed: int
     test_fraction: float
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_features: _Optional[int] = ..., seed: _Optional[int] = ..., test_fraction: _Optional[float] = ...) -> None: ...
+    worker_local: bool
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., num_samples: _Optional[int] = ..., num_features: _Optional[int] = ..., seed: _Optional[int] = ..., test_fraction: _Optional[float] = ..., worker_local: _Optional[bool] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class OptimizerSpec(_message.Message):
     __slots__ = ("kind", "learning_rate", "momentum")

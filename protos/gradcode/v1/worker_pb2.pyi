@@ -50,7 +50,7 @@ class ParentRole(_message.Message):
     def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSetup(_message.Message):
-    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics")
+    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class JobSetup(_message.Message):
     PARENT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     APPEND_STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_DATA_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     model: _common_pb2.ModelSpec
@@ -69,7 +70,41 @@ class JobSetup(_message.Message):
     parent: ParentRole
     message_dtype: _common_pb2.DType
     append_statistics: bool
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ...) -> None: ...
+    local_data: LocalData
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ...) -> None: ...
+
+class LocalData(_message.Message):
+    __slots__ = ("dataset", "path", "options", "num_samples", "num_features", "dataset_seed", "test_fraction", "partition_seed", "partition_weights", "num_rows", "signed_labels")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    DATASET_SEED_FIELD_NUMBER: _ClassVar[int]
+    TEST_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_SEED_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    path: str
+    options: _containers.ScalarMap[str, str]
+    num_samples: int
+    num_features: int
+    dataset_seed: int
+    test_fraction: float
+    partition_seed: int
+    partition_weights: _containers.RepeatedScalarFieldContainer[float]
+    num_rows: int
+    signed_labels: bool
+    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., num_samples: _Optional[int] = ..., num_features: _Optional[int] = ..., dataset_seed: _Optional[int] = ..., test_fraction: _Optional[float] = ..., partition_seed: _Optional[int] = ..., partition_weights: _Optional[_Iterable[float]] = ..., num_rows: _Optional[int] = ..., signed_labels: _Optional[bool] = ...) -> None: ...
 
 class PartitionData(_message.Message):
     __slots__ = ("partition", "num_samples", "features_offset", "features", "labels_offset", "labels")

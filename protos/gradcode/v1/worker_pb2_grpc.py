@@ -61,7 +61,8 @@ class WorkerServicer:
 
     def LoadJob(self, request_iterator, context):
         """Job set-up, streamed by the master (or a tree parent): first a `setup` chunk, then the data of
-        every partition this worker needs, in chunks. No shared file system is assumed.
+        every partition this worker needs, in chunks (no shared file system is assumed); or, when the
+        setup has `local_data`, nothing more: the worker loads its own partitions from its --data-dir.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
