@@ -281,3 +281,26 @@ def test_statistics_of_an_empty_batch_are_zero() -> None:
     for kind in MODEL_KINDS:
         model, X, y, params = _data(kind)
         np.testing.assert_array_equal(model.gradient_and_statistics(params, X[:0], y[:0]), 0.0)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_batch_larger_than_a_block_is_evaluated_in_blocks_that_add_up_to_one_piece(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built-ins evaluate row blocks of ``block_bytes`` and add them (one pass over X from memory):
+    loss, gradient and score must equal the one-piece evaluation to rounding, for a last block of any size."""
+    model, X, y, params = _data(kind, seed=5)
+    assert type(model).block_bytes > 0  # every built-in opts in
+    monkeypatch.setattr(type(model), "block_bytes", 0)
+    whole = model.gradient_and_statistics(params, X, y)
+    whole_statistics = model.statistics(params, X, y)
+    for rows_per_block in (1, 3, 7, NUM_SAMPLES - 1):
+        monkeypatch.setattr(type(model), "block_bytes", rows_per_block * NUM_FEATURES * 8)
+        blocked = model.gradient_and_statistics(params, X, y)
+        np.testing.assert_allclose(blocked, whole, rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(model.statistics(params, X, y), whole_statistics, rtol=1e-13)
+        loss, gradient = model.loss_and_gradient(params, X, y)
+        np.testing.assert_allclose(gradient, whole[: model.num_params], rtol=1e-13, atol=1e-13)
+        assert loss == pytest.approx(whole[model.num_params], rel=1e-13)
+        if kind != "linear":  # the number of correct predictions is an exact count
+            assert blocked[-1] == whole[-1]

@@ -36,7 +36,7 @@ def _argv(command: list[str]) -> list[str]:
 
 def _local(value: str, master: str | None, runs: Path) -> str:
     """Map container addresses and volumes to this machine."""
-    value = value.replace("/runs", str(runs))
+    value = value.replace("/runs", str(runs)).replace("/data", str(runs.parent / "data"))
     if value.startswith("0.0.0.0:"):
         return "127.0.0.1:0"
     if master is not None:
@@ -73,6 +73,7 @@ def test_compose_services_run_the_demo_as_described(tmp_path: Path) -> None:
     assert set(spec) == {"master", "worker", "client"}
     runs = tmp_path / "runs"
     runs.mkdir()
+    (tmp_path / "data").mkdir()  # the ./data bind mount
     processes: list[ServiceProcess] = []
     try:
         master_svc = spec["master"]
