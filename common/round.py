@@ -145,6 +145,23 @@ class Decoded:
     """Online decoding while gathering plus the combine."""
 
 
+_finishing: set[asyncio.Task[None]] = set()
+"""Stream tasks a gather cancelled (or that wait for an end of stream), held until they end."""
+
+
+def _let_finish(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Let the gather's stream tasks end on their own instead of awaiting them.
+
+    Awaiting the cancelled streams of late workers put their teardown (0.2 ms median, 1 ms p90 with
+    one late worker; more with several) between the first decodable moment and the step. The tasks
+    only touch the gather's own queue, so nothing of this round changes after it returns.
+    """
+    for task in tasks:
+        if not task.done():
+            _finishing.add(task)
+            task.add_done_callback(_finishing.discard)
+
+
 class Round:
     """One iteration's gather: decoder, received messages, timings, failures and decoding.
 
@@ -348,5 +365,5 @@ class Round:
                 if stream is not None:
                     stream.cancel()
                 tasks[worker_id].cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            _let_finish(tasks.values())
         return failures
