@@ -257,7 +257,8 @@ class Round:
         norms = [self.messages[r].norm for r in rows]
         combined = float(np.linalg.norm(vector[: self.certified_length]))
         dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
-        own = self.decoding.certify(norms, combined, dtype=dtype).absolute
+        magnitudes = [self.messages[r].magnitude for r in rows]
+        own = self.decoding.certify(norms, combined, dtype=dtype, magnitudes=magnitudes).absolute
         inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
         absolute = own + inherited
         relative = absolute / (combined - absolute) if combined > absolute else math.inf  # as Decoding.certify
