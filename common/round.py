@@ -16,8 +16,9 @@ moment until ``enough()`` says so. :meth:`Round.decode` then combines the decoda
 
 Every decode carries an error certificate (:meth:`Decoding.certify
 <gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
-gradient from the decoding weights, the code's rows and the norms of the messages it combined (each
-accumulated while its chunks arrived). The decode is ``exact`` only when that bound is within the
+gradient from the decoding weights, the code's rows, the norms of the messages it combined (each
+accumulated while its chunks arrived) and the magnitudes $\sum_j |b_j| \|g_j\|$ the leaves send in
+their trailers (estimated for a message without one). The decode is ``exact`` only when that bound is within the
 round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
 tree parent.
 """
@@ -257,7 +258,8 @@ class Round:
         norms = [self.messages[r].norm for r in rows]
         combined = float(np.linalg.norm(vector[: self.certified_length]))
         dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
-        own = self.decoding.certify(norms, combined, dtype=dtype).absolute
+        magnitudes = [self.messages[r].magnitude for r in rows]
+        own = self.decoding.certify(norms, combined, dtype=dtype, magnitudes=magnitudes).absolute
         inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
         absolute = own + inherited
         relative = absolute / (combined - absolute) if combined > absolute else math.inf  # as Decoding.certify

@@ -299,13 +299,14 @@ def message_chunk_bytes(
     decode_error: float = 0.0,
     children_lost: Sequence[int] = (),
     chunk_bytes: int | None = None,
+    magnitude: float = math.nan,
 ) -> Iterator[bytes]:
-    """One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
+    r"""One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
     its certified absolute error bound on that part; ``children_lost`` names its children that lost the
-    job (answered NOT_FOUND). The payload is
+    job (answered NOT_FOUND); ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). The payload is
     copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
     small fields.
     """
@@ -334,6 +335,8 @@ def message_chunk_bytes(
             meta.trailer.approximate = approximate
             meta.trailer.decode_error = decode_error
             meta.trailer.children_lost.extend(children_lost)
+            if math.isfinite(magnitude):
+                meta.trailer.magnitude = magnitude
         piece = view[start : start + step]
         if len(piece):
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -466,6 +469,9 @@ class CompletedMessage:
     """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
     children_lost: tuple[int, ...] = ()
     """The sender's (a tree parent's) children that lost the job: the master reloads them."""
+    magnitude: float = math.nan
+    r"""The sender's $\sum_j |b_j| \|g_j\|$ (a leaf's, from its trailer; NaN when not sent): makes the
+    decode's error certificate rigorous for this message."""
 
 
 class MessageAssembler:
@@ -580,6 +586,11 @@ class MessageAssembler:
                 f"Row {chunk.row} from {where} failed its CRC32C check: the trailer says {chunk.trailer.crc32c:#010x}, "
                 f"the bytes received give {self._crc:#010x}."
             )
+        magnitude = chunk.trailer.magnitude if chunk.trailer.HasField("magnitude") else math.nan
+        if chunk.trailer.HasField("magnitude") and not (math.isfinite(magnitude) and magnitude >= 0):
+            raise WireError(
+                f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
+            )
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -590,6 +601,7 @@ class MessageAssembler:
             norm=math.sqrt(self._squares),
             decode_error=chunk.trailer.decode_error,
             children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
+            magnitude=magnitude,
         )
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0

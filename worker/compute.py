@@ -215,6 +215,8 @@ class IterationComputation:
         self.cancelled = cancelled
         self.on_partition = on_partition
         self.partials: dict[int, Array] = {}
+        self.norms: dict[int, float] = {}
+        r"""$\|g_j\|$ of each partial computed, over the gradient's elements (not the appended statistics)."""
         self._started = time.perf_counter()
         self._cancel_counted = False
 
@@ -237,6 +239,7 @@ class IterationComputation:
             else model.gradient(self.params, X, y)
         )
         self.partials[partition] = g
+        self.norms[partition] = float(np.linalg.norm(g[: model.num_params]))
         self.job.stats.add(partitions_computed=1)
         if self.on_partition is not None:
             self.on_partition(partition)
@@ -250,6 +253,12 @@ class IterationComputation:
         for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
             out += c * self.partial(partition)
         return out.astype(self.job.row_dtype(row), copy=False), time.perf_counter() - self._started
+
+    def magnitude(self, row: int) -> float:
+        r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error
+        certificate a bound even when the partial gradients cancel inside the message."""
+        spec = self.job.rows[row]
+        return float(sum(abs(c) * self.norms[j] for j, c in zip(spec.partitions, spec.coefficients, strict=True)))
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ class Message:
     """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
     children_lost: tuple[int, ...] = ()
     """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
+    magnitude: float = math.nan
+    r"""A leaf's $\sum_j |b_j| \|g_j\|$ (:meth:`IterationComputation.magnitude`); NaN for a parent's message."""
 
 
 @dataclass
@@ -119,7 +122,7 @@ class JobRuntime:
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
             vector, seconds = await asyncio.to_thread(computation.message, row)
-            yield Message(row, vector, seconds, delay * (index + 1) / len(rows))
+            yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 
     async def _parent_messages(
         self,

@@ -252,7 +252,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
-                    chunk_bytes=self.chunk_bytes,
+                    chunk_bytes=self.chunk_bytes, magnitude=m.magnitude,
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk

@@ -431,7 +431,8 @@ def certify_combination(
       (times $\sqrt 2$ with $\gamma_{f+2}$ for complex arithmetic, Higham Lemma 3.5);
     * each worker's message $\sum_j b_{ij} g_j$ ($w_i$ terms): $\gamma_{w_i} \sum_j |b_{ij}| \|g_j\|$,
       propagated with weight $|a_i|$. The receiver does not know $\sum_j |b_{ij}| \|g_j\|$; it is
-      ``magnitudes[i]`` when the worker reports it (then the bound is rigorous), otherwise estimated as
+      ``magnitudes[i]`` when the worker reports it (then the bound is rigorous; NaN marks a row whose
+      worker did not), otherwise estimated as
       $\rho_i \nu_i$ with $\rho_i = \|b_i\|_1 / \|b_i\|_2$ (exact for one partition, the typical size
       for independent directions; an under-estimate only when partial gradients cancel inside a
       message);
@@ -450,7 +451,12 @@ def certify_combination(
     extra = 2 if profile.complex_arithmetic else 0
     weighted = float(a @ nu)
     combine = scale * float(_gamma(f + extra, u)) * weighted
-    inside = profile.spread * nu if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
+    estimate = profile.spread * nu
+    if magnitudes is None:
+        inside = estimate
+    else:  # reported where known (never below the message's own norm: triangle inequality), else estimated
+        reported = np.asarray(magnitudes, dtype=np.float64)
+        inside = np.where(np.isnan(reported), estimate, np.maximum(reported, nu))
     encode = scale * float(a @ (_gamma(profile.support + extra, u) * inside))
     weight = 0.0
     if np.any(profile.residual > 0):

@@ -149,3 +149,29 @@ def test_recommended_schemes_certify_the_promise_or_refuse(name: str, n: int, s:
         for orders in (0, SPREAD_ORDERS):
             bound, true, _ = certified_and_true(code, workers, spread_gradients(rng, code.k, 8, orders))
             assert true <= bound <= PROMISED_RELATIVE_ERROR, (code, workers, orders, bound)
+
+
+def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel_inside_a_message() -> None:
+    """The limit the estimate has: partial gradients of 1e8 that cancel to 1 inside one message leave
+    a rounding error of ~1e-8 that rho * ||m|| cannot see. The workers' reported sum_j |b_j| ||g_j||
+    (``magnitudes``, NaN where a worker sent none) restores the bound."""
+    code = make_code("fractional", n=6, s=2)  # each message sums three partitions
+    assignment = code.static_assignment()
+    decoding = code.decode(assignment.rows_of([0, 3]), assignment)
+    rng = np.random.default_rng(11)
+    g = rng.standard_normal((code.k, 200))
+    a, b, c = code.support(decoding.rows[0])
+    g[a], g[b] = 1e8 * rng.standard_normal((2, 200))
+    g[c] = -(g[a] + g[b]) + rng.standard_normal(200)  # the three cancel to O(1), after a rounded 1e8 sum
+    messages = {r: code.encode(r, {j: g[j] for j in code.support(r)}) for r in decoding.rows}
+    combined, estimated = decoding.combine_certified(messages)
+    true = relative_error(combined, exact_sum(g))
+    assert true > 1e-12 and estimated.bound < true  # the estimate misses it: why workers report magnitudes
+    norms = [float(np.linalg.norm(messages[r])) for r in decoding.rows]
+    magnitudes = [
+        float(np.abs(code.coefficients(r)) @ np.linalg.norm(g[list(code.support(r))], axis=1)) for r in decoding.rows
+    ]
+    reported = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=magnitudes)
+    assert true <= reported.bound < 1e4 * true
+    unknown = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=[math.nan] * len(norms))
+    assert unknown.bound == estimated.bound  # NaN: that row's worker sent none, so it is estimated

@@ -313,3 +313,19 @@ async def test_a_malformed_chunk_on_a_real_stream_is_refused_precisely() -> None
                     asm.feed(chunk)
     finally:
         await server.stop(None)
+
+
+def test_a_leafs_magnitude_travels_in_the_trailer_and_must_be_finite_and_non_negative() -> None:
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), magnitude=12.5)][-1]
+    assert done is not None and done.magnitude == 12.5
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0))][-1]
+    assert done is not None and np.isnan(done.magnitude)  # not sent: the receiver estimates it
+    for bad in (-1.0, float("inf"), float("nan")):
+        asm = _assembler()
+        chunks = _chunks(np.arange(1000.0), magnitude=1.0)
+        chunks[-1].trailer.magnitude = bad  # as a broken sender would set it
+        with pytest.raises(WireError, match=r"magnitude .* must be a finite number >= 0"):
+            for c in chunks:
+                asm.feed(c)

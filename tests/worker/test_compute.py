@@ -18,6 +18,7 @@ from tests.worker.conftest import (
     make_partitions,
     partition_data,
     random_params,
+    softmax_model,
 )
 
 
@@ -212,3 +213,24 @@ def test_bad_labels_refused_at_load() -> None:
         nan.add(c)
     with pytest.raises(JobSetupError, match="Partition 0 holds NaN or infinite values"):
         nan.finish()
+
+
+@pytest.mark.parametrize("with_statistics", [False, True])
+def test_each_message_reports_the_sum_of_its_partials_norms_weighted_by_the_coefficients(with_statistics: bool) -> None:
+    """``magnitude(row)`` = sum_j |b_j| ||g_j|| over the gradient elements (not the appended statistics):
+    what the receiver's certificate needs to be a bound when partial gradients cancel."""
+    code = make_code("reed_solomon", n=4, k=4, w=2)  # complex coefficients: |b_j| is the modulus
+    partitions = make_partitions(code.k)
+    theta = random_params()
+    model = softmax_model()
+    assert code.is_complex
+    for worker in range(code.n):
+        setup = job_setup(code, worker)
+        setup.append_statistics = with_statistics
+        job = build_job(setup, data_for(code, worker, partitions))
+        computation = job.start(theta)
+        for row in job.check_rows(code.static_assignment().rows[worker]):
+            computation.message(row)
+            partials = [np.linalg.norm(model.gradient(theta, *partitions[j])) for j in code.support(row)]
+            want = float(np.abs(code.coefficients(row)) @ partials)
+            assert computation.magnitude(row) == pytest.approx(want, rel=1e-12)

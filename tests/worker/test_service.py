@@ -124,6 +124,10 @@ async def test_load_and_compute_match_direct_gradient(
             for row in rows:
                 _assert_close(messages[row], expected_message(code, row, theta, partitions))
             assert all(t.trailer.compute_seconds > 0 and t.trailer.straggle_seconds == 0 for t in trailers)
+            model = softmax_model()  # each leaf message carries sum_j |b_j| ||g_j||, for the certificate
+            for t in trailers:
+                norms = [np.linalg.norm(model.gradient(theta, *partitions[j])) for j in code.support(t.row)]
+                assert t.trailer.magnitude == pytest.approx(float(np.abs(code.coefficients(t.row)) @ norms), rel=1e-12)
             theta = theta * 0.5
 
 

@@ -165,20 +165,22 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost")
+    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude")
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
     DECODE_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_LOST_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
     crc32c: int
     compute_seconds: float
     straggle_seconds: float
     approximate: bool
     decode_error: float
     children_lost: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ...) -> None: ...
+    magnitude: float
+    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer")
