@@ -17,9 +17,9 @@ moment until ``enough()`` says so. :meth:`Round.decode` then combines the decoda
 Every decode carries an error certificate (:meth:`Decoding.certify
 <gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
 gradient from the decoding weights, the code's rows, the norms of the messages it combined (each
-accumulated while its chunks arrived) and the magnitudes $\sum_j |b_j| \|g_j\|$ the leaves send in
-their trailers (estimated for a message without one). The decode is ``exact`` only when that bound is within the
-round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
+accumulated while its chunks arrived) and the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the leaves send in
+their trailers (estimated for a message without one). The decode is ``exact`` only when that bound is
+within the round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
 tree parent.
 """
 
