@@ -335,8 +335,9 @@ class Round:
                 if remaining is not None and remaining <= 0:
                     self.timed_out = True
                     break
-                try:
-                    worker_id, item = await asyncio.wait_for(queue.get(), remaining)
+                try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
+                    async with asyncio.timeout(remaining):
+                        worker_id, item = await queue.get()
                 except TimeoutError:
                     self.timed_out = True
                     break

@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,8 @@ class JobRunner:
         self._flushing = asyncio.Lock()
         self._stopped = asyncio.Event()
         """Set when a report has ended the job (its last iteration, or a reached target)."""
+        self._gathering: asyncio.Task[Any] | None = None
+        """The loop's task while it gathers an iteration (:meth:`_unless_stopped`)."""
         self._on_done: Callable[[JobRunner], None] | None = None
 
     # ---- public surface ----------------------------------------------------------------------------
@@ -253,7 +255,7 @@ class JobRunner:
             await self._set_state(master_pb2.JOB_STATE_SUCCEEDED, f"completed {self.iterations_done} iterations")
             return
         for t in range(self.iterations_done + 1, last + 1):
-            gathered = await self._unless_stopped(self._iteration(t))
+            gathered = await self._unless_stopped(t)
             if gathered is None:
                 return  # an evaluation reached the target while iteration t gathered
             report, params = self._commit(t, gathered)
@@ -272,19 +274,29 @@ class JobRunner:
             await asyncio.wait({o.evaluation for o in self._outbox if o.evaluation is not None})
             await self._flush()
 
-    async def _unless_stopped(self, work: Coroutine[Any, Any, _Gathered]) -> _Gathered | None:
-        """Run one iteration's gather unless the job ends meanwhile (an evaluation reached the target)."""
-        task = asyncio.get_running_loop().create_task(work)
-        stop = asyncio.get_running_loop().create_task(self._stopped.wait())
+    async def _unless_stopped(self, t: int) -> _Gathered | None:
+        """Iteration ``t``'s gather, unless the job ends meanwhile (an evaluation reached the target).
+
+        The gather runs in this task, so its result goes to the step without a hop through the event
+        loop (each hop ran the late workers' stream teardown first: 0.5 ms median, 2 ms p90 of the time
+        from the last needed message to the step); an evaluation that ends the job cancels it
+        (:meth:`_end_gather`).
+        """
+        task = asyncio.current_task()
+        self._gathering = task
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-            return None if self._stopped.is_set() else await task
+            return await self._iteration(t)
+        except asyncio.CancelledError:
+            if self._stopped.is_set() and task is not None and task.uncancel() == 0:
+                return None  # only the evaluation's cancel: the job has ended, this iteration is dropped
+            raise
         finally:
-            for pending in (task, stop):
-                if not pending.done():
-                    pending.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await pending
+            self._gathering = None
+
+    def _end_gather(self) -> None:
+        """Cancel the gather running in the loop task, if any (the job has just ended)."""
+        if self._gathering is not None and self._gathering is not asyncio.current_task():
+            self._gathering.cancel()
 
     async def _evaluate(self, outgoing: _Outgoing, params: np.ndarray[Any, Any]) -> None:
         outgoing.result = await asyncio.to_thread(reporting.evaluate, self.plan, params)
@@ -325,6 +337,7 @@ class JobRunner:
                 )
                 self.state, self.message = report.state, report.message
                 self._stopped.set()
+                self._end_gather()
                 await self._publish(report)
                 self._ended()
                 return True

@@ -400,7 +400,8 @@ class WorkerPool:
         """Wait until a worker registers or comes back UP, or ``timeout`` seconds pass."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for, which can swallow a cancel (3.11)
+                    await self._changed.wait()
 
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:

@@ -43,7 +43,8 @@ class Cancellation:
         """Sleep ``seconds``, but raise ComputeCancelledError as soon as the flag is set."""
         if seconds > 0 and not self.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), seconds)
+                async with asyncio.timeout(seconds):  # not wait_for, which can swallow a cancel (3.11)
+                    await self._event.wait()
         if self.is_set():
             raise ComputeCancelledError("Cancelled during the emulated straggler delay.")
 
