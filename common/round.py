@@ -26,7 +26,6 @@ tree parent.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
+from gradcode.common.codes.numerics import relative_bound
 from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
 from gradcode.v1 import worker_pb2
 
@@ -262,8 +262,7 @@ class Round:
         own = self.decoding.certify(norms, combined, dtype=dtype, magnitudes=magnitudes).absolute
         inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
         absolute = own + inherited
-        relative = absolute / (combined - absolute) if combined > absolute else math.inf  # as Decoding.certify
-        return relative, absolute
+        return relative_bound(absolute, combined), absolute
 
     def decode(self) -> Decoded:
         """:meth:`combine` and its certificate, timed, with what the decoding rests on."""

@@ -350,11 +350,10 @@ def message_chunks(vector: Array, **kwargs: Any) -> Iterator[worker_pb2.Gradient
         yield worker_pb2.GradientChunk.FromString(data)
 
 
-def serialize_chunk(chunk: bytes | worker_pb2.GradientChunk) -> bytes:
-    """Response serializer of Worker.Compute: already serialized chunks pass through untouched."""
-    if isinstance(chunk, bytes):
-        return chunk
-    return chunk.SerializeToString()
+def serialize_chunk(message: bytes | Message) -> bytes:
+    """Serializer of both ends of Worker.Compute (the worker's chunks, the master's request): already
+    serialized messages pass through untouched."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -442,13 +441,7 @@ def model_request_bytes(params: Array) -> bytes:
 def compute_stream(channel: grpc.aio.Channel) -> Any:
     """Worker.Compute on ``channel`` taking a ComputeRequest (or its serialized bytes) and yielding
     :class:`ReceivedChunk` s (:func:`parse_chunk`): what the master and tree parents call."""
-    return channel.unary_stream(
-        COMPUTE_METHOD, request_serializer=_serialize_request, response_deserializer=parse_chunk
-    )
-
-
-def _serialize_request(request: bytes | worker_pb2.ComputeRequest) -> bytes:
-    return request if isinstance(request, bytes) else request.SerializeToString()
+    return channel.unary_stream(COMPUTE_METHOD, request_serializer=serialize_chunk, response_deserializer=parse_chunk)
 
 
 @dataclass(frozen=True)

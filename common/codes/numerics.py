@@ -54,6 +54,7 @@ __all__ = [
     "fresh_gaussian_gradients",
     "measure_decodings",
     "ones_in_span",
+    "relative_bound",
     "relative_error",
     "span_residual",
     "straggler_amplification",
@@ -466,5 +467,12 @@ def certify_combination(
     absolute = combine + encode + weight
     combined_norm = float(combined_norm)
     amplification = weighted / combined_norm if combined_norm > 0 else math.inf
-    bound = absolute / (combined_norm - absolute) if combined_norm > absolute else math.inf
-    return ErrorCertificate(bound, absolute, amplification, u)
+    return ErrorCertificate(relative_bound(absolute, combined_norm), absolute, amplification, u)
+
+
+def relative_bound(absolute: float, combined_norm: float) -> float:
+    r"""Relative error bound $E / (\|\hat g\| - E)$ from an absolute bound $E$ on $\hat g$.
+
+    Infinite when $E \ge \|\hat g\|$; otherwise $\|g\| \ge \|\hat g\| - E > 0$ makes it a bound.
+    """
+    return absolute / (combined_norm - absolute) if combined_norm > absolute else math.inf
