@@ -60,6 +60,8 @@ class IntegrityPolicy:
         """Worker index -> iterations in which the checks singled it out."""
         self.quarantined: dict[int, str] = {}
         """Worker index -> why it is never asked again by this job."""
+        self._last: tuple[Round, frozenset[int], ConsistencyReport] | None = None
+        """The last full check: the gather's stop rule and :meth:`judge` look at the same messages."""
 
     @property
     def checking(self) -> bool:
@@ -75,7 +77,7 @@ class IntegrityPolicy:
             messages = len(round_.messages)
             if not at_decodable:
                 at_decodable.append(messages)
-            report = _check(self.code, round_, assignment)
+            report = self._full_check(round_, assignment)
             if self.policy == "detect":
                 return report.checks > 0 or messages > at_decodable[0]
             if report.consistent:
@@ -83,6 +85,13 @@ class IntegrityPolicy:
             return report.located is not None
 
         return enough
+
+    def _full_check(self, round_: Round, assignment: Assignment) -> ConsistencyReport:
+        """:func:`_check` of all ``round_``'s messages, once per set of messages."""
+        rows = frozenset(round_.messages)
+        if self._last is None or self._last[0] is not round_ or self._last[1] != rows:
+            self._last = (round_, rows, _check(self.code, round_, assignment))
+        return self._last[2]
 
     def judge(self, round_: Round, assignment: Assignment) -> list[int]:
         """Check ``round_``'s messages, set its :attr:`~Round.integrity` and decode around a culprit.
@@ -93,7 +102,7 @@ class IntegrityPolicy:
         if not self.checking or not round_.decodable:
             round_.integrity = Integrity(note="off" if not self.checking else "not decodable")
             return []
-        report = _check(self.code, round_, assignment)
+        report = self._full_check(round_, assignment)
         if report.checks == 0:
             round_.integrity = Integrity(note="no surplus message: nothing to check")
             return []

@@ -60,6 +60,7 @@ import numpy as np
 from gradcode.common.codes.base import Observation
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.logs import set_log_context
+from gradcode.common.metrics import job_state_label
 from gradcode.common.models import TrainingMetrics, training_metrics
 from gradcode.common.round import Decoded, Round
 from gradcode.common.wire import model_request_bytes, tensor_from_array
@@ -401,7 +402,7 @@ class JobRunner:
         """Drop the training data once the job has ended: the master keeps finished jobs (for GetJob,
         GetModel and WatchJob) but not their datasets, so its memory does not grow with them."""
         self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
-        self.loader.plan = self.rounds.plan = self.plan
+        self.loader.plan = self.plan
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint(self, state: str = "running") -> Checkpoint:
@@ -438,7 +439,7 @@ class JobRunner:
         """The last checkpoint, after the pending ones: ``running`` when suspended, else the final state."""
         if self.state_dir is None:
             return
-        state = "running" if self._suspended or not self.done else _state_name(self.state)
+        state = "running" if self._suspended or not self.done else job_state_label(self.state)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(asyncio.gather(*self._saves, return_exceptions=True))
             await asyncio.shield(self._save(self.checkpoint(state)))
@@ -465,11 +466,6 @@ class JobRunner:
             self.finished_at = time.monotonic()
             if self._on_done is not None:
                 self._on_done(self)
-
-
-def _state_name(state: int) -> str:
-    """``JOB_STATE_SUCCEEDED`` -> ``succeeded`` (a checkpoint's state)."""
-    return master_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
 @dataclass(frozen=True)

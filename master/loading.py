@@ -235,15 +235,18 @@ class WorkerLoader:
             self.workers[p].jobs.discard(self.job_id)
         return stale
 
-    async def load_all(self, indices: range | list[int] | None = None) -> None:
-        """Load every worker of ``indices`` (default: all) that is UP and does not hold the job yet.
+    async def load_all(self) -> None:
+        """Load every worker that is UP and does not hold the job yet.
 
         JobFailedError when a worker refused the job's worker-local data: every worker needs it, so the job
         fails at once with the worker's reason instead of running short of workers.
         """
-        chosen = range(self.plan.num_workers) if indices is None else indices
         await asyncio.gather(
-            *(self.load(w) for w in chosen if self.workers[w].is_up and not self.workers[w].has_job(self.job_id))
+            *(
+                self.load(w)
+                for w in range(self.plan.num_workers)
+                if self.workers[w].is_up and not self.workers[w].has_job(self.job_id)
+            )
         )
         if self.refusals:
             w, reason = min(self.refusals.items())

@@ -34,6 +34,7 @@ from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import failure_report
+from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 
 __all__ = ["RoundPolicy"]
@@ -44,15 +45,19 @@ class RoundPolicy:
 
     def __init__(self, loader: WorkerLoader, pool: WorkerPool) -> None:
         self.loader = loader
-        self.plan = loader.plan
         self.pool = pool
         self.loads = BackgroundLoads(pool)
         """(Re)loads run beside the rounds: a slow or hung LoadJob never delays the others' gather."""
         self.lateness = LatenessWatch(pool)
         """Probes a worker late several iterations in a row, so a cut link does not eat the tolerance."""
         self.integrity = IntegrityPolicy(
-            self.plan.integrity, self.plan.code, describe=lambda w: loader.workers[w].describe()
+            loader.plan.integrity, loader.plan.code, describe=lambda w: loader.workers[w].describe()
         )
+
+    @property
+    def plan(self) -> JobPlan:
+        """The loader's plan (one copy: a job that drops its data replaces it there)."""
+        return self.loader.plan
 
     async def close(self) -> None:
         """Stop the probes and loads under way (the job ended)."""
