@@ -35,7 +35,7 @@ one block is evaluated in one piece, as before.
 what the master and the workers call is its public surface — :attr:`~Model.num_params`,
 :meth:`~Model.init_params`, :meth:`~Model.loss_and_gradient` (summed over the batch),
 :meth:`~Model.statistics` (the counts a metric needs), :meth:`~Model.predict`,
-:meth:`~Model.accuracy` and :meth:`~Model.export`. A subclass implements ``_loss_and_gradient`` and
+:meth:`~Model.accuracy` and :meth:`~Model.export`. A subclass implements ``_evaluate`` and
 ``_predict`` on validated arrays, like the built-ins below. :func:`make_model` resolves the built-in
 names first, then the installed plugins.
 """

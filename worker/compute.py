@@ -215,8 +215,6 @@ class IterationComputation:
         self.cancelled = cancelled
         self.on_partition = on_partition
         self.partials: dict[int, Array] = {}
-        self.norms: dict[int, float] = {}
-        r"""$\|g_j\|$ of each partial computed, over the gradient's elements (not the appended statistics)."""
         self._started = time.perf_counter()
         self._cancel_counted = False
 
@@ -239,7 +237,6 @@ class IterationComputation:
             else model.gradient(self.params, X, y)
         )
         self.partials[partition] = g
-        self.norms[partition] = float(np.linalg.norm(g[: model.num_params]))
         self.job.stats.add(partitions_computed=1)
         if self.on_partition is not None:
             self.on_partition(partition)
@@ -257,8 +254,9 @@ class IterationComputation:
     def magnitude(self, row: int) -> float:
         r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error
         certificate a bound even when the partial gradients cancel inside the message."""
-        spec = self.job.rows[row]
-        return float(sum(abs(c) * self.norms[j] for j, c in zip(spec.partitions, spec.coefficients, strict=True)))
+        spec, n = self.job.rows[row], self.job.num_params
+        norms = [np.linalg.norm(self.partials[j][:n]) for j in spec.partitions]  # the gradient, not the statistics
+        return float(np.abs(spec.coefficients) @ norms)
 
 
 @dataclass
@@ -324,7 +322,7 @@ class JobBuilder:
         if complex_rows and self.message_dtype == FLOAT32:
             raise JobSetupError(
                 f"Rows {complex_rows} have complex coefficients, which DTYPE_FLOAT32 messages cannot carry; "
-                "use DTYPEFLOAT64 (complex rows are then sent as complex128)."
+                "use DTYPE_FLOAT64 (complex rows are then sent as complex128)."
             )
         self.needed = sorted({p for row in self.rows.values() for p in row.partitions})
         self.local = setup.local_data if setup.HasField("local_data") else None

@@ -23,8 +23,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.round import Round
@@ -159,7 +157,7 @@ class JobRuntime:
         lost = children_lost(gathered)
         out = []
         for row in rows:
-            total = own[row].astype(np.result_type(own[row].dtype, decoded.vector.dtype)) + decoded.vector
+            total = own[row] + decoded.vector  # promotes to the wider dtype of the two
             vector = total.astype(job.row_dtype(row), copy=False)
             out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error, lost))
         return out

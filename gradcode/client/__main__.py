@@ -50,9 +50,8 @@ DEFAULT_MASTER = "127.0.0.1:50050"
 
 
 def _key_value(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    key, raw = text.split("=", 1)
+    """KEY=VALUE with the value read as JSON where it parses (numbers, booleans), else kept as text."""
+    key, raw = _text_key_value(text)
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:

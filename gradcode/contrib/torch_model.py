@@ -174,13 +174,6 @@ class TorchModel(Model):
                 correct = float(torch.count_nonzero(out.detach().argmax(dim=1) == target))
             return float(total.detach()), grad.to("cpu", torch.float64).numpy(), correct
 
-    def _loss_and_gradient(self, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, FloatArray]:
-        loss, grad, _ = self._evaluate(params, X, y, score=False)
-        return loss, grad
-
-    def _score(self, params: FloatArray, X: FloatArray, y: FloatArray) -> float:
-        return self._evaluate(params, X, y, score=True)[2]
-
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         with self._lock, torch.no_grad():
             out = self._forward(self._tensor(params), X)
