@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "load_average", "save"]
+__all__ = ["RESULTS", "SKIP_ITERATIONS", "free_port", "load_average", "save", "steady_periods"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """Default output directory: the committed results of this project's development machine."""
+SKIP_ITERATIONS = 2
+"""First iterations of a job left out of its medians (connection and cache warm-up)."""
 
 
 def load_average() -> list[float]:
@@ -26,3 +29,15 @@ def save(results: Any, out: Path, name: str, plot: Callable[[Path], None]) -> tu
     plot(figure)
     print(f"Saved {data} and {figure}")
     return data, figure
+
+
+def steady_periods(elapsed: Sequence[float], skip: int = SKIP_ITERATIONS) -> list[float]:
+    """Seconds between consecutive iterations (``elapsed`` since the job started), after the first ``skip``."""
+    return [b - a for a, b in zip(elapsed[skip:-1], elapsed[skip + 1 :], strict=True)]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,17 +30,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gradcode.bench.output import RESULTS, load_average, save
-from gradcode.client.launch import ServiceProcess
+from gradcode.bench.output import RESULTS, free_port, load_average, save
+from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
 JOB_ITERATIONS = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -104,29 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--workers must be at least 2 (cyclic with s = 1), not {args.workers}.")
     seconds, max_jobs = (60.0, 4) if args.quick else (args.minutes * 60, 10**9)
     load_before = load_average()
-    metrics_port = _free_port()
-    processes: list[ServiceProcess] = []
-    with tempfile.TemporaryDirectory(prefix="gradcode-soak-") as tmp:
-        logs = Path(tmp)
-        try:
-            master = ServiceProcess(
-                [sys.executable, "-m", "gradcode.master", "--listen", "127.0.0.1:0", "--run-dir", str(logs / "runs"),
-                 "--metrics-port", str(metrics_port)],
-                log_path=logs / "master.log",
-            )  # fmt: skip
-            processes.append(master)
-            address = master.wait_ready(60)
-            for i in range(args.workers):
-                worker = ServiceProcess(
-                    [sys.executable, "-m", "gradcode.worker", "--listen", "127.0.0.1:0", "--master", address],
-                    log_path=logs / f"worker-{i}.log",
-                )
-                processes.append(worker)
-                worker.wait_ready(60)
-            samples = asyncio.run(_soak(address, metrics_port, args.workers, seconds, max_jobs))
-        finally:
-            for p in processes:
-                p.stop()
+    metrics_port = free_port()
+    with (
+        tempfile.TemporaryDirectory(prefix="gradcode-soak-") as tmp,
+        LocalCluster(args.workers, run_dir=Path(tmp), master_args=["--metrics-port", str(metrics_port)]) as cluster,
+    ):
+        samples = asyncio.run(_soak(cluster.master_address, metrics_port, args.workers, seconds, max_jobs))
     load_after = load_average()
 
     first_half, second_half = growth_per_100_jobs(samples)

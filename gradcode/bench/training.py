@@ -50,7 +50,6 @@ import math
 import multiprocessing
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -61,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, free_port, load_average, save, steady_periods
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.data import load_dataset, partition_indices
@@ -73,8 +72,7 @@ __all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
 SCHEMES = ("uncoded", "fractional", "cyclic", "reed_solomon", "binary")
 ALLREDUCE = "allreduce"
 """The torch.distributed (gloo) baseline's name in the tables."""
-SKIP_ITERATIONS = 2
-"""First iterations of each run left out of the per-iteration medians (connections, caches)."""
+SYSTEMS = (*SCHEMES, ALLREDUCE)
 FULL_DELAYS = (0.0, 0.1, 0.25, 0.5)
 QUICK_DELAYS = (0.0, 0.1)
 FULL_STRAGGLERS = (1, 2)
@@ -175,10 +173,10 @@ async def _gradcode_run(
     load_after = load_average()
     kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
     elapsed = [r.elapsed_seconds for r in reports]
-    periods = [b - a for a, b in zip(elapsed[SKIP_ITERATIONS:-1], elapsed[SKIP_ITERATIONS + 1 :], strict=True)]
+    periods = steady_periods(elapsed)
     tails = []
     for r in kept:
-        used = {w for w in r.used_workers}
+        used = set(r.used_workers)
         arrivals = [t.seconds for t in r.timings if t.worker_id in used]
         if arrivals:
             tails.append(r.wall_seconds - max(arrivals))
@@ -189,7 +187,7 @@ async def _gradcode_run(
         "wall_s": statistics.median(r.wall_seconds for r in kept) if kept else math.nan,
         "tail_s": statistics.median(tails) if tails else math.nan,
         "decode_s": statistics.median(r.decode_seconds for r in kept) if kept else math.nan,
-        "elapsed_s": [r.elapsed_seconds for r in reports],
+        "elapsed_s": elapsed,
         "loss": [r.loss for r in reports],
         "exact": all(r.exact for r in reports),
         "load_before": load_before,
@@ -207,13 +205,6 @@ async def _verify(client: GradcodeClient, workload: Workload, scheme: str, itera
 
 
 # ---- the allreduce baseline (torch.distributed, gloo) ----------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def _allreduce_rank(
     rank: int, world: int, port: int, data_dir: str, workload: Workload, connection: Any
 ) -> None:  # pragma: no cover - runs in the baseline's processes
@@ -270,7 +261,7 @@ class AllreducePool:
     def __init__(self, workload: Workload, data_dir: Path) -> None:
         context = multiprocessing.get_context("spawn")
         self._pipe, child = context.Pipe()
-        port = _free_port()
+        port = free_port()
         self._processes = [
             context.Process(
                 target=_allreduce_rank,
@@ -308,7 +299,7 @@ def _allreduce_run(pool: AllreducePool, delays: Delays, iterations: int) -> dict
     result = pool.run(delays, iterations)
     load_after = load_average()
     elapsed = result["elapsed_s"]
-    periods = [b - a for a, b in zip(elapsed[SKIP_ITERATIONS:-1], elapsed[SKIP_ITERATIONS + 1 :], strict=True)]
+    periods = steady_periods(elapsed)
     return {
         "system": ALLREDUCE,
         "iterations": len(elapsed),
@@ -374,7 +365,6 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
     stragglers = QUICK_STRAGGLERS if quick else FULL_STRAGGLERS
     rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
     sweep_iterations = QUICK_SWEEP_ITERATIONS if quick else FULL_SWEEP_ITERATIONS
-    systems = (*SCHEMES, ALLREDUCE)
     sweep: list[dict[str, Any]] = []
     pareto: list[dict[str, Any]] = []
     clusters = _Clusters(workload.n, run_dir)
@@ -392,13 +382,13 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
         for round_ in range(rounds):
             for delay in delays_grid:
                 for s in stragglers:
-                    for system in systems:
+                    for system in SYSTEMS:
                         delays = Delays.random_workers(delay, s, workload.n, seed=round_)
                         row = await one(system, s, delays, sweep_iterations)
                         row.update(round=round_, delay_s=delay, s=s)
                         sweep.append(row)
                         print(_progress(row), flush=True)
-            for system in systems:
+            for system in SYSTEMS:
                 delays = Delays("pareto", dict(PARETO), seed=7)
                 row = await one(system, 1, delays, workload.iterations)
                 row.update(round=round_, s=1)
@@ -576,8 +566,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
             flush=True,
         )
         raw = asyncio.run(_experiments(workload, quick, Path(tmp) / "cluster", data_dir))
-    systems = [*SCHEMES, ALLREDUCE]
-    summary = summarise(raw, systems)
+    summary = summarise(raw, SYSTEMS)
     import torch
 
     results: dict[str, Any] = {
@@ -590,13 +579,13 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
         },
         "quick": quick,
         "workload": {**asdict(workload), "num_train": workload.num_train},
-        "systems": systems,
+        "systems": list(SYSTEMS),
         "summary": summary,
         "raw": raw,
         "seconds": time.perf_counter() - started,
     }
     print()
-    print(format_tables(summary, systems))
+    print(format_tables(summary, SYSTEMS))
     print(f"\nWorst verified relative gradient error per scheme: {raw['verify_max_error']}")
     save(results, out, "training", lambda path: plot(results, path))
     return results

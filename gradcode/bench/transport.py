@@ -86,7 +86,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, load_average, save, steady_periods
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.security import Security
@@ -127,8 +127,6 @@ QUICK_CLUSTER = (4,)
 SCHEMES = (("cyclic", 1), ("uncoded", 0))
 FULL_ITERATIONS = 30
 QUICK_ITERATIONS = 8
-SKIP_ITERATIONS = 2
-"""First iterations of each job left out of the medians (connection and cache warm-up)."""
 FULL_RTT_CALLS = 300
 QUICK_RTT_CALLS = 50
 FULL_WIDE_CLUSTER = (16,)
@@ -250,25 +248,31 @@ async def _time_workers(addresses: Sequence[str], p: int, repeats: int) -> list[
     """Load the size-p job on every worker, then time Compute calls round-robin across them; per worker."""
     channels = [grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) for address in addresses]
     try:
-        stubs = [worker_pb2_grpc.WorkerStub(channel) for channel in channels]  # type: ignore[no-untyped-call]
-        job_id = ""
-        for stub in stubs:
-            job_id, chunks = _linear_job(p)
-            await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
-        params = np.random.default_rng(0).standard_normal(p)
-        calls: list[list[CallTiming]] = [[] for _ in stubs]
-        computes = [compute_stream(channel) for channel in channels]
-        for iteration in range(1, WARMUP_CALLS + repeats + 1):
-            for compute, record in zip(computes, calls, strict=True):
-                result = await _compute_call(compute, job_id, iteration, params)
-                if iteration > WARMUP_CALLS:
-                    record.append(result)
-        for stub in stubs:
-            await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
-        return [_summary(record) for record in calls]
+        return [_summary(record) for record in await _timed_calls(channels, p, repeats)]
     finally:
         for channel in channels:
             await channel.close(None)
+
+
+async def _timed_calls(channels: Sequence[grpc.aio.Channel], p: int, repeats: int) -> list[list[CallTiming]]:
+    """Load the size-p job through every channel, time Compute calls round-robin across them, end the job;
+    the calls after the warm-up, per channel."""
+    stubs = [worker_pb2_grpc.WorkerStub(channel) for channel in channels]  # type: ignore[no-untyped-call]
+    job_id = ""
+    for stub in stubs:
+        job_id, chunks = _linear_job(p)
+        await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
+    params = np.random.default_rng(0).standard_normal(p)
+    calls: list[list[CallTiming]] = [[] for _ in stubs]
+    computes = [compute_stream(channel) for channel in channels]
+    for iteration in range(1, WARMUP_CALLS + repeats + 1):
+        for compute, record in zip(computes, calls, strict=True):
+            result = await _compute_call(compute, job_id, iteration, params)
+            if iteration > WARMUP_CALLS:
+                record.append(result)
+    for stub in stubs:
+        await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
+    return calls
 
 
 def _start_workers(
@@ -647,18 +651,7 @@ async def tls_overhead(p: int, repeats: int, logs: Path) -> dict[str, Any]:
         tls.channel(processes[1].wait_ready(), options=CHANNEL_OPTIONS),
     ]
     try:
-        job_id = ""
-        for channel in channels:
-            job_id, chunks = _linear_job(p)
-            await worker_pb2_grpc.WorkerStub(channel).LoadJob(chunks, timeout=CALL_TIMEOUT)  # type: ignore[no-untyped-call]
-        params = np.random.default_rng(0).standard_normal(p)
-        computes = [compute_stream(channel) for channel in channels]
-        calls: list[list[CallTiming]] = [[], []]
-        for iteration in range(1, WARMUP_CALLS + repeats + 1):
-            for compute, record in zip(computes, calls, strict=True):  # plaintext, TLS, plaintext, TLS, ...
-                result = await _compute_call(compute, job_id, iteration, params)
-                if iteration > WARMUP_CALLS:
-                    record.append(result)
+        calls = await _timed_calls(channels, p, repeats)  # plaintext, TLS, plaintext, TLS, ...
     finally:
         for channel in channels:
             await channel.close(None)
@@ -756,10 +749,7 @@ async def _iteration_jobs(
                         "decode_s": statistics.median(r.decode_seconds for r in kept),
                         "first_s": statistics.median(min((t.seconds for t in r.timings), default=0.0) for r in kept),
                         "gather_s": statistics.median(max((t.seconds for t in r.timings), default=0.0) for r in kept),
-                        "period_s": statistics.median(
-                            b - a
-                            for a, b in zip(elapsed[SKIP_ITERATIONS:-1], elapsed[SKIP_ITERATIONS + 1 :], strict=True)
-                        ),
+                        "period_s": statistics.median(steady_periods(elapsed)),
                         "used_workers": statistics.median(len(r.used_workers) for r in kept),
                     }
                 )
