@@ -63,6 +63,7 @@ __all__ = [
     "available_models",
     "make_model",
     "message_length",
+    "save_params",
     "training_metrics",
 ]
 
@@ -229,9 +230,7 @@ class Model(ABC):
         Models that have a native format write it beside (e.g. a torch ``state_dict``, see
         :class:`gradcode.contrib.torch_model.TorchModel`).
         """
-        target = Path(path)
-        np.save(target, self._check_params(params), allow_pickle=False)
-        return [target if target.suffix == ".npy" else target.with_name(target.name + ".npy")]
+        return save_params(self._check_params(params), path)
 
     def _class_targets(self, y: FloatArray) -> FloatArray:
         return y
@@ -427,6 +426,13 @@ class SoftmaxRegression(Model):
 
     def __repr__(self) -> str:
         return f"<SoftmaxRegression(num_features={self.num_features}, num_classes={self.num_classes})>"
+
+
+def save_params(params: FloatArray, path: str | Path) -> list[Path]:
+    """Write ``params`` to ``path`` as ``.npy`` (numpy appends the suffix when missing); the file written."""
+    target = Path(path)
+    np.save(target, params, allow_pickle=False)
+    return [target if target.suffix == ".npy" else target.with_name(target.name + ".npy")]
 
 
 def available_models() -> list[str]:

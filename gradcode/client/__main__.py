@@ -41,7 +41,7 @@ from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 from gradcode.common.codes.compare import format_table, scheme_rows
 from gradcode.common.codes.registry import available_codes, code_parameters
-from gradcode.common.models import available_models, make_model
+from gradcode.common.models import available_models, make_model, save_params
 from gradcode.common.plugins import model_dtype
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.v1 import master_pb2
@@ -359,9 +359,8 @@ def export_model(spec: master_pb2.JobSpec, params: np.ndarray[Any, Any], out: Pa
             dtype=model_dtype(spec.message_dtype),
         )
     except ValueError as exc:
-        np.save(out, params, allow_pickle=False)
         print(f"gradcode: only the parameters are written: {exc}", file=sys.stderr)
-        return [out if out.suffix == ".npy" else out.with_name(out.name + ".npy")]
+        return save_params(params, out)
     return model.export(params, out)
 
 
@@ -433,22 +432,25 @@ def build_parser() -> argparse.ArgumentParser:
     codes.add_argument("--scheme", default="", help="print this scheme's parameters instead")
     codes.set_defaults(handler=_codes)
 
-    run = sub.add_parser("run", help="start a job on a running master and follow it")
-    run.add_argument("--master", default=master_default, help="master address (env GRADCODE_MASTER)")
+    def client_command(name: str, text: str) -> argparse.ArgumentParser:
+        """A command that talks to a running master: its address and the client's security flags."""
+        command = sub.add_parser(name, help=text)
+        command.add_argument("--master", default=master_default, help="master address (env GRADCODE_MASTER)")
+        add_security_arguments(command, role="client")
+        return command
+
+    run = client_command("run", "start a job on a running master and follow it")
     _add_job_arguments(run)
-    add_security_arguments(run, role="client")
     run.set_defaults(handler=_run)
 
     for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
-        p = sub.add_parser(name, help=text)
+        p = client_command(name, text)
         p.add_argument("job_id")
-        p.add_argument("--master", default=master_default)
-        add_security_arguments(p, role="client")
         p.set_defaults(handler=handler)
         if name == "watch":
             p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
-    resume = sub.add_parser(
-        "resume", help="resume a job from its last checkpoint (the master's, or a checkpoint file) and follow it"
+    resume = client_command(
+        "resume", "resume a job from its last checkpoint (the master's, or a checkpoint file) and follow it"
     )
     resume.add_argument("job_id", nargs="?", default="", help="the job (optional with --checkpoint)")
     resume.add_argument(
@@ -456,25 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint file (<state_dir>/<job>.ckpt.npz, e.g. another master's) to resume from",
     )  # fmt: skip
     resume.add_argument("--detach", action="store_true", help="return once the job is resumed")
-    resume.add_argument("--master", default=master_default)
     resume.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
-    add_security_arguments(resume, role="client")
     resume.set_defaults(handler=_resume)
-    jobs = sub.add_parser("jobs", help="list the jobs a master holds and their states")
-    jobs.add_argument("--master", default=master_default)
-    add_security_arguments(jobs, role="client")
+    jobs = client_command("jobs", "list the jobs a master holds and their states")
     jobs.set_defaults(handler=_jobs)
-    model = sub.add_parser("model", help="save a job's trained model: parameters as .npy (+ a torch state_dict .pt)")
+    model = client_command("model", "save a job's trained model: parameters as .npy (+ a torch state_dict .pt)")
     model.add_argument("job_id")
     model.add_argument("--out", "--output", dest="out", type=Path, default=Path("model.npy"))
-    model.add_argument("--master", default=master_default)
-    add_security_arguments(model, role="client")
     model.set_defaults(handler=_model)
-    workers = sub.add_parser("workers", help="list the workers a master knows, or remove one (workers remove ID)")
+    workers = client_command("workers", "list the workers a master knows, or remove one (workers remove ID)")
     workers.add_argument("action", nargs="?", choices=["list", "remove"], default="list")
     workers.add_argument("worker_id", nargs="?", type=int, help="with remove: the id to remove")
-    workers.add_argument("--master", default=master_default)
-    add_security_arguments(workers, role="client")
     workers.set_defaults(handler=_workers)
     bench = sub.add_parser("bench", help="run a benchmark (`gradcode bench training --help`)")
     bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
