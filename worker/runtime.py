@@ -70,6 +70,24 @@ class JobRuntime:
     retired: bool = False
     """Set when the job was ended or replaced: running computations stop at their next step."""
 
+    def begin(self, iteration: int) -> Cancellation:
+        """Start a computation of ``iteration``: it becomes the newest, older ones still running are
+        cancelled (they can no longer be used); returns its cancellation flag."""
+        self.newest_iteration = iteration
+        flag = Cancellation()
+        self.cancel_all(before=iteration)
+        self.active.setdefault(iteration, set()).add(flag)
+        return flag
+
+    def end(self, iteration: int, flag: Cancellation) -> None:
+        """The computation of ``flag`` is over: stop its thread at its next partition if it still runs."""
+        flag.set()
+        flags = self.active.get(iteration)
+        if flags is not None:
+            flags.discard(flag)
+            if not flags:
+                del self.active[iteration]
+
     def cancel_all(self, *, before: int | None = None) -> None:
         """Set the flags of every running computation (of iterations before ``before``, if given)."""
         for iteration, flags in self.active.items():

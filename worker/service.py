@@ -50,14 +50,11 @@ from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
 from gradcode.worker.runtime import JobRuntime, PartitionObserver
-from gradcode.worker.straggling import Cancellation, StragglerEmulation
+from gradcode.worker.straggling import StragglerEmulation
 
 __all__ = [
     "MAX_JOBS",
     "MAX_TOTAL_BYTES",
-    "Cancellation",
-    "JobRuntime",
-    "PartitionObserver",
     "WorkerServicer",
     "add_worker_service",
 ]
@@ -241,10 +238,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"iteration {iteration}: {exc}"
             ) from None
 
-        runtime.newest_iteration = iteration
-        flag = Cancellation()
-        runtime.cancel_all(before=iteration)  # an older iteration still running can no longer be used
-        runtime.active.setdefault(iteration, set()).add(flag)
+        flag = runtime.begin(iteration)
         try:
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
@@ -273,12 +267,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
             raise
         finally:
-            flag.set()  # stops the compute thread at its next partition if it is still running
-            flags = runtime.active.get(iteration)
-            if flags is not None:
-                flags.discard(flag)
-                if not flags:
-                    del runtime.active[iteration]
+            runtime.end(iteration, flag)
 
     def _runtime(self, job_id: str) -> JobRuntime:
         runtime = self.jobs.get(job_id)
