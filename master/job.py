@@ -114,21 +114,21 @@ class JobRunner:
         self.checkpoint_every = checkpoint_every
         self.resumed_from = resume
         """The checkpoint this runner goes on from (None for a new job)."""
-        self.optimizer: Optimizer = make_optimizer(
-            spec.optimizer.kind,
-            plan.start_params(),
-            learning_rate=spec.optimizer.learning_rate,
-            momentum=spec.optimizer.momentum,
-        )
-        if resume is not None:
+        if resume is None:
+            self.optimizer: Optimizer = make_optimizer(
+                spec.optimizer.kind,
+                plan.start_params(),
+                learning_rate=spec.optimizer.learning_rate,
+                momentum=spec.optimizer.momentum,
+            )
+        else:
             params = resume.optimizer.params
-            if resume.optimizer.kind != spec.optimizer.kind or params.shape != self.optimizer.params.shape:
+            if resume.optimizer.kind != spec.optimizer.kind or params.shape != (plan.model.num_params,):
                 raise ValueError(
                     f"Checkpoint of job {resume.job_id!r} holds a {resume.optimizer.kind!r} optimizer over "
-                    f"{params.size} parameters; the job needs {spec.optimizer.kind!r} over "
-                    f"{self.optimizer.params.size}."
+                    f"{params.size} parameters; the job needs {spec.optimizer.kind!r} over {plan.model.num_params}."
                 )
-            self.optimizer = copy.deepcopy(resume.optimizer)
+            self.optimizer = copy.copy(resume.optimizer)  # steps rebind its arrays, never write into them
             self.iterations_done = resume.iteration
         self.finished_at: float | None = None
         """time.monotonic() when the job reached its final state (None while it runs)."""

@@ -122,11 +122,16 @@ def _integrity_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     }
 
 
+def history_path(run_dir: Path, job_id: str) -> Path:
+    """Where a job's history is written: ``<run_dir>/<job_id>.jsonl``."""
+    return Path(run_dir) / f"{job_id}.jsonl"
+
+
 class History:
     """The job's history file (none without a run directory): the spec once, then one JSON line per report."""
 
     def __init__(self, run_dir: Path | None, job_id: str) -> None:
-        self.path = None if run_dir is None else Path(run_dir) / f"{job_id}.jsonl"
+        self.path = None if run_dir is None else history_path(run_dir, job_id)
         self._file: TextIO | None = None
 
     def open(self, spec: master_pb2.JobSpec) -> None:

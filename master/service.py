@@ -52,6 +52,7 @@ from gradcode.master.checkpoint import Checkpoint, CheckpointError, checkpoint_p
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import WorkerPool
+from gradcode.master.reporting import history_path
 from gradcode.master.spec import JobPlan, plan_job
 from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import master_pb2, master_pb2_grpc
@@ -181,11 +182,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """ALREADY_EXISTS when ``job_id`` names a job held, evicted, or with a history or checkpoint on disk."""
         if job_id in self.jobs or job_id in self.evicted:
             raise AlreadyExistsError(f"Job {short(job_id)} already exists.")
-        for directory, path in (
-            (self.run_dir, None if self.run_dir is None else self.run_dir / f"{job_id}.jsonl"),
-            (self.state_dir, None if self.state_dir is None else checkpoint_path(self.state_dir, job_id)),
-        ):
-            if directory is not None and path is not None and path.exists():
+        saved = [
+            *([] if self.run_dir is None else [history_path(self.run_dir, job_id)]),
+            *([] if self.state_dir is None else [checkpoint_path(self.state_dir, job_id)]),
+        ]
+        for path in saved:
+            if path.exists():
                 raise AlreadyExistsError(
                     f"Job {short(job_id)} already exists: {path} holds its history; choose another job id, "
                     f"or continue that job with `gradcode resume {job_id}`."
@@ -292,7 +294,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:
-            where = f" its history is in {self.run_dir / (job_id + '.jsonl')}" if self.run_dir is not None else ""
+            where = f" its history is in {history_path(self.run_dir, job_id)}" if self.run_dir is not None else ""
             raise NotFoundError(
                 f"Job {short(job_id)} finished and was evicted: the master keeps only the {self.max_finished_jobs} "
                 f"most recently finished jobs;{where or ' it kept no history (no run directory)'}."
