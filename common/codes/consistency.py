@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from gradcode.common.codes.numerics import _gamma, unit_roundoff
+from gradcode.common.codes.numerics import _gamma, row_shape, unit_roundoff
 
 if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
@@ -121,10 +121,7 @@ def check_consistency(
 
 def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, u: float) -> Array:
     """Per relation, the bound on an honest syndrome (the certificate's three terms for weights ``y_t``)."""
-    magnitude = np.abs(b_r)
-    support = np.count_nonzero(magnitude, axis=1).astype(np.float64)
-    two = np.linalg.norm(b_r, axis=1)
-    spread = np.where(two > 0, magnitude.sum(axis=1) / np.where(two > 0, two, 1.0), 1.0)
+    magnitude, support, spread = row_shape(b_r)
     complex_arithmetic = bool(np.iscomplexobj(b_r) or np.iscomplexobj(checks))
     scale = math.sqrt(2.0) if complex_arithmetic else 1.0
     extra = 2 if complex_arithmetic else 0

@@ -56,6 +56,7 @@ __all__ = [
     "ones_in_span",
     "relative_bound",
     "relative_error",
+    "row_shape",
     "span_residual",
     "straggler_amplification",
     "survivor_sets",
@@ -383,16 +384,23 @@ class RowProfile:
     @classmethod
     def of(cls, weights: Array, rows: Array) -> RowProfile:
         """Profile of ``rows`` ($B_F$, one row per combined message) decoded with ``weights``."""
-        magnitude = np.abs(rows)
-        support = np.count_nonzero(magnitude, axis=1).astype(np.float64)
-        two = np.linalg.norm(rows, axis=1)
-        spread = np.where(two > 0, magnitude.sum(axis=1) / np.where(two > 0, two, 1.0), 1.0)
+        magnitude, support, spread = row_shape(rows)
         # In extended precision: in float64 the residual's own rounding ($u \sum_i |a_i||b_i|$) would
         # swamp the weight error it measures (where long double is float64 it over-estimates: safe).
         complex_arithmetic = bool(np.iscomplexobj(rows) or np.iscomplexobj(weights))
         wide = np.clongdouble if complex_arithmetic else np.longdouble
         residual = np.abs(np.asarray(weights).astype(wide) @ rows.astype(wide) - 1).astype(np.float64)
         return cls(magnitude, support, spread, residual, complex_arithmetic)
+
+
+def row_shape(rows: Array) -> tuple[Array, Array, Array]:
+    r"""$|b_{ij}|$, the support size $w_i$ and $
+    ho_i = \|b_i\|_1 / \|b_i\|_2$ (1 for a zero row) of each row."""
+    magnitude = np.abs(rows)
+    support = np.count_nonzero(magnitude, axis=1).astype(np.float64)
+    two = np.linalg.norm(rows, axis=1)
+    spread = np.where(two > 0, magnitude.sum(axis=1) / np.where(two > 0, two, 1.0), 1.0)
+    return magnitude, support, spread
 
 
 @dataclass(frozen=True)
