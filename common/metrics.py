@@ -18,7 +18,8 @@ Where each is recorded:
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
-* worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`.
+* worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`,
+  :data:`SHARED_BYTES_SENT`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "JOBS_FINISHED",
     "LOAD_BYTES_SENT",
     "MASTER_REGISTRY",
+    "SHARED_BYTES_SENT",
     "WORKER_REGISTRY",
     "MetricsServer",
     "first_decodable_seconds",
@@ -135,6 +137,12 @@ COMPUTE_SECONDS = Counter(
 )
 BYTES_SENT = Counter(
     "gradcode_bytes_sent", "Bytes of gradient chunks this worker sent (serialized size).", registry=WORKER_REGISTRY
+)
+SHARED_BYTES_SENT = Counter(
+    "gradcode_shared_bytes_sent",
+    "Bytes of coded messages this worker left in its receiver's shared-memory directory instead of sending "
+    "them through gRPC (the receiver is on this host).",
+    registry=WORKER_REGISTRY,
 )
 
 

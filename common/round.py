@@ -26,6 +26,7 @@ tree parent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import numpy as np
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
+from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
 from gradcode.v1 import worker_pb2
 
@@ -73,11 +75,14 @@ class ChunkStream(Protocol):
 
 @dataclass(frozen=True)
 class Source:
-    """One worker to ask: its id, the rows it computes this iteration, and how to open its stream."""
+    """One worker to ask: its id, the rows it computes this iteration, how to open its stream, and whether its
+    messages come through the round's shared-memory directory."""
 
     worker_id: int
     rows: tuple[int, ...]
     open: Callable[[], ChunkStream]
+    shared: bool = False
+    """The call asks for shared-memory payloads (its request carries ``shared_model``)."""
 
 
 @dataclass(frozen=True)
@@ -182,8 +187,11 @@ class Round:
         started: float | None = None,
         certified_length: int | None = None,
         tolerance: float | None = None,
+        shared: SharedDirectory | None = None,
     ) -> None:
         self.decoder = decoder
+        self.shared = shared
+        """Where the sources with ``shared`` leave their payloads (:mod:`gradcode.common.shared_memory`)."""
         self.job_id = job_id
         self.iteration = iteration
         self.length = length
@@ -277,6 +285,11 @@ class Round:
         )
         return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
 
+    def _shared_reader(self, source: Source) -> Callable[[int, Array], None] | None:
+        if not source.shared or self.shared is None:
+            return None
+        return functools.partial(self.shared.take_message, self.iteration, source.worker_id)
+
     async def gather(
         self,
         sources: list[Source],
@@ -300,6 +313,7 @@ class Round:
             assembler = MessageAssembler(
                 job_id=self.job_id, iteration=self.iteration, worker_id=source.worker_id, rows=source.rows,
                 length=self.length, dtypes=self.dtypes, norm_length=self.certified_length,
+                shared=self._shared_reader(source),
             )  # fmt: skip
             try:
                 stream = source.open()

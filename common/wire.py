@@ -10,8 +10,8 @@ it expects with a :class:`WireError` saying exactly what is wrong.
 
 The gradient path is built to copy the payload as little as protobuf allows:
 
-* the sender (:func:`message_chunk_bytes`) copies the vector out of numpy once, checksums it with
-  hardware CRC-32C (``google-crc32c``) and writes each serialized GradientChunk as the small metadata
+* the sender (:func:`message_chunk_bytes`) checksums the vector with hardware CRC-32C
+  (``google-crc32c``) where it lies and writes each serialized GradientChunk as the small metadata
   message followed by the ``data`` field spliced in by hand (protobuf concatenation merges
   messages), so protobuf never copies or re-encodes the payload; :func:`serialize_chunk` lets a
   gRPC server send those bytes as they are;
@@ -25,7 +25,7 @@ The gradient path is built to copy the payload as little as protobuf allows:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,6 +300,7 @@ def message_chunk_bytes(
     children_lost: Sequence[int] = (),
     chunk_bytes: int | None = None,
     magnitude: float = math.nan,
+    shared: Callable[[Array], bool] | None = None,
 ) -> Iterator[bytes]:
     r"""One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
@@ -307,20 +308,24 @@ def message_chunk_bytes(
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
     its certified absolute error bound on that part; ``children_lost`` names its children that lost the
     job (answered NOT_FOUND); ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). The payload is
-    copied out of numpy once and once more into each chunk's bytes; protobuf serializes only the
-    small fields.
+    copied once, into each chunk's bytes; protobuf serializes only the small fields.
+
+    ``shared`` hands the payload (little-endian, contiguous) to the receiver's shared-memory directory
+    (:mod:`gradcode.common.shared_memory`); when it returns True the message is one chunk with
+    ``shared_payload`` set and no data, else (the write failed) it travels inline as usual.
     """
     v = np.ascontiguousarray(vector)
     wire = dtype_to_wire(v.dtype)
-    blob = v.astype(_DTYPES[wire], copy=False).tobytes()  # google-crc32c reads only bytes objects
-    crc = google_crc32c.value(blob)
+    payload = np.ascontiguousarray(v.astype(_DTYPES[wire], copy=False)).reshape(-1)
+    crc = google_crc32c.value(payload)
     itemsize = _DTYPES[wire].itemsize
-    total = len(blob)
+    total = payload.nbytes
+    in_file = shared is not None and shared(payload)
     size = chunk_bytes_for(total) if chunk_bytes is None else chunk_bytes
     step = max(itemsize, size - size % itemsize)
-    starts = range(0, total, step) if total else range(1)
+    starts = range(0, total, step) if total and not in_file else range(1)
     last = starts[-1]
-    view = memoryview(blob)
+    view = payload.view(np.uint8).data if total else memoryview(b"")
     for start in starts:
         meta = worker_pb2.GradientChunk(
             job_id=job_id, iteration=iteration, worker_id=worker_id, row=row, offset=start // itemsize
@@ -328,6 +333,7 @@ def message_chunk_bytes(
         if start == 0:
             meta.header.dtype = wire  # type: ignore[assignment]
             meta.header.length = v.size
+            meta.shared_payload = in_file
         if start == last:
             meta.trailer.crc32c = crc
             meta.trailer.compute_seconds = compute_seconds
@@ -338,7 +344,7 @@ def message_chunk_bytes(
             if math.isfinite(magnitude):
                 meta.trailer.magnitude = magnitude
         piece = view[start : start + step]
-        if len(piece):
+        if len(piece) and not in_file:
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
         else:
             yield meta.SerializeToString()
@@ -487,8 +493,12 @@ class MessageAssembler:
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
         norm_length: int | None = None,
+        shared: Callable[[int, Array], None] | None = None,
     ) -> None:
         self.job_id = job_id
+        self.shared = shared
+        """Reads row ``r``'s shared-memory payload into an array (the receiver asked this worker for shared
+        payloads this iteration); None: a chunk with ``shared_payload`` is refused."""
         self.iteration = iteration
         self.worker_id = worker_id
         self.rows = rows
@@ -512,12 +522,11 @@ class MessageAssembler:
                 f"A chunk from worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration} could not be "
                 "parsed as a GradientChunk (malformed bytes on the wire)."
             )
-        # google-crc32c reads only bytes objects: the payload is copied once into bytes (protobuf's .data
-        # access does that copy already), checksummed, and copied once into the message's buffer.
+        # The payload is copied once, from gRPC's bytes into the message's buffer, and checksummed there.
         if isinstance(received, ReceivedChunk):
-            chunk, payload = received.meta, bytes(received.data)
+            chunk, payload = received.meta, received.data
         else:
-            chunk, payload = received, received.data  # each .data access copies: read it once
+            chunk, payload = received, memoryview(received.data)  # each .data access copies: read it once
         where = f"worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration}"
         if chunk.job_id != self.job_id:
             raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
@@ -550,15 +559,22 @@ class MessageAssembler:
         itemsize = self._buffer.dtype.itemsize
         if chunk.offset != self._filled:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {self._filled}.")
-        if len(payload) % itemsize:
-            raise WireError(f"Chunk of row {chunk.row} from {where} is not a whole number of {itemsize}-byte items.")
-        count = len(payload) // itemsize
-        if self._filled + count > self.length:
-            raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
+        if chunk.shared_payload:
+            self._take_shared(chunk, len(payload), where)
+            count = self.length
+        else:
+            if len(payload) % itemsize:
+                raise WireError(
+                    f"Chunk of row {chunk.row} from {where} is not a whole number of {itemsize}-byte items."
+                )
+            count = len(payload) // itemsize
+            if self._filled + count > self.length:
+                raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
+            if count:
+                self._buffer[self._filled : self._filled + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
         if count:
             piece = self._buffer[self._filled : self._filled + count]
-            piece[:] = np.frombuffer(payload, dtype=self._buffer.dtype)
-            self._crc = google_crc32c.extend(self._crc, payload)
+            self._crc = google_crc32c.extend(self._crc, piece)
             if not np.isfinite(piece).all():
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
             normed = piece[: max(0, self.norm_length - self._filled)]
@@ -599,6 +615,21 @@ class MessageAssembler:
         self._done.add(chunk.row)
         self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0
         return done
+
+    def _take_shared(self, chunk: worker_pb2.GradientChunk, data_bytes: int, where: str) -> None:
+        """Fill the message's buffer from its shared-memory payload: one chunk, header to trailer, no data."""
+        assert self._buffer is not None
+        if self.shared is None:
+            raise WireError(
+                f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for inline "
+                "payloads."
+            )
+        if data_bytes or self._filled or not chunk.HasField("trailer"):
+            raise WireError(
+                f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload is "
+                "one chunk with header and trailer and no data."
+            )
+        self.shared(chunk.row, self._buffer)
 
     @property
     def complete(self) -> bool:

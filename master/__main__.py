@@ -23,6 +23,7 @@ from gradcode.common.cli import (
 )
 from gradcode.common.security import add_security_arguments, security_from_args
 from gradcode.common.serving import install_shutdown_signals
+from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.pool import MAX_WORKERS, worker_address
 
@@ -81,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-workers", type=int, default=int(env_default("GRADCODE_MAX_WORKERS", str(MAX_WORKERS)) or MAX_WORKERS),
         help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--shared-memory",
+        default=env_default("GRADCODE_SHARED_MEMORY", str(DEFAULT_ROOT)),
+        metavar="DIR|off",
+        help=(
+            "tmpfs directory where each job offers workers on this host (same user) to exchange models and "
+            "messages as files instead of through gRPC; 'off' sends everything through gRPC; a worker elsewhere "
+            "always does [GRADCODE_SHARED_MEMORY] (default: %(default)s)"
+        ),
+    )
     add_security_arguments(parser, role="master")
     return parser
 
@@ -93,6 +104,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
+        shared_memory=None if args.shared_memory == "off" else args.shared_memory,
     )  # fmt: skip
     await node.start()
     metrics = None

@@ -63,7 +63,8 @@ from gradcode.common.logs import set_log_context
 from gradcode.common.metrics import job_state_label
 from gradcode.common.models import TrainingMetrics, training_metrics
 from gradcode.common.round import Decoded, Round
-from gradcode.common.wire import model_request_bytes, tensor_from_array
+from gradcode.common.shared_memory import DEFAULT_ROOT, SharedDirectory
+from gradcode.common.wire import tensor_from_array
 from gradcode.master import reporting
 from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.loading import WorkerLoader
@@ -97,6 +98,7 @@ class JobRunner:
         state_dir: Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         resume: Checkpoint | None = None,
+        shared_memory: Path | None = DEFAULT_ROOT,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
@@ -107,6 +109,8 @@ class JobRunner:
         self.history: list[master_pb2.IterationReport] = []
         self.iterations_done = 0
         self.loader = WorkerLoader(plan, pool)
+        self.shared_memory = shared_memory
+        """Where the job makes its shared-memory directory for workers on this host (None: no shared memory)."""
         self.rounds = RoundPolicy(self.loader, pool)
         self.history_file = History(run_dir, plan.job_id)
         spec = plan.spec
@@ -220,6 +224,8 @@ class JobRunner:
             else:
                 self.history.extend(self.history_file.resume(self.plan.spec, self.iterations_done))
             await self.loader.select()
+            if self.shared_memory is not None:
+                self.loader.shared = SharedDirectory.create(self.shared_memory)
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "loading workers")
             self._started = time.perf_counter()
             await self.loader.load_all()
@@ -370,8 +376,7 @@ class JobRunner:
         code = self.plan.code
         assignment = code.assign(self._observation) if code.dynamic else code.static_assignment()
         point = self.optimizer.point  # never written into: a step rebinds the optimizer's arrays
-        model_bytes = model_request_bytes(point)
-        round_ = await self.rounds.run(t, assignment, model_bytes, started=started, job_started=self._started)
+        round_ = await self.rounds.run(t, assignment, point, started=started, job_started=self._started)
         decoded = round_.decode()
         plan = self.plan
         training = training_metrics(plan.model, decoded.vector, point, plan.dataset.y_train, l2=plan.spec.model.l2)

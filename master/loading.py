@@ -33,6 +33,7 @@ import numpy as np
 from gradcode.common import metrics
 from gradcode.common.data import Dataset
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import code_spec, partition_chunks, row_definition
 from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.master.spec import JobPlan
@@ -81,9 +82,14 @@ class PartitionBytes:
 class WorkerLoader:
     """The pool worker behind each of the job's worker indices, and loading the job onto them."""
 
-    def __init__(self, plan: JobPlan, pool: WorkerPool) -> None:
+    def __init__(self, plan: JobPlan, pool: WorkerPool, *, shared: SharedDirectory | None = None) -> None:
         self.plan = plan
         self.pool = pool
+        self.shared = shared
+        """The job's shared-memory directory, offered to the workers whose messages come to the master
+        (:mod:`gradcode.common.shared_memory`); None: every payload goes through gRPC."""
+        self.shared_workers: set[int] = set()
+        """Worker indices whose last LoadJob accepted the shared-memory offer."""
         self.workers: list[PoolWorker] = []
         """The pool worker behind each worker index (set by :meth:`select`)."""
         self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
@@ -163,6 +169,8 @@ class WorkerLoader:
                         wait_seconds=topology.wait_seconds(w, plan.spec.iteration_deadline_seconds),
                     )
                 )
+        if self.shared is not None and not setup.HasField("parent") and (topology is None or w < code.n):
+            setup.shared_memory.CopyFrom(self.shared.offer())  # a leaf whose messages come to the master
         if plan.local is None:
             setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
         else:
@@ -208,14 +216,17 @@ class WorkerLoader:
         worker = self.workers[w]
         if not worker.is_up:
             return False
+        self.shared_workers.discard(w)
         try:
-            await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
+            reply = await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
             if self.plan.local is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 self.refusals[w] = exc.details() or ""
                 return False
             self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
             return False
+        if reply.shared_memory:
+            self.shared_workers.add(w)
         worker.jobs.add(self.job_id)
         self.pool.mark_seen(worker)
         return True
@@ -255,8 +266,11 @@ class WorkerLoader:
             raise JobFailedError(f"Worker(s) {ids} cannot load this job's worker-local data; worker {first}: {reason}")
 
     async def end(self) -> None:
-        """EndJob on every worker that holds the job (best effort), and free the partition bytes."""
+        """EndJob on every worker that holds the job (best effort), and free the partition bytes and the
+        shared-memory directory."""
         self.partition_bytes.clear()
+        if self.shared is not None:
+            self.shared.close()
 
         async def end(worker: PoolWorker) -> None:
             worker.jobs.discard(self.job_id)

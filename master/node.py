@@ -16,6 +16,7 @@ import grpc
 
 from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
+from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
@@ -57,6 +58,7 @@ class MasterNode(ServiceNode):
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
         state_dir: str | Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        shared_memory: str | Path | None = DEFAULT_ROOT,
     ) -> None:
         super().__init__(host, port, grace=grace, security=security)
         self.run_dir = None if run_dir is None else Path(run_dir)
@@ -66,6 +68,7 @@ class MasterNode(ServiceNode):
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
             max_data_file_bytes=max_data_file_bytes,
             state_dir=None if state_dir is None else Path(state_dir), checkpoint_every=checkpoint_every,
+            shared_memory=None if shared_memory is None else Path(shared_memory),
         )  # fmt: skip
 
     def _register(self, server: grpc.aio.Server) -> None:

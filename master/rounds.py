@@ -19,16 +19,18 @@ again by this job.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Iterable
 
 import grpc
 
-from gradcode.common.codes.base import Assignment
+from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
-from gradcode.common.wire import dtype_from_wire
+from gradcode.common.shared_memory import SharedDirectory
+from gradcode.common.wire import dtype_from_wire, model_request_bytes
 from gradcode.master.integrity import IntegrityPolicy
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
@@ -38,6 +40,8 @@ from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 
 __all__ = ["RoundPolicy"]
+
+log = logging.getLogger(__name__)
 
 
 class RoundPolicy:
@@ -71,11 +75,14 @@ class RoundPolicy:
             if workers[w].is_up and not workers[w].has_job(job_id):
                 self.loads.start(w, functools.partial(self.loader.load, w))
 
-    async def run(
-        self, t: int, assignment: Assignment, model_bytes: bytes, *, started: float, job_started: float
-    ) -> Round:
-        """Gather iteration ``t`` (begun at ``started``) until decodable; JobFailedError at the deadline."""
+    async def run(self, t: int, assignment: Assignment, point: Array, *, started: float, job_started: float) -> Round:
+        """Gather iteration ``t`` (begun at ``started``, the model at ``point``) until decodable; JobFailedError
+        at the deadline."""
         plan, code, workers = self.plan, self.plan.code, self.loader.workers
+        shared = self.loader.shared
+        if shared is not None:
+            shared.sweep(before=t)
+        model = _ModelRequest(t, point, shared)
         round_ = Round(
             code.decoder(assignment),
             job_id=plan.job_id,
@@ -85,6 +92,7 @@ class RoundPolicy:
             started=started,
             certified_length=plan.model.num_params,
             tolerance=plan.tolerance,
+            shared=shared,
         )
         enough = self.integrity.enough(round_, assignment)
         quarantined = self.integrity.quarantined
@@ -110,7 +118,7 @@ class RoundPolicy:
                     round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
-                sources = [self._source(w, t, assignment.rows[w], model_bytes) for w in ask]
+                sources = [self._source(w, t, assignment.rows[w], model) for w in ask]
                 failures = await round_.gather(sources, timeout=remaining, enough=enough)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
@@ -148,12 +156,13 @@ class RoundPolicy:
             workers[c].jobs.discard(job_id)
         self._reload(sorted(lost))
 
-    def _source(self, w: int, t: int, rows: tuple[int, ...], model_bytes: bytes) -> Source:
-        """Worker ``w``'s Compute call: its own fields serialized, followed by the shared model bytes."""
+    def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest) -> Source:
+        """Worker ``w``'s Compute call: its own fields serialized, followed by the iteration's model fields."""
         head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows)
-        request = head.SerializeToString() + model_bytes
+        body, shared = model.fields(shared=w in self.loader.shared_workers)
+        request = head.SerializeToString() + body
         worker = self.loader.workers[w]
-        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(request))
+        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(request), shared=shared)
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
@@ -187,3 +196,34 @@ class RoundPolicy:
             f"{plan.code!r} tolerates {plan.code.s} straggler(s)"
             + ("." if plan.topology is None else " among the children of every parent.")
         )
+
+
+class _ModelRequest:
+    """Iteration ``t``'s model as serialized ComputeRequest fields: inline (``model``) or, for workers that
+    accepted the job's shared-memory directory, ``shared_model`` (the parameters written there once).
+    Each form is built at most once, when a worker first needs it."""
+
+    def __init__(self, t: int, point: Array, shared: SharedDirectory | None) -> None:
+        self.t = t
+        self.point = point
+        self.shared = shared
+        self._inline: bytes | None = None
+        self._in_shared: bytes | None = None
+
+    def fields(self, *, shared: bool) -> tuple[bytes, bool]:
+        """The model's request fields, and whether they are the shared-memory form (which then wants shared
+        payloads back); a failed write to shared memory falls back to the inline form for this iteration."""
+        if shared and self.shared is not None:
+            if self._in_shared is None:
+                try:
+                    reference = self.shared.write_model(self.t, self.point)
+                except OSError as exc:
+                    log.warning("iteration %d: writing the model to shared memory failed (%s); sending it inline",
+                                self.t, exc)  # fmt: skip
+                    self.shared = None
+                    return self.fields(shared=False)
+                self._in_shared = worker_pb2.ComputeRequest(shared_model=reference).SerializeToString()
+            return self._in_shared, True
+        if self._inline is None:
+            self._inline = model_request_bytes(self.point)
+        return self._inline, False

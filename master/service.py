@@ -47,6 +47,7 @@ from gradcode.common.exceptions import (
 )
 from gradcode.common.logs import log_context
 from gradcode.common.security import short
+from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.common.status import grpc_errors
 from gradcode.master.checkpoint import Checkpoint, CheckpointError, checkpoint_path, saved_checkpoints
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
@@ -84,6 +85,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
         state_dir: Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        shared_memory: Path | None = DEFAULT_ROOT,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
@@ -96,6 +98,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.max_finished_jobs = max_finished_jobs
         self.state_dir = state_dir
         self.checkpoint_every = checkpoint_every
+        self.shared_memory = shared_memory
         self.jobs: dict[str, JobRunner] = {}
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
@@ -157,8 +160,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             )
         try:
             job = JobRunner(
-                plan, self.pool, run_dir=self.run_dir, state_dir=self.state_dir, checkpoint_every=self.checkpoint_every
-            )
+                plan, self.pool, run_dir=self.run_dir, state_dir=self.state_dir, checkpoint_every=self.checkpoint_every,
+                shared_memory=self.shared_memory,
+            )  # fmt: skip
         except MemoryError:
             raise ResourceExhaustedError("The master ran out of memory while starting this job.") from None
         self._start(job)
@@ -229,7 +233,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         try:
             job = JobRunner(
                 plan, self.pool, run_dir=self.run_dir, state_dir=self.state_dir,
-                checkpoint_every=self.checkpoint_every, resume=checkpoint,
+                checkpoint_every=self.checkpoint_every, resume=checkpoint, shared_memory=self.shared_memory,
             )  # fmt: skip
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
@@ -69,6 +70,9 @@ class JobRuntime:
     """The highest iteration a Compute has started for this job; older ones are refused."""
     retired: bool = False
     """Set when the job was ended or replaced: running computations stop at their next step."""
+    shared: Path | None = None
+    """The receiver's shared-memory directory, when this worker accepted its offer
+    (:func:`gradcode.common.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
 
     def begin(self, iteration: int) -> Cancellation:
         """Start a computation of ``iteration``: it becomes the newest, older ones still running are

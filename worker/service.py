@@ -22,6 +22,7 @@ mapped by :func:`gradcode.common.status.grpc_errors`); the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.common import metrics
+from gradcode.common import metrics, shared_memory
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import (
     AbortedError,
@@ -146,7 +147,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )  # fmt: skip
         return worker_pb2.LoadJobReply(
             job_id=job.job_id, worker_id=job.worker_id, partitions=sorted(job.partitions),
-            bytes_received=job.bytes_received,
+            bytes_received=job.bytes_received, shared_memory=runtime.shared is not None,
         )  # fmt: skip
 
     async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], stream: int) -> JobRuntime:
@@ -192,6 +193,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise JobSetupError("The LoadJob stream ended without a setup chunk; send the setup first.")
         job = await asyncio.to_thread(builder.finish)
         runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
+        if job.setup.HasField("shared_memory") and not job.setup.HasField("parent"):
+            runtime.shared = shared_memory.accept(job.setup.shared_memory)
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
                 job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype,
@@ -214,17 +217,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"This worker is worker {job.worker_id} of job {job.job_id!r}; the request is for worker "
                 f"{request.worker_id}."
             )
+        iteration = int(request.iteration)
+        shared = runtime.shared if request.HasField("shared_model") else None
         try:
-            if request.model.dtype != common_pb2.DTYPE_FLOAT64:
+            if request.HasField("shared_model"):
+                if shared is None:
+                    raise ValueError(
+                        "the request names a shared-memory model, but this worker did not accept the job's "
+                        "shared-memory offer; send the model inline."
+                    )
+                params = job.check_params(shared_memory.read_model(shared, iteration, request.shared_model))
+            elif request.model.dtype != common_pb2.DTYPE_FLOAT64:
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
-            params = job.check_params(array_from_tensor(request.model))
+            else:
+                params = job.check_params(array_from_tensor(request.model))
             if not np.isfinite(params).all():
                 bad = int(np.count_nonzero(~np.isfinite(params)))
                 raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
             rows = job.check_rows(list(request.rows))
         except ValueError as exc:  # WireError is a ValueError
             raise InvalidRequestError(f"Compute refused: {exc}") from None
-        iteration = int(request.iteration)
         if iteration < runtime.newest_iteration:
             raise AbortedError(
                 f"Compute refused: iteration {iteration} is older than iteration {runtime.newest_iteration} already "
@@ -247,6 +259,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
                     chunk_bytes=self.chunk_bytes, magnitude=m.magnitude,
+                    shared=None if shared is None else functools.partial(
+                        _write_shared, shared, iteration, job.worker_id, m.row
+                    ),
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk
@@ -314,6 +329,17 @@ class _HandlerRecorder:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         self.service, self.handlers = service, dict(handlers)
+
+
+def _write_shared(directory: Path, iteration: int, worker_id: int, row: int, payload: np.ndarray[Any, Any]) -> bool:
+    """Leave a message's payload in the receiver's shared-memory directory; False (send it inline) if that fails."""
+    try:
+        shared_memory.write_message(directory, iteration, worker_id, row, payload)
+    except OSError as exc:
+        logger.warning("iteration %d row %d: shared-memory write failed (%s); sending it inline", iteration, row, exc)
+        return False
+    metrics.SHARED_BYTES_SENT.inc(payload.nbytes)
+    return True
 
 
 def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
+from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import ComputeCancelledError
@@ -730,3 +733,73 @@ async def test_the_chunk_size_is_a_worker_option() -> None:
             await stop_worker(served)
         assert len(chunks) == expect_chunks and all(len(c.data) <= chunk_bytes for c in chunks)
         _assert_close(messages[0], expected_message(code, 0, theta, partitions))
+
+
+# ---- shared memory -------------------------------------------------------------------------------
+
+
+async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages_through_shared_memory(
+    stub: worker_pb2_grpc.WorkerStub, tmp_path: Path
+) -> None:
+    shared = SharedDirectory.create(tmp_path)
+    assert shared is not None
+    code, worker = make_code("cyclic", n=4, s=1), 2
+    partitions = make_partitions(code.k)
+    rows = code.static_assignment().rows[worker]
+    async with asyncio.timeout(TEST_TIMEOUT):
+        inline = await _load(stub, load_chunks(job_setup(code, worker), data_for(code, worker, partitions)))
+        assert not inline.shared_memory  # no offer, nothing accepted
+        theta = random_params()
+        shared_request = worker_pb2.ComputeRequest(
+            job_id="job", iteration=1, worker_id=worker, rows=list(rows), shared_model=shared.write_model(1, theta)
+        )
+        error = await _status(stub.Compute(shared_request))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "did not accept the job's shared-memory offer" in (error.details() or "")
+
+        setup = job_setup(code, worker)
+        setup.shared_memory.CopyFrom(shared.offer())
+        reply = await _load(stub, load_chunks(setup, data_for(code, worker, partitions)))
+        assert reply.shared_memory
+        assembler = MessageAssembler(
+            job_id="job", iteration=1, worker_id=worker, rows=tuple(rows),
+            length=message_length(softmax_model(), statistics=False), dtypes=ANY_DTYPE,
+            shared=functools.partial(shared.take_message, 1, worker),
+        )  # fmt: skip
+        chunks = [chunk async for chunk in stub.Compute(shared_request)]
+        assert all(c.shared_payload and not c.data for c in chunks) and len(chunks) == len(rows)
+        for chunk in chunks:
+            done = assembler.feed(chunk)
+            assert done is not None
+            _assert_close(done.vector, expected_message(code, done.row, theta, partitions))
+        # An inline request to the same worker gets inline messages: the receiver chooses per call.
+        messages, trailers = await _compute(stub, _request("job", worker, rows, theta, iteration=2))
+        assert not any(t.shared_payload for t in trailers)
+        for row in rows:
+            _assert_close(messages[row], expected_message(code, row, theta, partitions))
+        shared.sweep(before=3)
+        assert sorted(p.name for p in shared.path.iterdir()) == ["probe"]  # every message was read and removed
+    shared.close()
+
+
+async def test_a_tree_parent_never_accepts_shared_memory(tmp_path: Path) -> None:
+    shared = SharedDirectory.create(tmp_path)
+    assert shared is not None
+    parent, child = await serve_worker(), await serve_worker()
+    try:
+        async with asyncio.timeout(TEST_TIMEOUT):
+            partitions = make_partitions(2)
+            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
+            del setup.rows[:]
+            setup.rows.add(row=0, partitions=[1], coefficients_real=[1.0])
+            setup.parent.CopyFrom(_parent_role("uncoded", {"n": 1}, [child.address], wait=5.0))
+            setup.shared_memory.CopyFrom(shared.offer())  # it forwards its model to children inline
+            async with grpc.aio.insecure_channel(parent.address) as channel:
+                reply = await _load(
+                    worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, partition_data(1, *partitions[1]))
+                )
+            assert not reply.shared_memory
+    finally:
+        await stop_worker(parent)
+        await stop_worker(child)
+        shared.close()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gradcode.v1 import common_pb2 as gradcode_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gradcode/v1/worker.proto\x12\x0bgradcode.v1\x1a\x18gradcode/v1/common.proto\"\x0e\n\x0cHelloRequest\"!\n\nHelloReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"f\n\rRowDefinition\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x03(\r\x12\x19\n\x11\x63oefficients_real\x18\x03 \x03(\x01\x12\x19\n\x11\x63oefficients_imag\x18\x04 \x03(\x01\"C\n\tChildSpec\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\ncall_token\x18\x03 \x01(\t\"w\n\nParentRole\x12)\n\nchild_code\x18\x01 \x01(\x0b\x32\x15.gradcode.v1.CodeSpec\x12(\n\x08\x63hildren\x18\x02 \x03(\x0b\x32\x16.gradcode.v1.ChildSpec\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"\xe5\x02\n\x08JobSetup\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\r\x12%\n\x05model\x18\x03 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\x12(\n\x04rows\x18\x04 \x03(\x0b\x32\x1a.gradcode.v1.RowDefinition\x12\x1b\n\x13num_partitions_sent\x18\x05 \x01(\r\x12-\n\tstraggler\x18\x06 \x01(\x0b\x32\x1a.gradcode.v1.StragglerSpec\x12\'\n\x06parent\x18\x07 \x01(\x0b\x32\x17.gradcode.v1.ParentRole\x12)\n\rmessage_dtype\x18\x08 \x01(\x0e\x32\x12.gradcode.v1.DType\x12\x19\n\x11\x61ppend_statistics\x18\t \x01(\x08\x12*\n\nlocal_data\x18\n \x01(\x0b\x32\x16.gradcode.v1.LocalData\"\xc4\x02\n\tLocalData\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x03(\x0b\x32#.gradcode.v1.LocalData.OptionsEntry\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x04\x12\x14\n\x0cnum_features\x18\x05 \x01(\r\x12\x14\n\x0c\x64\x61taset_seed\x18\x06 \x01(\x04\x12\x15\n\rtest_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epartition_seed\x18\x08 \x01(\x04\x12\x19\n\x11partition_weights\x18\t \x03(\x01\x12\x10\n\x08num_rows\x18\n \x01(\x04\x12\x15\n\rsigned_labels\x18\x0b \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\rPartitionData\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x65\x61tures_offset\x18\x03 \x01(\x04\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0c\x12\x15\n\rlabels_offset\x18\x05 \x01(\x04\x12\x0e\n\x06labels\x18\x06 \x01(\x0c\"m\n\x0cLoadJobChunk\x12&\n\x05setup\x18\x01 \x01(\x0b\x32\x15.gradcode.v1.JobSetupH\x00\x12*\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x1a.gradcode.v1.PartitionDataH\x00\x42\t\n\x07payload\"]\n\x0cLoadJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\r\x12\x12\n\npartitions\x18\x03 \x03(\r\x12\x16\n\x0e\x62ytes_received\x18\x04 \x01(\x04\"x\n\x0e\x43omputeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.gradcode.v1.Tensor\x12\x0c\n\x04rows\x18\x05 \x03(\r\"B\n\rMessageHeader\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.gradcode.v1.DType\x12\x0e\n\x06length\x18\x02 \x01(\x04\"\xd8\x01\n\x0eMessageTrailer\x12\x13\n\x06\x63rc32c\x18\x05 \x01(\x07H\x00\x88\x01\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x18\n\x10straggle_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x61pproximate\x18\x04 \x01(\x08\x12\x14\n\x0c\x64\x65\x63ode_error\x18\x06 \x01(\x01\x12\x15\n\rchildren_lost\x18\x07 \x03(\r\x12\x16\n\tmagnitude\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\t\n\x07_crc32cB\x0c\n\n_magnitudeJ\x04\x08\x01\x10\x02R\x05\x63rc32\"\xca\x01\n\rGradientChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\x0b\n\x03row\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12*\n\x06header\x18\x06 \x01(\x0b\x32\x1a.gradcode.v1.MessageHeader\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12,\n\x07trailer\x18\x08 \x01(\x0b\x32\x1b.gradcode.v1.MessageTrailer\"\x1f\n\rEndJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\r\n\x0b\x45ndJobReply2\x8e\x02\n\x06Worker\x12\x41\n\x07LoadJob\x12\x19.gradcode.v1.LoadJobChunk\x1a\x19.gradcode.v1.LoadJobReply(\x01\x12\x44\n\x07\x43ompute\x12\x1b.gradcode.v1.ComputeRequest\x1a\x1a.gradcode.v1.GradientChunk0\x01\x12>\n\x06\x45ndJob\x12\x1a.gradcode.v1.EndJobRequest\x1a\x18.gradcode.v1.EndJobReply\x12;\n\x05Hello\x12\x19.gradcode.v1.HelloRequest\x1a\x17.gradcode.v1.HelloReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gradcode/v1/worker.proto\x12\x0bgradcode.v1\x1a\x18gradcode/v1/common.proto\"\x0e\n\x0cHelloRequest\"!\n\nHelloReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"f\n\rRowDefinition\x12\x0b\n\x03row\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x03(\r\x12\x19\n\x11\x63oefficients_real\x18\x03 \x03(\x01\x12\x19\n\x11\x63oefficients_imag\x18\x04 \x03(\x01\"C\n\tChildSpec\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\ncall_token\x18\x03 \x01(\t\"w\n\nParentRole\x12)\n\nchild_code\x18\x01 \x01(\x0b\x32\x15.gradcode.v1.CodeSpec\x12(\n\x08\x63hildren\x18\x02 \x03(\x0b\x32\x16.gradcode.v1.ChildSpec\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"\x9c\x03\n\x08JobSetup\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\r\x12%\n\x05model\x18\x03 \x01(\x0b\x32\x16.gradcode.v1.ModelSpec\x12(\n\x04rows\x18\x04 \x03(\x0b\x32\x1a.gradcode.v1.RowDefinition\x12\x1b\n\x13num_partitions_sent\x18\x05 \x01(\r\x12-\n\tstraggler\x18\x06 \x01(\x0b\x32\x1a.gradcode.v1.StragglerSpec\x12\'\n\x06parent\x18\x07 \x01(\x0b\x32\x17.gradcode.v1.ParentRole\x12)\n\rmessage_dtype\x18\x08 \x01(\x0e\x32\x12.gradcode.v1.DType\x12\x19\n\x11\x61ppend_statistics\x18\t \x01(\x08\x12*\n\nlocal_data\x18\n \x01(\x0b\x32\x16.gradcode.v1.LocalData\x12\x35\n\rshared_memory\x18\x0b \x01(\x0b\x32\x1e.gradcode.v1.SharedMemoryOffer\"5\n\x11SharedMemoryOffer\x12\x11\n\tdirectory\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"\xc4\x02\n\tLocalData\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x03(\x0b\x32#.gradcode.v1.LocalData.OptionsEntry\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x04\x12\x14\n\x0cnum_features\x18\x05 \x01(\r\x12\x14\n\x0c\x64\x61taset_seed\x18\x06 \x01(\x04\x12\x15\n\rtest_fraction\x18\x07 \x01(\x01\x12\x16\n\x0epartition_seed\x18\x08 \x01(\x04\x12\x19\n\x11partition_weights\x18\t \x03(\x01\x12\x10\n\x08num_rows\x18\n \x01(\x04\x12\x15\n\rsigned_labels\x18\x0b \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\rPartitionData\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x65\x61tures_offset\x18\x03 \x01(\x04\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0c\x12\x15\n\rlabels_offset\x18\x05 \x01(\x04\x12\x0e\n\x06labels\x18\x06 \x01(\x0c\"m\n\x0cLoadJobChunk\x12&\n\x05setup\x18\x01 \x01(\x0b\x32\x15.gradcode.v1.JobSetupH\x00\x12*\n\x04\x64\x61ta\x18\x02 \x01(\x0b\x32\x1a.gradcode.v1.PartitionDataH\x00\x42\t\n\x07payload\"t\n\x0cLoadJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\r\x12\x12\n\npartitions\x18\x03 \x03(\r\x12\x16\n\x0e\x62ytes_received\x18\x04 \x01(\x04\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\"\xa8\x01\n\x0e\x43omputeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.gradcode.v1.Tensor\x12\x0c\n\x04rows\x18\x05 \x03(\r\x12.\n\x0cshared_model\x18\x06 \x01(\x0b\x32\x18.gradcode.v1.SharedModel\"-\n\x0bSharedModel\x12\x0e\n\x06length\x18\x01 \x01(\x04\x12\x0e\n\x06\x63rc32c\x18\x02 \x01(\x07\"B\n\rMessageHeader\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.gradcode.v1.DType\x12\x0e\n\x06length\x18\x02 \x01(\x04\"\xd8\x01\n\x0eMessageTrailer\x12\x13\n\x06\x63rc32c\x18\x05 \x01(\x07H\x00\x88\x01\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x02 \x01(\x01\x12\x18\n\x10straggle_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x61pproximate\x18\x04 \x01(\x08\x12\x14\n\x0c\x64\x65\x63ode_error\x18\x06 \x01(\x01\x12\x15\n\rchildren_lost\x18\x07 \x03(\r\x12\x16\n\tmagnitude\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\t\n\x07_crc32cB\x0c\n\n_magnitudeJ\x04\x08\x01\x10\x02R\x05\x63rc32\"\xe2\x01\n\rGradientChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\x0b\n\x03row\x18\x04 \x01(\r\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12*\n\x06header\x18\x06 \x01(\x0b\x32\x1a.gradcode.v1.MessageHeader\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12,\n\x07trailer\x18\x08 \x01(\x0b\x32\x1b.gradcode.v1.MessageTrailer\x12\x16\n\x0eshared_payload\x18\t \x01(\x08\"\x1f\n\rEndJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\r\n\x0b\x45ndJobReply2\x8e\x02\n\x06Worker\x12\x41\n\x07LoadJob\x12\x19.gradcode.v1.LoadJobChunk\x1a\x19.gradcode.v1.LoadJobReply(\x01\x12\x44\n\x07\x43ompute\x12\x1b.gradcode.v1.ComputeRequest\x1a\x1a.gradcode.v1.GradientChunk0\x01\x12>\n\x06\x45ndJob\x12\x1a.gradcode.v1.EndJobRequest\x1a\x18.gradcode.v1.EndJobReply\x12;\n\x05Hello\x12\x19.gradcode.v1.HelloRequest\x1a\x17.gradcode.v1.HelloReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,29 +45,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARENTROLE']._serialized_start=291
   _globals['_PARENTROLE']._serialized_end=410
   _globals['_JOBSETUP']._serialized_start=413
-  _globals['_JOBSETUP']._serialized_end=770
-  _globals['_LOCALDATA']._serialized_start=773
-  _globals['_LOCALDATA']._serialized_end=1097
-  _globals['_LOCALDATA_OPTIONSENTRY']._serialized_start=1051
-  _globals['_LOCALDATA_OPTIONSENTRY']._serialized_end=1097
-  _globals['_PARTITIONDATA']._serialized_start=1100
-  _globals['_PARTITIONDATA']._serialized_end=1237
-  _globals['_LOADJOBCHUNK']._serialized_start=1239
-  _globals['_LOADJOBCHUNK']._serialized_end=1348
-  _globals['_LOADJOBREPLY']._serialized_start=1350
-  _globals['_LOADJOBREPLY']._serialized_end=1443
-  _globals['_COMPUTEREQUEST']._serialized_start=1445
-  _globals['_COMPUTEREQUEST']._serialized_end=1565
-  _globals['_MESSAGEHEADER']._serialized_start=1567
-  _globals['_MESSAGEHEADER']._serialized_end=1633
-  _globals['_MESSAGETRAILER']._serialized_start=1636
-  _globals['_MESSAGETRAILER']._serialized_end=1852
-  _globals['_GRADIENTCHUNK']._serialized_start=1855
-  _globals['_GRADIENTCHUNK']._serialized_end=2057
-  _globals['_ENDJOBREQUEST']._serialized_start=2059
-  _globals['_ENDJOBREQUEST']._serialized_end=2090
-  _globals['_ENDJOBREPLY']._serialized_start=2092
-  _globals['_ENDJOBREPLY']._serialized_end=2105
-  _globals['_WORKER']._serialized_start=2108
-  _globals['_WORKER']._serialized_end=2378
+  _globals['_JOBSETUP']._serialized_end=825
+  _globals['_SHAREDMEMORYOFFER']._serialized_start=827
+  _globals['_SHAREDMEMORYOFFER']._serialized_end=880
+  _globals['_LOCALDATA']._serialized_start=883
+  _globals['_LOCALDATA']._serialized_end=1207
+  _globals['_LOCALDATA_OPTIONSENTRY']._serialized_start=1161
+  _globals['_LOCALDATA_OPTIONSENTRY']._serialized_end=1207
+  _globals['_PARTITIONDATA']._serialized_start=1210
+  _globals['_PARTITIONDATA']._serialized_end=1347
+  _globals['_LOADJOBCHUNK']._serialized_start=1349
+  _globals['_LOADJOBCHUNK']._serialized_end=1458
+  _globals['_LOADJOBREPLY']._serialized_start=1460
+  _globals['_LOADJOBREPLY']._serialized_end=1576
+  _globals['_COMPUTEREQUEST']._serialized_start=1579
+  _globals['_COMPUTEREQUEST']._serialized_end=1747
+  _globals['_SHAREDMODEL']._serialized_start=1749
+  _globals['_SHAREDMODEL']._serialized_end=1794
+  _globals['_MESSAGEHEADER']._serialized_start=1796
+  _globals['_MESSAGEHEADER']._serialized_end=1862
+  _globals['_MESSAGETRAILER']._serialized_start=1865
+  _globals['_MESSAGETRAILER']._serialized_end=2081
+  _globals['_GRADIENTCHUNK']._serialized_start=2084
+  _globals['_GRADIENTCHUNK']._serialized_end=2310
+  _globals['_ENDJOBREQUEST']._serialized_start=2312
+  _globals['_ENDJOBREQUEST']._serialized_end=2343
+  _globals['_ENDJOBREPLY']._serialized_start=2345
+  _globals['_ENDJOBREPLY']._serialized_end=2358
+  _globals['_WORKER']._serialized_start=2361
+  _globals['_WORKER']._serialized_end=2631
 # @@protoc_insertion_point(module_scope)

@@ -50,7 +50,7 @@ class ParentRole(_message.Message):
     def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSetup(_message.Message):
-    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data")
+    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data", "shared_memory")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class JobSetup(_message.Message):
     MESSAGE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     APPEND_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_DATA_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     model: _common_pb2.ModelSpec
@@ -71,7 +72,16 @@ class JobSetup(_message.Message):
     message_dtype: _common_pb2.DType
     append_statistics: bool
     local_data: LocalData
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ...) -> None: ...
+    shared_memory: SharedMemoryOffer
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemoryOffer, _Mapping]] = ...) -> None: ...
+
+class SharedMemoryOffer(_message.Message):
+    __slots__ = ("directory", "token")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    token: str
+    def __init__(self, directory: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class LocalData(_message.Message):
     __slots__ = ("dataset", "path", "options", "num_samples", "num_features", "dataset_seed", "test_fraction", "partition_seed", "partition_weights", "num_rows", "signed_labels")
@@ -131,30 +141,42 @@ class LoadJobChunk(_message.Message):
     def __init__(self, setup: _Optional[_Union[JobSetup, _Mapping]] = ..., data: _Optional[_Union[PartitionData, _Mapping]] = ...) -> None: ...
 
 class LoadJobReply(_message.Message):
-    __slots__ = ("job_id", "worker_id", "partitions", "bytes_received")
+    __slots__ = ("job_id", "worker_id", "partitions", "bytes_received", "shared_memory")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     partitions: _containers.RepeatedScalarFieldContainer[int]
     bytes_received: int
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    shared_memory: bool
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows")
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MODEL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
     model: _common_pb2.Tensor
     rows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+    shared_model: SharedModel
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ...) -> None: ...
+
+class SharedModel(_message.Message):
+    __slots__ = ("length", "crc32c")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    crc32c: int
+    def __init__(self, length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class MessageHeader(_message.Message):
     __slots__ = ("dtype", "length")
@@ -183,7 +205,7 @@ class MessageTrailer(_message.Message):
     def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer")
+    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +214,7 @@ class GradientChunk(_message.Message):
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAILER_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -200,7 +223,8 @@ class GradientChunk(_message.Message):
     header: MessageHeader
     data: bytes
     trailer: MessageTrailer
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ...) -> None: ...
+    shared_payload: bool
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ..., shared_payload: _Optional[bool] = ...) -> None: ...
 
 class EndJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -1,0 +1,136 @@
+"""Host-local payloads: the offer and its check, models and messages as files, what is refused and swept."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradcode.common.shared_memory import SharedDirectory, accept, read_model, write_message
+from gradcode.common.wire import MessageAssembler, WireError, message_chunks
+from gradcode.v1 import worker_pb2
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[SharedDirectory]:
+    directory = SharedDirectory.create(tmp_path)
+    assert directory is not None
+    yield directory
+    directory.close()
+
+
+def test_a_directory_is_private_and_its_offer_is_accepted_by_the_same_user_on_the_same_host(
+    shared: SharedDirectory,
+) -> None:
+    assert shared.path.stat().st_mode & 0o777 == 0o700
+    assert accept(shared.offer()) == shared.path
+    assert list(shared.path.iterdir()) == [shared.path / "probe"]  # the acceptance check left nothing
+
+
+def test_an_offer_is_refused_without_the_token_privacy_or_directory(shared: SharedDirectory, tmp_path: Path) -> None:
+    offer = shared.offer()
+    assert accept(worker_pb2.SharedMemoryOffer(directory=offer.directory, token="0" * 32)) is None
+    assert accept(worker_pb2.SharedMemoryOffer(directory=str(tmp_path / "elsewhere"), token=offer.token)) is None
+    assert accept(worker_pb2.SharedMemoryOffer()) is None
+    os.chmod(shared.path, 0o755)  # readable by others: not private, so not trusted with payloads
+    assert accept(offer) is None
+    os.chmod(shared.path, 0o700)
+    assert accept(offer) == shared.path
+
+
+def test_no_root_no_directory(tmp_path: Path) -> None:
+    assert SharedDirectory.create(tmp_path / "missing") is None
+
+
+def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: SharedDirectory) -> None:
+    params = np.random.default_rng(0).standard_normal(1001)
+    reference = shared.write_model(7, params)
+    assert reference.length == 1001
+    np.testing.assert_array_equal(read_model(shared.path, 7, reference), params)
+    with pytest.raises(WireError, match="model-8 is not in the shared-memory directory"):
+        read_model(shared.path, 8, reference)
+    wrong_length = worker_pb2.SharedModel(length=1000, crc32c=reference.crc32c)
+    with pytest.raises(WireError, match="has 8008 bytes; 8000 were announced"):
+        read_model(shared.path, 7, wrong_length)
+    (shared.path / "model-7").write_bytes(np.zeros(1001).tobytes())
+    with pytest.raises(WireError, match="failed its CRC32C check"):
+        read_model(shared.path, 7, reference)
+
+
+def _assembler(shared: SharedDirectory | None, *, length: int = 100) -> MessageAssembler:
+    reader = None if shared is None else functools.partial(shared.take_message, 3, 1)
+    return MessageAssembler(job_id="j", iteration=3, worker_id=1, rows=(5, 6), length=length, shared=reader)
+
+
+def _chunks(vector: np.ndarray, shared: SharedDirectory, row: int = 5) -> list[worker_pb2.GradientChunk]:
+    def write(payload: np.ndarray) -> bool:
+        write_message(shared.path, 3, 1, row, payload)
+        return True
+
+    return list(message_chunks(vector, job_id="j", iteration=3, worker_id=1, row=row, shared=write))
+
+
+@pytest.mark.parametrize("dtype", ["<f8", "<f4", "<c16"])
+def test_a_shared_message_is_one_chunk_without_data_and_arrives_exactly(shared: SharedDirectory, dtype: str) -> None:
+    rng = np.random.default_rng(1)
+    vector = rng.standard_normal(100).astype(dtype)
+    if dtype == "<c16":
+        vector = vector + 1j * rng.standard_normal(100)
+    chunks = _chunks(vector, shared)
+    assert len(chunks) == 1
+    (chunk,) = chunks
+    assert chunk.shared_payload and not chunk.data and chunk.HasField("header") and chunk.HasField("trailer")
+    assembler = MessageAssembler(
+        job_id="j", iteration=3, worker_id=1, rows=(5,), length=100, dtypes=(np.dtype(dtype),),
+        shared=functools.partial(shared.take_message, 3, 1),
+    )  # fmt: skip
+    done = assembler.feed(chunk)
+    assert done is not None and assembler.complete
+    np.testing.assert_array_equal(done.vector, vector)
+    assert done.norm == pytest.approx(float(np.linalg.norm(vector)))
+    assert list(shared.path.iterdir()) == [shared.path / "probe"]  # read once, then removed
+
+
+def test_a_failed_shared_write_sends_the_message_inline(shared: SharedDirectory) -> None:
+    vector = np.arange(100.0)
+    chunks = list(message_chunks(vector, job_id="j", iteration=3, worker_id=1, row=5, shared=lambda _: False))
+    assert not chunks[0].shared_payload and len(chunks[0].data) == vector.nbytes
+    done = _assembler(shared).feed(chunks[0])  # a receiver that offered shared memory takes inline messages too
+    assert done is not None
+    np.testing.assert_array_equal(done.vector, vector)
+
+
+def test_shared_payloads_are_refused_where_not_asked_for_missing_or_corrupt(shared: SharedDirectory) -> None:
+    vector = np.arange(100.0)
+    (chunk,) = _chunks(vector, shared)
+    with pytest.raises(WireError, match="points to a shared-memory payload, but this stream asked for inline"):
+        _assembler(None).feed(chunk)
+    mixed = worker_pb2.GradientChunk()
+    mixed.CopyFrom(chunk)
+    mixed.data = b"\0" * 8
+    with pytest.raises(WireError, match="mixes a shared-memory payload with inline data"):
+        _assembler(shared).feed(mixed)
+    write_message(shared.path, 3, 1, 5, np.arange(100.0) + 1)  # the file no longer matches the trailer's CRC
+    with pytest.raises(WireError, match="failed its CRC32C check"):
+        _assembler(shared).feed(chunk)
+    with pytest.raises(WireError, match="message-3-1-5 is not in the shared-memory directory"):
+        _assembler(shared).feed(chunk)  # the failed read removed it; nothing is left to read
+    write_message(shared.path, 3, 1, 5, np.arange(99.0))
+    with pytest.raises(WireError, match="has 792 bytes; 800 were announced"):
+        _assembler(shared).feed(chunk)
+
+
+def test_sweep_removes_only_older_iterations_and_close_removes_everything(shared: SharedDirectory) -> None:
+    shared.write_model(4, np.zeros(3))
+    shared.write_model(5, np.zeros(3))
+    for t in (3, 4, 5):
+        write_message(shared.path, t, 0, 0, np.zeros(3))
+    (shared.path / ".message-4-0-1.ab12cd34").write_bytes(b"")  # a writer's temporary, left by a killed worker
+    shared.sweep(before=5)
+    assert sorted(p.name for p in shared.path.iterdir()) == ["message-5-0-0", "model-5", "probe"]
+    shared.close()
+    assert not shared.path.exists()

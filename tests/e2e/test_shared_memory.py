@@ -1,0 +1,161 @@
+"""Workers on the master's host exchange models and messages through its shared-memory directory:
+real master and worker processes, a straggler whose late messages must not outlive the job, a worker
+killed mid-job, and the same job with shared memory off."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gradcode.client.launch import ServiceProcess
+from gradcode.v1 import master_pb2, master_pb2_grpc
+from tests.e2e.conftest import START_TIMEOUT, job_spec, run_job
+from tests.helpers import fixed_delay
+
+pytestmark = pytest.mark.e2e
+
+NUM_WORKERS = 4
+ITERATIONS = 12
+EXACT = 1e-9
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _counter(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+class _Processes:
+    """A master (with ``master_args``) and NUM_WORKERS registered workers, each with a metrics port."""
+
+    def __init__(self, tmp_path: Path, master_args: list[str]) -> None:
+        self.tmp_path, self.master_args = tmp_path, master_args
+        self.metrics = [_free_port() for _ in range(NUM_WORKERS)]
+        self.processes: list[ServiceProcess] = []
+        self.address = ""
+        self.ids: list[int] = []
+        """The pool worker id of each worker process."""
+
+    def __enter__(self) -> _Processes:
+        t = self.tmp_path
+        master = ServiceProcess(
+            [sys.executable, "-m", "gradcode", "master", "--listen", "127.0.0.1:0", "--run-dir", str(t),
+             *self.master_args],
+            log_path=t / "master.log",
+        )  # fmt: skip
+        self.processes.append(master)
+        self.address = master.wait_ready(START_TIMEOUT)
+        addresses: list[str] = []
+        for i, port in enumerate(self.metrics):
+            worker = ServiceProcess(
+                [sys.executable, "-m", "gradcode", "worker", "--listen", "127.0.0.1:0", "--master", self.address,
+                 "--metrics-port", str(port)],
+                log_path=t / f"worker-{i}.log",
+            )  # fmt: skip
+            self.processes.append(worker)
+            addresses.append(worker.wait_ready(START_TIMEOUT))
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:  # registered and UP at the master; learn their pool ids
+            with grpc.insecure_channel(self.address) as channel:
+                listed = master_pb2_grpc.MasterStub(channel).ListWorkers(master_pb2.ListWorkersRequest(), timeout=5)
+            up = {w.address: w.worker_id for w in listed.workers if w.state == master_pb2.WORKER_STATE_UP}
+            if all(a in up for a in addresses):
+                self.ids = [up[a] for a in addresses]
+                return self
+            assert time.monotonic() < deadline, f"workers not all UP at the master: {listed}"
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def shared_bytes(self) -> list[float]:
+        return [_counter(port, "gradcode_shared_bytes_sent_total") for port in self.metrics]
+
+    def chunk_bytes(self) -> list[float]:
+        return [_counter(port, "gradcode_bytes_sent_total") for port in self.metrics]
+
+
+def _spec(job_id: str, ids: list[int]) -> master_pb2.JobSpec:
+    # Job worker 0 is 0.5 s slow every iteration: its messages arrive after their round, and are swept.
+    return job_spec(
+        "cyclic", {"n": NUM_WORKERS, "s": 1}, iterations=ITERATIONS, worker_ids=ids,
+        straggler=fixed_delay(0.5, workers=[0]), job_id=job_id, verify=True,
+    )  # fmt: skip
+
+
+def _assert_exact(info: master_pb2.JobInfo, reports: list[master_pb2.IterationReport]) -> None:
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert len(reports) == ITERATIONS
+    for r in reports:
+        assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
+
+
+async def test_workers_on_the_master_host_send_through_shared_memory_exactly_and_leave_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    with _Processes(tmp_path, ["--shared-memory", str(root)]) as cluster:
+        seen: list[tuple[str, int]] = []
+
+        def look(report: master_pb2.IterationReport) -> None:
+            for d in root.iterdir():
+                with contextlib.suppress(FileNotFoundError):  # the last report may come as the job removes it
+                    seen.append((d.name, len(list(d.iterdir()))))
+
+        info, reports = await run_job(cluster.address, _spec("shm-job", cluster.ids), look)
+        _assert_exact(info, reports)
+        # One private directory for the job, which never piles up late messages: at most its probe, two
+        # models and the slow worker's messages of two iterations are there at any report.
+        assert len(seen) >= ITERATIONS - 1 and len({name for name, _ in seen}) == 1, seen
+        assert seen[0][0].startswith("gradcode-") and max(files for _, files in seen) <= 5, seen
+        shared, chunks = cluster.shared_bytes(), cluster.chunk_bytes()
+        # The three fast workers sent every message through shared memory: the gRPC stream carried only
+        # headers and trailers, far fewer bytes than the payloads.
+        fast = [i for i, b in enumerate(shared) if b > 0]
+        assert len(fast) >= NUM_WORKERS - 1, shared
+        for i in fast:
+            assert chunks[i] < shared[i] / 4, (chunks, shared)
+        deadline = time.monotonic() + 30
+        while list(root.iterdir()):  # the job's directory goes when the job ends (EndJob is best effort)
+            assert time.monotonic() < deadline, list(root.rglob("*"))
+            await asyncio.sleep(0.1)
+
+
+async def test_a_worker_killed_mid_job_leaves_the_shared_memory_job_exact(tmp_path: Path) -> None:
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    with _Processes(tmp_path, ["--shared-memory", str(root)]) as cluster:
+        killed = cluster.processes[2]  # job worker 1 (no delay): it answers through shared memory until killed
+
+        def kill(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 4:
+                killed.kill()
+
+        info, reports = await run_job(cluster.address, _spec("shm-kill", cluster.ids), kill)
+        _assert_exact(info, reports)
+        assert any(r.iteration > 4 and r.failed_workers for r in reports)  # the kill was seen
+
+
+async def test_shared_memory_off_sends_every_payload_through_grpc(tmp_path: Path) -> None:
+    with _Processes(tmp_path, ["--shared-memory", "off"]) as cluster:
+        info, reports = await run_job(cluster.address, _spec("inline-job", cluster.ids))
+        _assert_exact(info, reports)
+        assert cluster.shared_bytes() == [0.0] * NUM_WORKERS
+        assert sum(b > 0 for b in cluster.chunk_bytes()) >= NUM_WORKERS - 1
