@@ -288,7 +288,7 @@ class Round:
     def _shared_reader(self, source: Source) -> Callable[[int, Array], None] | None:
         if not source.shared or self.shared is None:
             return None
-        return functools.partial(self.shared.take_message, self.iteration, source.worker_id)
+        return functools.partial(self.shared.read_message, source.worker_id)
 
     async def gather(
         self,

@@ -2,31 +2,38 @@
 
 When a worker runs on its receiver's host (the local cluster, or several workers on one VM), a
 payload that goes through gRPC crosses HTTP/2 framing, loopback TCP and several copies on each side;
-through a file on tmpfs (``/dev/shm``) it costs one write and one read of memory. The Compute call
-stays the control path: authentication, cancellation, failure detection and the message header and
-trailer (with the CRC-32C of the payload) still travel on it.
+through a file on tmpfs (``/dev/shm``) it costs one copy in and one copy out of memory. The Compute
+call stays the control path: authentication, cancellation, failure detection and the message header
+and trailer (with the CRC-32C of the payload) still travel on it.
 
 1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) with a file
    ``probe`` holding a random token, and offers both in ``JobSetup.shared_memory``.
 2. A worker accepts (:func:`accept`) only when that directory is its own user's, private, holds the
    same token and takes a new file: then it shares the receiver's host, user and memory. Another
    host, container or user reads no token and everything goes through gRPC as before.
-3. Each iteration the receiver writes the model once (``model-<t>``). A ComputeRequest with
-   ``shared_model`` (length and CRC-32C) tells an accepting worker to read it there, and to send each
-   coded message as a file ``message-<t>-<worker>-<row>`` plus a GradientChunk with
+3. Each iteration the receiver writes the model into the file ``model``. A ComputeRequest with
+   ``shared_model`` (length and CRC-32C) tells an accepting worker to read it there, and to write
+   each coded message into its file ``message-<worker>-<row>`` and send a GradientChunk with
    ``shared_payload``, header and trailer and no data. A request with an inline model gets inline
    messages, so a receiver never meets a payload it did not ask for.
-4. Files are written under a temporary name and renamed into place, so nobody reads half a file. The
-   receiver removes each message it reads, and what late workers leave behind as the next round
-   starts (:meth:`SharedDirectory.sweep`); the directory goes when the job ends.
+4. The files are slots, mapped into each process once (``mmap``) and overwritten in place each
+   iteration, so a payload costs two memory copies: no fresh tmpfs pages per iteration and no
+   ``read``/``write`` system calls (on this project's VM, 8 MB took 0.3 ms to copy into a mapped
+   slot against 1.8 ms through ``pwrite``). The round protocol keeps a slot still while it is read:
+   the model changes only between rounds, and a worker writes a message only for the newest iteration
+   it was asked (a stale computation never overwrites it). The CRC-32C in the request and in the
+   trailer would catch a torn read all the same: it is refused, never decoded.
+5. A slot is created at its full size with ``posix_fallocate`` (a full tmpfs fails there, as an
+   OSError, not later as SIGBUS on a write into the mapping), and never resized: a process that maps
+   a file never sees it shrink. The directory goes when the job ends; mappings end with their owners.
 
 Any write that fails (a full tmpfs) falls back to the inline form for that payload.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hmac
+import mmap
 import os
 import secrets
 import shutil
@@ -44,9 +51,8 @@ from gradcode.v1 import worker_pb2
 __all__ = [
     "DEFAULT_ROOT",
     "SharedDirectory",
+    "SharedPeer",
     "accept",
-    "read_model",
-    "write_message",
 ]
 
 DEFAULT_ROOT = Path("/dev/shm")
@@ -54,49 +60,58 @@ DEFAULT_ROOT = Path("/dev/shm")
 PROBE = "probe"
 
 
-def _model_name(iteration: int) -> str:
-    return f"model-{iteration}"
+MODEL = "model"
 
 
-def _message_name(iteration: int, worker_id: int, row: int) -> str:
-    return f"message-{iteration}-{worker_id}-{row}"
+def _message_name(worker_id: int, row: int) -> str:
+    return f"message-{worker_id}-{row}"
 
 
-def _iteration_of(name: str) -> int | None:
-    """The iteration a payload file (or its temporary) belongs to; None for other files."""
-    parts = name.lstrip(".").split("-")
-    if len(parts) >= 2 and parts[0] in ("model", "message"):
-        digits = parts[1].split(".")[0]
-        if digits.isdigit():
-            return int(digits)
-    return None
+class _Slots:
+    """Files of a shared-memory directory mapped into this process, each mapped once, as byte arrays."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._maps: dict[str, np.ndarray[Any, np.dtype[np.uint8]]] = {}
 
-def _write_atomically(path: Path, data: Any) -> None:
-    """Write ``data`` (bytes or a contiguous array) to ``path`` through a temporary name: all or nothing."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    try:
-        with open(temporary, "wb") as f:
-            f.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
+    def get(self, name: str, nbytes: int, *, create: bool) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """File ``name``'s ``nbytes`` bytes, mapped; with ``create``, made at that size if missing (OSError if
+        tmpfs is full). WireError if it is missing (without ``create``) or of another size."""
+        mapped = self._maps.get(name)
+        if mapped is not None and mapped.nbytes == nbytes:
+            return mapped
+        if nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        try:
+            fd = os.open(self.path / name, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+        except FileNotFoundError:
+            raise WireError(f"Shared payload {name} is not in the shared-memory directory.") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0 and create:
+                os.posix_fallocate(fd, 0, nbytes)
+                size = nbytes
+            if size != nbytes:
+                raise WireError(f"Shared payload {name} has {size} bytes; {nbytes} were announced.")
+            mapped = np.frombuffer(mmap.mmap(fd, nbytes), dtype=np.uint8)
+        finally:
+            os.close(fd)
+        self._maps[name] = mapped
+        return mapped
 
+    def write(self, name: str, data: np.ndarray[Any, Any]) -> None:
+        """Copy ``data`` (contiguous) into slot ``name``."""
+        raw = data.reshape(-1).view(np.uint8)
+        np.copyto(self.get(name, raw.nbytes, create=True), raw)
 
-def _read_into(path: Path, out: np.ndarray[Any, Any]) -> None:
-    """Fill ``out`` with the bytes of ``path``, which must have exactly ``out.nbytes``; WireError otherwise."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != out.nbytes:
-                raise WireError(f"Shared payload {path.name} has {size} bytes; {out.nbytes} were announced.")
-            read = f.readinto(out.view(np.uint8).data)
-    except FileNotFoundError:
-        raise WireError(f"Shared payload {path.name} is not in the shared-memory directory.") from None
-    if read != out.nbytes:
-        raise WireError(f"Shared payload {path.name}: read {read} of its {out.nbytes} bytes.")
+    def read(self, name: str, out: np.ndarray[Any, Any]) -> None:
+        """Copy slot ``name`` into ``out`` (contiguous), which must be its size."""
+        raw = out.reshape(-1).view(np.uint8)
+        np.copyto(raw, self.get(name, raw.nbytes, create=False))
+
+    def close(self) -> None:
+        """Drop every mapping (unmapped once no array refers to it)."""
+        self._maps.clear()
 
 
 class SharedDirectory:
@@ -105,6 +120,7 @@ class SharedDirectory:
     def __init__(self, path: Path, token: str) -> None:
         self.path = path
         self.token = token
+        self._slots = _Slots(path)
 
     @classmethod
     def create(cls, root: Path = DEFAULT_ROOT) -> SharedDirectory | None:
@@ -122,37 +138,53 @@ class SharedDirectory:
     def offer(self) -> worker_pb2.SharedMemoryOffer:
         return worker_pb2.SharedMemoryOffer(directory=str(self.path), token=self.token)
 
-    def write_model(self, iteration: int, params: np.ndarray[Any, Any]) -> worker_pb2.SharedModel:
-        """Write iteration ``iteration``'s parameters (float64) once for every accepting worker; OSError if it fails."""
+    def write_model(self, params: np.ndarray[Any, Any]) -> worker_pb2.SharedModel:
+        """Write this round's parameters (float64) once for every accepting worker; OSError if that fails.
+
+        Call it between rounds only: the workers of a round read it."""
         data = np.ascontiguousarray(params, dtype=FLOAT64)
-        _write_atomically(self.path / _model_name(iteration), data)
+        self._slots.write(MODEL, data)
         return worker_pb2.SharedModel(length=data.size, crc32c=google_crc32c.value(data))
 
-    def take_message(self, iteration: int, worker_id: int, row: int, out: np.ndarray[Any, Any]) -> None:
-        """Read a worker's message into ``out`` (its announced size) and remove the file; WireError if missing
-        or of another size."""
-        path = self.path / _message_name(iteration, worker_id, row)
-        try:
-            _read_into(path, out)
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-
-    def sweep(self, before: int) -> None:
-        """Remove the payloads of iterations before ``before`` (late workers' messages, old models)."""
-        with contextlib.suppress(OSError), os.scandir(self.path) as entries:
-            for entry in entries:
-                iteration = _iteration_of(entry.name)
-                if iteration is not None and iteration < before:
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+    def read_message(self, worker_id: int, row: int, out: np.ndarray[Any, Any]) -> None:
+        """Copy a worker's message into ``out`` (its announced size); WireError if missing or of another size."""
+        self._slots.read(_message_name(worker_id, row), out)
 
     def close(self) -> None:
         """Remove the directory and everything in it."""
+        self._slots.close()
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def accept(offer: worker_pb2.SharedMemoryOffer) -> Path | None:
+class SharedPeer:
+    """A worker's side of a receiver's directory it accepted (:func:`accept`): reads models, writes messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._slots = _Slots(path)
+
+    def read_model(self, shared: worker_pb2.SharedModel) -> np.ndarray[Any, Any]:
+        """A copy of the parameters the receiver wrote, checked against ``shared``'s length and CRC-32C (a call
+        that comes after the receiver moved on to the next round finds another model and is refused)."""
+        params = np.empty(int(shared.length), dtype=FLOAT64)
+        self._slots.read(MODEL, params)
+        crc = google_crc32c.value(params)
+        if crc != shared.crc32c:
+            raise WireError(
+                f"The shared model failed its CRC32C check: the request says {shared.crc32c:#010x}, the file gives "
+                f"{crc:#010x} (the receiver has moved on to a later round)."
+            )
+        return params
+
+    def write_message(self, worker_id: int, row: int, data: np.ndarray[Any, Any]) -> None:
+        """Copy one coded message's payload (little-endian, contiguous) into its slot; OSError if that fails."""
+        self._slots.write(_message_name(worker_id, row), data)
+
+    def close(self) -> None:
+        self._slots.close()
+
+
+def accept(offer: worker_pb2.SharedMemoryOffer) -> SharedPeer | None:
     """The worker's check of a receiver's offer: its directory if this process shares the receiver's host,
     user and memory (the directory is this user's, private, holds the offer's token and takes a file),
     else None."""
@@ -170,22 +202,4 @@ def accept(offer: worker_pb2.SharedMemoryOffer) -> Path | None:
         check.unlink()
     except (OSError, UnicodeDecodeError):
         return None
-    return directory
-
-
-def read_model(directory: Path, iteration: int, shared: worker_pb2.SharedModel) -> np.ndarray[Any, Any]:
-    """The parameters the receiver wrote for ``iteration``, checked against ``shared``'s length and CRC-32C."""
-    params = np.empty(int(shared.length), dtype=FLOAT64)
-    _read_into(directory / _model_name(iteration), params)
-    crc = google_crc32c.value(params)
-    if crc != shared.crc32c:
-        raise WireError(
-            f"Shared model of iteration {iteration} failed its CRC32C check: the request says {shared.crc32c:#010x}, "
-            f"the file gives {crc:#010x}."
-        )
-    return params
-
-
-def write_message(directory: Path, iteration: int, worker_id: int, row: int, data: np.ndarray[Any, Any]) -> None:
-    """Write one coded message's payload (little-endian, contiguous) for the receiver; OSError if it fails."""
-    _write_atomically(directory / _message_name(iteration, worker_id, row), data)
+    return SharedPeer(directory)

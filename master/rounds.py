@@ -80,8 +80,6 @@ class RoundPolicy:
         at the deadline."""
         plan, code, workers = self.plan, self.plan.code, self.loader.workers
         shared = self.loader.shared
-        if shared is not None:
-            shared.sweep(before=t)
         model = _ModelRequest(t, point, shared)
         round_ = Round(
             code.decoder(assignment),
@@ -216,8 +214,8 @@ class _ModelRequest:
         if shared and self.shared is not None:
             if self._in_shared is None:
                 try:
-                    reference = self.shared.write_model(self.t, self.point)
-                except OSError as exc:
+                    reference = self.shared.write_model(self.point)
+                except (OSError, ValueError) as exc:  # a full tmpfs; a slot of another size (WireError)
                     log.warning("iteration %d: writing the model to shared memory failed (%s); sending it inline",
                                 self.t, exc)  # fmt: skip
                     self.shared = None

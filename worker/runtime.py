@@ -22,11 +22,11 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.round import Round
+from gradcode.common.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost
@@ -70,7 +70,7 @@ class JobRuntime:
     """The highest iteration a Compute has started for this job; older ones are refused."""
     retired: bool = False
     """Set when the job was ended or replaced: running computations stop at their next step."""
-    shared: Path | None = None
+    shared: SharedPeer | None = None
     """The receiver's shared-memory directory, when this worker accepted its offer
     (:func:`gradcode.common.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
 
@@ -103,6 +103,8 @@ class JobRuntime:
         """Stop every computation and close the parent role for good (the job ended or was replaced)."""
         self.retired = True
         self.cancel_all()
+        if self.shared is not None:
+            self.shared.close()
         if self.parent is not None:
             await self.parent.close()
 

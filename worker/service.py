@@ -226,7 +226,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         "the request names a shared-memory model, but this worker did not accept the job's "
                         "shared-memory offer; send the model inline."
                     )
-                params = job.check_params(shared_memory.read_model(shared, iteration, request.shared_model))
+                params = job.check_params(shared.read_model(request.shared_model))
             elif request.model.dtype != common_pb2.DTYPE_FLOAT64:
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             else:
@@ -259,9 +259,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
                     chunk_bytes=self.chunk_bytes, magnitude=m.magnitude,
-                    shared=None if shared is None else functools.partial(
-                        _write_shared, shared, iteration, job.worker_id, m.row
-                    ),
+                    shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk
@@ -331,11 +329,15 @@ class _HandlerRecorder:
         self.service, self.handlers = service, dict(handlers)
 
 
-def _write_shared(directory: Path, iteration: int, worker_id: int, row: int, payload: np.ndarray[Any, Any]) -> bool:
-    """Leave a message's payload in the receiver's shared-memory directory; False (send it inline) if that fails."""
+def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.ndarray[Any, Any]) -> bool:
+    """Leave a message's payload in its slot of the receiver's shared-memory directory; False (send it inline) if
+    that fails, or if a later iteration has started: a stale message never overwrites a slot the receiver may be
+    reading (the check and the write run together on the event loop)."""
+    if runtime.shared is None or iteration != runtime.newest_iteration:
+        return False
     try:
-        shared_memory.write_message(directory, iteration, worker_id, row, payload)
-    except OSError as exc:
+        runtime.shared.write_message(runtime.job.worker_id, row, payload)
+    except (OSError, ValueError) as exc:  # a full tmpfs; a slot of another size (WireError)
         logger.warning("iteration %d row %d: shared-memory write failed (%s); sending it inline", iteration, row, exc)
         return False
     metrics.SHARED_BYTES_SENT.inc(payload.nbytes)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "SKIP_ITERATIONS", "free_port", "load_average", "save", "steady_periods"]
+__all__ = ["RESULTS", "SKIP_ITERATIONS", "cpu_seconds", "free_port", "load_average", "save", "steady_periods"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """Default output directory: the committed results of this project's development machine."""
@@ -19,6 +20,12 @@ SKIP_ITERATIONS = 2
 def load_average() -> list[float]:
     """The machine's 1, 5 and 15 minute load averages (``/proc/loadavg``), recorded beside every figure."""
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def save(results: Any, out: Path, name: str, plot: Callable[[Path], None]) -> tuple[Path, Path]:

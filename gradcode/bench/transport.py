@@ -18,7 +18,13 @@ machine hits all of them alike), medians over the rounds:
 * ``loopback``: the same bytes exchanged the same way (8p down, then 8p up) with a third process over a
   plain TCP socket on 127.0.0.1 (``sendall`` of the whole buffer, ``recv_into`` in 4 MiB pieces): the
   machine's loopback TCP limit for this pattern;
-* ``memcpy``: ``numpy.copyto`` of the same 16p bytes between two preallocated arrays.
+* ``memcpy``: ``numpy.copyto`` of the same 16p bytes between two preallocated arrays;
+* ``shared``: the same Compute through a shared-memory directory this process offered and the worker
+  accepted (:mod:`gradcode.common.shared_memory`): the model written once into its tmpfs slot, the
+  message left in the worker's slot, only header and trailer on the gRPC stream.
+
+The master's ``ingest`` over gRPC (first chunk of the message to the complete message) is compared
+with one-way loopback TCP for the same bytes.
 
 ``x raw`` / ``x loop`` / ``x copy`` = that time / gradcode's transport time (1.0 would be as fast as
 the limit). The ``codec`` columns time, in this process and without any socket, the protobuf/numpy work
@@ -40,9 +46,11 @@ up) and of its ``ingest``, the time from the first chunk of the message to the c
 master receiving, checking and reassembling the rest of the stream); the TLS / plaintext ratio of
 each; and the load average (``/proc/loadavg``) before and after, beside the figures.
 
-**Per-iteration overhead.** A :class:`gradcode.client.launch.LocalCluster` with 8 worker processes; jobs of
-softmax regression on the digits data with ``cyclic`` (s = 1) and ``uncoded`` for n in {4, 8}, no
-stragglers, 30 iterations each, run through the SDK. From the reports (first two iterations left out),
+**Per-iteration overhead.** Two :class:`gradcode.client.launch.LocalCluster` s with 8 worker processes each,
+one whose master sends every payload through gRPC (``--shared-memory off``), one with the default (shared
+memory for workers on its host); jobs of softmax regression on the digits data with ``cyclic`` (s = 1)
+and ``uncoded`` for n in {4, 8}, no stragglers, 30 iterations each, run through the SDK on one cluster
+then the other, configuration by configuration. From the reports (first two iterations left out),
 medians of ``wall_seconds`` (request to optimizer step), ``decode_seconds`` (decoder + combine),
 ``first`` and ``gather`` (iteration start to the first and to the last message used: the smallest and
 largest worker timing) and the period between reports. They are compared with the gRPC unary round
@@ -52,10 +60,10 @@ measured in this process (workers compute in parallel); it is reported as a mult
 trip, with the share of it that is decode.
 
 **The wide model** (the n = 16, p = 1e5 target). The same jobs with 16 workers on linear regression
-with p = 1e5 parameters and 40 samples (compute under 1 ms), against the transfers they need: ``one`` =
-one Compute's transport time at p = 1e5 from the streaming stage, and ``master`` = every model sent
-(n × 8p bytes) and every used message received through the master at that rate, which one master
-process on loopback must move one after the other.
+with p = 1e5 parameters and 40 samples (compute under 1 ms), on both paths, against the transfers they
+need: ``one`` = one Compute's transport time at p = 1e5 on that path from the streaming stage, and
+``master`` = every model sent (n × 8p bytes) and every used message received through the master at that
+rate, which one master process must move one after the other.
 
 Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
 ``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
@@ -66,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import multiprocessing
 import os
@@ -86,11 +95,12 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, load_average, save, steady_periods
+from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, cpu_seconds, load_average, save, steady_periods
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.security import Security
 from gradcode.common.serving import reuse_large_buffers
+from gradcode.common.shared_memory import DEFAULT_ROOT, SharedDirectory
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
     DEFAULT_CHUNK_BYTES,
@@ -173,9 +183,10 @@ def _worker_argv(chunk_bytes: int | None) -> list[str]:
 
 
 # ---- gradient streaming over gRPC -----------------------------------------------------------------------
-def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
-    """A linear-regression job with p parameters (p - 1 features + bias), one sample, one row = one partition."""
-    job_id = f"transport-p{p}"
+def _linear_job(p: int, shared: SharedDirectory | None = None) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
+    """A linear-regression job with p parameters (p - 1 features + bias), one sample, one row = one partition;
+    with ``shared``, offering that shared-memory directory."""
+    job_id = f"transport-p{p}" + ("-shared" if shared is not None else "")
     features = np.random.default_rng(p).standard_normal(p - 1).tobytes()
     setup = worker_pb2.JobSetup(
         job_id=job_id,
@@ -184,6 +195,8 @@ def _linear_job(p: int) -> tuple[str, Iterator[worker_pb2.LoadJobChunk]]:
         rows=[row_definition(0, [0], [1.0])],
         num_partitions_sent=1,
     )
+    if shared is not None:
+        setup.shared_memory.CopyFrom(shared.offer())
 
     def chunks() -> Iterator[worker_pb2.LoadJobChunk]:
         yield worker_pb2.LoadJobChunk(setup=setup)
@@ -213,13 +226,22 @@ class CallTiming(NamedTuple):
     """Seconds from the request until the message's first chunk arrived."""
 
 
-async def _compute_call(compute: Any, job_id: str, iteration: int, params: Any) -> CallTiming:
-    """One Compute as the master makes it, timed."""
+async def _compute_call(
+    compute: Any, job_id: str, iteration: int, params: Any, shared: SharedDirectory | None = None
+) -> CallTiming:
+    """One Compute as the master makes it, timed; with ``shared``, through that shared-memory directory (the
+    worker accepted it when the job was loaded)."""
     p = len(params)
     started = time.perf_counter()
     head = worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=0, rows=[0])
-    request = head.SerializeToString() + model_request_bytes(params)  # as the master sends it
-    assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p)
+    if shared is None:
+        request = head.SerializeToString() + model_request_bytes(params)  # as the master sends it
+        reader = None
+    else:
+        head.shared_model.CopyFrom(shared.write_model(params))
+        request = head.SerializeToString()
+        reader = functools.partial(shared.read_message, 0)
+    assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p, shared=reader)
     done = None
     count = 0
     first = 0.0
@@ -490,8 +512,9 @@ def codec_times(p: int, repeats: int, chunk_bytes: int | None = None) -> dict[st
 
 async def _measure_sizes(
     worker_address: str, peers: LimitPeers, sizes: Sequence[int], repeats: int
-) -> list[dict[str, float]]:
-    """Per p: rounds of (gradcode Compute, bare gRPC call, loopback TCP exchange, memory copy); medians."""
+) -> list[dict[str, Any]]:
+    """Per p: rounds of (gradcode Compute through gRPC, the same through shared memory, bare gRPC call, loopback
+    TCP exchange, memory copy); medians."""
     worker_channel = grpc.aio.insecure_channel(worker_address, options=CHANNEL_OPTIONS)
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
     try:
@@ -502,6 +525,13 @@ async def _measure_sizes(
         for p in sizes:
             job_id, chunks = _linear_job(p)
             await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
+            shared = SharedDirectory.create()  # one per job, as the master makes them: its slots have the job's sizes
+            if shared is None:
+                raise RuntimeError(f"no shared-memory root ({DEFAULT_ROOT}) on this machine")
+            shared_job, chunks = _linear_job(p, shared)
+            reply = await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
+            if not reply.shared_memory:
+                raise RuntimeError(f"the worker refused the shared-memory offer of {shared.path}")
             params = np.random.default_rng(0).standard_normal(p)
             half = 8 * p
             raw_request = struct.pack("<QQ", half, chunk_bytes_for(half)) + bytes(half - 16)  # gradcode's chunks
@@ -509,11 +539,13 @@ async def _measure_sizes(
             copy_source = np.random.default_rng(2).standard_normal(2 * p)
             copy_target = np.empty_like(copy_source)
             calls: list[CallTiming] = []
+            shared_calls: list[CallTiming] = []
             raw_times: list[float] = []
             loop_times: list[float] = []
             copy_times: list[float] = []
             for iteration in range(1, WARMUP_CALLS + repeats + 1):
                 call = await _compute_call(compute, job_id, iteration, params)
+                shared_call = await _compute_call(compute, shared_job, iteration, params, shared)
                 raw_s = await _raw_call(raw, raw_request, half)
                 started = time.perf_counter()
                 peers.exchange(outgoing, incoming)
@@ -523,14 +555,19 @@ async def _measure_sizes(
                 copy_s = time.perf_counter() - started
                 if iteration > WARMUP_CALLS:
                     calls.append(call)
+                    shared_calls.append(shared_call)
                     raw_times.append(raw_s)
                     loop_times.append(loop_s)
                     copy_times.append(copy_s)
-            await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
+            for job in (job_id, shared_job):
+                await stub.EndJob(worker_pb2.EndJobRequest(job_id=job), timeout=CALL_TIMEOUT)
+            shared.close()
             rows.append(
                 {
                     "p": p,
                     **_summary(calls),
+                    "ingest_s": statistics.median(c.total - c.first for c in calls),
+                    "shared": _summary(shared_calls),
                     "raw_grpc_s": statistics.median(raw_times),
                     "loopback_s": statistics.median(loop_times),
                     "memcpy_s": statistics.median(copy_times),
@@ -556,9 +593,21 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
         nbytes = 16 * p
         codec = codec_times(p, repeats)
         codec_total = sum(v for k, v in codec.items() if k != "crc32c_s")
+        chunks = int(row["chunks"])
+        shared = row["shared"]
         rows.append(
             {
                 **row,
+                "ingest_GBps": 8 * p * (chunks - 1) / chunks / row["ingest_s"] / 1e9 if chunks > 1 else math.nan,
+                "ingest_ratio_loopback": (
+                    (chunks - 1) / chunks * row["loopback_s"] / 2 / row["ingest_s"] if chunks > 1 else math.nan
+                ),
+                "shared": {
+                    **shared,
+                    "transport_GBps": nbytes / shared["transport_s"] / 1e9,
+                    "ratio_loopback": row["loopback_s"] / shared["transport_s"],
+                    "speedup": row["transport_s"] / shared["transport_s"],
+                },
                 "bytes": nbytes,
                 "transport_GBps": nbytes / row["transport_s"] / 1e9,
                 "raw_grpc_GBps": nbytes / row["raw_grpc_s"] / 1e9,
@@ -715,54 +764,87 @@ def worker_compute_time(n: int, s: int, repeats: int, workload: Workload | None 
     return median_time(lambda: model.gradient(params, X, y), max(repeats, 20))
 
 
+def _pids(cluster: LocalCluster) -> list[int]:
+    """The master's process id, then the workers'."""
+    if cluster.master is None:
+        raise RuntimeError("the cluster has no master running")
+    return [cluster.master.process.pid, *(w.process.pid for w in cluster.workers)]
+
+
+def _job_medians(reports: Sequence[master_pb2.IterationReport]) -> dict[str, float]:
+    """Medians of one job's reports after the first :data:`SKIP_ITERATIONS`."""
+    kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
+
+    def timing(pick: Callable[[Iterator[float]], float]) -> float:
+        return statistics.median(pick(t.seconds for t in r.timings) if r.timings else 0.0 for r in kept)
+
+    return {
+        "iterations": len(reports),
+        "wall_s": statistics.median(r.wall_seconds for r in kept),
+        "decode_s": statistics.median(r.decode_seconds for r in kept),
+        "first_s": timing(min),
+        "gather_s": timing(max),
+        "period_s": statistics.median(steady_periods([r.elapsed_seconds for r in reports])),
+        "used_workers": statistics.median(len(r.used_workers) for r in kept),
+    }
+
+
 async def _iteration_jobs(
-    cluster: LocalCluster, sizes: Sequence[int], iterations: int, rtt_calls: int, workload: Workload
+    clusters: dict[str, LocalCluster], sizes: Sequence[int], iterations: int, rtt_calls: int, workload: Workload
 ) -> tuple[float, list[dict[str, Any]]]:
-    async with GradcodeClient(cluster.master_address) as client:
-        await client.wait_ready(START_TIMEOUT)
-        await _wait_workers_up(client, max(sizes))
-        rtt = await _grpc_round_trip(cluster.workers[0].wait_ready(), rtt_calls)
+    """Each job on every path's cluster in turn (A, B per configuration); the round trip on the first."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for path, cluster in clusters.items():
+            client = await stack.enter_async_context(GradcodeClient(cluster.master_address))
+            await client.wait_ready(START_TIMEOUT)
+            await _wait_workers_up(client, max(sizes))
+            clients[path] = client
+        first = next(iter(clusters.values()))
+        rtt = await _grpc_round_trip(first.workers[0].wait_ready(), rtt_calls)
         rows = []
         for n in sizes:
             for scheme, s in SCHEMES:
                 spec = build_job_spec(
-                    scheme=scheme,
-                    n=n,
-                    s=s,
-                    iterations=iterations,
-                    seed=0,
-                    model=workload.model,
-                    dataset=workload.dataset,
-                    num_samples=workload.num_samples,
-                    num_features=workload.num_features,
-                )
-                _, reports = await client.run(spec)
-                kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
-                elapsed = [r.elapsed_seconds for r in reports]
-                rows.append(
-                    {
-                        "n": n,
-                        "scheme": scheme,
-                        "s": s,
-                        "iterations": len(reports),
-                        "wall_s": statistics.median(r.wall_seconds for r in kept),
-                        "decode_s": statistics.median(r.decode_seconds for r in kept),
-                        "first_s": statistics.median(min((t.seconds for t in r.timings), default=0.0) for r in kept),
-                        "gather_s": statistics.median(max((t.seconds for t in r.timings), default=0.0) for r in kept),
-                        "period_s": statistics.median(steady_periods(elapsed)),
-                        "used_workers": statistics.median(len(r.used_workers) for r in kept),
-                    }
-                )
+                    scheme=scheme, n=n, s=s, iterations=iterations, seed=0, model=workload.model,
+                    dataset=workload.dataset, num_samples=workload.num_samples, num_features=workload.num_features,
+                )  # fmt: skip
+                for path, client in clients.items():
+                    load = load_average()
+                    pids = _pids(clusters[path])
+                    cpu = [cpu_seconds(pid) for pid in pids]
+                    _, reports = await client.run(spec)
+                    cpu = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+                    rows.append({"n": n, "scheme": scheme, "s": s, "path": path, **_job_medians(reports)})
+                    rows[-1].update(
+                        {
+                            "load_average": [load, load_average()],
+                            "cpu_master_s": cpu[0] / len(reports),
+                            "cpu_workers_s": sum(cpu[1:]) / len(reports),
+                        }
+                    )
     return rtt, rows
+
+
+PATHS = {"gRPC": ["--shared-memory", "off"], "shared memory": []}
+"""The payload paths the overhead stages compare: every model and message through gRPC, or through the job's
+shared-memory directory (the master's default for workers on its host)."""
 
 
 async def iteration_overhead(
     sizes: Sequence[int], iterations: int, rtt_calls: int, run_dir: Path, workload: Workload | None = None
 ) -> dict[str, Any]:
-    """Per-iteration wall and decode time of real jobs against the gRPC unary round trip to one worker."""
+    """Per-iteration wall and decode time of real jobs, over each payload path, against the gRPC unary round trip
+    to one worker."""
     workload = workload or DIGITS
-    with LocalCluster(max(sizes), run_dir=run_dir) as cluster:
-        rtt, rows = await _iteration_jobs(cluster, sizes, iterations, rtt_calls, workload)
+    with contextlib.ExitStack() as stack:
+        clusters = {
+            path: stack.enter_context(
+                LocalCluster(max(sizes), run_dir=run_dir / path.replace(" ", "-"), master_args=args)
+            )
+            for path, args in PATHS.items()
+        }
+        rtt, rows = await _iteration_jobs(clusters, sizes, iterations, rtt_calls, workload)
     for row in rows:
         compute = worker_compute_time(row["n"], row["s"], 20, workload)
         overhead = max(row["wall_s"] - compute, 0.0)
@@ -798,6 +880,29 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     lines.append(
         " loopbk = plain TCP socket, memcpy = numpy copy; x raw / x loop / x copy = that time / gRPC transport)"
     )
+    lines.append("")
+    lines.append(
+        "Ingest through gRPC: first chunk of the message to the complete message (the master receiving, checking and"
+    )
+    lines.append(" reassembling the rest of the stream) against one-way loopback TCP for the same bytes")
+    lines.append(f"{'p':>9} {'ingest ms':>10} {'GB/s':>6} {'x loop':>7}")
+    for r in rows:
+        lines.append(
+            f"{r['p']:>9} {r['ingest_s'] * 1e3:>10.2f} {r['ingest_GBps']:>6.2f} {r['ingest_ratio_loopback']:>7.3f}"
+        )
+    lines.append("")
+    lines.append(
+        "Through shared memory (the worker on this host accepted the job's directory): the same Compute, model"
+    )
+    lines.append(" written once to tmpfs, message left there, only header and trailer on the gRPC stream")
+    lines.append(f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}")
+    for r in rows:
+        sh = r["shared"]
+        lines.append(
+            f"{r['p']:>9} {sh['total_s'] * 1e3:>9.2f} {sh['transport_s'] * 1e3:>8.2f} {sh['transport_GBps']:>6.2f}"
+            f" {sh['ratio_loopback']:>7.2f} {sh['speedup']:>7.1f}x"
+        )
+    lines.append("(x loop = loopback TCP exchanging the same 16p bytes / this; vs gRPC = gRPC transport / this)")
     lines.append("")
     lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32C alone)")
     for r in rows:
@@ -868,12 +973,12 @@ def _format_iterations(result: dict[str, Any]) -> str:
     lines = [
         f"Per-iteration overhead ({result['workload']['name']}, no stragglers, load {_load(result)}); gRPC unary"
         f" round trip to a worker {rtt * 1e6:.0f} us",
-        f"{'n':>3} {'scheme':>8} {'wall ms':>8} {'first':>6} {'gather':>7} {'decode':>7} {'compute':>8} {'period':>7}"
-        f" {'overhead':>9} {'x RTT':>6} {'decode %':>9}",
+        f"{'n':>3} {'scheme':>8} {'path':>13} {'wall ms':>8} {'first':>6} {'gather':>7} {'decode':>7} {'compute':>8}"
+        f" {'period':>7} {'overhead':>9} {'x RTT':>6} {'decode %':>9}",
     ]
     for r in result["rows"]:
         lines.append(
-            f"{r['n']:>3} {r['scheme']:>8} {r['wall_s'] * 1e3:>8.2f} {r['first_s'] * 1e3:>6.2f}"
+            f"{r['n']:>3} {r['scheme']:>8} {r['path']:>13} {r['wall_s'] * 1e3:>8.2f} {r['first_s'] * 1e3:>6.2f}"
             f" {r['gather_s'] * 1e3:>7.2f} {r['decode_s'] * 1e3:>7.3f} {r['compute_s'] * 1e3:>8.3f}"
             f" {r['period_s'] * 1e3:>7.2f}"
             f" {r['overhead_s'] * 1e3:>9.2f} {r['overhead_rtts']:>6.1f} {100 * r['decode_share']:>8.1f}%"
@@ -891,14 +996,22 @@ def _format_wide(result: dict[str, Any]) -> str:
     lines = [
         "The wide model against the transfers it needs (ms): one = one Compute's transport at this p (model down,",
         " message up); master = every model sent and every used message received through the master at that rate",
-        f"{'n':>3} {'scheme':>8} {'overhead':>9} {'one':>6} {'beyond one':>11} {'master':>7} {'beyond master':>14}",
+        f"{'n':>3} {'scheme':>8} {'path':>13} {'overhead':>9} {'one':>6} {'beyond one':>11} {'master':>7}"
+        f" {'beyond master':>14} {'CPU master':>11} {'CPU workers':>12} {'CPU / cores':>12}",
     ]
+    cores = os.cpu_count() or 1
     for r in result["rows"]:
         lines.append(
-            f"{r['n']:>3} {r['scheme']:>8} {r['overhead_s'] * 1e3:>9.2f} {r['one_transfer_s'] * 1e3:>6.2f}"
-            f" {r['beyond_one_transfer_s'] * 1e3:>11.2f} {r['through_master_s'] * 1e3:>7.2f}"
-            f" {r['beyond_master_bytes_s'] * 1e3:>14.2f}"
+            f"{r['n']:>3} {r['scheme']:>8} {r['path']:>13} {r['overhead_s'] * 1e3:>9.2f}"
+            f" {r['one_transfer_s'] * 1e3:>6.2f} {r['beyond_one_transfer_s'] * 1e3:>11.2f}"
+            f" {r['through_master_s'] * 1e3:>7.2f} {r['beyond_master_bytes_s'] * 1e3:>14.2f}"
+            f" {r['cpu_master_s'] * 1e3:>11.2f} {r['cpu_workers_s'] * 1e3:>12.2f}"
+            f" {(r['cpu_master_s'] + r['cpu_workers_s']) / cores * 1e3:>12.2f}"
         )
+    lines.append(
+        "(CPU = seconds of CPU per iteration the master and all workers used, from /proc; CPU / cores = their sum"
+    )
+    lines.append(f" over this machine's {cores} cores: the iteration cannot be shorter while the processes share them)")
     return "\n".join(lines)
 
 
@@ -948,7 +1061,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     tls.legend(fontsize=8)
 
     it = results["iteration"]
-    names = [f"{r['scheme']}\nn={r['n']}" for r in it["rows"]]
+    names = [f"{r['scheme']}\nn={r['n']}\n{r['path']}" for r in it["rows"]]
     decode = [r["decode_s"] * 1e3 for r in it["rows"]]
     rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
     right.bar(names, rest, label="wall − decode", color="tab:blue")
@@ -979,7 +1092,7 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     )
     transfer = next(row for row in stream_rows if row["p"] == WIDE_PARAMETERS)
     for row in wide["rows"]:
-        one_transfer = transfer["transport_s"]
+        one_transfer = transfer["shared"]["transport_s"] if row["path"] == "shared memory" else transfer["transport_s"]
         through_master = (row["n"] + row["used_workers"]) / 2 * one_transfer  # one transfer = 8p down + 8p up
         row.update(
             {

@@ -50,6 +50,13 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
             "master_decode_s",
             "crc32c_s",
         }
+        assert _positive(row["ingest_s"])
+        for name in ("ingest_GBps", "ingest_ratio_loopback"):  # the rest of the message after its first chunk
+            assert _positive(row[name]) if row["chunks"] > 1 else math.isnan(row[name]), (row["p"], name, row[name])
+        shared = row["shared"]  # the same Compute through shared memory
+        for name in ("total_s", "compute_s", "transport_s", "transport_GBps", "ratio_loopback", "speedup"):
+            assert _positive(shared[name]), (row["p"], name, shared[name])
+        assert shared["speedup"] == pytest.approx(row["transport_s"] / shared["transport_s"])
         where = row["where"]  # the breakdown adds up to the transport time
         assert sum(where.values()) == pytest.approx(row["transport_s"])
         assert where["loopback_s"] == row["loopback_s"] and where["codec_s"] == row["codec_s"]
@@ -77,8 +84,13 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
 
     iteration = results["iteration"]
     assert _positive(iteration["rtt_s"])
-    expected = [(n, scheme) for n in transport.QUICK_CLUSTER for scheme, _ in transport.SCHEMES]
-    assert [(row["n"], row["scheme"]) for row in iteration["rows"]] == expected
+    expected = [
+        (n, scheme, path)
+        for n in transport.QUICK_CLUSTER
+        for scheme, _ in transport.SCHEMES
+        for path in transport.PATHS
+    ]
+    assert [(row["n"], row["scheme"], row["path"]) for row in iteration["rows"]] == expected
     for row in iteration["rows"]:
         assert row["iterations"] == transport.QUICK_ITERATIONS
         assert row["wall_s"] >= row["decode_s"]
@@ -88,12 +100,17 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
 
     wide = results["wide"]  # the n = 16, p = 1e5 stage, smaller here
     assert wide["workload"]["num_features"] + 1 == transport.WIDE_PARAMETERS
-    assert [(row["n"], row["scheme"]) for row in wide["rows"]] == [
-        (n, scheme) for n in transport.QUICK_WIDE_CLUSTER for scheme, _ in transport.SCHEMES
+    assert [(row["n"], row["scheme"], row["path"]) for row in wide["rows"]] == [
+        (n, scheme, path)
+        for n in transport.QUICK_WIDE_CLUSTER
+        for scheme, _ in transport.SCHEMES
+        for path in transport.PATHS
     ]
-    one = next(row["transport_s"] for row in streaming if row["p"] == transport.WIDE_PARAMETERS)
+    transfer = next(row for row in streaming if row["p"] == transport.WIDE_PARAMETERS)
     for row in wide["rows"]:
+        one = transfer["shared"]["transport_s"] if row["path"] == "shared memory" else transfer["transport_s"]
         assert row["one_transfer_s"] == one
+        assert _positive(row["cpu_master_s"]) and _positive(row["cpu_workers_s"])
         assert row["beyond_one_transfer_s"] == pytest.approx(row["overhead_s"] - one)
         assert row["through_master_s"] == pytest.approx((row["n"] + row["used_workers"]) / 2 * one)
     assert "The wide model against the transfers" in printed

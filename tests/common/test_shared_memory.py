@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradcode.common.shared_memory import SharedDirectory, accept, read_model, write_message
+from gradcode.common.shared_memory import SharedDirectory, SharedPeer, accept
 from gradcode.common.wire import MessageAssembler, WireError, message_chunks
 from gradcode.v1 import worker_pb2
 
@@ -27,7 +27,8 @@ def test_a_directory_is_private_and_its_offer_is_accepted_by_the_same_user_on_th
     shared: SharedDirectory,
 ) -> None:
     assert shared.path.stat().st_mode & 0o777 == 0o700
-    assert accept(shared.offer()) == shared.path
+    peer = accept(shared.offer())
+    assert peer is not None and peer.path == shared.path
     assert list(shared.path.iterdir()) == [shared.path / "probe"]  # the acceptance check left nothing
 
 
@@ -39,7 +40,7 @@ def test_an_offer_is_refused_without_the_token_privacy_or_directory(shared: Shar
     os.chmod(shared.path, 0o755)  # readable by others: not private, so not trusted with payloads
     assert accept(offer) is None
     os.chmod(shared.path, 0o700)
-    assert accept(offer) == shared.path
+    assert accept(offer) is not None
 
 
 def test_no_root_no_directory(tmp_path: Path) -> None:
@@ -47,28 +48,43 @@ def test_no_root_no_directory(tmp_path: Path) -> None:
 
 
 def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: SharedDirectory) -> None:
+    peer = accept(shared.offer())
+    assert peer is not None
     params = np.random.default_rng(0).standard_normal(1001)
-    reference = shared.write_model(7, params)
+    reference = shared.write_model(params)
     assert reference.length == 1001
-    np.testing.assert_array_equal(read_model(shared.path, 7, reference), params)
-    with pytest.raises(WireError, match="model-8 is not in the shared-memory directory"):
-        read_model(shared.path, 8, reference)
+    np.testing.assert_array_equal(peer.read_model(reference), params)
     wrong_length = worker_pb2.SharedModel(length=1000, crc32c=reference.crc32c)
     with pytest.raises(WireError, match="has 8008 bytes; 8000 were announced"):
-        read_model(shared.path, 7, wrong_length)
-    (shared.path / "model-7").write_bytes(np.zeros(1001).tobytes())
+        peer.read_model(wrong_length)
+    shared.write_model(params + 1)  # the receiver moved on: a late call of the earlier round is refused
     with pytest.raises(WireError, match="failed its CRC32C check"):
-        read_model(shared.path, 7, reference)
+        peer.read_model(reference)
 
 
-def _assembler(shared: SharedDirectory | None, *, length: int = 100) -> MessageAssembler:
-    reader = None if shared is None else functools.partial(shared.take_message, 3, 1)
-    return MessageAssembler(job_id="j", iteration=3, worker_id=1, rows=(5, 6), length=length, shared=reader)
+def test_a_new_directory_has_no_model_yet(shared: SharedDirectory) -> None:
+    peer = accept(shared.offer())
+    assert peer is not None
+    with pytest.raises(WireError, match="model is not in the shared-memory directory"):
+        peer.read_model(worker_pb2.SharedModel(length=3))
 
 
-def _chunks(vector: np.ndarray, shared: SharedDirectory, row: int = 5) -> list[worker_pb2.GradientChunk]:
+def _peer(shared: SharedDirectory) -> SharedPeer:
+    peer = accept(shared.offer())
+    assert peer is not None
+    return peer
+
+
+def _assembler(shared: SharedDirectory | None, *, dtype: str = "<f8") -> MessageAssembler:
+    reader = None if shared is None else functools.partial(shared.read_message, 1)
+    return MessageAssembler(
+        job_id="j", iteration=3, worker_id=1, rows=(5, 6), length=100, dtypes=(np.dtype(dtype),), shared=reader
+    )
+
+
+def _chunks(vector: np.ndarray, peer: SharedPeer, row: int = 5) -> list[worker_pb2.GradientChunk]:
     def write(payload: np.ndarray) -> bool:
-        write_message(shared.path, 3, 1, row, payload)
+        peer.write_message(1, row, payload)
         return True
 
     return list(message_chunks(vector, job_id="j", iteration=3, worker_id=1, row=row, shared=write))
@@ -80,19 +96,24 @@ def test_a_shared_message_is_one_chunk_without_data_and_arrives_exactly(shared: 
     vector = rng.standard_normal(100).astype(dtype)
     if dtype == "<c16":
         vector = vector + 1j * rng.standard_normal(100)
-    chunks = _chunks(vector, shared)
+    chunks = _chunks(vector, _peer(shared))
     assert len(chunks) == 1
     (chunk,) = chunks
     assert chunk.shared_payload and not chunk.data and chunk.HasField("header") and chunk.HasField("trailer")
-    assembler = MessageAssembler(
-        job_id="j", iteration=3, worker_id=1, rows=(5,), length=100, dtypes=(np.dtype(dtype),),
-        shared=functools.partial(shared.take_message, 3, 1),
-    )  # fmt: skip
-    done = assembler.feed(chunk)
-    assert done is not None and assembler.complete
+    done = _assembler(shared, dtype=dtype).feed(chunk)
+    assert done is not None
     np.testing.assert_array_equal(done.vector, vector)
     assert done.norm == pytest.approx(float(np.linalg.norm(vector)))
-    assert list(shared.path.iterdir()) == [shared.path / "probe"]  # read once, then removed
+
+
+def test_slots_are_overwritten_in_place_and_never_pile_up(shared: SharedDirectory) -> None:
+    peer = _peer(shared)
+    for t in range(5):
+        shared.write_model(np.full(10, float(t)))
+        chunks = _chunks(np.full(100, float(t)), peer)
+        done = _assembler(shared).feed(chunks[0])
+        assert done is not None and (done.vector == t).all()
+    assert sorted(p.name for p in shared.path.iterdir()) == ["message-1-5", "model", "probe"]
 
 
 def test_a_failed_shared_write_sends_the_message_inline(shared: SharedDirectory) -> None:
@@ -105,8 +126,9 @@ def test_a_failed_shared_write_sends_the_message_inline(shared: SharedDirectory)
 
 
 def test_shared_payloads_are_refused_where_not_asked_for_missing_or_corrupt(shared: SharedDirectory) -> None:
+    peer = _peer(shared)
     vector = np.arange(100.0)
-    (chunk,) = _chunks(vector, shared)
+    (chunk,) = _chunks(vector, peer)
     with pytest.raises(WireError, match="points to a shared-memory payload, but this stream asked for inline"):
         _assembler(None).feed(chunk)
     mixed = worker_pb2.GradientChunk()
@@ -114,23 +136,22 @@ def test_shared_payloads_are_refused_where_not_asked_for_missing_or_corrupt(shar
     mixed.data = b"\0" * 8
     with pytest.raises(WireError, match="mixes a shared-memory payload with inline data"):
         _assembler(shared).feed(mixed)
-    write_message(shared.path, 3, 1, 5, np.arange(100.0) + 1)  # the file no longer matches the trailer's CRC
+    peer.write_message(1, 5, np.arange(100.0) + 1)  # the slot no longer holds what the trailer's CRC says
     with pytest.raises(WireError, match="failed its CRC32C check"):
         _assembler(shared).feed(chunk)
-    with pytest.raises(WireError, match="message-3-1-5 is not in the shared-memory directory"):
-        _assembler(shared).feed(chunk)  # the failed read removed it; nothing is left to read
-    write_message(shared.path, 3, 1, 5, np.arange(99.0))
+    other_row = worker_pb2.GradientChunk()
+    other_row.CopyFrom(chunk)
+    other_row.row = 6
+    with pytest.raises(WireError, match="message-1-6 is not in the shared-memory directory"):
+        _assembler(shared).feed(other_row)
+    peer.write_message(1, 6, np.arange(99.0))  # a slot is made at its size once and never resized
     with pytest.raises(WireError, match="has 792 bytes; 800 were announced"):
-        _assembler(shared).feed(chunk)
+        _assembler(shared).feed(other_row)
+    with pytest.raises(WireError, match="has 792 bytes; 800 were announced"):
+        peer.write_message(1, 6, np.arange(100.0))
 
 
-def test_sweep_removes_only_older_iterations_and_close_removes_everything(shared: SharedDirectory) -> None:
-    shared.write_model(4, np.zeros(3))
-    shared.write_model(5, np.zeros(3))
-    for t in (3, 4, 5):
-        write_message(shared.path, t, 0, 0, np.zeros(3))
-    (shared.path / ".message-4-0-1.ab12cd34").write_bytes(b"")  # a writer's temporary, left by a killed worker
-    shared.sweep(before=5)
-    assert sorted(p.name for p in shared.path.iterdir()) == ["message-5-0-0", "model-5", "probe"]
+def test_close_removes_the_directory(shared: SharedDirectory) -> None:
+    shared.write_model(np.zeros(3))
     shared.close()
     assert not shared.path.exists()

@@ -1,6 +1,6 @@
 """Workers on the master's host exchange models and messages through its shared-memory directory:
-real master and worker processes, a straggler whose late messages must not outlive the job, a worker
-killed mid-job, and the same job with shared memory off."""
+real master and worker processes, a straggler whose late messages must never reach a later round, a
+worker killed mid-job, and the same job with shared memory off."""
 
 from __future__ import annotations
 
@@ -121,10 +121,10 @@ async def test_workers_on_the_master_host_send_through_shared_memory_exactly_and
 
         info, reports = await run_job(cluster.address, _spec("shm-job", cluster.ids), look)
         _assert_exact(info, reports)
-        # One private directory for the job, which never piles up late messages: at most its probe, two
-        # models and the slow worker's messages of two iterations are there at any report.
+        # One private directory for the job, which never piles up messages: its probe, the model and one slot
+        # per worker (one row each) at most, however many iterations ran.
         assert len(seen) >= ITERATIONS - 1 and len({name for name, _ in seen}) == 1, seen
-        assert seen[0][0].startswith("gradcode-") and max(files for _, files in seen) <= 5, seen
+        assert seen[0][0].startswith("gradcode-") and max(files for _, files in seen) <= 2 + NUM_WORKERS, seen
         shared, chunks = cluster.shared_bytes(), cluster.chunk_bytes()
         # The three fast workers sent every message through shared memory: the gRPC stream carried only
         # headers and trailers, far fewer bytes than the payloads.

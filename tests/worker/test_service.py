@@ -18,13 +18,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
-from gradcode.common.shared_memory import SharedDirectory
+from gradcode.common.shared_memory import SharedDirectory, accept
 from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import ComputeCancelledError
+from gradcode.worker.compute import ComputeCancelledError, build_job
 from gradcode.worker.node import WorkerNode
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.service import WorkerServicer
+from gradcode.worker.runtime import JobRuntime
+from gradcode.worker.service import WorkerServicer, _write_shared
+from gradcode.worker.straggling import StragglerEmulation
 from tests.helpers import fixed_delay
 from tests.worker.conftest import (
     TOLERANCE,
@@ -751,7 +753,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assert not inline.shared_memory  # no offer, nothing accepted
         theta = random_params()
         shared_request = worker_pb2.ComputeRequest(
-            job_id="job", iteration=1, worker_id=worker, rows=list(rows), shared_model=shared.write_model(1, theta)
+            job_id="job", iteration=1, worker_id=worker, rows=list(rows), shared_model=shared.write_model(theta)
         )
         error = await _status(stub.Compute(shared_request))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -764,7 +766,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assembler = MessageAssembler(
             job_id="job", iteration=1, worker_id=worker, rows=tuple(rows),
             length=message_length(softmax_model(), statistics=False), dtypes=ANY_DTYPE,
-            shared=functools.partial(shared.take_message, 1, worker),
+            shared=functools.partial(shared.read_message, worker),
         )  # fmt: skip
         chunks = [chunk async for chunk in stub.Compute(shared_request)]
         assert all(c.shared_payload and not c.data for c in chunks) and len(chunks) == len(rows)
@@ -777,8 +779,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assert not any(t.shared_payload for t in trailers)
         for row in rows:
             _assert_close(messages[row], expected_message(code, row, theta, partitions))
-        shared.sweep(before=3)
-        assert sorted(p.name for p in shared.path.iterdir()) == ["probe"]  # every message was read and removed
+        assert sorted(p.name for p in shared.path.iterdir()) == ["message-2-2", "model", "probe"]  # one slot a row
     shared.close()
 
 
@@ -803,3 +804,22 @@ async def test_a_tree_parent_never_accepts_shared_memory(tmp_path: Path) -> None
         await stop_worker(parent)
         await stop_worker(child)
         shared.close()
+
+
+def test_a_stale_computation_never_overwrites_a_shared_slot(tmp_path: Path) -> None:
+    """A computation that finishes after a later iteration started sends inline (its call is being cancelled
+    anyway): the slot the receiver reads for the newest iteration keeps that iteration's message."""
+    shared = SharedDirectory.create(tmp_path)
+    assert shared is not None
+    code, worker = make_code("cyclic", n=4, s=1), 2
+    job = build_job(job_setup(code, worker), data_for(code, worker, make_partitions(code.k)))
+    runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler), shared=accept(shared.offer()))
+    row = code.static_assignment().rows[worker][0]
+    newest = np.full(message_length(softmax_model(), statistics=False), 2.0)
+    runtime.begin(2)
+    assert _write_shared(runtime, 2, row, newest)
+    assert not _write_shared(runtime, 1, row, newest - 1)  # iteration 1 finished late
+    read = np.empty_like(newest)
+    shared.read_message(worker, row, read)
+    np.testing.assert_array_equal(read, newest)
+    shared.close()
