@@ -771,6 +771,23 @@ def _pids(cluster: LocalCluster) -> list[int]:
     return [cluster.master.process.pid, *(w.process.pid for w in cluster.workers)]
 
 
+async def _run_with_cpu(
+    client: GradcodeClient, spec: master_pb2.JobSpec, pids: list[int]
+) -> tuple[list[master_pb2.IterationReport], float, float]:
+    """Run a job; its reports and the CPU seconds per iteration the master (``pids[0]``) and the workers (the
+    rest, together) used after the first :data:`SKIP_ITERATIONS` (job loading and warm-up left out)."""
+    steady: list[float] = []
+
+    def sample(report: master_pb2.IterationReport) -> None:
+        if report.iteration == SKIP_ITERATIONS:
+            steady.extend(cpu_seconds(pid) for pid in pids)
+
+    _, reports = await client.run(spec, sample)
+    used = [cpu_seconds(pid) - before for pid, before in zip(pids, steady, strict=True)]
+    counted = len(reports) - SKIP_ITERATIONS
+    return reports, used[0] / counted, sum(used[1:]) / counted
+
+
 def _job_medians(reports: Sequence[master_pb2.IterationReport]) -> dict[str, float]:
     """Medians of one job's reports after the first :data:`SKIP_ITERATIONS`."""
     kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
@@ -811,16 +828,13 @@ async def _iteration_jobs(
                 )  # fmt: skip
                 for path, client in clients.items():
                     load = load_average()
-                    pids = _pids(clusters[path])
-                    cpu = [cpu_seconds(pid) for pid in pids]
-                    _, reports = await client.run(spec)
-                    cpu = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+                    reports, cpu_master, cpu_workers = await _run_with_cpu(client, spec, _pids(clusters[path]))
                     rows.append({"n": n, "scheme": scheme, "s": s, "path": path, **_job_medians(reports)})
                     rows[-1].update(
                         {
                             "load_average": [load, load_average()],
-                            "cpu_master_s": cpu[0] / len(reports),
-                            "cpu_workers_s": sum(cpu[1:]) / len(reports),
+                            "cpu_master_s": cpu_master,
+                            "cpu_workers_s": cpu_workers,
                         }
                     )
     return rtt, rows
