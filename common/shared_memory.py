@@ -132,7 +132,11 @@ class SharedDirectory:
         except OSError:
             return None
         token = secrets.token_hex(16)
-        (path / PROBE).write_text(token)
+        try:
+            (path / PROBE).write_text(token)
+        except OSError:  # a full tmpfs: no shared memory for this job
+            shutil.rmtree(path, ignore_errors=True)
+            return None
         return cls(path, token)
 
     def offer(self) -> worker_pb2.SharedMemoryOffer:

@@ -1045,6 +1045,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         ("transport_GBps", "gRPC Compute transport"),
     ]:
         left.loglog(ps, [r[key] for r in rows], marker="o", label=label)
+    left.loglog(ps, [r["shared"]["transport_GBps"] for r in rows], marker="s", label="shared-memory Compute transport")
     left.set_xlabel("p (float64 parameters); 16p bytes per call")
     left.set_ylabel("GB/s (model down + message up)")
     left.set_title("Gradient streaming vs the machine's limits")
@@ -1075,7 +1076,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     tls.legend(fontsize=8)
 
     it = results["iteration"]
-    names = [f"{r['scheme']}\nn={r['n']}\n{r['path']}" for r in it["rows"]]
+    short = {"gRPC": "gRPC", "shared memory": "shm"}
+    names = [f"{r['scheme'][:3]} {r['n']}\n{short.get(r['path'], r['path'])}" for r in it["rows"]]
     decode = [r["decode_s"] * 1e3 for r in it["rows"]]
     rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
     right.bar(names, rest, label="wall − decode", color="tab:blue")
