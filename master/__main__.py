@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gradcode.common.cli import (
     add_data_arguments,
@@ -104,7 +105,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
-        shared_memory=None if args.shared_memory == "off" else args.shared_memory,
+        shared_memory=args.shared_memory_root,
     )  # fmt: skip
     await node.start()
     metrics = None
@@ -117,6 +118,19 @@ async def _serve(args: argparse.Namespace) -> None:
         await node.shutdown()
         if metrics is not None:
             metrics.close()
+
+
+def shared_memory_root(value: str) -> Path | None:
+    """The --shared-memory value as a directory, or None for 'off' and for the default where this system has
+    no /dev/shm (shared memory is then simply not offered); ValueError for another directory that is missing."""
+    if value == "off":
+        return None
+    root = Path(value)
+    if root.is_dir():
+        return root
+    if root == DEFAULT_ROOT:
+        return None
+    raise ValueError(f"--shared-memory {value!r} is not a directory; give a tmpfs directory, or 'off'.")
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -134,6 +148,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"--checkpoint-every must be >= 1, not {args.checkpoint_every}.")
         if args.max_workers < 1:
             raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
+        args.shared_memory_root = shared_memory_root(args.shared_memory)
     except ValueError as exc:
         parser.error(str(exc))
     check_data_arguments(parser, args)
