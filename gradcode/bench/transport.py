@@ -24,7 +24,9 @@ machine hits all of them alike), medians over the rounds:
   message left in the worker's slot, only header and trailer on the gRPC stream.
 
 The master's ``ingest`` over gRPC (first chunk of the message to the complete message) is compared
-with one-way loopback TCP for the same bytes.
+with one-way loopback TCP for the same bytes. Then the CPU one Compute costs on each end, per path:
+the worker process's and this process's CPU time (``/proc``, ``time.process_time``) over blocks of
+calls alternating between gRPC and shared memory, beside the worker's gradient time.
 
 ``x raw`` / ``x loop`` / ``x copy`` = that time / gradcode's transport time (1.0 would be as fast as
 the limit). The ``codec`` columns time, in this process and without any socket, the protobuf/numpy work
@@ -142,6 +144,9 @@ QUICK_RTT_CALLS = 50
 FULL_WIDE_CLUSTER = (16,)
 QUICK_WIDE_CLUSTER = (4,)
 """Workers of the wide-model overhead stage (the issue's n = 16, p = 1e5 target)."""
+CPU_BLOCKS = 4
+CPU_BLOCK_SECONDS = 0.15
+"""The per-call CPU stage: blocks per path, and about how long one block of calls lasts."""
 RECV_PIECE = 4 * MiB
 CALL_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
@@ -510,11 +515,33 @@ def codec_times(p: int, repeats: int, chunk_bytes: int | None = None) -> dict[st
     }
 
 
+async def _call_cpu(
+    compute: Any, jobs: dict[str, tuple[str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
+) -> dict[str, dict[str, float]]:
+    """CPU seconds one Compute call costs the worker process and this (the master's) process, per path: calls in
+    blocks alternating between the paths, enough that /proc's 10 ms ticks blur little; iterations from ``first``."""
+    estimate = (await _compute_call(compute, next(iter(jobs.values()))[0], first, params)).total
+    per_block = max(2, min(15, round(CPU_BLOCK_SECONDS / max(estimate, 1e-4))))
+    used = {path: [0.0, 0.0] for path in jobs}
+    iteration = first + 1
+    for _ in range(CPU_BLOCKS):
+        for path, (job_id, shared) in jobs.items():
+            worker, master = cpu_seconds(worker_pid), time.process_time()
+            for _ in range(per_block):
+                await _compute_call(compute, job_id, iteration, params, shared)
+                iteration += 1
+            used[path][0] += cpu_seconds(worker_pid) - worker
+            used[path][1] += time.process_time() - master
+    calls = CPU_BLOCKS * per_block
+    return {path: {"worker_s": w / calls, "master_s": m / calls, "calls": calls} for path, (w, m) in used.items()}
+
+
 async def _measure_sizes(
-    worker_address: str, peers: LimitPeers, sizes: Sequence[int], repeats: int
+    worker: ServiceProcess, peers: LimitPeers, sizes: Sequence[int], repeats: int
 ) -> list[dict[str, Any]]:
     """Per p: rounds of (gradcode Compute through gRPC, the same through shared memory, bare gRPC call, loopback
-    TCP exchange, memory copy); medians."""
+    TCP exchange, memory copy), medians; then the CPU each Compute costs on both ends, per path."""
+    worker_address = worker.wait_ready()
     worker_channel = grpc.aio.insecure_channel(worker_address, options=CHANNEL_OPTIONS)
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
     try:
@@ -559,6 +586,8 @@ async def _measure_sizes(
                     raw_times.append(raw_s)
                     loop_times.append(loop_s)
                     copy_times.append(copy_s)
+            paths = {"gRPC": (job_id, None), "shared memory": (shared_job, shared)}
+            cpu = await _call_cpu(compute, paths, params, worker.process.pid, WARMUP_CALLS + repeats + 1)
             for job in (job_id, shared_job):
                 await stub.EndJob(worker_pb2.EndJobRequest(job_id=job), timeout=CALL_TIMEOUT)
             shared.close()
@@ -571,6 +600,7 @@ async def _measure_sizes(
                     "raw_grpc_s": statistics.median(raw_times),
                     "loopback_s": statistics.median(loop_times),
                     "memcpy_s": statistics.median(copy_times),
+                    "cpu_per_call": cpu,
                 }
             )
         return rows
@@ -584,7 +614,7 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
     (process,) = _start_workers([None], logs)
     try:
         with LimitPeers() as peers:
-            measured = await _measure_sizes(process.wait_ready(), peers, sizes, repeats)
+            measured = await _measure_sizes(process, peers, sizes, repeats)
     finally:
         process.stop()
     rows = []
@@ -917,6 +947,16 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
             f" {sh['ratio_loopback']:>7.2f} {sh['speedup']:>7.1f}x"
         )
     lines.append("(x loop = loopback TCP exchanging the same 16p bytes / this; vs gRPC = gRPC transport / this)")
+    lines.append("")
+    lines.append("CPU per Compute call, ms (from /proc, blocks of calls alternating between the paths): the worker")
+    lines.append(" process (its gradient included) and the master's; the worker's gradient alone for comparison")
+    lines.append(f"{'p':>9} {'gRPC worker':>12} {'master':>7} {'shm worker':>11} {'master':>7} {'gradient':>9}")
+    for r in rows:
+        grpc_cpu, shm_cpu = r["cpu_per_call"]["gRPC"], r["cpu_per_call"]["shared memory"]
+        lines.append(
+            f"{r['p']:>9} {grpc_cpu['worker_s'] * 1e3:>12.2f} {grpc_cpu['master_s'] * 1e3:>7.2f}"
+            f" {shm_cpu['worker_s'] * 1e3:>11.2f} {shm_cpu['master_s'] * 1e3:>7.2f} {r['compute_s'] * 1e3:>9.2f}"
+        )
     lines.append("")
     lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32C alone)")
     for r in rows:

@@ -57,6 +57,9 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
         for name in ("total_s", "compute_s", "transport_s", "transport_GBps", "ratio_loopback", "speedup"):
             assert _positive(shared[name]), (row["p"], name, shared[name])
         assert shared["speedup"] == pytest.approx(row["transport_s"] / shared["transport_s"])
+        assert set(row["cpu_per_call"]) == set(transport.PATHS)
+        for cpu in row["cpu_per_call"].values():  # /proc counts 10 ms ticks: a quick run may see none
+            assert cpu["calls"] >= 2 * transport.CPU_BLOCKS and cpu["worker_s"] >= 0 and cpu["master_s"] >= 0
         where = row["where"]  # the breakdown adds up to the transport time
         assert sum(where.values()) == pytest.approx(row["transport_s"])
         assert where["loopback_s"] == row["loopback_s"] and where["codec_s"] == row["codec_s"]
