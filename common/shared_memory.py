@@ -26,6 +26,9 @@ and trailer (with the CRC-32C of the payload) still travel on it.
 5. A slot is created at its full size with ``posix_fallocate`` (a full tmpfs fails there, as an
    OSError, not later as SIGBUS on a write into the mapping), and never resized: a process that maps
    a file never sees it shrink. The directory goes when the job ends; mappings end with their owners.
+   A master killed before it could remove its directories leaves them behind; the next master on the
+   host removes those whose owner (host, process id and start time, in the file ``owner``) is gone
+   (:func:`remove_abandoned`).
 
 Any write that fails (a full tmpfs) falls back to the inline form for that payload.
 """
@@ -37,6 +40,7 @@ import mmap
 import os
 import secrets
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -53,6 +57,7 @@ __all__ = [
     "SharedDirectory",
     "SharedPeer",
     "accept",
+    "remove_abandoned",
 ]
 
 DEFAULT_ROOT = Path("/dev/shm")
@@ -61,6 +66,21 @@ PROBE = "probe"
 
 
 MODEL = "model"
+OWNER = "owner"
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (``/proc``); empty if it does not run."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _this_process() -> str:
+    """Who owns a directory: host name, process id and that process's start time (process ids are reused)."""
+    pid = os.getpid()
+    return f"{socket.gethostname()} {pid} {_start_time(pid)}"
 
 
 def _message_name(worker_id: int, row: int) -> str:
@@ -133,6 +153,7 @@ class SharedDirectory:
             return None
         token = secrets.token_hex(16)
         try:
+            (path / OWNER).write_text(_this_process())
             (path / PROBE).write_text(token)
         except OSError:  # a full tmpfs: no shared memory for this job
             shutil.rmtree(path, ignore_errors=True)
@@ -186,6 +207,30 @@ class SharedPeer:
 
     def close(self) -> None:
         self._slots.close()
+
+
+def remove_abandoned(root: Path = DEFAULT_ROOT) -> list[Path]:
+    """Remove the job directories under ``root`` that a killed master left behind: this user's, made on this
+    host, whose owner process no longer runs (or is another process under a reused id). Returns them.
+
+    A directory without a readable owner, or made on another host (a tmpfs shared between containers),
+    is left alone.
+    """
+    removed: list[Path] = []
+    host = socket.gethostname()
+    for path in root.glob("gradcode-*"):
+        try:
+            info = path.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            owner_host, pid, started = (path / OWNER).read_text().split()
+            if owner_host != host or _start_time(int(pid)) == started:
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def accept(offer: worker_pb2.SharedMemoryOffer) -> SharedPeer | None:

@@ -16,7 +16,7 @@ import grpc
 
 from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
-from gradcode.common.shared_memory import DEFAULT_ROOT
+from gradcode.common.shared_memory import DEFAULT_ROOT, remove_abandoned
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_DATA_FILE_BYTES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
@@ -76,6 +76,12 @@ class MasterNode(ServiceNode):
 
     async def _on_started(self) -> None:
         self.pool.start_monitor()
+        root = self.servicer.shared_memory
+        if root is not None:
+            removed = remove_abandoned(root)
+            if removed:
+                log.info("removed %d shared-memory directories of killed masters: %s", len(removed),
+                         ", ".join(str(p) for p in removed))  # fmt: skip
         log.info(
             "master serving on %s (%s) with %d listed workers",
             self.address, self.security.describe(), len(self.pool.workers),

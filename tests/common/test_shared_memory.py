@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradcode.common.shared_memory import SharedDirectory, SharedPeer, accept
+from gradcode.common.shared_memory import SharedDirectory, SharedPeer, accept, remove_abandoned
 from gradcode.common.wire import MessageAssembler, WireError, message_chunks
 from gradcode.v1 import worker_pb2
 
@@ -29,7 +32,7 @@ def test_a_directory_is_private_and_its_offer_is_accepted_by_the_same_user_on_th
     assert shared.path.stat().st_mode & 0o777 == 0o700
     peer = accept(shared.offer())
     assert peer is not None and peer.path == shared.path
-    assert list(shared.path.iterdir()) == [shared.path / "probe"]  # the acceptance check left nothing
+    assert sorted(p.name for p in shared.path.iterdir()) == ["owner", "probe"]  # the acceptance check left nothing
 
 
 def test_an_offer_is_refused_without_the_token_privacy_or_directory(shared: SharedDirectory, tmp_path: Path) -> None:
@@ -113,7 +116,7 @@ def test_slots_are_overwritten_in_place_and_never_pile_up(shared: SharedDirector
         chunks = _chunks(np.full(100, float(t)), peer)
         done = _assembler(shared).feed(chunks[0])
         assert done is not None and (done.vector == t).all()
-    assert sorted(p.name for p in shared.path.iterdir()) == ["message-1-5", "model", "probe"]
+    assert sorted(p.name for p in shared.path.iterdir()) == ["message-1-5", "model", "owner", "probe"]
 
 
 def test_a_failed_shared_write_sends_the_message_inline(shared: SharedDirectory) -> None:
@@ -155,3 +158,26 @@ def test_close_removes_the_directory(shared: SharedDirectory) -> None:
     shared.write_model(np.zeros(3))
     shared.close()
     assert not shared.path.exists()
+
+
+def test_only_the_directories_of_masters_that_are_gone_are_removed(tmp_path: Path) -> None:
+    ours = SharedDirectory.create(tmp_path)
+    assert ours is not None
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    host = socket.gethostname()
+    start = (ours.path / "owner").read_text().split()[2]
+    owners = {
+        "killed": f"{host} {finished.pid} 1",  # its process has exited
+        "reused": f"{host} {os.getpid()} {int(start) + 1}",  # a process id now held by another process
+        "elsewhere": f"another-host {finished.pid} 1",  # a tmpfs shared with another host's container
+    }
+    for name, owner in owners.items():
+        (tmp_path / f"gradcode-{name}").mkdir(mode=0o700)
+        (tmp_path / f"gradcode-{name}" / "owner").write_text(owner)
+    (tmp_path / "gradcode-unowned").mkdir(mode=0o700)
+    removed = remove_abandoned(tmp_path)
+    assert sorted(p.name for p in removed) == ["gradcode-killed", "gradcode-reused"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([ours.path.name, "gradcode-elsewhere", "gradcode-unowned"])
+    ours.close()

@@ -123,10 +123,10 @@ async def test_workers_on_the_master_host_send_through_shared_memory_exactly_and
 
         info, reports = await run_job(cluster.address, _spec("shm-job", cluster.ids), look)
         _assert_exact(info, reports)
-        # One private directory for the job, which never piles up messages: its probe, the model and one slot
-        # per worker (one row each) at most, however many iterations ran.
+        # One private directory for the job, which never piles up messages: its owner and probe files, the
+        # model and one slot per worker (one row each) at most, however many iterations ran.
         assert len(seen) >= ITERATIONS - 1 and len({name for name, _ in seen}) == 1, seen
-        assert seen[0][0].startswith("gradcode-") and max(files for _, files in seen) <= 2 + NUM_WORKERS, seen
+        assert seen[0][0].startswith("gradcode-") and max(files for _, files in seen) <= 3 + NUM_WORKERS, seen
         shared, chunks = cluster.shared_bytes(), cluster.chunk_bytes()
         # The three fast workers sent every message through shared memory: the gRPC stream carried only
         # headers and trailers, far fewer bytes than the payloads.
@@ -161,3 +161,29 @@ async def test_shared_memory_off_sends_every_payload_through_grpc(tmp_path: Path
         _assert_exact(info, reports)
         assert cluster.shared_bytes() == [0.0] * NUM_WORKERS
         assert sum(b > 0 for b in cluster.chunk_bytes()) >= NUM_WORKERS - 1
+
+
+async def test_a_killed_masters_directory_is_removed_by_the_next_master(tmp_path: Path) -> None:
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    with _Processes(tmp_path, ["--shared-memory", str(root)]) as cluster:
+        master = cluster.processes[0]
+
+        def kill(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 3:
+                master.kill()  # SIGKILL: no chance to remove its job's directory
+
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the watch breaks with the master
+            await run_job(cluster.address, _spec("shm-orphan", cluster.ids), kill)
+        assert not master.alive
+        (left,) = list(root.iterdir())
+        assert (left / "model").exists()
+        successor = ServiceProcess(
+            [sys.executable, "-m", "gradcode", "master", "--listen", "127.0.0.1:0", "--run-dir", str(tmp_path),
+             "--shared-memory", str(root)],
+            log_path=tmp_path / "successor.log",
+        )  # fmt: skip
+        cluster.processes.append(successor)
+        successor.wait_ready(START_TIMEOUT)
+        assert list(root.iterdir()) == []
+        assert "removed 1 shared-memory directories of killed masters" in (tmp_path / "successor.log").read_text()

@@ -779,7 +779,12 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assert not any(t.shared_payload for t in trailers)
         for row in rows:
             _assert_close(messages[row], expected_message(code, row, theta, partitions))
-        assert sorted(p.name for p in shared.path.iterdir()) == ["message-2-2", "model", "probe"]  # one slot a row
+        assert sorted(p.name for p in shared.path.iterdir()) == [
+            "message-2-2",
+            "model",
+            "owner",
+            "probe",
+        ]  # a slot a row
     shared.close()
 
 
