@@ -21,6 +21,7 @@ score), so every message carries the coded training statistics too and is
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -198,7 +199,8 @@ class WorkerJob:
 class IterationComputation:
     """The partial gradients of one iteration, each computed at most once, and the messages built from them.
 
-    Meant to run in a worker thread (``asyncio.to_thread``); :meth:`message` checks ``cancelled``
+    Runs in a worker thread (``asyncio.to_thread``), or on the event loop when its messages are known to be
+    short (:data:`gradcode.worker.runtime.INLINE_MESSAGE_SECONDS`); :meth:`message` checks ``cancelled``
     before every partition and raises :class:`ComputeCancelledError` when it is set.
     """
 
@@ -217,6 +219,8 @@ class IterationComputation:
         self.partials: dict[int, Array] = {}
         self._started = time.perf_counter()
         self._cancel_counted = False
+        self.message_seconds = math.nan
+        """Wall seconds the last :meth:`message` call took (NaN before the first)."""
 
     def partial(self, partition: int) -> Array:
         """$g_j$: the summed gradient over ``partition``, with its loss and score appended when the job
@@ -244,12 +248,15 @@ class IterationComputation:
 
     def message(self, row: int) -> tuple[Array, float]:
         """Row ``row``'s message in its wire dtype, and the seconds since this computation started."""
+        started = time.perf_counter()
         spec = self.job.rows[row]
         acc_dtype = np.complex128 if spec.is_complex else np.float64
         out = np.zeros(self.job.message_length, dtype=acc_dtype)
         for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
             out += c * self.partial(partition)
-        return out.astype(self.job.row_dtype(row), copy=False), time.perf_counter() - self._started
+        done = time.perf_counter()
+        self.message_seconds = done - started
+        return out.astype(self.job.row_dtype(row), copy=False), done - self._started
 
     def magnitude(self, row: int) -> float:
         r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error

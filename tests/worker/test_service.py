@@ -6,6 +6,7 @@ import asyncio
 import functools
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gradcode.common.models import message_length
 from gradcode.common.shared_memory import SharedDirectory, accept
 from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gradcode.worker import runtime as runtime_module
 from gradcode.worker.compute import ComputeCancelledError, build_job
 from gradcode.worker.node import WorkerNode
 from gradcode.worker.parent import ParentRunner
@@ -336,6 +338,46 @@ async def test_later_iteration_supersedes_a_running_one() -> None:
         finally:
             gate.release.set()
             await stop_worker(served)
+
+
+class _ThreadRecorder:
+    """Partition observer recording, per iteration, whether the partition ran on the event loop's thread;
+    ``sleep`` makes each partition take at least that long."""
+
+    def __init__(self, sleep: float = 0.0) -> None:
+        self.loop_thread = threading.get_ident()
+        self.sleep = sleep
+        self.on_loop: dict[int, set[bool]] = {}
+
+    def __call__(self, job_id: str, iteration: int, partition: int) -> None:
+        self.on_loop.setdefault(iteration, set()).add(threading.get_ident() == self.loop_thread)
+        time.sleep(self.sleep)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "sleep", "inline_after_first"),
+    [(60.0, 0.0, True), (runtime_module.INLINE_MESSAGE_SECONDS, 0.01, False)],
+    ids=["short messages inline", "long messages in a thread"],
+)
+async def test_short_messages_are_computed_on_the_loop_after_the_first(
+    monkeypatch: pytest.MonkeyPatch, threshold: float, sleep: float, inline_after_first: bool
+) -> None:
+    monkeypatch.setattr(runtime_module, "INLINE_MESSAGE_SECONDS", threshold)
+    async with asyncio.timeout(TEST_TIMEOUT):
+        recorder = _ThreadRecorder(sleep)
+        served = await serve_worker(WorkerServicer(on_partition=recorder))
+        try:
+            async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                code, partitions = make_code("cyclic", n=3, s=1), make_partitions(3)
+                await _load(stub, load_chunks(job_setup(code, 1), data_for(code, 1, partitions)))
+                for iteration in range(3):
+                    theta = random_params(seed=iteration)
+                    messages, _ = await _compute(stub, _request("job", 1, (1,), theta, iteration=iteration))
+                    _assert_close(messages[1], expected_message(code, 1, theta, partitions))
+        finally:
+            await stop_worker(served)
+    assert recorder.on_loop == {0: {False}, 1: {inline_after_first}, 2: {inline_after_first}}
 
 
 async def test_cancelled_call_cancels_the_straggler_sleep(
