@@ -4,14 +4,16 @@
 emulation, its parent role when it is an inner tree node, and the computations running now.
 :meth:`JobRuntime.messages` yields the iteration's messages, one :class:`Message` per requested row:
 
-* a leaf computes its own rows in a worker thread (on the event loop when they are known to be short:
-  :data:`INLINE_MESSAGE_SECONDS`), spreading the emulated delay over its messages (a worker with several
-  messages, e.g. partial stragglers, still delivers its first ones early);
+* a leaf computes its own rows in a worker thread, spreading the emulated delay over its messages (a
+  worker with several messages, e.g. partial stragglers, still delivers its first ones early);
 * a parent asks its children first (its :class:`~gradcode.worker.parent.ParentRunner` gathers and
   decodes them, one :class:`~gradcode.common.round.Round`), then sleeps its own delay and computes its
   own rows meanwhile, and adds the two (Reisizadeh et al., Algorithm 2): its emulated slowness never
   holds up its children's work. Its messages are approximate when the children's decode was not
   exact, and name the children that lost the job (:func:`~gradcode.worker.parent.children_lost`).
+
+Either computes on the event loop instead of a thread once the job's messages are known to be short
+(:data:`INLINE_MESSAGE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.round import Round
 from gradcode.common.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
-from gradcode.worker.compute import WorkerJob
+from gradcode.worker.compute import IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -79,7 +81,7 @@ class JobRuntime:
     retired: bool = False
     """Set when the job was ended or replaced: running computations stop at their next step."""
     message_seconds: float = math.inf
-    """Wall seconds this job's last leaf message took to compute (inf before the first): what decides whether the
+    """Wall seconds this job's last own message took to compute (inf before the first): what decides whether the
     next one runs inline (:data:`INLINE_MESSAGE_SECONDS`)."""
     shared: SharedPeer | None = None
     """The receiver's shared-memory directory, when this worker accepted its offer
@@ -154,12 +156,18 @@ class JobRuntime:
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
-            if self.message_seconds < INLINE_MESSAGE_SECONDS:
-                vector, seconds = computation.message(row)
-            else:
-                vector, seconds = await asyncio.to_thread(computation.message, row)
-            self.message_seconds = computation.message_seconds
+            vector, seconds = await self._message(computation, row)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
+
+    async def _message(self, computation: IterationComputation, row: int) -> tuple[Array, float]:
+        """Row ``row``'s message (:meth:`IterationComputation.message`): on the event loop when this job's last
+        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread."""
+        if self.message_seconds < INLINE_MESSAGE_SECONDS:
+            result = computation.message(row)
+        else:
+            result = await asyncio.to_thread(computation.message, row)
+        self.message_seconds = computation.message_seconds
+        return result
 
     async def _parent_messages(
         self,
@@ -178,7 +186,7 @@ class JobRuntime:
         try:
             await self._straggle(flag, delay)  # the children already work meanwhile
             computation = job.start(params, cancelled=flag, on_partition=on_partition)
-            own = {row: (await asyncio.to_thread(computation.message, row))[0] for row in rows}
+            own = {row: (await self._message(computation, row))[0] for row in rows}
             gathered = await flag.race(children)
         finally:
             if not children.done():
