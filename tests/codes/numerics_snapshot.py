@@ -1,10 +1,18 @@
 """Snapshot of what the numerics decide: every scheme's B (accepted draws, refusals) and its decodes.
 
-``python -m tests.codes.numerics_snapshot`` writes ``tests/codes/fixtures/numerics_snapshot.json``.
-It was generated from the code *before* the numerics were merged into one home (issue 7), and
-``test_numerics_snapshot.py`` checks that the current code still produces the same matrices bit for
-bit (sha256 of ``B``), the same accepted draw indices and refusals, and the same decodings (rows,
-exactness flag, weights to rounding level) on contiguous and seeded random survivor sets.
+``python -m tests.codes.numerics_snapshot`` writes ``tests/codes/fixtures/numerics_snapshot-<kernel>.json``
+for the OpenBLAS kernel numpy runs here (:func:`blas_kernel`). Each was generated from the code *before* the
+numerics were merged into one home (issue 7, commit 9b404f2), and ``test_numerics_snapshot.py`` checks that
+the current code still produces the same matrices bit for bit (sha256 of ``B``), the same accepted draw
+indices and refusals, and the same decodings (rows, exactness flag, weights to rounding level) on contiguous
+and seeded random survivor sets.
+
+Why one file per kernel: the randomly drawn codes (cyclic, partial stragglers, CodedReduce) go through
+LAPACK, whose kernels for different CPUs round differently in the last bits, so their matrices (and near a
+guard's bound, their accepted draws and refusals) differ between an AVX-512 machine (``SkylakeX``) and an AVX2
+one (``Haswell``, also what AMD EPYC runs). The old code on the ``SkylakeX`` kernel
+(``OPENBLAS_CORETYPE=SkylakeX``) reproduces the first fixture byte for byte; every other scheme is identical
+in both.
 """
 
 from __future__ import annotations
@@ -17,15 +25,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.exceptions import NumericallyUnsafeError
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "numerics_snapshot.json"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SIZES = (3, 5, 8, 12, 17, 24, 33, 48, 64)
 SEEDS = (0, 1, 2)
 RANDOM_SETS = 3
 WEIGHTS_KEPT = 12
+
+
+def blas_kernel() -> str:
+    """The OpenBLAS kernel numpy's linear algebra runs on this CPU (e.g. ``Haswell``, ``SkylakeX``); the name
+    of the BLAS when it is not OpenBLAS."""
+    libraries = threadpool_info()
+    kernels = sorted({str(lib.get("architecture")) for lib in libraries if lib.get("internal_api") == "openblas"})
+    if kernels:
+        return "+".join(kernels)
+    return "+".join(sorted({str(lib.get("internal_api")) for lib in libraries})) or "unknown"
+
+
+def fixture_path(kernel: str) -> Path:
+    return FIXTURES / f"numerics_snapshot-{kernel}.json"
 
 
 def _stragglers(n: int) -> list[int]:
@@ -125,14 +148,16 @@ def snapshot() -> list[dict[str, Any]]:
 
 def main() -> int:
     entries = snapshot()
-    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
-    FIXTURE.write_text(json.dumps(entries, separators=(",", ":")) + "\n")
+    fixture = fixture_path(blas_kernel())
+    fixture.parent.mkdir(parents=True, exist_ok=True)
+    fixture.write_text(json.dumps(entries, separators=(",", ":")) + "\n")
     counts: dict[str, int] = {}
     for e in entries:
         counts[e["scheme"]] = counts.get(e["scheme"], 0) + 1
     refused = sum(1 for e in entries if e.get("refused"))
     redrawn = sum(1 for e in entries if e.get("draw", 0) > 0)
-    print(f"{len(entries)} configurations ({refused} refused, {redrawn} redrawn): {counts}", file=sys.stderr)
+    print(f"{fixture.name}: {len(entries)} configurations ({refused} refused, {redrawn} redrawn)", file=sys.stderr)
+    print(counts, file=sys.stderr)
     return 0
 
 
