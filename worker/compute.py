@@ -217,7 +217,6 @@ class IterationComputation:
         self.cancelled = cancelled
         self.on_partition = on_partition
         self.partials: dict[int, Array] = {}
-        self._started = time.perf_counter()
         self._cancel_counted = False
         self.message_seconds = math.nan
         """Wall seconds the last :meth:`message` call took (NaN before the first)."""
@@ -247,16 +246,16 @@ class IterationComputation:
         return g
 
     def message(self, row: int) -> tuple[Array, float]:
-        """Row ``row``'s message in its wire dtype, and the seconds since this computation started."""
+        """Row ``row``'s message in its wire dtype, and the seconds computing it took (its partial gradients not
+        computed for an earlier row, and their combination)."""
         started = time.perf_counter()
         spec = self.job.rows[row]
         acc_dtype = np.complex128 if spec.is_complex else np.float64
         out = np.zeros(self.job.message_length, dtype=acc_dtype)
         for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
             out += c * self.partial(partition)
-        done = time.perf_counter()
-        self.message_seconds = done - started
-        return out.astype(self.job.row_dtype(row), copy=False), done - self._started
+        self.message_seconds = time.perf_counter() - started
+        return out.astype(self.job.row_dtype(row), copy=False), self.message_seconds
 
     def magnitude(self, row: int) -> float:
         r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error
