@@ -37,6 +37,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from gradcode.common.codes.base import Array
+from gradcode.common.codes.numerics import all_finite
 from gradcode.common.exceptions import WireError
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -575,10 +576,11 @@ class MessageAssembler:
         if count:
             piece = self._buffer[self._filled : self._filled + count]
             self._crc = google_crc32c.extend(self._crc, piece)
-            if not np.isfinite(piece).all():
-                raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
             normed = piece[: max(0, self.norm_length - self._filled)]
-            self._squares += float(np.vdot(normed, normed).real)
+            squares = float(np.vdot(normed, normed).real)
+            if not (all_finite(normed, squares) and all_finite(piece[normed.size :])):
+                raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
+            self._squares += squares
         self._filled += count
         if not chunk.HasField("trailer"):
             return None

@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import numpy.typing as npt
 
+from gradcode.common.codes.numerics import all_finite
+
 __all__ = ["OPTIMIZER_KINDS", "GradientDescent", "Nesterov", "Optimizer", "make_optimizer", "mean_gradient"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -76,7 +78,7 @@ class Optimizer(ABC):
         g = np.asarray(gradient, dtype=np.float64)
         if g.shape != self._params.shape:
             raise ValueError(f"Gradient has shape {g.shape}; the parameters have shape {self._params.shape}.")
-        if not np.all(np.isfinite(g)):
+        if not all_finite(g):
             raise ValueError("Gradient contains NaN or infinite entries; refusing to step.")
         self._step(g)
         self.steps += 1

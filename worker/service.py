@@ -32,6 +32,7 @@ import grpc
 import numpy as np
 
 from gradcode.common import metrics, shared_memory
+from gradcode.common.codes.numerics import all_finite
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import (
     AbortedError,
@@ -231,7 +232,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
             else:
                 params = job.check_params(array_from_tensor(request.model))
-            if not np.isfinite(params).all():
+            if not all_finite(params):
                 bad = int(np.count_nonzero(~np.isfinite(params)))
                 raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
             rows = job.check_rows(list(request.rows))

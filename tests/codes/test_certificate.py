@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gradcode.common.codes import GradientCode, available_codes, code_class, make_code
 from gradcode.common.codes.numerics import (
     PROMISED_RELATIVE_ERROR,
+    all_finite,
     contiguous_survivor_sets,
     relative_error,
     survivor_sets,
@@ -175,3 +176,18 @@ def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel
     assert true <= reported.bound < 1e4 * true
     unknown = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=[math.nan] * len(norms))
     assert unknown.bound == estimated.bound  # NaN: that row's worker sent none, so it is estimated
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(0, 300),
+    bad=st.lists(st.tuples(st.integers(0, 299), st.sampled_from([math.nan, math.inf, -math.inf, 1e300])), max_size=3),
+    dtype=st.sampled_from(["<f8", "<f4", "<c16"]),
+)
+def test_all_finite_agrees_with_an_entrywise_scan(size: int, bad: list[tuple[int, float]], dtype: str) -> None:
+    values = np.random.default_rng(size).standard_normal(size).astype(dtype)
+    for index, value in bad:
+        if index < size:
+            with np.errstate(over="ignore"):  # 1e300: finite in f8 (its square overflows), infinite in f4
+                values[index] = value
+    assert all_finite(values) == bool(np.isfinite(values).all())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 
 import google_crc32c
@@ -117,6 +118,26 @@ def test_tensor_and_struct_helpers() -> None:
         "alpha": 0.5,
         "xs": [1, 2],
     }
+
+
+@pytest.mark.parametrize("dtype", ["<f8", "<c16", "<f4"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 499, 997, 999], ids=["first", "middle", "statistics", "last"])
+def test_a_non_finite_entry_anywhere_is_refused(dtype: str, bad: float, where: int) -> None:
+    vec = np.arange(1000.0).astype(dtype)
+    vec[where] = bad
+    asm = _assembler(norm_length=997, dtypes=(np.dtype(dtype),))  # the last 3 entries are statistics
+    with pytest.raises(WireError, match="NaN or infinite"):
+        for c in _chunks(vec):
+            asm.feed(c)
+
+
+def test_huge_finite_entries_are_accepted_though_their_squares_overflow() -> None:
+    vec = np.full(1000, 1e200)
+    asm = _assembler()
+    done = [m for c in _chunks(vec) if (m := asm.feed(c)) is not None]
+    assert len(done) == 1 and done[0].norm == math.inf
+    np.testing.assert_array_equal(done[0].vector, vec)
 
 
 def test_non_finite_values_and_repeated_headers_are_refused() -> None:
