@@ -1066,6 +1066,25 @@ def _format_wide(result: dict[str, Any]) -> str:
         "(CPU = seconds of CPU per iteration the master and all workers used, from /proc; CPU / cores = their sum"
     )
     lines.append(f" over this machine's {cores} cores: the iteration cannot be shorter while the processes share them)")
+    lines.append("")
+    lines.append(
+        "CPU per Compute call (ms): in the job (its CPU per iteration / n; every worker is called once) against one"
+    )
+    lines.append(" call made alone at the same p (the CPU-per-call stage above; its gradient is one sample's)")
+    lines.append(
+        f"{'n':>3} {'scheme':>8} {'path':>13} {'master job':>11} {'alone':>6} {'x':>5}"
+        f" {'worker job':>11} {'alone':>6} {'x':>5}"
+    )
+    for r in result["rows"]:
+        master, master_alone = r["job_call_cpu_master_s"], r["alone_call_cpu_master_s"]
+        worker, worker_alone = r["job_call_cpu_worker_s"], r["alone_call_cpu_worker_s"]
+        lines.append(
+            f"{r['n']:>3} {r['scheme']:>8} {r['path']:>13} {master * 1e3:>11.2f} {master_alone * 1e3:>6.2f}"
+            f" {master / master_alone:>5.1f} {worker * 1e3:>11.2f} {worker_alone * 1e3:>6.2f}"
+            f" {worker / worker_alone:>5.1f}"
+        )
+    lines.append("(x = job / alone: the cost of the same call when n + 1 processes share the cores: context switches")
+    lines.append(" between them and gRPC's threads, cold caches)")
     return "\n".join(lines)
 
 
@@ -1150,12 +1169,19 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     for row in wide["rows"]:
         one_transfer = transfer["shared"]["transport_s"] if row["path"] == "shared memory" else transfer["transport_s"]
         through_master = (row["n"] + row["used_workers"]) / 2 * one_transfer  # one transfer = 8p down + 8p up
+        alone = transfer["cpu_per_call"][row["path"]]
         row.update(
             {
                 "one_transfer_s": one_transfer,
                 "beyond_one_transfer_s": row["overhead_s"] - one_transfer,
                 "through_master_s": through_master,
                 "beyond_master_bytes_s": row["overhead_s"] - through_master,
+                # CPU per Compute inside the job (every worker is called once per iteration) against one call
+                # made alone at the same p: what n + 1 processes sharing the cores add to each call
+                "job_call_cpu_master_s": row["cpu_master_s"] / row["n"],
+                "job_call_cpu_worker_s": row["cpu_workers_s"] / row["n"],
+                "alone_call_cpu_master_s": alone["master_s"],
+                "alone_call_cpu_worker_s": alone["worker_s"],
             }
         )
     return {"streaming": stream_rows, "chunk_sweep": sweep, "tls": secure, "iteration": iteration, "wide": wide}
