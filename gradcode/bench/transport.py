@@ -976,6 +976,8 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
             f"{w[k] * 1e3:>7.2f} ({100 * w[k] / t:>4.0f}%)" for k in ("loopback_s", "grpc_s", "codec_s", "rest_s")
         )
         lines.append(f"{r['p']:>9} {parts}")
+    lines.append("(a negative rest: the bare gRPC call measured longer than gradcode's whole transport, as it can at")
+    lines.append(" small p, where a call's fixed cost dominates and varies run to run: the split does not apply there)")
     return "\n".join(lines)
 
 
