@@ -145,6 +145,8 @@ FULL_WIDE_CLUSTER = (16,)
 QUICK_WIDE_CLUSTER = (4,)
 """Workers of the wide-model overhead stage (the issue's n = 16, p = 1e5 target)."""
 CPU_BLOCKS = 4
+FULL_SHAPE_CALLS = 2000
+QUICK_SHAPE_CALLS = 200
 CPU_BLOCK_SECONDS = 0.15
 """The per-call CPU stage: blocks per path, and about how long one block of calls lasts."""
 RECV_PIECE = 4 * MiB
@@ -344,8 +346,22 @@ async def _serve_raw(connection: Any) -> None:
         for piece in pieces:
             yield piece
 
+    async def unary(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        return request
+
+    async def session(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request
+
     handler = grpc.method_handlers_generic_handler(
-        RAW_SERVICE, {"Exchange": grpc.unary_stream_rpc_method_handler(exchange)}
+        RAW_SERVICE,
+        {
+            "Exchange": grpc.unary_stream_rpc_method_handler(exchange),
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Session": grpc.stream_stream_rpc_method_handler(session),
+        },
     )
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
@@ -439,6 +455,14 @@ class LimitPeers:
                 raise RuntimeError(f"helper process {process.name} exited with status {process.exitcode}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"the helper processes did not start within {START_TIMEOUT:.0f} s")
+
+    @property
+    def raw_pid(self) -> int:
+        """The bare gRPC server's process id (for its CPU time)."""
+        pid = self._processes[0].pid
+        if pid is None:
+            raise RuntimeError("the bare gRPC server is not running")
+        return pid
 
     def exchange(self, outgoing: memoryview, incoming: memoryview) -> None:
         """Send ``outgoing`` to the echo peer and receive ``len(incoming)`` bytes back."""
@@ -607,6 +631,71 @@ async def _measure_sizes(
     finally:
         await worker_channel.close(None)
         await raw_channel.close(None)
+
+
+CALL_SHAPE_BYTES = 200
+"""About a Compute request or a shared-memory reply: job, iteration, rows, and a header or a trailer."""
+
+
+async def call_shapes(calls: int) -> dict[str, Any]:
+    """CPU and wall time per exchange of a small message with the bare gRPC server, by the shape of the call: a new
+    unary call, a new unary-stream call (Compute's shape, one reply), or one message each way on a long-lived
+    bidirectional stream. Blocks of calls alternate between the shapes; client CPU is this process's."""
+    message = bytes(CALL_SHAPE_BYTES)
+    with LimitPeers() as peers:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS) as channel:
+            unary = channel.unary_unary(f"/{RAW_SERVICE}/Unary", request_serializer=None, response_deserializer=None)
+            stream = channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
+            session = channel.stream_stream(
+                f"/{RAW_SERVICE}/Session", request_serializer=None, response_deserializer=None
+            )
+            request = struct.pack("<QQ", CALL_SHAPE_BYTES, CALL_SHAPE_BYTES) + message[16:]
+            outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+            async def requests() -> AsyncIterator[bytes]:
+                while (item := await outbox.get()) is not None:
+                    yield item
+
+            open_session = session(requests(), timeout=CALL_TIMEOUT)
+
+            async def new_unary() -> None:
+                await unary(message, timeout=CALL_TIMEOUT)
+
+            async def new_stream() -> None:
+                async for _ in stream(request, timeout=CALL_TIMEOUT):
+                    pass
+
+            async def on_session() -> None:
+                outbox.put_nowait(message)
+                if await open_session.read() is grpc.aio.EOF:
+                    raise RuntimeError("the bare gRPC session stream ended early")
+
+            shapes = {"new unary call": new_unary, "new unary-stream call": new_stream, "long-lived stream": on_session}
+            used = {name: [0.0, 0.0, 0.0] for name in shapes}  # client CPU, server CPU, wall
+            per_block = max(1, calls // CPU_BLOCKS)
+            for fn in shapes.values():  # warm up each shape once
+                await fn()
+            for _ in range(CPU_BLOCKS):
+                for name, fn in shapes.items():
+                    client, server, started = time.process_time(), cpu_seconds(peers.raw_pid), time.perf_counter()
+                    for _ in range(per_block):
+                        await fn()
+                    used[name][2] += time.perf_counter() - started
+                    used[name][1] += cpu_seconds(peers.raw_pid) - server
+                    used[name][0] += time.process_time() - client
+            outbox.put_nowait(None)
+            while await open_session.read() is not grpc.aio.EOF:
+                pass
+    total = CPU_BLOCKS * per_block
+    return {
+        "message_bytes": CALL_SHAPE_BYTES,
+        "calls": total,
+        "shapes": {
+            name: {"client_cpu_s": c / total, "server_cpu_s": sv / total, "wall_s": w / total}
+            for name, (c, sv, w) in used.items()
+        },
+        "load_average": load_average(),
+    }
 
 
 async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict[str, Any]]:
@@ -981,6 +1070,21 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _format_call_shapes(result: dict[str, Any]) -> str:
+    lines = [
+        f"gRPC call shapes: one {result['message_bytes']}-byte message each way with a bare server, per exchange "
+        f"({result['calls']} each, blocks alternated; load {_load(result)})",
+        f"{'':>22} {'client CPU us':>14} {'server CPU us':>14} {'wall us':>8}",
+    ]
+    for name, r in result["shapes"].items():
+        lines.append(
+            f"{name:>22} {r['client_cpu_s'] * 1e6:>14.0f} {r['server_cpu_s'] * 1e6:>14.0f} {r['wall_s'] * 1e6:>8.0f}"
+        )
+    lines.append("(a Compute is a new unary-stream call per worker per iteration; a long-lived stream per worker would")
+    lines.append(" pay the last row instead)")
+    return "\n".join(lines)
+
+
 def _format_chunks(sweep: dict[str, Any]) -> str:
     lines = [
         f"Chunk size at p = {sweep['p']} (worker's chunk_bytes; auto = chunk_bytes_for the message size, "
@@ -1161,6 +1265,7 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     iterations = QUICK_ITERATIONS if quick else FULL_ITERATIONS
     rtt_calls = QUICK_RTT_CALLS if quick else FULL_RTT_CALLS
     secure = await tls_overhead(QUICK_TLS_P if quick else FULL_TLS_P, repeats, logs)
+    shapes = await call_shapes(QUICK_SHAPE_CALLS if quick else FULL_SHAPE_CALLS)
     iteration = await iteration_overhead(
         QUICK_CLUSTER if quick else FULL_CLUSTER, iterations, rtt_calls, logs / "cluster"
     )
@@ -1186,7 +1291,14 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
                 "alone_call_cpu_worker_s": alone["worker_s"],
             }
         )
-    return {"streaming": stream_rows, "chunk_sweep": sweep, "tls": secure, "iteration": iteration, "wide": wide}
+    return {
+        "streaming": stream_rows,
+        "chunk_sweep": sweep,
+        "tls": secure,
+        "call_shapes": shapes,
+        "iteration": iteration,
+        "wide": wide,
+    }
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
@@ -1215,6 +1327,8 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     print(_format_chunks(stages["chunk_sweep"]))
     print()
     print(_format_tls(stages["tls"]))
+    print()
+    print(_format_call_shapes(stages["call_shapes"]))
     print()
     print(_format_iterations(stages["iteration"]))
     print()

@@ -116,4 +116,20 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
         assert _positive(row["cpu_master_s"]) and _positive(row["cpu_workers_s"])
         assert row["beyond_one_transfer_s"] == pytest.approx(row["overhead_s"] - one)
         assert row["through_master_s"] == pytest.approx((row["n"] + row["used_workers"]) / 2 * one)
+        alone = transfer["cpu_per_call"][row["path"]]  # each call inside the job against one made alone
+        assert row["job_call_cpu_master_s"] == pytest.approx(row["cpu_master_s"] / row["n"])
+        assert row["job_call_cpu_worker_s"] == pytest.approx(row["cpu_workers_s"] / row["n"])
+        assert (row["alone_call_cpu_master_s"], row["alone_call_cpu_worker_s"]) == (
+            alone["master_s"],
+            alone["worker_s"],
+        )
     assert "The wide model against the transfers" in printed
+    assert "CPU per Compute call (ms): in the job" in printed
+
+    shapes = results["call_shapes"]  # a new call per exchange against a message on a long-lived stream
+    assert shapes["message_bytes"] == transport.CALL_SHAPE_BYTES
+    assert set(shapes["shapes"]) == {"new unary call", "new unary-stream call", "long-lived stream"}
+    assert shapes["calls"] == transport.QUICK_SHAPE_CALLS // transport.CPU_BLOCKS * transport.CPU_BLOCKS
+    for shape in shapes["shapes"].values():  # /proc counts 10 ms ticks: a quick run's server may show none
+        assert _positive(shape["wall_s"]) and shape["client_cpu_s"] >= 0 and shape["server_cpu_s"] >= 0
+    assert "gRPC call shapes" in printed
