@@ -87,7 +87,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -145,8 +145,10 @@ FULL_WIDE_CLUSTER = (16,)
 QUICK_WIDE_CLUSTER = (4,)
 """Workers of the wide-model overhead stage (the issue's n = 16, p = 1e5 target)."""
 CPU_BLOCKS = 4
-FULL_SHAPE_CALLS = 2000
-QUICK_SHAPE_CALLS = 200
+FULL_SHAPE_ROUNDS = 1000
+QUICK_SHAPE_ROUNDS = 100
+FULL_SHAPE_SERVERS = (1, 16)
+QUICK_SHAPE_SERVERS = (1, 4)
 CPU_BLOCK_SECONDS = 0.15
 """The per-call CPU stage: blocks per path, and about how long one block of calls lasts."""
 RECV_PIECE = 4 * MiB
@@ -407,32 +409,33 @@ def _echo_peer(port: int) -> None:
 
 
 class LimitPeers:
-    """Two helper processes, alive together so their measurements interleave with the worker's calls.
+    """Helper processes, alive together so their measurements interleave with the worker's calls.
 
-    * a bare gRPC server (:data:`RAW_METHOD`): gRPC's own cost for the same bytes and chunks;
+    * ``raw_servers`` bare gRPC servers (:data:`RAW_METHOD`): gRPC's own cost for the same bytes and chunks;
     * a TCP echo peer: ``exchange`` sends n bytes over a plain socket and receives n bytes back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, raw_servers: int = 1) -> None:
         context = multiprocessing.get_context("spawn")
-        self._pipe, child_end = context.Pipe()
+        pipes = [context.Pipe() for _ in range(raw_servers)]
+        self._pipes = [ours for ours, _ in pipes]
+        self._child_ends = [theirs for _, theirs in pipes]
         self._server = socket.create_server(("127.0.0.1", 0))
-        self._processes = [
-            context.Process(target=_raw_peer, args=(child_end,), daemon=True),
-            context.Process(target=_echo_peer, args=(self._server.getsockname()[1],), daemon=True),
-        ]
-        self._child_end = child_end
+        self._raw = [context.Process(target=_raw_peer, args=(end,), daemon=True) for end in self._child_ends]
+        echo = context.Process(target=_echo_peer, args=(self._server.getsockname()[1],), daemon=True)
+        self._processes = [*self._raw, echo]
         self._socket: socket.socket | None = None
-        self.raw_port = 0
+        self.raw_ports: list[int] = []
 
     def __enter__(self) -> LimitPeers:
         try:
             for process in self._processes:
                 process.start()
             deadline = time.monotonic() + START_TIMEOUT
-            while not self._pipe.poll(0.05):
-                self._check_alive(deadline)
-            self.raw_port = int(self._pipe.recv())
+            for pipe in self._pipes:
+                while not pipe.poll(0.05):
+                    self._check_alive(deadline)
+                self.raw_ports.append(int(pipe.recv()))
             self._server.settimeout(0.05)
             while self._socket is None:
                 with contextlib.suppress(TimeoutError):
@@ -457,12 +460,17 @@ class LimitPeers:
             raise RuntimeError(f"the helper processes did not start within {START_TIMEOUT:.0f} s")
 
     @property
-    def raw_pid(self) -> int:
-        """The bare gRPC server's process id (for its CPU time)."""
-        pid = self._processes[0].pid
-        if pid is None:
-            raise RuntimeError("the bare gRPC server is not running")
-        return pid
+    def raw_port(self) -> int:
+        """The first bare gRPC server's port."""
+        return self.raw_ports[0]
+
+    @property
+    def raw_pids(self) -> list[int]:
+        """The bare gRPC servers' process ids (for their CPU time)."""
+        pids = [process.pid for process in self._raw]
+        if None in pids:
+            raise RuntimeError("the bare gRPC servers are not running")
+        return [pid for pid in pids if pid is not None]
 
     def exchange(self, outgoing: memoryview, incoming: memoryview) -> None:
         """Send ``outgoing`` to the echo peer and receive ``len(incoming)`` bytes back."""
@@ -477,8 +485,9 @@ class LimitPeers:
                 self._socket.sendall(struct.pack("<QQ", 0, 0))
             self._socket.close()
             self._socket = None
-        with contextlib.suppress(OSError):
-            self._pipe.send("stop")
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):
+                pipe.send("stop")
         for process in self._processes:
             if process.pid is not None:
                 process.join(timeout=10)
@@ -487,8 +496,8 @@ class LimitPeers:
                     process.join()
             process.close()
         self._processes = []
-        self._pipe.close()
-        self._child_end.close()
+        for connection in (*self._pipes, *self._child_ends):
+            connection.close()
         self._server.close()
 
 
@@ -637,59 +646,81 @@ CALL_SHAPE_BYTES = 200
 """About a Compute request or a shared-memory reply: job, iteration, rows, and a header or a trailer."""
 
 
-async def call_shapes(calls: int) -> dict[str, Any]:
-    """CPU and wall time per exchange of a small message with the bare gRPC server, by the shape of the call: a new
-    unary call, a new unary-stream call (Compute's shape, one reply), or one message each way on a long-lived
-    bidirectional stream. Blocks of calls alternate between the shapes; client CPU is this process's."""
+async def call_shapes(rounds: int, servers: int) -> dict[str, Any]:
+    """CPU and wall time of exchanging a small message with each of ``servers`` bare gRPC servers at once (one
+    round, as a master asks its workers), by the shape of the call: a new unary call, a new unary-stream call
+    (Compute's shape, one reply), or one message each way on a long-lived bidirectional stream per server.
+    Blocks of rounds alternate between the shapes; client CPU is this process's, server CPU all servers'."""
     message = bytes(CALL_SHAPE_BYTES)
-    with LimitPeers() as peers:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS) as channel:
-            unary = channel.unary_unary(f"/{RAW_SERVICE}/Unary", request_serializer=None, response_deserializer=None)
-            stream = channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
-            session = channel.stream_stream(
-                f"/{RAW_SERVICE}/Session", request_serializer=None, response_deserializer=None
-            )
-            request = struct.pack("<QQ", CALL_SHAPE_BYTES, CALL_SHAPE_BYTES) + message[16:]
-            outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+    request = struct.pack("<QQ", CALL_SHAPE_BYTES, CALL_SHAPE_BYTES) + message[16:]
+    with LimitPeers(servers) as peers:
+        async with contextlib.AsyncExitStack() as channels:
+            opened = [
+                await channels.enter_async_context(
+                    grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)
+                )
+                for port in peers.raw_ports
+            ]
+            unary = [
+                c.unary_unary(f"/{RAW_SERVICE}/Unary", request_serializer=None, response_deserializer=None)
+                for c in opened
+            ]
+            stream = [c.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None) for c in opened]
+            outboxes: list[asyncio.Queue[bytes | None]] = [asyncio.Queue() for _ in opened]
 
-            async def requests() -> AsyncIterator[bytes]:
+            async def requests(outbox: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
                 while (item := await outbox.get()) is not None:
                     yield item
 
-            open_session = session(requests(), timeout=CALL_TIMEOUT)
+            sessions = [
+                c.stream_stream(f"/{RAW_SERVICE}/Session", request_serializer=None, response_deserializer=None)(
+                    requests(outbox), timeout=CALL_TIMEOUT
+                )
+                for c, outbox in zip(opened, outboxes, strict=True)
+            ]
 
-            async def new_unary() -> None:
-                await unary(message, timeout=CALL_TIMEOUT)
+            async def new_unary(i: int) -> None:
+                await unary[i](message, timeout=CALL_TIMEOUT)
 
-            async def new_stream() -> None:
-                async for _ in stream(request, timeout=CALL_TIMEOUT):
+            async def new_stream(i: int) -> None:
+                async for _ in stream[i](request, timeout=CALL_TIMEOUT):
                     pass
 
-            async def on_session() -> None:
-                outbox.put_nowait(message)
-                if await open_session.read() is grpc.aio.EOF:
+            async def on_session(i: int) -> None:
+                outboxes[i].put_nowait(message)
+                if await sessions[i].read() is grpc.aio.EOF:
                     raise RuntimeError("the bare gRPC session stream ended early")
 
-            shapes = {"new unary call": new_unary, "new unary-stream call": new_stream, "long-lived stream": on_session}
+            shapes: dict[str, Callable[[int], Awaitable[None]]] = {
+                "new unary call": new_unary,
+                "new unary-stream call": new_stream,
+                "long-lived stream": on_session,
+            }
             used = {name: [0.0, 0.0, 0.0] for name in shapes}  # client CPU, server CPU, wall
-            per_block = max(1, calls // CPU_BLOCKS)
-            for fn in shapes.values():  # warm up each shape once
-                await fn()
+
+            def servers_cpu() -> float:
+                return sum(cpu_seconds(pid) for pid in peers.raw_pids)
+
+            per_block = max(1, rounds // CPU_BLOCKS)
+            for exchange in shapes.values():  # warm up each shape once
+                await asyncio.gather(*(exchange(i) for i in range(servers)))
             for _ in range(CPU_BLOCKS):
-                for name, fn in shapes.items():
-                    client, server, started = time.process_time(), cpu_seconds(peers.raw_pid), time.perf_counter()
+                for name, exchange in shapes.items():
+                    client, server, started = time.process_time(), servers_cpu(), time.perf_counter()
                     for _ in range(per_block):
-                        await fn()
+                        await asyncio.gather(*(exchange(i) for i in range(servers)))
                     used[name][2] += time.perf_counter() - started
-                    used[name][1] += cpu_seconds(peers.raw_pid) - server
+                    used[name][1] += servers_cpu() - server
                     used[name][0] += time.process_time() - client
-            outbox.put_nowait(None)
-            while await open_session.read() is not grpc.aio.EOF:
-                pass
+            for outbox, session in zip(outboxes, sessions, strict=True):
+                outbox.put_nowait(None)
+                while await session.read() is not grpc.aio.EOF:
+                    pass
     total = CPU_BLOCKS * per_block
     return {
         "message_bytes": CALL_SHAPE_BYTES,
-        "calls": total,
+        "servers": servers,
+        "rounds": total,
         "shapes": {
             name: {"client_cpu_s": c / total, "server_cpu_s": sv / total, "wall_s": w / total}
             for name, (c, sv, w) in used.items()
@@ -1070,18 +1101,20 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _format_call_shapes(result: dict[str, Any]) -> str:
+def _format_call_shapes(results: Sequence[dict[str, Any]]) -> str:
     lines = [
-        f"gRPC call shapes: one {result['message_bytes']}-byte message each way with a bare server, per exchange "
-        f"({result['calls']} each, blocks alternated; load {_load(result)})",
-        f"{'':>22} {'client CPU us':>14} {'server CPU us':>14} {'wall us':>8}",
+        f"gRPC call shapes: one {results[0]['message_bytes']}-byte message each way with each of n bare servers at"
+        " once (a round), per round; blocks of rounds alternated",
+        f"{'n':>3} {'':>22} {'client CPU us':>14} {'servers CPU us':>15} {'wall us':>8} {'load':>6}",
     ]
-    for name, r in result["shapes"].items():
-        lines.append(
-            f"{name:>22} {r['client_cpu_s'] * 1e6:>14.0f} {r['server_cpu_s'] * 1e6:>14.0f} {r['wall_s'] * 1e6:>8.0f}"
-        )
+    for result in results:
+        for name, r in result["shapes"].items():
+            lines.append(
+                f"{result['servers']:>3} {name:>22} {r['client_cpu_s'] * 1e6:>14.0f} {r['server_cpu_s'] * 1e6:>15.0f}"
+                f" {r['wall_s'] * 1e6:>8.0f} {result['load_average'][0]:>6.2f}"
+            )
     lines.append("(a Compute is a new unary-stream call per worker per iteration; a long-lived stream per worker would")
-    lines.append(" pay the last row instead)")
+    lines.append(" pay the last row of each n instead; n + 1 processes share this machine's cores)")
     return "\n".join(lines)
 
 
@@ -1265,7 +1298,10 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     iterations = QUICK_ITERATIONS if quick else FULL_ITERATIONS
     rtt_calls = QUICK_RTT_CALLS if quick else FULL_RTT_CALLS
     secure = await tls_overhead(QUICK_TLS_P if quick else FULL_TLS_P, repeats, logs)
-    shapes = await call_shapes(QUICK_SHAPE_CALLS if quick else FULL_SHAPE_CALLS)
+    shapes = [
+        await call_shapes(QUICK_SHAPE_ROUNDS if quick else FULL_SHAPE_ROUNDS, servers)
+        for servers in (QUICK_SHAPE_SERVERS if quick else FULL_SHAPE_SERVERS)
+    ]
     iteration = await iteration_overhead(
         QUICK_CLUSTER if quick else FULL_CLUSTER, iterations, rtt_calls, logs / "cluster"
     )

@@ -127,9 +127,11 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
     assert "CPU per Compute call (ms): in the job" in printed
 
     shapes = results["call_shapes"]  # a new call per exchange against a message on a long-lived stream
-    assert shapes["message_bytes"] == transport.CALL_SHAPE_BYTES
-    assert set(shapes["shapes"]) == {"new unary call", "new unary-stream call", "long-lived stream"}
-    assert shapes["calls"] == transport.QUICK_SHAPE_CALLS // transport.CPU_BLOCKS * transport.CPU_BLOCKS
-    for shape in shapes["shapes"].values():  # /proc counts 10 ms ticks: a quick run's server may show none
-        assert _positive(shape["wall_s"]) and shape["client_cpu_s"] >= 0 and shape["server_cpu_s"] >= 0
+    assert [result["servers"] for result in shapes] == list(transport.QUICK_SHAPE_SERVERS)
+    for result in shapes:
+        assert result["message_bytes"] == transport.CALL_SHAPE_BYTES
+        assert set(result["shapes"]) == {"new unary call", "new unary-stream call", "long-lived stream"}
+        assert result["rounds"] == transport.QUICK_SHAPE_ROUNDS // transport.CPU_BLOCKS * transport.CPU_BLOCKS
+        for shape in result["shapes"].values():  # /proc counts 10 ms ticks: a quick run's servers may show none
+            assert _positive(shape["wall_s"]) and shape["client_cpu_s"] >= 0 and shape["server_cpu_s"] >= 0
     assert "gRPC call shapes" in printed
