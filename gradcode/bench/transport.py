@@ -77,6 +77,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import math
 import multiprocessing
 import os
@@ -145,12 +146,13 @@ FULL_WIDE_CLUSTER = (16,)
 QUICK_WIDE_CLUSTER = (4,)
 """Workers of the wide-model overhead stage (the issue's n = 16, p = 1e5 target)."""
 CPU_BLOCKS = 4
+CPU_BLOCK_SECONDS = 0.15
+"""The per-call CPU stage: blocks per path, and about how long one block of calls lasts."""
 FULL_SHAPE_ROUNDS = 1000
 QUICK_SHAPE_ROUNDS = 100
 FULL_SHAPE_SERVERS = (1, 16)
 QUICK_SHAPE_SERVERS = (1, 4)
-CPU_BLOCK_SECONDS = 0.15
-"""The per-call CPU stage: blocks per path, and about how long one block of calls lasts."""
+"""The call-shape stage: rounds per shape, and how many bare servers each round asks at once."""
 RECV_PIECE = 4 * MiB
 CALL_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
@@ -467,10 +469,10 @@ class LimitPeers:
     @property
     def raw_pids(self) -> list[int]:
         """The bare gRPC servers' process ids (for their CPU time)."""
-        pids = [process.pid for process in self._raw]
-        if None in pids:
+        pids = [process.pid for process in self._raw if process.pid is not None]
+        if len(pids) < len(self._raw):
             raise RuntimeError("the bare gRPC servers are not running")
-        return [pid for pid in pids if pid is not None]
+        return pids
 
     def exchange(self, outgoing: memoryview, incoming: memoryview) -> None:
         """Send ``outgoing`` to the echo peer and receive ``len(incoming)`` bytes back."""
@@ -548,25 +550,46 @@ def codec_times(p: int, repeats: int, chunk_bytes: int | None = None) -> dict[st
     }
 
 
+async def _cpu_in_blocks(
+    variants: dict[str, Callable[[], Awaitable[object]]], per_block: int, peers: Sequence[int]
+) -> dict[str, dict[str, float]]:
+    """Per variant and per run of it: CPU seconds of this process (``own_s``), of the ``peers`` processes together
+    (``peers_s``), and wall seconds. Runs go in blocks of ``per_block`` alternating between the variants
+    (A, B, A, B, :data:`CPU_BLOCKS` rounds), enough that /proc's 10 ms ticks blur little."""
+    used = {name: [0.0, 0.0, 0.0] for name in variants}
+
+    def peers_cpu() -> float:
+        return sum(cpu_seconds(pid) for pid in peers)
+
+    for _ in range(CPU_BLOCKS):
+        for name, run in variants.items():
+            own, others, started = time.process_time(), peers_cpu(), time.perf_counter()
+            for _ in range(per_block):
+                await run()
+            used[name][0] += time.process_time() - own
+            used[name][1] += peers_cpu() - others
+            used[name][2] += time.perf_counter() - started
+    runs = CPU_BLOCKS * per_block
+    return {
+        name: {"own_s": a / runs, "peers_s": b / runs, "wall_s": w / runs, "runs": runs}
+        for name, (a, b, w) in used.items()
+    }
+
+
 async def _call_cpu(
     compute: Any, jobs: dict[str, tuple[str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
 ) -> dict[str, dict[str, float]]:
-    """CPU seconds one Compute call costs the worker process and this (the master's) process, per path: calls in
-    blocks alternating between the paths, enough that /proc's 10 ms ticks blur little; iterations from ``first``."""
+    """CPU seconds one Compute call costs the worker process and this (the master's) process, per path
+    (:func:`_cpu_in_blocks`); iterations from ``first``, a new one for every call."""
     estimate = (await _compute_call(compute, next(iter(jobs.values()))[0], first, params)).total
     per_block = max(2, min(15, round(CPU_BLOCK_SECONDS / max(estimate, 1e-4))))
-    used = {path: [0.0, 0.0] for path in jobs}
-    iteration = first + 1
-    for _ in range(CPU_BLOCKS):
-        for path, (job_id, shared) in jobs.items():
-            worker, master = cpu_seconds(worker_pid), time.process_time()
-            for _ in range(per_block):
-                await _compute_call(compute, job_id, iteration, params, shared)
-                iteration += 1
-            used[path][0] += cpu_seconds(worker_pid) - worker
-            used[path][1] += time.process_time() - master
-    calls = CPU_BLOCKS * per_block
-    return {path: {"worker_s": w / calls, "master_s": m / calls, "calls": calls} for path, (w, m) in used.items()}
+    iterations = itertools.count(first + 1)
+
+    def call(job_id: str, shared: SharedDirectory | None) -> Callable[[], Awaitable[object]]:
+        return lambda: _compute_call(compute, job_id, next(iterations), params, shared)
+
+    used = await _cpu_in_blocks({path: call(*job) for path, job in jobs.items()}, per_block, [worker_pid])
+    return {path: {"worker_s": u["peers_s"], "master_s": u["own_s"], "calls": u["runs"]} for path, u in used.items()}
 
 
 async def _measure_sizes(
@@ -696,34 +719,25 @@ async def call_shapes(rounds: int, servers: int) -> dict[str, Any]:
                 "new unary-stream call": new_stream,
                 "long-lived stream": on_session,
             }
-            used = {name: [0.0, 0.0, 0.0] for name in shapes}  # client CPU, server CPU, wall
 
-            def servers_cpu() -> float:
-                return sum(cpu_seconds(pid) for pid in peers.raw_pids)
+            def round_of(exchange: Callable[[int], Awaitable[None]]) -> Callable[[], Awaitable[object]]:
+                return lambda: asyncio.gather(*(exchange(i) for i in range(servers)))
 
-            per_block = max(1, rounds // CPU_BLOCKS)
-            for exchange in shapes.values():  # warm up each shape once
-                await asyncio.gather(*(exchange(i) for i in range(servers)))
-            for _ in range(CPU_BLOCKS):
-                for name, exchange in shapes.items():
-                    client, server, started = time.process_time(), servers_cpu(), time.perf_counter()
-                    for _ in range(per_block):
-                        await asyncio.gather(*(exchange(i) for i in range(servers)))
-                    used[name][2] += time.perf_counter() - started
-                    used[name][1] += servers_cpu() - server
-                    used[name][0] += time.process_time() - client
+            rounds_of = {name: round_of(exchange) for name, exchange in shapes.items()}
+            for run in rounds_of.values():  # warm up each shape once
+                await run()
+            used = await _cpu_in_blocks(rounds_of, max(1, rounds // CPU_BLOCKS), peers.raw_pids)
             for outbox, session in zip(outboxes, sessions, strict=True):
                 outbox.put_nowait(None)
                 while await session.read() is not grpc.aio.EOF:
                     pass
-    total = CPU_BLOCKS * per_block
     return {
         "message_bytes": CALL_SHAPE_BYTES,
         "servers": servers,
-        "rounds": total,
+        "rounds": next(iter(used.values()))["runs"],
         "shapes": {
-            name: {"client_cpu_s": c / total, "server_cpu_s": sv / total, "wall_s": w / total}
-            for name, (c, sv, w) in used.items()
+            name: {"client_cpu_s": u["own_s"], "server_cpu_s": u["peers_s"], "wall_s": u["wall_s"]}
+            for name, u in used.items()
         },
         "load_average": load_average(),
     }
