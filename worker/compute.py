@@ -21,7 +21,6 @@ score), so every message carries the coded training statistics too and is
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -218,8 +217,6 @@ class IterationComputation:
         self.on_partition = on_partition
         self.partials: dict[int, Array] = {}
         self._cancel_counted = False
-        self.message_seconds = math.nan
-        """Wall seconds the last :meth:`message` call took (NaN before the first)."""
 
     def partial(self, partition: int) -> Array:
         """$g_j$: the summed gradient over ``partition``, with its loss and score appended when the job
@@ -254,8 +251,8 @@ class IterationComputation:
         out = np.zeros(self.job.message_length, dtype=acc_dtype)
         for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
             out += c * self.partial(partition)
-        self.message_seconds = time.perf_counter() - started
-        return out.astype(self.job.row_dtype(row), copy=False), self.message_seconds
+        seconds = time.perf_counter() - started
+        return out.astype(self.job.row_dtype(row), copy=False), seconds
 
     def magnitude(self, row: int) -> float:
         r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error

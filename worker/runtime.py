@@ -44,7 +44,7 @@ PartitionObserver = Callable[[str, int, int], None]
 event loop for a computation run inline (never a job's first)."""
 
 INLINE_MESSAGE_SECONDS = 0.002
-"""A leaf whose previous message took less than this computes the next one on the event loop, not in a thread.
+"""A job whose previous message took less than this computes the next one on the event loop, not in a thread.
 The hop to a thread and back (executor queue, two wake-ups, the loop's self-pipe) cost 0.4 ms of CPU per
 Compute on 2 cores at n = 16, p = 1e5, more than such a gradient; blocking the loop for under 2 ms delays
 nothing the worker serves (health checks, cancellations, other jobs' calls) by more than that."""
@@ -163,11 +163,10 @@ class JobRuntime:
         """Row ``row``'s message (:meth:`IterationComputation.message`): on the event loop when this job's last
         one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread."""
         if self.message_seconds < INLINE_MESSAGE_SECONDS:
-            result = computation.message(row)
+            vector, self.message_seconds = computation.message(row)
         else:
-            result = await asyncio.to_thread(computation.message, row)
-        self.message_seconds = computation.message_seconds
-        return result
+            vector, self.message_seconds = await asyncio.to_thread(computation.message, row)
+        return vector, self.message_seconds
 
     async def _parent_messages(
         self,
