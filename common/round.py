@@ -39,8 +39,15 @@ import numpy as np
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
+from gradcode.common.session import CallError
 from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
+from gradcode.common.wire import (
+    CompletedMessage,
+    MessageAssembler,
+    ReceivedChunk,
+    WireError,
+    children_lost_from_metadata,
+)
 from gradcode.v1 import worker_pb2
 
 __all__ = [
@@ -67,9 +74,9 @@ def decode_tolerance(dtype: np.dtype[Any] | type) -> float:
 
 
 class ChunkStream(Protocol):
-    """A server-streaming call yielding GradientChunks (``grpc.aio.UnaryStreamCall`` fits)."""
+    """One Compute's chunks (a :class:`~gradcode.common.session.SessionCompute`; a Compute call fits too)."""
 
-    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk]: ...
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]: ...
 
     def cancel(self) -> bool: ...
 
@@ -107,6 +114,8 @@ class WorkerFailure:
         if isinstance(exc, grpc.aio.AioRpcError):
             lost = children_lost_from_metadata(exc.trailing_metadata())
             return cls(details=str(exc.details()), status=exc.code(), children_lost=lost)
+        if isinstance(exc, CallError):
+            return cls(details=exc.details, status=exc.code, children_lost=exc.children_lost)
         return cls(details=str(exc), error=type(exc).__name__)
 
     @classmethod

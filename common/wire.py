@@ -52,6 +52,7 @@ __all__ = [
     "MAX_CHUNK_BYTES",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
+    "SESSION_METHOD",
     "CompletedMessage",
     "MessageAssembler",
     "ReceivedChunk",
@@ -87,6 +88,7 @@ CHUNKS_PER_MESSAGE = 4
 """A large message is cut into about this many chunks: enough to overlap the sender's serialization,
 the transfer and the receiver's assembly, few enough that per-message costs stay small."""
 COMPUTE_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Compute"
+SESSION_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Session"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -302,6 +304,8 @@ def message_chunk_bytes(
     chunk_bytes: int | None = None,
     magnitude: float = math.nan,
     shared: Callable[[Array], bool] | None = None,
+    request_id: int = 0,
+    final: bool = False,
 ) -> Iterator[bytes]:
     r"""One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
@@ -314,6 +318,9 @@ def message_chunk_bytes(
     ``shared`` hands the payload (little-endian, contiguous) to the receiver's shared-memory directory
     (:mod:`gradcode.common.shared_memory`); when it returns True the message is one chunk with
     ``shared_payload`` set and no data, else (the write failed) it travels inline as usual.
+    ``request_id`` tags every chunk with the Session request it answers (0: a Compute call); ``final`` (the
+    request's last message) also marks its last chunk with the request's OK status, which saves the Session
+    a message.
     """
     v = np.ascontiguousarray(vector)
     wire = dtype_to_wire(v.dtype)
@@ -329,7 +336,12 @@ def message_chunk_bytes(
     view = payload.view(np.uint8).data if total else memoryview(b"")
     for start in starts:
         meta = worker_pb2.GradientChunk(
-            job_id=job_id, iteration=iteration, worker_id=worker_id, row=row, offset=start // itemsize
+            job_id=job_id,
+            iteration=iteration,
+            worker_id=worker_id,
+            row=row,
+            offset=start // itemsize,
+            request_id=request_id,
         )
         if start == 0:
             meta.header.dtype = wire  # type: ignore[assignment]
@@ -344,6 +356,8 @@ def message_chunk_bytes(
             meta.trailer.children_lost.extend(children_lost)
             if math.isfinite(magnitude):
                 meta.trailer.magnitude = magnitude
+            if final and request_id:
+                meta.status.code = 0  # present, OK: the request's last chunk
         piece = view[start : start + step]
         if len(piece) and not in_file:
             yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
@@ -387,12 +401,24 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+SMALL_CHUNK_BYTES = 4096
+"""Chunks up to this size are parsed whole by protobuf (the field walk in Python costs ~50 µs a chunk)."""
+
+
 def parse_chunk(raw: bytes) -> ReceivedChunk:
     """Response deserializer of Worker.Compute: protobuf parses the metadata, ``data`` stays a view of ``raw``.
 
     Walks the top-level fields (a handful per chunk); a repeated ``data`` field keeps the last one,
-    as protobuf does. Raises :class:`WireError` (or protobuf's DecodeError) on malformed input.
+    as protobuf does. A chunk of at most :data:`SMALL_CHUNK_BYTES` (a shared-memory message's header and
+    trailer, a Session status) is parsed by protobuf whole: copying its little data costs less than the walk.
+    Raises :class:`WireError` (or protobuf's DecodeError) on malformed input.
     """
+    if len(raw) <= SMALL_CHUNK_BYTES:
+        meta = worker_pb2.GradientChunk.FromString(raw)
+        small = meta.data
+        if small:
+            meta.ClearField("data")
+        return ReceivedChunk(meta=meta, data=memoryview(small))
     pos, size = 0, len(raw)
     data = memoryview(b"")
     spans: list[tuple[int, int]] = []

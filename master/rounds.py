@@ -155,12 +155,11 @@ class RoundPolicy:
         self._reload(sorted(lost))
 
     def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest) -> Source:
-        """Worker ``w``'s Compute call: its own fields serialized, followed by the iteration's model fields."""
+        """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields."""
         head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows)
         body, shared = model.fields(shared=w in self.loader.shared_workers)
-        request = head.SerializeToString() + body
         worker = self.loader.workers[w]
-        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(request), shared=shared)
+        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared)
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""

@@ -140,6 +140,7 @@ class WorkerNode(ServiceNode):
             self._registration.add_done_callback(self._on_registration_done)
 
     async def _before_stop(self) -> None:
+        self.servicer.drain()
         if self._registration is not None:
             self._registration.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -46,6 +46,7 @@ from gradcode.common.exceptions import (
 )
 from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
+from gradcode.common.session import serve_session, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import array_from_tensor, children_lost_metadata, message_chunk_bytes, serialize_chunk
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -106,6 +107,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Bytes budgeted to the LoadJob streams under way, by stream."""
         self._budget_bound: dict[int, bool] = {}
         """Whether the worker-wide budget (not the per-job cap) bounds a LoadJob stream under way."""
+        self.closing = asyncio.Event()
+        """Set by :meth:`drain`: Sessions stop taking requests."""
 
     def _budget(self, replacing: str) -> tuple[int, int]:
         """(bytes still free for one more job, other jobs held or loading) under the worker-wide limits.
@@ -203,13 +206,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             )  # fmt: skip
         return runtime
 
-    # ---- Compute -------------------------------------------------------------------------------
+    # ---- Compute and Session ---------------------------------------------------------------------
     @grpc_errors
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_bytes`); register the servicer
         with :func:`add_worker_service`, whose Compute sends them as they are."""
+        try:
+            async for chunk in self._compute(request):
+                yield chunk
+        except ChildrenUnavailableError as exc:  # the master reloads the children that lost the job
+            context.set_trailing_metadata(children_lost_metadata(exc.children_lost))
+            raise
+
+    async def Session(  # noqa: N802 - proto name
+        self,
+        requests: AsyncIterator[worker_pb2.ComputeRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
+        Compute would answer it, its chunks tagged with its ``request_id``, then its status."""
+        await serve_session(requests, context.write, self._compute, self.closing)
+
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+        """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
+        (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
         runtime = self._runtime(request.job_id)
         job = runtime.job
@@ -253,22 +275,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         flag = runtime.begin(iteration)
         try:
+            sent = 0
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
+                sent += 1
+                final = sent == len(rows)
                 for chunk in message_chunk_bytes(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
-                    chunk_bytes=self.chunk_bytes, magnitude=m.magnitude,
+                    chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
                     shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
                 ):  # fmt: skip
                     metrics.BYTES_SENT.inc(len(chunk))
                     yield chunk
+            if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
+                yield status_chunk(request.request_id, grpc.StatusCode.OK)
             job.stats.add(iterations_completed=1)
             metrics.COMPUTES_SERVED.inc()
-        except ChildrenUnavailableError as exc:  # the master reloads the children that lost the job
-            context.set_trailing_metadata(children_lost_metadata(exc.children_lost))
-            raise
         except ComputeCancelledError:
             metrics.COMPUTES_CANCELLED.inc()
             raise AbortedError(
@@ -307,6 +331,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.HelloReply:
         """Which process answers at this address: the master admits a registration only where it matches."""
         return worker_pb2.HelloReply(instance_id=self.instance_id)
+
+    def drain(self) -> None:
+        """The node is shutting down: sessions take no new request, finish the running ones and end."""
+        self.closing.set()
 
     async def close(self) -> None:
         """Stop every computation and close the children's channels (on node shutdown)."""
@@ -350,9 +378,12 @@ def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> Non
     serialized chunks it yields as they are (:func:`~gradcode.common.wire.serialize_chunk`)."""
     recorder = _HandlerRecorder()
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
-    compute = recorder.handlers["Compute"]
+    compute, session = recorder.handlers["Compute"], recorder.handlers["Session"]
     recorder.handlers["Compute"] = grpc.unary_stream_rpc_method_handler(
         compute.unary_stream, request_deserializer=compute.request_deserializer, response_serializer=serialize_chunk
+    )
+    recorder.handlers["Session"] = grpc.stream_stream_rpc_method_handler(
+        session.stream_stream, request_deserializer=session.request_deserializer, response_serializer=serialize_chunk
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(recorder.service, recorder.handlers),))
     server.add_registered_method_handlers(recorder.service, recorder.handlers)

@@ -42,10 +42,11 @@ class RestartsThenHangs(WorkerServicer):
             await asyncio.Event().wait()  # until the caller gives up
         return await super().LoadJob(request_iterator, context)
 
-    async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+        """What both Compute and Session run for a request."""
         if request.iteration >= 3 and request.job_id in self.jobs:
             await self.jobs.pop(request.job_id).retire()
-        async for chunk in super().Compute(request, context):
+        async for chunk in super()._compute(request):
             yield chunk
 
 

@@ -155,20 +155,24 @@ class LoadJobReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model")
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     SHARED_MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
     model: _common_pb2.Tensor
     rows: _containers.RepeatedScalarFieldContainer[int]
     shared_model: SharedModel
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ...) -> None: ...
+    request_id: int
+    cancel: bool
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class SharedModel(_message.Message):
     __slots__ = ("length", "crc32c")
@@ -205,7 +209,7 @@ class MessageTrailer(_message.Message):
     def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload")
+    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +219,8 @@ class GradientChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAILER_FIELD_NUMBER: _ClassVar[int]
     SHARED_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -224,7 +230,19 @@ class GradientChunk(_message.Message):
     data: bytes
     trailer: MessageTrailer
     shared_payload: bool
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ..., shared_payload: _Optional[bool] = ...) -> None: ...
+    request_id: int
+    status: CallStatus
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ..., shared_payload: _Optional[bool] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
+
+class CallStatus(_message.Message):
+    __slots__ = ("code", "details", "children_lost")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_LOST_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    children_lost: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., children_lost: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EndJobRequest(_message.Message):
     __slots__ = ("job_id",)

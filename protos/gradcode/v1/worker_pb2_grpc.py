@@ -44,6 +44,11 @@ class WorkerStub:
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/gradcode.v1.Worker/Session',
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
+                _registered_method=True)
         self.EndJob = channel.unary_unary(
                 '/gradcode.v1.Worker/EndJob',
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
@@ -76,6 +81,17 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Many Computes on one long-lived stream (what the master uses: a new call per iteration costs
+        more CPU than a p = 1e5 gradient). Each ComputeRequest with a new `request_id` starts one; its
+        GradientChunks come back tagged with that id, the last one with `status` set: how it ended (the
+        status the same Compute call would have ended with). A request with `cancel` set stops the
+        computation of its `request_id`. Closing the stream cancels every request still running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EndJob(self, request, context):
         """Forget a job and free its data.
         """
@@ -100,6 +116,11 @@ def add_WorkerServicer_to_server(servicer, server):
             ),
             'Compute': grpc.unary_stream_rpc_method_handler(
                     servicer.Compute,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.SerializeToString,
             ),
@@ -166,6 +187,33 @@ class Worker:
             request,
             target,
             '/gradcode.v1.Worker/Compute',
+            gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gradcode.v1.Worker/Session',
             gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
             gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
             options,
