@@ -1,0 +1,201 @@
+"""Worker.Session on a real grpc.aio server on loopback: many Computes on one stream, in-band statuses,
+cancellation, a draining worker, and request ids (the caller's end is :class:`gradcode.common.session.Session`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Array, GradientCode
+from gradcode.common.models import message_length
+from gradcode.common.round import ChunkStream, WorkerFailure
+from gradcode.common.session import CallError, Session
+from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, parse_chunk
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from tests.helpers import fixed_delay
+from tests.worker.conftest import (
+    TOLERANCE,
+    ServedWorker,
+    data_for,
+    expected_message,
+    job_setup,
+    load_chunks,
+    make_partitions,
+    random_params,
+    softmax_model,
+)
+
+TEST_TIMEOUT = 10.0
+
+
+@pytest.fixture
+async def channel(served_worker: ServedWorker) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(served_worker.address, options=CHANNEL_OPTIONS) as channel:
+        yield channel
+
+
+async def _load(channel: grpc.aio.Channel, setup: worker_pb2.JobSetup, data: list[worker_pb2.PartitionData]) -> None:
+    stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+
+    async def chunks() -> AsyncIterator[worker_pb2.LoadJobChunk]:
+        for chunk in load_chunks(setup, data):
+            yield chunk
+
+    await stub.LoadJob(chunks())
+
+
+def _head(job_id: str, worker: int, rows: tuple[int, ...], iteration: int) -> worker_pb2.ComputeRequest:
+    return worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=worker, rows=list(rows))
+
+
+async def _messages(stream: ChunkStream, head: worker_pb2.ComputeRequest) -> dict[int, Array]:
+    """Reassemble (and validate) the messages of one request."""
+    assembler = MessageAssembler(
+        job_id=head.job_id, iteration=head.iteration, worker_id=head.worker_id, rows=tuple(head.rows),
+        length=message_length(softmax_model(), statistics=False), dtypes=(np.dtype("<f8"),),
+    )  # fmt: skip
+    messages: dict[int, Array] = {}
+    async for chunk in stream:
+        done = assembler.feed(chunk)
+        if done is not None:
+            messages[done.row] = done.vector
+    assert assembler.complete
+    return messages
+
+
+def _assert_close(got: Array, want: Array) -> None:
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE * np.abs(want).max())
+
+
+async def _wait_until(predicate: Any) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+async def test_requests_of_two_jobs_on_one_session_each_get_their_own_messages(channel: grpc.aio.Channel) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        codes: dict[str, GradientCode] = {"a": make_code("cyclic", n=3, s=1), "b": make_code("uncoded", n=2)}
+        partitions = make_partitions(3)
+        for job_id, code in codes.items():
+            await _load(channel, job_setup(code, 1, job_id=job_id), data_for(code, 1, partitions))
+        session = Session(channel)
+        try:
+            for iteration in range(3):
+                theta = random_params(seed=iteration)
+                heads = {j: _head(j, 1, codes[j].static_assignment().rows[1], iteration) for j in codes}
+                streams = {j: session.compute(heads[j], model_request_bytes(theta)) for j in codes}
+                got = await asyncio.gather(*(_messages(streams[j], heads[j]) for j in codes))
+                for (job_id, code), messages in zip(codes.items(), got, strict=True):
+                    assert sorted(messages) == sorted(heads[job_id].rows)
+                    for row, vector in messages.items():
+                        _assert_close(vector, expected_message(code, row, theta, partitions))
+            assert not session.broken
+        finally:
+            session.close()
+
+
+async def test_a_refusal_ends_only_its_request_with_the_status_a_compute_call_would_have(
+    channel: grpc.aio.Channel,
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(code, 0), data_for(code, 0, partitions))
+        session = Session(channel)
+        try:
+            theta = random_params()
+            with pytest.raises(CallError) as unknown:
+                await _messages(
+                    session.compute(_head("nope", 0, (0,), 0), model_request_bytes(theta)), _head("", 0, (), 0)
+                )
+            failure = WorkerFailure.from_exception(unknown.value)
+            assert failure.status is grpc.StatusCode.NOT_FOUND and "Unknown job" in failure.details
+            stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.aio.AioRpcError) as call:  # the same request as a Compute call
+                async for _ in stub.Compute(_head("nope", 0, (0,), 0)):
+                    pass
+            assert call.value.code() is failure.status and call.value.details() == failure.details
+
+            with pytest.raises(CallError) as wrong_row:
+                await _messages(
+                    session.compute(_head("job", 0, (2,), 0), model_request_bytes(theta)), _head("", 0, (), 0)
+                )
+            assert (
+                wrong_row.value.code is grpc.StatusCode.INVALID_ARGUMENT
+                and "Compute refused" in wrong_row.value.details
+            )
+
+            head = _head("job", 0, code.static_assignment().rows[0], 1)  # the stream still serves
+            messages = await _messages(session.compute(head, model_request_bytes(theta)), head)
+            for row, vector in messages.items():
+                _assert_close(vector, expected_message(code, row, theta, partitions))
+            assert not session.broken
+        finally:
+            session.close()
+
+
+async def test_cancel_reaches_the_worker_and_wakes_its_straggler_sleep(
+    channel: grpc.aio.Channel, served_worker: ServedWorker
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        await _load(channel, job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
+        runtime = served_worker.servicer.jobs["job"]
+        session = Session(channel)
+        try:
+            stream = session.compute(_head("job", 0, (0,), 0), model_request_bytes(random_params()))
+            reader = asyncio.create_task(_messages(stream, _head("job", 0, (0,), 0)))
+            await _wait_until(lambda: 0 in runtime.active)  # sleeping now
+            assert stream.cancel() and not stream.cancel()  # once
+            await _wait_until(lambda: runtime.job.stats.calls_cancelled == 1)  # the 60 s sleep ended at once
+            assert not runtime.active and runtime.job.stats.partitions_computed == 0
+            reader.cancel()
+            assert not session.broken
+        finally:
+            session.close()
+
+
+async def test_a_draining_worker_finishes_what_runs_then_ends_the_session(
+    channel: grpc.aio.Channel, served_worker: ServedWorker
+) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(code, 0, straggler=fixed_delay(0.3)), data_for(code, 0, partitions))
+        session = Session(channel)
+        try:
+            theta = random_params()
+            head = _head("job", 0, (0,), 0)
+            running = asyncio.create_task(_messages(session.compute(head, model_request_bytes(theta)), head))
+            await _wait_until(lambda: 0 in served_worker.servicer.jobs["job"].active)
+            served_worker.servicer.drain()
+            _assert_close((await running)[0], expected_message(code, 0, theta, partitions))  # it finished
+            await _wait_until(lambda: session.broken)
+            with pytest.raises(CallError) as ended:
+                await _messages(session.compute(_head("job", 0, (0,), 1), model_request_bytes(theta)), head)
+            assert ended.value.code is grpc.StatusCode.UNAVAILABLE
+        finally:
+            session.close()
+
+
+async def test_request_ids_must_be_new_and_not_zero(channel: grpc.aio.Channel) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        code = make_code("cyclic", n=3, s=1)
+        await _load(channel, job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
+        call = channel.stream_stream("/gradcode.v1.Worker/Session", response_deserializer=parse_chunk)()
+        request = _head("job", 0, (0,), 0)
+        request.MergeFromString(model_request_bytes(random_params()))
+        for request_id in (0, 5, 5):  # the first 5 sleeps 60 s, so the second is a duplicate
+            request.request_id = request_id
+            await call.write(request.SerializeToString())
+        statuses = [(await call.read()).meta for _ in range(2)]
+        invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert [(s.request_id, s.status.code) for s in statuses] == [(0, invalid), (5, invalid)]
+        assert all("give each request a new id" in s.status.details for s in statuses)
+        call.cancel()
