@@ -103,6 +103,7 @@ from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.security import Security
 from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
+from gradcode.common.session import Session
 from gradcode.common.shared_memory import DEFAULT_ROOT, SharedDirectory
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
@@ -110,7 +111,6 @@ from gradcode.common.wire import (
     MessageAssembler,
     array_from_tensor,
     chunk_bytes_for,
-    compute_stream,
     message_chunk_bytes,
     model_request_bytes,
     parse_chunk,
@@ -238,29 +238,30 @@ class CallTiming(NamedTuple):
 
 
 async def _compute_call(
-    compute: Any, job_id: str, iteration: int, params: Any, shared: SharedDirectory | None = None
+    session: Session, job_id: str, iteration: int, params: Any, shared: SharedDirectory | None = None
 ) -> CallTiming:
-    """One Compute as the master makes it, timed; with ``shared``, through that shared-memory directory (the
-    worker accepted it when the job was loaded)."""
+    """One Compute as the master makes it (a request on the worker's Session), timed; with ``shared``, through
+    that shared-memory directory (the worker accepted it when the job was loaded)."""
     p = len(params)
     started = time.perf_counter()
     head = worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=0, rows=[0])
     if shared is None:
-        request = head.SerializeToString() + model_request_bytes(params)  # as the master sends it
+        body = model_request_bytes(params)  # as the master sends it
         reader = None
     else:
         head.shared_model.CopyFrom(shared.write_model(params))
-        request = head.SerializeToString()
+        body = b""
         reader = functools.partial(shared.read_message, 0)
     assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p, shared=reader)
     done = None
     count = 0
     first = 0.0
-    async for chunk in compute(request, timeout=CALL_TIMEOUT):
-        if not count:
-            first = time.perf_counter() - started
-        count += 1
-        done = assembler.feed(chunk) or done
+    async with asyncio.timeout(CALL_TIMEOUT):
+        async for chunk in session.compute(head, body):
+            if not count:
+                first = time.perf_counter() - started
+            count += 1
+            done = assembler.feed(chunk) or done
     elapsed = time.perf_counter() - started
     if done is None or not assembler.complete:
         raise RuntimeError(f"Compute for p={p} ended without a complete message.")
@@ -297,12 +298,14 @@ async def _timed_calls(channels: Sequence[grpc.aio.Channel], p: int, repeats: in
         await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
     params = np.random.default_rng(0).standard_normal(p)
     calls: list[list[CallTiming]] = [[] for _ in stubs]
-    computes = [compute_stream(channel) for channel in channels]
+    computes = [Session(channel) for channel in channels]
     for iteration in range(1, WARMUP_CALLS + repeats + 1):
         for compute, record in zip(computes, calls, strict=True):
             result = await _compute_call(compute, job_id, iteration, params)
             if iteration > WARMUP_CALLS:
                 record.append(result)
+    for session in computes:
+        session.close()
     for stub in stubs:
         await stub.EndJob(worker_pb2.EndJobRequest(job_id=job_id), timeout=CALL_TIMEOUT)
     return calls
@@ -577,7 +580,7 @@ async def _cpu_in_blocks(
 
 
 async def _call_cpu(
-    compute: Any, jobs: dict[str, tuple[str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
+    compute: Session, jobs: dict[str, tuple[str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
 ) -> dict[str, dict[str, float]]:
     """CPU seconds one Compute call costs the worker process and this (the master's) process, per path
     (:func:`_cpu_in_blocks`); iterations from ``first``, a new one for every call."""
@@ -602,7 +605,7 @@ async def _measure_sizes(
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
     try:
         stub = worker_pb2_grpc.WorkerStub(worker_channel)  # type: ignore[no-untyped-call]
-        compute = compute_stream(worker_channel)
+        compute = Session(worker_channel)
         raw = raw_channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
         rows = []
         for p in sizes:
