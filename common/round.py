@@ -29,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import numpy as np
@@ -39,16 +39,14 @@ import numpy as np
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
-from gradcode.common.session import CallError
+from gradcode.common.session import CallError, ChunkStream
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import (
     CompletedMessage,
     MessageAssembler,
-    ReceivedChunk,
     WireError,
     children_lost_from_metadata,
 )
-from gradcode.v1 import worker_pb2
 
 __all__ = [
     "EXACT_TOLERANCE",
@@ -71,14 +69,6 @@ FLOAT32_TOLERANCE = 1e-5
 def decode_tolerance(dtype: np.dtype[Any] | type) -> float:
     """The relative error a decode of messages of ``dtype`` may have and still be called exact."""
     return FLOAT32_TOLERANCE if np.dtype(dtype) == np.float32 else EXACT_TOLERANCE
-
-
-class ChunkStream(Protocol):
-    """One Compute's chunks (a :class:`~gradcode.common.session.SessionCompute`; a Compute call fits too)."""
-
-    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]: ...
-
-    def cancel(self) -> bool: ...
 
 
 @dataclass(frozen=True)

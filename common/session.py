@@ -26,19 +26,27 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from gradcode.common.status import status_code
-from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, parse_chunk, serialize_chunk
+from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, compute_stream, parse_chunk, serialize_chunk
 from gradcode.v1 import worker_pb2
 
-__all__ = ["CallError", "Session", "SessionCompute", "serve_session", "status_chunk"]
+__all__ = ["CallError", "Caller", "ChunkStream", "Session", "SessionCompute", "serve_session", "status_chunk"]
 
 log = logging.getLogger(__name__)
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class ChunkStream(Protocol):
+    """One Compute's chunks: a :class:`SessionCompute`, or a Compute call (``grpc.aio.UnaryStreamCall``)."""
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]: ...
+
+    def cancel(self) -> bool: ...
 
 
 class CallError(Exception):
@@ -205,6 +213,70 @@ class Session:
         self._break(CallError(grpc.StatusCode.CANCELLED, "the session was closed"))
         self._call.cancel()
         self._writer.cancel()
+
+
+class Caller:
+    """A worker's Computes on ``channel``: over a :class:`Session` opened on first use and again after it broke.
+
+    A worker that answers a Session UNIMPLEMENTED (an older version) gets its request again as a Compute call,
+    and Compute calls from then on. Create it inside the event loop.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.serves_sessions: bool | None = None
+        """Whether the worker serves Worker.Session (None: not known yet; False: it answered UNIMPLEMENTED)."""
+        self._session: Session | None = None
+
+    def compute(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
+        """One Compute: ``head``, the worker's own fields, followed by ``body``, more fields already serialized
+        (the iteration's model, the same for every worker; protobuf concatenation merges them)."""
+        if self.serves_sessions is False:
+            return compute_stream(self.channel)(head.SerializeToString() + body)  # type: ignore[no-any-return]
+        if self._session is None or self._session.broken:
+            self._session = Session(self.channel)
+        if self.serves_sessions:
+            return self._session.compute(head, body)
+        return _FirstCompute(self, self._session.compute(head, body), head, body)
+
+    def close(self) -> None:
+        """Close the session, if one is open (what runs on it fails with CANCELLED)."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+
+class _FirstCompute:
+    """A Compute on a worker not yet known to serve Session: if it answers UNIMPLEMENTED, the same request goes
+    as a Compute call (see :class:`Caller`)."""
+
+    def __init__(self, caller: Caller, inner: ChunkStream, head: worker_pb2.ComputeRequest, body: bytes) -> None:
+        self.caller = caller
+        self.inner = inner
+        self.request = (head, body)
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
+        try:
+            async for chunk in self.inner:
+                self.caller.serves_sessions = True
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.info("the worker at %s has no Worker.Session (an older version?): Compute calls instead",
+                     self.caller.channel.get_state())  # fmt: skip
+            self.caller.serves_sessions = False
+            self.inner = self.caller.compute(*self.request)
+            async for chunk in self.inner:
+                yield chunk
+            return
+        self.caller.serves_sessions = True
+
+    def cancel(self) -> bool:
+        return self.inner.cancel()
 
 
 Computation = Callable[[worker_pb2.ComputeRequest], AsyncIterator[bytes]]

@@ -31,7 +31,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +45,10 @@ from gradcode.common.exceptions import (
     ResourceExhaustedError,
 )
 from gradcode.common.metrics import set_workers_up
-from gradcode.common.round import ChunkStream
 from gradcode.common.security import Security, short
 from gradcode.common.serving import format_address, parse_address
-from gradcode.common.session import Session
-from gradcode.common.wire import CHANNEL_OPTIONS, ReceivedChunk, compute_stream
+from gradcode.common.session import Caller, ChunkStream
+from gradcode.common.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -150,9 +149,8 @@ class PoolWorker:
     security: Security = field(default_factory=Security, repr=False)
     channel: grpc.aio.Channel | None = None
     _stub: worker_pb2_grpc.WorkerStub | None = None
-    _session: Session | None = field(default=None, repr=False)
-    serves_sessions: bool | None = None
-    """Whether the worker serves Worker.Session (None: not known yet; False: it answered UNIMPLEMENTED)."""
+    caller: Caller | None = field(default=None, repr=False)
+    """This worker's Computes, on a Session over :attr:`channel` (opened by the first Compute)."""
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
@@ -176,22 +174,14 @@ class PoolWorker:
         return self.call_token
 
     def compute(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
-        """One Compute on this worker's :class:`~gradcode.common.session.Session` (opened on first use, and again
-        after it broke): ``head``, the worker's own fields, followed by ``body``, the iteration's model fields
-        serialized once for every worker (protobuf concatenation merges them). The chunks' payloads stay views
-        into the bytes gRPC delivered (:func:`~gradcode.common.wire.parse_chunk`).
-
-        A worker that answers a Session UNIMPLEMENTED (an older version) gets a Compute call per iteration.
-        """
+        """One Compute on this worker (:class:`~gradcode.common.session.Caller`: on its Session, opened with the
+        channel): ``head``, the worker's own fields, followed by ``body``, the iteration's model fields serialized
+        once for every worker. The chunks' payloads stay views into the bytes gRPC delivered."""
         _ = self.stub  # opens the channel if needed
-        assert self.channel is not None
-        if self.serves_sessions is False:
-            return compute_stream(self.channel)(head.SerializeToString() + body)  # type: ignore[no-any-return]
-        if self._session is None or self._session.broken:
-            self._session = Session(self.channel)
-        if self.serves_sessions:
-            return self._session.compute(head, body)
-        return _FirstSessionCompute(self, head, body)
+        if self.caller is None:
+            assert self.channel is not None
+            self.caller = Caller(self.channel)
+        return self.caller.compute(head, body)
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
@@ -202,9 +192,9 @@ class PoolWorker:
 
     def close_session(self) -> None:
         """Close the Compute session, if one is open (what runs on it fails with CANCELLED)."""
-        session, self._session = self._session, None
-        if session is not None:
-            session.close()
+        caller, self.caller = self.caller, None
+        if caller is not None:
+            caller.close()
 
     @property
     def is_up(self) -> bool:
@@ -484,41 +474,6 @@ class WorkerPool:
             channel, worker.channel, worker._stub = worker.channel, None, None
             if channel is not None:
                 await channel.close(None)
-
-
-class _FirstSessionCompute:
-    """A Compute on a worker not yet known to serve Session: it answered UNIMPLEMENTED (an older worker), the
-    same request goes as a Compute call and the worker gets Compute calls from then on."""
-
-    def __init__(self, worker: PoolWorker, head: worker_pb2.ComputeRequest, body: bytes) -> None:
-        assert worker._session is not None and worker.channel is not None
-        self.worker = worker
-        self.channel = worker.channel
-        self.body = body
-        self.inner: ChunkStream = worker._session.compute(head, body)
-        self.head = head
-
-    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
-        try:
-            async for chunk in self.inner:
-                self.worker.serves_sessions = True
-                yield chunk
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            log.info("%s has no Worker.Session (an older version?): Compute calls instead", self.worker.describe())
-            self.worker.serves_sessions = False
-            self.inner = compute_stream(self.channel)(self.head.SerializeToString() + self.body)
-            async for chunk in self.inner:
-                yield chunk
-            return
-        self.worker.serves_sessions = True
-
-    def cancel(self) -> bool:
-        return self.inner.cancel()
 
 
 async def _hello(channel: grpc.aio.Channel, timeout: float) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 
 from gradcode.common.models import make_model, message_length
+from gradcode.common.session import serve_session
 from gradcode.common.wire import message_chunks, struct_from_dict
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -43,13 +45,26 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.LoadJobReply(job_id=setup.job_id, worker_id=setup.worker_id)
 
     async def Compute(self, request: worker_pb2.ComputeRequest, context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        async for chunk in self._chunks(request):
+            yield worker_pb2.GradientChunk.FromString(chunk)  # the generated handlers serialize messages
+
+    async def Session(self, requests: AsyncIterator[worker_pb2.ComputeRequest], context: Any) -> None:  # noqa: N802
+        """The master's Computes on one stream (:func:`gradcode.common.session.serve_session`), lying alike."""
+
+        async def write(chunk: bytes) -> None:
+            await context.write(worker_pb2.GradientChunk.FromString(chunk))
+
+        await serve_session(requests, write, self._chunks, asyncio.Event())
+
+    async def _chunks(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
         self.computes += 1
         vector = np.full(self.length + self.extra_elements, self.value)
         for chunk in message_chunks(
-            vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, row=request.rows[0]
-        ):
+            vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id,
+            row=request.rows[0], request_id=request.request_id, final=True,
+        ):  # fmt: skip
             self.mangle(chunk)
-            yield chunk
+            yield chunk.SerializeToString()
 
     async def EndJob(self, request: worker_pb2.EndJobRequest, context: Any) -> Any:  # noqa: N802
         return worker_pb2.EndJobReply()

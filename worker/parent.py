@@ -35,7 +35,8 @@ from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.round import Round, Source, decode_tolerance
 from gradcode.common.security import Security
-from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, compute_stream, dict_from_struct
+from gradcode.common.session import Caller
+from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
 from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "children_lost"]
@@ -54,8 +55,8 @@ class ChildChannel:
     address: str
     rows: tuple[int, ...]
     channel: grpc.aio.Channel
-    compute: Any
-    """Worker.Compute yielding chunks whose payload is not copied (:func:`~gradcode.common.wire.compute_stream`)."""
+    caller: Caller
+    """The child's Computes, on a Session over :attr:`channel`, as the master asks its workers."""
 
 
 class ParentRunner:
@@ -144,7 +145,7 @@ class ParentRunner:
             for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
                 bearer = bearer or self.security.worker_call_token
                 channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
-                self._channels.append(ChildChannel(worker_id, address, rows, channel, compute_stream(channel)))
+                self._channels.append(ChildChannel(worker_id, address, rows, channel, Caller(channel)))
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
@@ -174,15 +175,11 @@ class ParentRunner:
         return round_
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
-        child_request = worker_pb2.ComputeRequest(
+        head = worker_pb2.ComputeRequest(
             job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, model=request.model,
             rows=list(child.rows),
         )  # fmt: skip
-
-        def open_stream() -> Any:
-            return child.compute(child_request)
-
-        return Source(worker_id=child.worker_id, rows=child.rows, open=open_stream)
+        return Source(worker_id=child.worker_id, rows=child.rows, open=lambda: child.caller.compute(head))
 
     def _describe_failure(self, result: Round) -> str:
         iteration = result.iteration
@@ -205,4 +202,5 @@ class ParentRunner:
         self._closed = True
         channels, self._channels = self._channels, None
         for child in channels or []:
+            child.caller.close()
             await child.channel.close(grace=None)

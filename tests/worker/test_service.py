@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -462,7 +461,7 @@ async def test_delay_model_failure_is_invalid_argument(stub: worker_pb2_grpc.Wor
 
 
 class _ChildWorker(WorkerServicer):
-    """A real worker that counts its Compute calls and, if asked, marks its messages approximate.
+    """A real worker that counts its Computes and, if asked, marks its messages approximate.
 
     ``approximate=True`` plays a child that is itself a tree parent whose own decode was not exact.
     """
@@ -472,11 +471,10 @@ class _ChildWorker(WorkerServicer):
         self.approximate = approximate
         self.compute_calls = 0
 
-    async def Compute(  # noqa: N802
-        self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+        """What both Compute and Session run for a request."""
         self.compute_calls += 1
-        async for data in super().Compute(request, context):
+        async for data in super()._compute(request):
             chunk = worker_pb2.GradientChunk.FromString(data)
             if self.approximate and chunk.HasField("trailer"):
                 chunk.trailer.approximate = True
