@@ -204,6 +204,7 @@ class Session:
         if self.error is not None:
             return
         self.error = error
+        self._writer.cancel()  # nothing more goes out on a broken stream
         computes, self._computes = self._computes, {}
         for compute in computes.values():
             compute._deliver(error)
@@ -212,7 +213,6 @@ class Session:
         """Cancel the stream (the worker stops every computation on it) and fail what is under way."""
         self._break(CallError(grpc.StatusCode.CANCELLED, "the session was closed"))
         self._call.cancel()
-        self._writer.cancel()
 
 
 class Caller:
