@@ -1,13 +1,13 @@
 """One iteration's gather-and-decode: the round the master and every tree parent run.
 
-A :class:`Round` owns everything about one iteration's gather: the scheme's online decoder, the
-messages received so far, when each worker finished, which ones failed and why (a typed
-:class:`WorkerFailure`, never a string to parse back), and the decoding. :meth:`Round.gather` opens
-one streaming call per :class:`Source` (a worker or a child), reassembles and validates the messages
-as they arrive, feeds each to the decoder and stops at the first decodable moment: every call still
-running is cancelled (the cancellation reaches the worker, which abandons its stale computation) as
-soon as the caller's synchronous work after the gather is done, and no late message can leak into a
-later iteration.
+A :class:`Round` owns everything about one iteration's gather: the scheme's online decoder, the messages
+received so far, when each worker finished, which ones failed and why (a typed :class:`WorkerFailure`,
+never a string to parse back), and the decoding. :meth:`Round.gather` starts one Compute per
+:class:`Source` (a worker or a child; a request on its Session), reassembles and validates the messages
+as they arrive, feeds each to the decoder and stops at the first decodable moment: every Compute still
+running is cancelled (the cancellation reaches the worker, which abandons its stale computation) as soon
+as the caller's synchronous work after the gather is done, and no late message can leak into a later
+iteration.
 
 A caller may call :meth:`Round.gather` again on the same round with other sources (the master's retry
 policy asks workers that came back); what already arrived is kept. A caller that wants surplus

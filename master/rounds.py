@@ -1,15 +1,15 @@
 """The master's use of a :class:`~gradcode.common.round.Round`: whom to ask, when to retry, when to give up.
 
-Each iteration the master asks every UP worker that has rows (one Compute stream each, through one
-round, which stops at the first decodable moment and cancels the rest). While the round is not
-decodable it reloads workers that came back (a restarted worker lost the job: NOT_FOUND) and asks
-them again, until the iteration deadline; then the job fails naming the missing workers. A worker
-whose call fails is marked DOWN, except a worker that lost the job (reloaded) and, for a code with a
-topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its children
-are not decodable, so it only counts as failed for this iteration. A tree parent names its children
-that lost the job (they restarted: their Compute answered NOT_FOUND) in its message or its error;
-they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job (its
-parent is reloaded too when the node was issued a new call token).
+Each iteration the master asks every UP worker that has rows (one Compute each, a request on the
+worker's Session, through one round, which stops at the first decodable moment and cancels the rest).
+While the round is not decodable it reloads workers that came back (a restarted worker lost the job:
+NOT_FOUND) and asks them again, until the iteration deadline; then the job fails naming the missing
+workers. A worker whose call fails is marked DOWN, except a worker that lost the job (reloaded) and, for
+a code with a topology, a parent that answers UNAVAILABLE but passes a health check: it is alive but its
+children are not decodable, so it only counts as failed for this iteration. A tree parent names its
+children that lost the job (they restarted: their Compute answered NOT_FOUND) in its message or its
+error; they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job
+(its parent is reloaded too when the node was issued a new call token).
 
 The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a decodable round goes on
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked

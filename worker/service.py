@@ -13,6 +13,10 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
   stops any older one still running (it can no longer be used), and a Compute for an iteration older
   than the newest one seen is refused (ABORTED). EndJob, a replacing LoadJob or a newer iteration
   wake an abandoned call from its straggler sleep at once.
+* ``Session`` (bidirectional): many Computes on one long-lived stream, what the master and tree parents
+  use (:mod:`gradcode.common.session`): each request runs as ``Compute`` would, its chunks tagged with
+  its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does.
+  When the node shuts down its sessions take no new request, finish the running ones and end.
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,
