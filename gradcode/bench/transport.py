@@ -4,14 +4,14 @@
 
 Everything runs on loopback with real processes, in one run, so the limits are this machine's now.
 
-**Gradient streaming.** One real worker process (``python -m gradcode.worker``) holds a linear-regression job
-with p parameters (one sample, one partition, one row: the compute is tiny), for p in {1e4, 1e5,
-1e6, 4e6}. This process plays the master: it sends Compute (the model, 8p bytes, down), reassembles
-the streamed message (8p bytes, up) with :class:`gradcode.common.wire.MessageAssembler` and stops the clock
-when the message is complete. ``transport = total - compute``, where ``compute`` is the worker's own
-``compute_seconds`` from the message trailer; the transport rate is ``16p bytes / transport``. It is
-compared with, measured in rounds interleaved with the Compute calls (so slow drift of a shared
-machine hits all of them alike), medians over the rounds:
+**Gradient streaming.** One real worker process (``python -m gradcode.worker``) holds a linear-regression
+job with p parameters (one sample, one partition, one row: the compute is tiny), for p in {1e4, 1e5, 1e6,
+4e6}. This process plays the master: it sends a Compute on the worker's Session (the model, 8p bytes, down,
+as the master does), reassembles the streamed message (8p bytes, up) with
+:class:`gradcode.common.wire.MessageAssembler` and stops the clock when the message is complete. ``transport
+= total - compute``, where ``compute`` is the worker's own ``compute_seconds`` from the message trailer; the
+transport rate is ``16p bytes / transport``. It is compared with, measured in rounds interleaved with the
+Compute calls (so slow drift of a shared machine hits all of them alike), medians over the rounds:
 
 * ``raw``: a bare gRPC unary-stream call on raw bytes to a second process (no protobuf messages, no
   numpy): 8p bytes down, 8p bytes up in pre-built 1 MiB chunks; what gRPC itself costs;
@@ -1130,8 +1130,8 @@ def _format_call_shapes(results: Sequence[dict[str, Any]]) -> str:
                 f"{result['servers']:>3} {name:>22} {r['client_cpu_s'] * 1e6:>14.0f} {r['server_cpu_s'] * 1e6:>15.0f}"
                 f" {r['wall_s'] * 1e6:>8.0f} {result['load_average'][0]:>6.2f}"
             )
-    lines.append("(a Compute is a new unary-stream call per worker per iteration; a long-lived stream per worker would")
-    lines.append(" pay the last row of each n instead; n + 1 processes share this machine's cores)")
+    lines.append("(a Compute call is a new unary-stream call per worker per iteration; the master's Session, one")
+    lines.append(" long-lived stream per worker, pays the last row of each n instead; n + 1 processes share the cores)")
     return "\n".join(lines)
 
 
