@@ -344,6 +344,8 @@ class Round:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
+                if source.worker_id in streams:  # a refused message: the worker stops, its session forgets it
+                    streams[source.worker_id].cancel()
                 queue.put_nowait((source.worker_id, exc))
 
         def finish(worker_id: int) -> None:

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.security import Security, short
+from gradcode.common.session import CallError
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
@@ -234,6 +235,20 @@ async def _status(call: Any) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+async def _session_status(stub: Any) -> grpc.StatusCode:
+    """What one request on a Session ends with: the call's refusal, or the request's in-band status."""
+    call = stub.Session()
+    try:
+        await call.write(worker_pb2.ComputeRequest(job_id="x", request_id=1))
+        reply = await call.read()
+        return CallError.from_status(reply.status).code
+    except grpc.aio.AioRpcError as exc:
+        code: grpc.StatusCode = exc.code()
+        return code
+    finally:
+        call.cancel()
+
+
 async def _worker_statuses(address: str, bearer: str | None) -> dict[str, grpc.StatusCode]:
     """What a worker answers to each of its methods called with ``bearer`` (plaintext, loopback)."""
     async with Security().channel(address, bearer=bearer) as channel:
@@ -242,6 +257,7 @@ async def _worker_statuses(address: str, bearer: str | None) -> dict[str, grpc.S
         return {
             "LoadJob": await _status(load),
             "Compute": await _status(stub.Compute(worker_pb2.ComputeRequest(job_id="x")).read()),
+            "Session": await _session_status(stub),
             "EndJob": await _status(stub.EndJob(worker_pb2.EndJobRequest(job_id="x"))),
             "Hello": await _status(stub.Hello(worker_pb2.HelloRequest())),
         }
@@ -261,15 +277,16 @@ async def test_each_registered_worker_answers_only_the_call_token_its_master_iss
             assert token_a and token_b and len({token_a, token_b, security.worker_call_token}) == 3
             assert {w.address: w.call_token for w in master.pool.workers} == {a.address: token_a, b.address: token_b}
             unknown, known = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
-            calls = ("LoadJob", "Compute", "EndJob")
+            calls = ("LoadJob", "Compute", "Session", "EndJob")
             derived = await _worker_statuses(a.address, security.worker_call_token)
             assert derived == {**dict.fromkeys(calls, known), "Hello": grpc.StatusCode.OK}
             for bearer in (None, token_b, JOIN):  # nothing, another worker's token, the join secret itself
                 statuses = await _worker_statuses(a.address, bearer)
-                assert [statuses[c] for c in calls] == [unknown if bearer != JOIN else known] * 3, bearer
+                assert [statuses[c] for c in calls] == [unknown if bearer != JOIN else known] * len(calls), bearer
             own = await _worker_statuses(a.address, token_a)  # passes the check: the worker itself answers
             assert own == {"LoadJob": grpc.StatusCode.INVALID_ARGUMENT, "Compute": grpc.StatusCode.NOT_FOUND,
-                           "EndJob": grpc.StatusCode.NOT_FOUND, "Hello": known}  # fmt: skip
+                           "Session": grpc.StatusCode.NOT_FOUND, "EndJob": grpc.StatusCode.NOT_FOUND,
+                           "Hello": known}  # fmt: skip
             await asyncio.sleep(0.6)  # periodic re-registrations keep the token
             assert a.call_token.value == token_a and token_a in [w.call_token for w in master.pool.workers]
 
