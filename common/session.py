@@ -222,8 +222,10 @@ class Caller:
     and Compute calls from then on. Create it inside the event loop.
     """
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, name: str = "the worker") -> None:
         self.channel = channel
+        self.name = name
+        """Who answers on ``channel``, for logs."""
         self.serves_sessions: bool | None = None
         """Whether the worker serves Worker.Session (None: not known yet; False: it answered UNIMPLEMENTED)."""
         self._session: Session | None = None
@@ -266,8 +268,7 @@ class _FirstCompute:
         except grpc.aio.AioRpcError as exc:
             if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            log.info("the worker at %s has no Worker.Session (an older version?): Compute calls instead",
-                     self.caller.channel.get_state())  # fmt: skip
+            log.info("%s has no Worker.Session (an older version?): Compute calls instead", self.caller.name)
             self.caller.serves_sessions = False
             self.inner = self.caller.compute(*self.request)
             async for chunk in self.inner:

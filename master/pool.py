@@ -180,7 +180,7 @@ class PoolWorker:
         _ = self.stub  # opens the channel if needed
         if self.caller is None:
             assert self.channel is not None
-            self.caller = Caller(self.channel)
+            self.caller = Caller(self.channel, self.describe())
         return self.caller.compute(head, body)
 
     def reconnect(self) -> None:

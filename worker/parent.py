@@ -145,7 +145,8 @@ class ParentRunner:
             for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
                 bearer = bearer or self.security.worker_call_token
                 channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
-                self._channels.append(ChildChannel(worker_id, address, rows, channel, Caller(channel)))
+                caller = Caller(channel, f"child {worker_id} at {address}")
+                self._channels.append(ChildChannel(worker_id, address, rows, channel, caller))
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
