@@ -16,8 +16,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.common.codes import make_code
-from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, tensor_from_array
+from gradcode.common.round import WorkerFailure
+from gradcode.common.session import ChunkStream, Session
+from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, tensor_from_array
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from tests.helpers import fixed_delay
 from tests.worker.conftest import (
     TOLERANCE,
     data_for,
@@ -118,3 +121,40 @@ def test_sigterm_exits_cleanly(worker_process: ServiceProcess) -> None:
     output = worker_process.log_path.read_text()
     assert status == 0, output
     assert "Traceback" not in output, output
+
+
+async def test_a_killed_worker_fails_the_request_on_its_session_and_breaks_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """SIGKILL while a request sleeps on the worker's Session: the request fails as a Compute call would
+    (UNAVAILABLE: the master marks the worker DOWN), and the session is broken, so the next one is new."""
+    argv = [sys.executable, "-m", "gradcode", "worker", "--listen", "127.0.0.1:0", "--log-level", "WARNING"]
+    env = service_env()
+    env.pop("GRADCODE_MASTER", None)
+    proc = ServiceProcess(argv, log_path=tmp_path_factory.mktemp("killed") / "worker.log", env=env)
+    try:
+        address = proc.wait_ready(START_TIMEOUT)
+        async with asyncio.timeout(TEST_TIMEOUT), grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
+            code = make_code("cyclic", n=3, s=1)
+            setup = job_setup(code, 0, straggler=fixed_delay(60.0))
+            await worker_pb2_grpc.WorkerStub(ch).LoadJob(
+                iter(load_chunks(setup, data_for(code, 0, make_partitions(3))))
+            )
+            session = Session(ch)
+            head = worker_pb2.ComputeRequest(job_id="job", iteration=0, worker_id=0, rows=[0])
+            stream = session.compute(head, model_request_bytes(random_params()))
+            pending = asyncio.create_task(_drain(stream))
+            await asyncio.sleep(0.5)  # the request is in its 60 s straggler sleep
+            assert not pending.done()
+            proc.process.send_signal(signal.SIGKILL)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await pending
+            assert WorkerFailure.from_exception(failed.value).status is grpc.StatusCode.UNAVAILABLE
+            assert session.broken
+    finally:
+        proc.stop()
+
+
+async def _drain(stream: ChunkStream) -> None:
+    async for _ in stream:
+        pass

@@ -40,6 +40,15 @@ async def channel(served_worker: ServedWorker) -> AsyncIterator[grpc.aio.Channel
         yield channel
 
 
+@pytest.fixture
+async def session(channel: grpc.aio.Channel) -> AsyncIterator[Session]:
+    opened = Session(channel)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
 async def _load(channel: grpc.aio.Channel, setup: worker_pb2.JobSetup, data: list[worker_pb2.PartitionData]) -> None:
     stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
 
@@ -78,110 +87,89 @@ async def _wait_until(predicate: Any) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_requests_of_two_jobs_on_one_session_each_get_their_own_messages(channel: grpc.aio.Channel) -> None:
+async def test_requests_of_two_jobs_on_one_session_each_get_their_own_messages(
+    channel: grpc.aio.Channel, session: Session
+) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         codes: dict[str, GradientCode] = {"a": make_code("cyclic", n=3, s=1), "b": make_code("uncoded", n=2)}
         partitions = make_partitions(3)
         for job_id, code in codes.items():
             await _load(channel, job_setup(code, 1, job_id=job_id), data_for(code, 1, partitions))
-        session = Session(channel)
-        try:
-            for iteration in range(3):
-                theta = random_params(seed=iteration)
-                heads = {j: _head(j, 1, codes[j].static_assignment().rows[1], iteration) for j in codes}
-                streams = {j: session.compute(heads[j], model_request_bytes(theta)) for j in codes}
-                got = await asyncio.gather(*(_messages(streams[j], heads[j]) for j in codes))
-                for (job_id, code), messages in zip(codes.items(), got, strict=True):
-                    assert sorted(messages) == sorted(heads[job_id].rows)
-                    for row, vector in messages.items():
-                        _assert_close(vector, expected_message(code, row, theta, partitions))
-            assert not session.broken
-        finally:
-            session.close()
+        for iteration in range(3):
+            theta = random_params(seed=iteration)
+            heads = {j: _head(j, 1, codes[j].static_assignment().rows[1], iteration) for j in codes}
+            streams = {j: session.compute(heads[j], model_request_bytes(theta)) for j in codes}
+            got = await asyncio.gather(*(_messages(streams[j], heads[j]) for j in codes))
+            for (job_id, code), messages in zip(codes.items(), got, strict=True):
+                assert sorted(messages) == sorted(heads[job_id].rows)
+                for row, vector in messages.items():
+                    _assert_close(vector, expected_message(code, row, theta, partitions))
+        assert not session.broken
 
 
 async def test_a_refusal_ends_only_its_request_with_the_status_a_compute_call_would_have(
-    channel: grpc.aio.Channel,
+    channel: grpc.aio.Channel, session: Session
 ) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         code = make_code("cyclic", n=3, s=1)
         partitions = make_partitions(3)
         await _load(channel, job_setup(code, 0), data_for(code, 0, partitions))
-        session = Session(channel)
-        try:
-            theta = random_params()
-            with pytest.raises(CallError) as unknown:
-                await _messages(
-                    session.compute(_head("nope", 0, (0,), 0), model_request_bytes(theta)), _head("", 0, (), 0)
-                )
-            failure = WorkerFailure.from_exception(unknown.value)
-            assert failure.status is grpc.StatusCode.NOT_FOUND and "Unknown job" in failure.details
-            stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-            with pytest.raises(grpc.aio.AioRpcError) as call:  # the same request as a Compute call
-                async for _ in stub.Compute(_head("nope", 0, (0,), 0)):
-                    pass
-            assert call.value.code() is failure.status and call.value.details() == failure.details
+        theta = random_params()
+        with pytest.raises(CallError) as unknown:
+            await _messages(session.compute(_head("nope", 0, (0,), 0), model_request_bytes(theta)), _head("", 0, (), 0))
+        failure = WorkerFailure.from_exception(unknown.value)
+        assert failure.status is grpc.StatusCode.NOT_FOUND and "Unknown job" in failure.details
+        stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as call:  # the same request as a Compute call
+            async for _ in stub.Compute(_head("nope", 0, (0,), 0)):
+                pass
+        assert call.value.code() is failure.status and call.value.details() == failure.details
 
-            with pytest.raises(CallError) as wrong_row:
-                await _messages(
-                    session.compute(_head("job", 0, (2,), 0), model_request_bytes(theta)), _head("", 0, (), 0)
-                )
-            assert (
-                wrong_row.value.code is grpc.StatusCode.INVALID_ARGUMENT
-                and "Compute refused" in wrong_row.value.details
-            )
+        with pytest.raises(CallError) as wrong_row:
+            await _messages(session.compute(_head("job", 0, (2,), 0), model_request_bytes(theta)), _head("", 0, (), 0))
+        assert wrong_row.value.code is grpc.StatusCode.INVALID_ARGUMENT and "Compute refused" in wrong_row.value.details
 
-            head = _head("job", 0, code.static_assignment().rows[0], 1)  # the stream still serves
-            messages = await _messages(session.compute(head, model_request_bytes(theta)), head)
-            for row, vector in messages.items():
-                _assert_close(vector, expected_message(code, row, theta, partitions))
-            assert not session.broken
-        finally:
-            session.close()
+        head = _head("job", 0, code.static_assignment().rows[0], 1)  # the stream still serves
+        messages = await _messages(session.compute(head, model_request_bytes(theta)), head)
+        for row, vector in messages.items():
+            _assert_close(vector, expected_message(code, row, theta, partitions))
+        assert not session.broken
 
 
 async def test_cancel_reaches_the_worker_and_wakes_its_straggler_sleep(
-    channel: grpc.aio.Channel, served_worker: ServedWorker
+    channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         code = make_code("cyclic", n=3, s=1)
         await _load(channel, job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
         runtime = served_worker.servicer.jobs["job"]
-        session = Session(channel)
-        try:
-            stream = session.compute(_head("job", 0, (0,), 0), model_request_bytes(random_params()))
-            reader = asyncio.create_task(_messages(stream, _head("job", 0, (0,), 0)))
-            await _wait_until(lambda: 0 in runtime.active)  # sleeping now
-            assert stream.cancel() and not stream.cancel()  # once
-            await _wait_until(lambda: runtime.job.stats.calls_cancelled == 1)  # the 60 s sleep ended at once
-            assert not runtime.active and runtime.job.stats.partitions_computed == 0
-            reader.cancel()
-            assert not session.broken
-        finally:
-            session.close()
+        stream = session.compute(_head("job", 0, (0,), 0), model_request_bytes(random_params()))
+        reader = asyncio.create_task(_messages(stream, _head("job", 0, (0,), 0)))
+        await _wait_until(lambda: 0 in runtime.active)  # sleeping now
+        assert stream.cancel() and not stream.cancel()  # once
+        await _wait_until(lambda: runtime.job.stats.calls_cancelled == 1)  # the 60 s sleep ended at once
+        assert not runtime.active and runtime.job.stats.partitions_computed == 0
+        reader.cancel()
+        assert not session.broken
 
 
 async def test_a_draining_worker_finishes_what_runs_then_ends_the_session(
-    channel: grpc.aio.Channel, served_worker: ServedWorker
+    channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         code = make_code("cyclic", n=3, s=1)
         partitions = make_partitions(3)
         await _load(channel, job_setup(code, 0, straggler=fixed_delay(0.3)), data_for(code, 0, partitions))
-        session = Session(channel)
-        try:
-            theta = random_params()
-            head = _head("job", 0, (0,), 0)
-            running = asyncio.create_task(_messages(session.compute(head, model_request_bytes(theta)), head))
-            await _wait_until(lambda: 0 in served_worker.servicer.jobs["job"].active)
-            served_worker.servicer.drain()
-            _assert_close((await running)[0], expected_message(code, 0, theta, partitions))  # it finished
-            await _wait_until(lambda: session.broken)
-            with pytest.raises(CallError) as ended:
-                await _messages(session.compute(_head("job", 0, (0,), 1), model_request_bytes(theta)), head)
-            assert ended.value.code is grpc.StatusCode.UNAVAILABLE
-        finally:
-            session.close()
+        theta = random_params()
+        head = _head("job", 0, (0,), 0)
+        running = asyncio.create_task(_messages(session.compute(head, model_request_bytes(theta)), head))
+        await _wait_until(lambda: 0 in served_worker.servicer.jobs["job"].active)
+        served_worker.servicer.drain()
+        _assert_close((await running)[0], expected_message(code, 0, theta, partitions))  # it finished
+        await _wait_until(lambda: session.broken)
+        with pytest.raises(CallError) as ended:
+            await _messages(session.compute(_head("job", 0, (0,), 1), model_request_bytes(theta)), head)
+        assert ended.value.code is grpc.StatusCode.UNAVAILABLE
 
 
 async def test_request_ids_must_be_new_and_not_zero(channel: grpc.aio.Channel) -> None:
