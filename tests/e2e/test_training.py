@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -86,6 +87,42 @@ async def test_two_workers_killed_mid_training_exact_gradients_and_centralized_a
     params, accuracy = centralized_gd(iterations, lr)
     np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-7, atol=1e-9)
     assert abs(reports[-1].test_accuracy - accuracy) <= 0.01
+
+
+async def test_a_frozen_worker_is_left_behind_exactly_and_serves_again_once_thawed(cluster6: Cluster) -> None:
+    """SIGSTOP one worker mid-job (its Session stalls, nothing fails on the wire), SIGCONT it later: the
+    iterations go on without it and stay exact, and once thawed it is asked, and used, again."""
+    cluster6.ensure_all_up()
+    iterations, frozen, victim = 80, (3, 15), 2
+    process = cluster6.processes[victim].process
+    seen: list[int] = []
+
+    def freeze_then_thaw(report: master_pb2.IterationReport) -> None:
+        if report.iteration == frozen[0]:
+            process.send_signal(signal.SIGSTOP)
+            seen.append(report.iteration)
+        elif report.iteration == frozen[1]:
+            process.send_signal(signal.SIGCONT)
+            seen.append(report.iteration)
+
+    spec = job_spec(
+        "cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=0.5, worker_ids=cluster6.ids,
+        verify=True, straggler=fixed_delay(0.03),
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(240):
+            info, reports = await run_job(cluster6.master_address, spec, freeze_then_thaw)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert seen == list(frozen)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports), [
+        (r.iteration, r.verify_error) for r in reports if not r.exact
+    ]
+    worker = cluster6.ids[victim]
+    while_frozen = [r for r in reports if frozen[0] + KILL_MARGIN < r.iteration <= frozen[1]]
+    assert while_frozen and all(worker not in r.used_workers for r in while_frozen)
+    assert any(worker in r.used_workers for r in reports if r.iteration > frozen[1] + KILL_MARGIN), "never back"
 
 
 async def _reports(
