@@ -59,6 +59,16 @@ async def _load(channel: grpc.aio.Channel, setup: worker_pb2.JobSetup, data: lis
     await stub.LoadJob(chunks())
 
 
+CYCLIC = make_code("cyclic", n=3, s=1)
+
+
+async def _load_slow_job(channel: grpc.aio.Channel, delay: float) -> dict[int, tuple[Array, Array]]:
+    """Worker 0 of ``CYCLIC`` as job "job", every Compute delayed ``delay`` s; its partitions."""
+    partitions = make_partitions(3)
+    await _load(channel, job_setup(CYCLIC, 0, straggler=fixed_delay(delay)), data_for(CYCLIC, 0, partitions))
+    return partitions
+
+
 def _head(job_id: str, worker: int, rows: tuple[int, ...], iteration: int) -> worker_pb2.ComputeRequest:
     return worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=worker, rows=list(rows))
 
@@ -140,8 +150,7 @@ async def test_cancel_reaches_the_worker_and_wakes_its_straggler_sleep(
     channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
-        code = make_code("cyclic", n=3, s=1)
-        await _load(channel, job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
+        await _load_slow_job(channel, 60.0)
         runtime = served_worker.servicer.jobs["job"]
         stream = session.compute(_head("job", 0, (0,), 0), model_request_bytes(random_params()))
         reader = asyncio.create_task(_messages(stream, _head("job", 0, (0,), 0)))
@@ -157,15 +166,13 @@ async def test_a_draining_worker_finishes_what_runs_then_ends_the_session(
     channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
-        code = make_code("cyclic", n=3, s=1)
-        partitions = make_partitions(3)
-        await _load(channel, job_setup(code, 0, straggler=fixed_delay(0.3)), data_for(code, 0, partitions))
+        partitions = await _load_slow_job(channel, 0.3)
         theta = random_params()
         head = _head("job", 0, (0,), 0)
         running = asyncio.create_task(_messages(session.compute(head, model_request_bytes(theta)), head))
         await _wait_until(lambda: 0 in served_worker.servicer.jobs["job"].active)
         served_worker.servicer.drain()
-        _assert_close((await running)[0], expected_message(code, 0, theta, partitions))  # it finished
+        _assert_close((await running)[0], expected_message(CYCLIC, 0, theta, partitions))  # it finished
         await _wait_until(lambda: session.broken)
         with pytest.raises(CallError) as ended:
             await _messages(session.compute(_head("job", 0, (0,), 1), model_request_bytes(theta)), head)
@@ -174,8 +181,7 @@ async def test_a_draining_worker_finishes_what_runs_then_ends_the_session(
 
 async def test_request_ids_must_be_new_and_not_zero(channel: grpc.aio.Channel) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
-        code = make_code("cyclic", n=3, s=1)
-        await _load(channel, job_setup(code, 0, straggler=fixed_delay(60.0)), data_for(code, 0, make_partitions(3)))
+        await _load_slow_job(channel, 60.0)
         call = channel.stream_stream("/gradcode.v1.Worker/Session", response_deserializer=parse_chunk)()
         request = _head("job", 0, (0,), 0)
         request.MergeFromString(model_request_bytes(random_params()))
