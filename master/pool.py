@@ -185,16 +185,18 @@ class PoolWorker:
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
-        self.close_session()
-        old, self.channel, self._stub = self.channel, None, None
+        old = self.detach()
         if old is not None:
             _background(old.close(None))
 
-    def close_session(self) -> None:
-        """Close the Compute session, if one is open (what runs on it fails with CANCELLED)."""
-        caller, self.caller = self.caller, None
+    def detach(self) -> grpc.aio.Channel | None:
+        """Forget the channel, its stub and its Compute session (what runs on it fails with CANCELLED); the
+        channel, for the caller to close."""
+        caller, channel = self.caller, self.channel
+        self.caller, self.channel, self._stub = None, None, None
         if caller is not None:
             caller.close()
+        return channel
 
     @property
     def is_up(self) -> bool:
@@ -351,8 +353,7 @@ class WorkerPool:
             self._removed[worker.instance_id] = None
             while len(self._removed) > MAX_REMOVED_REMEMBERED:
                 self._removed.popitem(last=False)
-        worker.close_session()
-        channel, worker.channel, worker._stub = worker.channel, None, None
+        channel = worker.detach()
         if channel is not None:
             await channel.close(None)
         log.info("removed %s", worker.describe())
@@ -470,8 +471,7 @@ class WorkerPool:
                 await self._monitor
             self._monitor = None
         for worker in self.workers:
-            worker.close_session()
-            channel, worker.channel, worker._stub = worker.channel, None, None
+            channel = worker.detach()
             if channel is not None:
                 await channel.close(None)
 
