@@ -41,12 +41,7 @@ from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
 from gradcode.common.session import CallError, ChunkStream
 from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import (
-    CompletedMessage,
-    MessageAssembler,
-    WireError,
-    children_lost_from_metadata,
-)
+from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
 
 __all__ = [
     "EXACT_TOLERANCE",

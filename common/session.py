@@ -22,7 +22,6 @@ before its turn is not sent at all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -159,19 +158,11 @@ class Session:
                 continue  # cancelled before its turn: not sent at all
             try:
                 await self._call.write(data)
-            except grpc.aio.AioRpcError as exc:
-                self._break(exc)
+            except Exception as exc:  # the stream broke
+                if not isinstance(exc, grpc.aio.AioRpcError):  # the reader breaks it with the call's own status
+                    await asyncio.wait({self._reader}, timeout=1.0)
+                self._break(exc)  # (no-op once the reader has)
                 return
-            except Exception as exc:  # the stream broke; the reader has, or will have, the call's status
-                self._break(await self._status_error(exc))
-                return
-
-    async def _status_error(self, exc: Exception) -> BaseException:
-        """What broke the stream: the call's status as the reader saw it, or ``exc``."""
-        with contextlib.suppress(Exception):
-            await self._call.code()  # the call's final status, which the reader raises as AioRpcError
-        await asyncio.wait({self._reader}, timeout=1.0)
-        return exc if self.error is None else self.error
 
     async def _read(self) -> None:
         try:
@@ -229,12 +220,13 @@ class Caller:
         self.serves_sessions: bool | None = None
         """Whether the worker serves Worker.Session (None: not known yet; False: it answered UNIMPLEMENTED)."""
         self._session: Session | None = None
+        self._compute_call = compute_stream(channel)
 
     def compute(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
         """One Compute: ``head``, the worker's own fields, followed by ``body``, more fields already serialized
         (the iteration's model, the same for every worker; protobuf concatenation merges them)."""
         if self.serves_sessions is False:
-            return compute_stream(self.channel)(head.SerializeToString() + body)  # type: ignore[no-any-return]
+            return self._compute_call(head.SerializeToString() + body)  # type: ignore[no-any-return]
         if self._session is None or self._session.broken:
             self._session = Session(self.channel)
         if self.serves_sessions:
