@@ -32,6 +32,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,30 @@ class Security:
                 certificate_chain=_read(self.cert, "TLS certificate"),
             )  # fmt: skip
         return grpc.ssl_channel_credentials(root_certificates=ca)
+
+    def server_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS of :meth:`server_credentials` for a plain socket (a worker's link), or None for plaintext."""
+        if self.cert is None or self.key is None:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        if self.mutual:
+            context.load_verify_locations(cafile=self.ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS of :meth:`channel_credentials` for a plain socket (a link to a worker), or None for plaintext.
+
+        Check the peer against :attr:`server_name` when set, else against the host dialled (as channels do)."""
+        if not self.channel_tls:
+            return None
+        context = ssl.create_default_context(cafile=self.ca)  # no CA file: the system's roots
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.mutual and self.cert is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
 
     def _options(self, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
         extra = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name and self.channel_tls else []

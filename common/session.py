@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -33,7 +33,16 @@ from gradcode.common.status import status_code
 from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, compute_stream, parse_chunk, serialize_chunk
 from gradcode.v1 import worker_pb2
 
-__all__ = ["CallError", "Caller", "ChunkStream", "Session", "SessionCompute", "serve_session", "status_chunk"]
+__all__ = [
+    "CallError",
+    "Caller",
+    "ChunkStream",
+    "Session",
+    "SessionCompute",
+    "SessionStream",
+    "serve_session",
+    "status_chunk",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +121,23 @@ class SessionCompute:
         self._queue.put_nowait(item)
 
 
-class Session:
-    """The caller's end of one ``Worker.Session`` stream on ``channel`` (create it inside the event loop)."""
+class SessionStream(Protocol):
+    """What a :class:`Session` runs on: a ``Worker.Session`` call (``grpc.aio.StreamStreamCall``), or a worker's
+    link (:class:`gradcode.common.link.LinkStream`)."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        method = channel.stream_stream(
-            SESSION_METHOD, request_serializer=serialize_chunk, response_deserializer=parse_chunk
-        )
-        self._call: grpc.aio.StreamStreamCall[bytes, ReceivedChunk] = method()
+    def write(self, data: bytes) -> Awaitable[None]: ...
+
+    def __aiter__(self) -> AsyncIterator[ReceivedChunk]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class Session:
+    """The caller's end of one Session stream (create it inside the event loop): :meth:`on` a channel, or on
+    any :class:`SessionStream`."""
+
+    def __init__(self, stream: SessionStream) -> None:
+        self._call = stream
         self._computes: dict[int, SessionCompute] = {}
         self._ids = itertools.count(1)
         self._outbox: asyncio.Queue[tuple[SessionCompute | None, bytes]] = asyncio.Queue()
@@ -128,6 +146,14 @@ class Session:
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read(), name="session-reader")
         self._writer = loop.create_task(self._write(), name="session-writer")
+
+    @classmethod
+    def on(cls, channel: grpc.aio.Channel) -> Session:
+        """A new ``Worker.Session`` call on ``channel``."""
+        method = channel.stream_stream(
+            SESSION_METHOD, request_serializer=serialize_chunk, response_deserializer=parse_chunk
+        )
+        return cls(method())
 
     @property
     def broken(self) -> bool:
@@ -159,7 +185,7 @@ class Session:
             try:
                 await self._call.write(data)
             except Exception as exc:  # the stream broke
-                if not isinstance(exc, grpc.aio.AioRpcError):  # the reader breaks it with the call's own status
+                if not isinstance(exc, (grpc.aio.AioRpcError, CallError)):  # the reader breaks it, with its status
                     await asyncio.wait({self._reader}, timeout=1.0)
                 self._break(exc)  # (no-op once the reader has)
                 return
@@ -182,7 +208,7 @@ class Session:
                 else:
                     compute._deliver(CallError.from_status(status))
             self._break(CallError(grpc.StatusCode.UNAVAILABLE, "the worker closed the session"))
-        except grpc.aio.AioRpcError as exc:
+        except (grpc.aio.AioRpcError, CallError) as exc:
             self._break(exc)
         except asyncio.CancelledError:
             self._break(CallError(grpc.StatusCode.CANCELLED, "the session was closed"))
@@ -206,38 +232,77 @@ class Session:
         self._call.cancel()
 
 
+LinkOpener = Callable[[], Awaitable[SessionStream]]
+"""Opens a link to a worker (:func:`gradcode.common.link.open_link` with its channel, address and security)."""
+
+
 class Caller:
     """A worker's Computes on ``channel``: over a :class:`Session` opened on first use and again after it broke.
 
-    A worker that answers a Session UNIMPLEMENTED (an older version) gets its request again as a Compute call,
-    and Compute calls from then on. Create it inside the event loop.
+    With ``link``, a link to the worker is opened in the background when the first session is; once it is up,
+    Computes go over it (a Session without gRPC on the data path) and the gRPC session is used again only while
+    no link is up. A worker without links (an older version, ``--link-port off``, a link port the network
+    does not let through) keeps the gRPC session. A worker that answers a Session UNIMPLEMENTED (older still)
+    gets its request again as a Compute call, and Compute calls from then on. Create it inside the event loop.
     """
 
-    def __init__(self, channel: grpc.aio.Channel, name: str = "the worker") -> None:
+    def __init__(self, channel: grpc.aio.Channel, name: str = "the worker", link: LinkOpener | None = None) -> None:
         self.channel = channel
         self.name = name
         """Who answers on ``channel``, for logs."""
         self.serves_sessions: bool | None = None
         """Whether the worker serves Worker.Session (None: not known yet; False: it answered UNIMPLEMENTED)."""
+        self.serves_links: bool | None = None if link is not None else False
+        """Whether Computes go over a link (None: not known yet; False: not asked for, or the worker has none)."""
+        self._link = link
+        self._linked: Session | None = None
+        self._dialing: asyncio.Task[None] | None = None
         self._session: Session | None = None
         self._compute_call = compute_stream(channel)
 
     def compute(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
         """One Compute: ``head``, the worker's own fields, followed by ``body``, more fields already serialized
         (the iteration's model, the same for every worker; protobuf concatenation merges them)."""
+        if self._linked is not None and not self._linked.broken:
+            return self._linked.compute(head, body)
         if self.serves_sessions is False:
             return self._compute_call(head.SerializeToString() + body)  # type: ignore[no-any-return]
         if self._session is None or self._session.broken:
-            self._session = Session(self.channel)
+            self._session = Session.on(self.channel)
+        if self.serves_links is not False and self._dialing is None:
+            self._dialing = asyncio.get_running_loop().create_task(self._dial(), name="link-dial")
         if self.serves_sessions:
             return self._session.compute(head, body)
         return _FirstCompute(self, self._session.compute(head, body), head, body)
 
+    async def _dial(self) -> None:
+        assert self._link is not None
+        try:
+            self._linked = Session(await self._link())
+            self.serves_links = True
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):
+                log.info("%s serves no link (%s): its gRPC Session carries the Computes", self.name, exc.details())
+                self.serves_links = False
+            # else (the worker is down, say): the next session dials again
+        except Exception as exc:  # the offered port not reachable, TLS refused, the hello refused
+            log.warning(
+                "%s: no link (%s: %s); Computes go over its gRPC Session. Let the master reach the worker's link "
+                "port (its --link-port), or turn links off (--link off) to silence this.",
+                self.name, type(exc).__name__, exc,
+            )  # fmt: skip
+            self.serves_links = False
+        finally:
+            self._dialing = None
+
     def close(self) -> None:
-        """Close the session, if one is open (what runs on it fails with CANCELLED)."""
-        session, self._session = self._session, None
-        if session is not None:
-            session.close()
+        """Close the sessions and the link, if open (what runs on them fails with CANCELLED)."""
+        if self._dialing is not None:
+            self._dialing.cancel()
+        for session in (self._linked, self._session):
+            if session is not None:
+                session.close()
+        self._linked = self._session = None
 
 
 class _FirstCompute:

@@ -388,7 +388,7 @@ class ReceivedChunk:
     data: memoryview
 
 
-def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(raw: bytes | memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(raw) or shift > 63:
@@ -405,7 +405,7 @@ SMALL_CHUNK_BYTES = 4096
 """Chunks up to this size are parsed whole by protobuf (the field walk in Python costs ~50 µs a chunk)."""
 
 
-def parse_chunk(raw: bytes) -> ReceivedChunk:
+def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
     """Response deserializer of Worker.Compute: protobuf parses the metadata, ``data`` stays a view of ``raw``.
 
     Walks the top-level fields (a handful per chunk); a repeated ``data`` field keeps the last one,
@@ -414,7 +414,7 @@ def parse_chunk(raw: bytes) -> ReceivedChunk:
     Raises :class:`WireError` (or protobuf's DecodeError) on malformed input.
     """
     if len(raw) <= SMALL_CHUNK_BYTES:
-        meta = worker_pb2.GradientChunk.FromString(raw)
+        meta = worker_pb2.GradientChunk.FromString(raw)  # type: ignore[arg-type]  # upb parses any buffer
         small = meta.data
         if small:
             meta.ClearField("data")

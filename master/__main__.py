@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
             "always does [GRADCODE_SHARED_MEMORY] (default: %(default)s)"
         ),
     )
+    parser.add_argument(
+        "--link", choices=("on", "off"), default=env_default("GRADCODE_LINK", "on"),
+        help="ask each worker for a link, a Session over plain TCP (with the workers' TLS) that spares the data "
+        "path gRPC's cost; 'off' keeps every Compute on gRPC; a worker without one keeps its gRPC Session "
+        "[GRADCODE_LINK] (default: %(default)s)",
+    )  # fmt: skip
     add_security_arguments(parser, role="master")
     return parser
 
@@ -105,7 +111,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
-        shared_memory=args.shared_memory_root,
+        shared_memory=args.shared_memory_root, links=args.link == "on",
     )  # fmt: skip
     await node.start()
     metrics = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -44,6 +45,7 @@ from gradcode.common.exceptions import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
+from gradcode.common.link import OPEN_TIMEOUT_SECONDS, open_link
 from gradcode.common.metrics import set_workers_up
 from gradcode.common.security import Security, short
 from gradcode.common.serving import format_address, parse_address
@@ -151,6 +153,8 @@ class PoolWorker:
     _stub: worker_pb2_grpc.WorkerStub | None = None
     caller: Caller | None = field(default=None, repr=False)
     """This worker's Computes, on a Session over :attr:`channel` (opened by the first Compute)."""
+    links: bool = True
+    """Ask the worker for a link (:mod:`gradcode.common.link`) to carry the Computes instead of gRPC."""
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
@@ -179,8 +183,10 @@ class PoolWorker:
         once for every worker. The chunks' payloads stay views into the bytes gRPC delivered."""
         _ = self.stub  # opens the channel if needed
         if self.caller is None:
-            assert self.channel is not None
-            self.caller = Caller(self.channel, self.describe())
+            channel = self.channel
+            assert channel is not None
+            link = functools.partial(open_link, channel, self.address, self.security, OPEN_TIMEOUT_SECONDS)
+            self.caller = Caller(channel, self.describe(), link if self.links else None)
         return self.caller.compute(head, body)
 
     def reconnect(self) -> None:
@@ -223,11 +229,18 @@ class WorkerPool:
     """All known workers, by id (ids are assigned 0, 1, 2, … in order of first appearance)."""
 
     def __init__(
-        self, addresses: Iterable[str] = (), *, security: Security | None = None, max_workers: int = MAX_WORKERS
+        self,
+        addresses: Iterable[str] = (),
+        *,
+        security: Security | None = None,
+        max_workers: int = MAX_WORKERS,
+        links: bool = True,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
         self.security = security or Security()
+        self.links = links
+        """Ask workers for links (:mod:`gradcode.common.link`); False keeps every Compute on gRPC."""
         self.max_workers = max_workers
         self._next_id = 0
         self._workers: dict[int, PoolWorker] = {}
@@ -251,8 +264,9 @@ class WorkerPool:
         self._check_room()
         worker_id, self._next_id = self._next_id, self._next_id + 1  # ids are never reused
         worker = PoolWorker(
-            worker_id=worker_id, address=address, name=name, instance_id=instance_id, security=self.security
-        )
+            worker_id=worker_id, address=address, name=name, instance_id=instance_id, security=self.security,
+            links=self.links,
+        )  # fmt: skip
         self._workers[worker_id] = worker
         self._by_address[address] = worker_id
         self._count()

@@ -93,9 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-jobs", type=int, default=int(env_default("GRADCODE_MAX_JOBS", "16") or 16),
         help="jobs this worker holds at once [GRADCODE_MAX_JOBS] (default: %(default)s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--link-port", default=env_default("GRADCODE_LINK_PORT", "0") or "0",
+        help="port of this worker's link, a Session over plain TCP (with this server's TLS) that spares the "
+        "data path gRPC's cost, on the --listen host: 0 picks a free one, 'off' serves none (the master then "
+        "uses the gRPC Session) [GRADCODE_LINK_PORT] (default: %(default)s)",
+    )  # fmt: skip
     add_data_arguments(parser, role="worker")
     add_security_arguments(parser, role="worker")
     return parser
+
+
+def link_port(value: str) -> int | None:
+    """The --link-port value: a port (0: any free one), or None for 'off'."""
+    text = value.strip().lower()
+    if text == "off":
+        return None
+    if text.isdigit() and int(text) <= 65535:
+        return int(text)
+    raise ValueError(f"--link-port must be a port (0 to 65535; 0 picks a free one) or 'off', not {value!r}.")
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -123,6 +139,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError(
                 f"--memory-budget must be > 0 and --max-jobs >= 1, not {args.memory_budget} and {args.max_jobs}."
             )
+        args.link_port = link_port(args.link_port)
         args.security = security_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -148,7 +165,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
         host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
         chunk_bytes=args.chunk_bytes or None,
         max_total_bytes=int(args.memory_budget * 1024**3), max_jobs=args.max_jobs, security=args.security,
-        data_dir=args.data_dir, max_data_file_bytes=args.max_data_file_bytes,
+        data_dir=args.data_dir, max_data_file_bytes=args.max_data_file_bytes, link_port=args.link_port,
     )  # fmt: skip
     from gradcode.common.metrics import WORKER_REGISTRY
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
+from gradcode.common.link import LinkServer
 from gradcode.common.security import CallToken, Security
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.wire import CHANNEL_OPTIONS
@@ -72,6 +73,8 @@ class WorkerNode(ServiceNode):
         data_dir: the only directory worker-local jobs read data files from (None: they may only generate).
         max_data_file_bytes: largest data file such a job may read.
         security: TLS and the join secret (:class:`gradcode.common.security.Security`); default plaintext, open.
+        link_port: port of this worker's link (:mod:`gradcode.common.link`: Sessions over plain TCP, with the
+            gRPC server's TLS) on ``host``; 0 picks a free one; None serves no link.
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -93,6 +96,7 @@ class WorkerNode(ServiceNode):
         security: Security | None = None,
         data_dir: str | Path | None = None,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
+        link_port: int | None = 0,
     ) -> None:
         if reregister_seconds <= 0:
             raise ValueError(f"Argument 'reregister_seconds' must be > 0, not {reregister_seconds!r}.")
@@ -118,6 +122,7 @@ class WorkerNode(ServiceNode):
         self.last_registration_error = ""
         """Status and message of the last refused registration (e.g. the master cannot reach this worker)."""
         self._registration: asyncio.Task[None] | None = None
+        self.link_port = link_port
 
     @property
     def advertised(self) -> str:
@@ -135,6 +140,11 @@ class WorkerNode(ServiceNode):
 
     async def _on_started(self) -> None:
         logger.info("worker %s serving on %s (%s)", self.name, self.address, self.security.describe())
+        if self.link_port is not None:
+            link = LinkServer(self.servicer.serve_session, self.security)
+            port = await link.start(self.host, self.link_port)
+            self.servicer.link = link
+            logger.info("worker %s: link on port %d", self.name, port)
         if self.master_address:
             self._registration = asyncio.create_task(self._register_forever(self.master_address), name="register")
             self._registration.add_done_callback(self._on_registration_done)
@@ -147,6 +157,8 @@ class WorkerNode(ServiceNode):
                 await self._registration
 
     async def _after_stop(self) -> None:
+        if self.servicer.link is not None:
+            await self.servicer.link.close()
         await self.servicer.close()
         logger.info("worker %s stopped", self.name)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from gradcode.common.exceptions import (
     NotFoundError,
     ResourceExhaustedError,
 )
+from gradcode.common.link import LinkServer
 from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
 from gradcode.common.session import serve_session, status_chunk
@@ -113,6 +114,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Whether the worker-wide budget (not the per-job cap) bounds a LoadJob stream under way."""
         self.closing = asyncio.Event()
         """Set by :meth:`drain`: Sessions stop taking requests."""
+        self.link: LinkServer | None = None
+        """This worker's link listener, which OpenLink offers (None: this worker serves no link)."""
 
     def _budget(self, replacing: str) -> tuple[int, int]:
         """(bytes still free for one more job, other jobs held or loading) under the worker-wide limits.
@@ -231,7 +234,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
         Compute would answer it, its chunks tagged with its ``request_id``, then its status."""
-        await serve_session(requests, context.write, self._compute, self.closing)
+        await self.serve_session(requests, context.write)
+
+    async def serve_session(
+        self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.link.LinkServer`)."""
+        await serve_session(requests, write, self._compute, self.closing)
+
+    @grpc_errors
+    async def OpenLink(  # noqa: N802 - proto name
+        self, request: worker_pb2.OpenLinkRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.LinkOffer:
+        """A port and a one-time token for a Session over plain TCP (:mod:`gradcode.common.link`)."""
+        if self.link is None or self.closing.is_set():
+            raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
+        return self.link.offer()
 
     async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session

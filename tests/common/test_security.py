@@ -98,8 +98,10 @@ async def test_a_job_runs_over_mutual_tls_with_tokens_and_intruders_are_refused(
             await wait_up(client._stub, 3)
             from tests.e2e.conftest import job_spec
 
-            info, reports = await client.run(job_spec("cyclic", {"n": 3, "s": 1}, iterations=3))
+            info, reports = await client.run(job_spec("cyclic", {"n": 3, "s": 1}, iterations=8))
             assert info.state == master_pb2.JOB_STATE_SUCCEEDED and all(r.exact for r in reports)
+            # the Computes moved to the workers' links, which use the same mutual TLS
+            assert [w.caller is not None and w.caller.serves_links for w in master.pool.workers] == [True] * 3
 
         # a client with the right certificate but no token, or a wrong one: UNAUTHENTICATED
         for token in (None, "wrong-token-0123456789abcdef"):
@@ -260,6 +262,7 @@ async def _worker_statuses(address: str, bearer: str | None) -> dict[str, grpc.S
             "Session": await _session_status(stub),
             "EndJob": await _status(stub.EndJob(worker_pb2.EndJobRequest(job_id="x"))),
             "Hello": await _status(stub.Hello(worker_pb2.HelloRequest())),
+            "OpenLink": await _status(stub.OpenLink(worker_pb2.OpenLinkRequest())),
         }
 
 
@@ -277,7 +280,7 @@ async def test_each_registered_worker_answers_only_the_call_token_its_master_iss
             assert token_a and token_b and len({token_a, token_b, security.worker_call_token}) == 3
             assert {w.address: w.call_token for w in master.pool.workers} == {a.address: token_a, b.address: token_b}
             unknown, known = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
-            calls = ("LoadJob", "Compute", "Session", "EndJob")
+            calls = ("LoadJob", "Compute", "Session", "EndJob", "OpenLink")
             derived = await _worker_statuses(a.address, security.worker_call_token)
             assert derived == {**dict.fromkeys(calls, known), "Hello": grpc.StatusCode.OK}
             for bearer in (None, token_b, JOIN):  # nothing, another worker's token, the join secret itself
@@ -286,7 +289,7 @@ async def test_each_registered_worker_answers_only_the_call_token_its_master_iss
             own = await _worker_statuses(a.address, token_a)  # passes the check: the worker itself answers
             assert own == {"LoadJob": grpc.StatusCode.INVALID_ARGUMENT, "Compute": grpc.StatusCode.NOT_FOUND,
                            "Session": grpc.StatusCode.NOT_FOUND, "EndJob": grpc.StatusCode.NOT_FOUND,
-                           "Hello": known}  # fmt: skip
+                           "Hello": known, "OpenLink": grpc.StatusCode.OK}  # fmt: skip
             await asyncio.sleep(0.6)  # periodic re-registrations keep the token
             assert a.call_token.value == token_a and token_a in [w.call_token for w in master.pool.workers]
 

@@ -140,7 +140,7 @@ async def test_a_killed_worker_fails_the_request_on_its_session_and_breaks_it(
             await worker_pb2_grpc.WorkerStub(ch).LoadJob(
                 iter(load_chunks(setup, data_for(code, 0, make_partitions(3))))
             )
-            session = Session(ch)
+            session = Session.on(ch)
             head = worker_pb2.ComputeRequest(job_id="job", iteration=0, worker_id=0, rows=[0])
             stream = session.compute(head, model_request_bytes(random_params()))
             pending = asyncio.create_task(_drain(stream))

@@ -42,7 +42,7 @@ async def channel(served_worker: ServedWorker) -> AsyncIterator[grpc.aio.Channel
 
 @pytest.fixture
 async def session(channel: grpc.aio.Channel) -> AsyncIterator[Session]:
-    opened = Session(channel)
+    opened = Session.on(channel)
     try:
         yield opened
     finally:

@@ -11,6 +11,20 @@ class HelloRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class OpenLinkRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LinkOffer(_message.Message):
+    __slots__ = ("port", "token", "tls")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    token: bytes
+    tls: bool
+    def __init__(self, port: _Optional[int] = ..., token: _Optional[bytes] = ..., tls: _Optional[bool] = ...) -> None: ...
+
 class HelloReply(_message.Message):
     __slots__ = ("instance_id",)
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class WorkerStub:
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
                 _registered_method=True)
+        self.OpenLink = channel.unary_unary(
+                '/gradcode.v1.Worker/OpenLink',
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.OpenLinkRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.LinkOffer.FromString,
+                _registered_method=True)
         self.EndJob = channel.unary_unary(
                 '/gradcode.v1.Worker/EndJob',
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.EndJobRequest.SerializeToString,
@@ -92,6 +97,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenLink(self, request, context):
+        """The same Session over a plain TCP connection to this worker, without gRPC on the data path: the
+        reply offers a port and a one-time token. The caller connects (with TLS when this server uses
+        it), sends the frame "gradcode-link/1 " + token, and is answered "ok"; from then on each side
+        sends the messages a Session carries (ComputeRequest one way, GradientChunk the other), each one
+        as a frame: its length as 4 bytes big-endian, then the message. FAILED_PRECONDITION when this
+        worker serves no link.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EndJob(self, request, context):
         """Forget a job and free its data.
         """
@@ -123,6 +140,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.ComputeRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.GradientChunk.SerializeToString,
+            ),
+            'OpenLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenLink,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.OpenLinkRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.LinkOffer.SerializeToString,
             ),
             'EndJob': grpc.unary_unary_rpc_method_handler(
                     servicer.EndJob,
@@ -216,6 +238,33 @@ class Worker:
             '/gradcode.v1.Worker/Session',
             gradcode_dot_v1_dot_worker__pb2.ComputeRequest.SerializeToString,
             gradcode_dot_v1_dot_worker__pb2.GradientChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Worker/OpenLink',
+            gradcode_dot_v1_dot_worker__pb2.OpenLinkRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.LinkOffer.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,394 @@
+"""A worker's Session over a plain TCP connection: the same messages, without gRPC on the data path.
+
+Through gRPC, every message a worker sends or receives passes its HTTP/2 framing and flow control and two of
+its threads before the event loop sees it, and the master's ingest of a streamed gradient reaches about half
+of what loopback TCP moves (``bench.transport``). A *link* carries exactly what ``Worker.Session`` carries --
+ComputeRequest from the caller, GradientChunk back -- each message as one frame (its length as 4 bytes
+big-endian, then the message), so :class:`~gradcode.common.session.Session` and
+:func:`~gradcode.common.session.serve_session` run on it unchanged. A large frame is received straight into
+a buffer of its own (:class:`FrameProtocol`): the kernel's copy is the only one before parsing.
+
+Trust: the caller asks for a link with ``Worker.OpenLink`` on its gRPC channel, which the worker's
+interceptor has already authenticated like a Compute, and gets a port and a one-time token (32 random
+bytes, good for one connection within :data:`TOKEN_SECONDS`). The link's first frame is :data:`HELLO` plus
+that token; until the worker has checked it, it accepts no frame longer than the hello. So a link is open to
+exactly who may call Compute. It uses TLS whenever the worker's gRPC server does, with the same
+certificates (mutual TLS included), and a caller configured for TLS never opens a plaintext link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import secrets
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from gradcode.common.security import Security
+from gradcode.common.serving import parse_address
+from gradcode.common.session import CallError
+from gradcode.common.wire import MAX_MESSAGE_BYTES, ReceivedChunk, parse_chunk
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+
+__all__ = [
+    "HELLO",
+    "OPEN_TIMEOUT_SECONDS",
+    "LinkClosedError",
+    "LinkRefusedError",
+    "LinkServer",
+    "LinkStream",
+    "open_link",
+]
+
+log = logging.getLogger(__name__)
+
+HELLO = b"gradcode-link/1 "
+"""The first frame a caller sends starts with this, followed by its token."""
+ACCEPTED = b"ok"
+TOKEN_BYTES = 32
+TOKEN_SECONDS = 60.0
+"""How long an offered token stays good (it is used once, at once, by a caller that asked for it)."""
+MAX_PENDING_TOKENS = 256
+HANDSHAKE_SECONDS = 10.0
+OPEN_TIMEOUT_SECONDS = 5.0
+"""Opening a link (OpenLink, connect, hello) takes at most this long; the gRPC Session serves meanwhile."""
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES + (1 << 20)
+"""Largest frame after the handshake: the largest message gRPC would take, and room for its fields."""
+_LENGTH = struct.Struct(">I")
+_STAGING_BYTES = 256 * 1024
+"""Frames up to this size are received into one reused buffer; larger ones into a buffer of their own."""
+_QUEUE_HIGH, _QUEUE_LOW = 64, 16
+"""Received frames held before the socket stops being read, and when it is read again."""
+_KEEPALIVE = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    *(
+        (socket.IPPROTO_TCP, getattr(socket, name), value)
+        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+        if hasattr(socket, name)
+    ),
+)
+"""A peer whose host vanished without closing is noticed within about 25 s, as gRPC's keepalive would."""
+
+
+class LinkClosedError(ConnectionError):
+    """The link's connection ended (the peer closed it, it broke, or a frame broke the protocol)."""
+
+
+class LinkRefusedError(ConnectionError):
+    """The worker refused the link's hello (a token it did not offer, used or expired)."""
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    """Length-prefixed frames in and out of one connection, with flow control both ways.
+
+    ``max_frame`` bounds what the peer may announce (a longer frame closes the connection); raise it once
+    the peer is trusted.
+    """
+
+    def __init__(self, max_frame: int, on_connected: Callable[[FrameProtocol], None] | None = None) -> None:
+        self.max_frame = max_frame
+        self.transport: asyncio.Transport | None = None
+        self.error: LinkClosedError | None = None
+        """Why the connection ended (None while it is open)."""
+        self._on_connected = on_connected
+        self._staging = bytearray(_STAGING_BYTES)
+        self._start = self._end = 0
+        self._big: np.ndarray[Any, np.dtype[np.uint8]] | None = None
+        self._big_filled = 0
+        self._frames: collections.deque[bytes | memoryview] = collections.deque()
+        self._arrived: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._reading_paused = False
+
+    # ---- asyncio's side ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            for level, option, value in _KEEPALIVE:
+                sock.setsockopt(level, option, value)
+        if self._on_connected is not None:
+            self._on_connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big is not None:
+            return self._big.data[self._big_filled :]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._staging) - self._end < 65536 and self._start > 0:  # move the unread part to the front
+            unread = self._end - self._start
+            self._staging[:unread] = self._staging[self._start : self._end]
+            self._start, self._end = 0, unread
+        return memoryview(self._staging)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big is not None:
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big):
+                frame, self._big = self._big, None
+                self._deliver(frame.data)
+            return
+        self._end += nbytes
+        self._split()
+
+    def _split(self) -> None:
+        """Deliver every whole frame in the staging buffer; start a frame too large for it in its own buffer."""
+        staging = self._staging
+        while self._end - self._start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(staging, self._start)
+            if length > self.max_frame:
+                self._fail(f"the peer announced a frame of {length} bytes; at most {self.max_frame} are allowed")
+                return
+            begin = self._start + _LENGTH.size
+            if self._end - begin >= length:
+                self._deliver(bytes(memoryview(staging)[begin : begin + length]))
+                self._start = begin + length
+                continue
+            if _LENGTH.size + length > len(staging):
+                have = self._end - begin
+                self._big = np.empty(length, dtype=np.uint8)  # not zeroed: every byte is received into it
+                self._big[:have] = memoryview(staging)[begin : self._end]
+                self._big_filled = have
+                self._start = self._end = 0
+            return
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: a link is never half open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None:
+            self.error = LinkClosedError("the peer closed the link" if exc is None else f"the link broke: {exc}")
+        for waiter in (self._arrived, self._writable):
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(self.error)
+                waiter.exception()  # retrieved here: the waiting coroutine (if any) sees it too
+        self._arrived = self._writable = None
+
+    # ---- the user's side -----------------------------------------------------------------------------
+    def _deliver(self, frame: bytes | memoryview) -> None:
+        self._frames.append(frame)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+        if len(self._frames) >= _QUEUE_HIGH and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _fail(self, reason: str) -> None:
+        log.warning("Closing a link: %s", reason)
+        self.error = LinkClosedError(reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def receive(self) -> bytes | memoryview:
+        """The next frame; :class:`LinkClosedError` once the connection has ended and every frame was received."""
+        while not self._frames:
+            if self.error is not None:
+                raise self.error
+            self._arrived = asyncio.get_running_loop().create_future()
+            await self._arrived
+        frame = self._frames.popleft()
+        if self._reading_paused and len(self._frames) <= _QUEUE_LOW and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return frame
+
+    async def send(self, data: bytes) -> None:
+        """Send one frame; waits while the connection's send buffer is full; :class:`LinkClosedError` once it ended."""
+        if self.error is not None or self.transport is None:
+            raise self.error or LinkClosedError("the link is not connected")
+        if len(data) <= 65536:
+            self.transport.write(_LENGTH.pack(len(data)) + data)
+        else:  # no copy of a large frame just to put its length in front
+            self.transport.write(_LENGTH.pack(len(data)))
+            self.transport.write(data)
+        while self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class LinkStream:
+    """The caller's end of a link, shaped like a ``Worker.Session`` call: ``write`` requests, iterate the chunks,
+    ``cancel`` to close (what :class:`~gradcode.common.session.Session` runs on)."""
+
+    def __init__(self, protocol: FrameProtocol, peer: str) -> None:
+        self.protocol = protocol
+        self.peer = peer
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self.protocol.send(data)
+        except LinkClosedError as exc:
+            raise CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {exc}") from None
+
+    def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[ReceivedChunk]:
+        while True:
+            try:
+                frame = await self.protocol.receive()
+            except LinkClosedError as exc:
+                raise CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {exc}") from None
+            yield parse_chunk(frame)
+
+    def cancel(self) -> bool:
+        self.protocol.close()
+        return True
+
+
+async def open_link(channel: grpc.aio.Channel, address: str, security: Security, timeout: float) -> LinkStream:
+    """Ask the worker at ``address`` (on ``channel``, its gRPC channel) for a link and open it.
+
+    Raises ``grpc.aio.AioRpcError`` from OpenLink (FAILED_PRECONDITION: the worker serves no link;
+    UNIMPLEMENTED: an older worker), ``OSError`` when the offered port cannot be reached,
+    :class:`LinkRefusedError` when the worker refuses the hello, ``TimeoutError`` after ``timeout`` seconds.
+    """
+    stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+    offer: worker_pb2.LinkOffer = await stub.OpenLink(worker_pb2.OpenLinkRequest(), timeout=timeout)
+    host, _ = parse_address(address, what="worker address")
+    context = security.client_ssl_context()
+    if (context is not None) != offer.tls:
+        raise LinkRefusedError(
+            f"The worker at {address} offers a {'TLS' if offer.tls else 'plaintext'} link, but this process "
+            f"{'uses' if context is not None else 'has no'} TLS; the worker's gRPC Session is used instead."
+        )
+    loop = asyncio.get_running_loop()
+    server_hostname = (security.server_name or host) if context is not None else None
+    connecting = loop.create_connection(
+        lambda: FrameProtocol(MAX_FRAME_BYTES), host, offer.port, ssl=context, server_hostname=server_hostname
+    )
+    _, protocol = await asyncio.wait_for(connecting, timeout)
+    try:
+        await protocol.send(HELLO + offer.token)
+        reply = await asyncio.wait_for(protocol.receive(), timeout)
+    except BaseException:
+        protocol.close()
+        raise
+    if reply != ACCEPTED:
+        protocol.close()
+        reason = bytes(reply[:200]).decode(errors="replace")
+        raise LinkRefusedError(f"The worker at {address} refused the link: {reason}")
+    return LinkStream(protocol, f"{host}:{offer.port}")
+
+
+Serve = Callable[[AsyncIterator[worker_pb2.ComputeRequest], Callable[[bytes], Awaitable[None]]], Awaitable[None]]
+"""What runs on an accepted link: the requests it reads and the function that sends a frame (``serve_session``)."""
+
+
+class LinkServer:
+    """A worker's link listener: offers one-time tokens (:meth:`offer`) and runs ``serve`` on each accepted link."""
+
+    def __init__(self, serve: Serve, security: Security) -> None:
+        self.serve = serve
+        self.ssl_context = security.server_ssl_context()
+        self.port = 0
+        self._tokens: dict[bytes, float] = {}
+        self._server: asyncio.Server | None = None
+        self._connections: dict[FrameProtocol, asyncio.Task[None]] = {}
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host``:``port`` (0: a free port); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: FrameProtocol(len(HELLO) + TOKEN_BYTES, self._accepted), host, port, ssl=self.ssl_context
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    def offer(self) -> worker_pb2.LinkOffer:
+        """A new one-time token for one caller (who reached us through the authenticated gRPC server)."""
+        if self._server is None:
+            raise RuntimeError("LinkServer.offer() before start()")
+        now = time.monotonic()
+        self._tokens = {t: expiry for t, expiry in self._tokens.items() if expiry > now}
+        while len(self._tokens) >= MAX_PENDING_TOKENS:
+            del self._tokens[next(iter(self._tokens))]  # the oldest
+        token = secrets.token_bytes(TOKEN_BYTES)
+        self._tokens[token] = now + TOKEN_SECONDS
+        return worker_pb2.LinkOffer(port=self.port, token=token, tls=self.ssl_context is not None)
+
+    def _accepted(self, protocol: FrameProtocol) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(protocol), name="link")
+        self._connections[protocol] = task
+        task.add_done_callback(lambda _: self._connections.pop(protocol, None))
+
+    def _check(self, hello: bytes | memoryview) -> str | None:
+        """None when ``hello`` carries a token offered, unused and unexpired (it is used up); else why not."""
+        if bytes(hello[: len(HELLO)]) != HELLO:
+            return "not a gradcode link hello"
+        presented = bytes(hello[len(HELLO) :])
+        now = time.monotonic()
+        for token, expiry in list(self._tokens.items()):
+            if hmac.compare_digest(token, presented):
+                del self._tokens[token]
+                return None if expiry > now else "the token expired; ask Worker.OpenLink for a new one"
+        return "a token this worker did not offer, or already used"
+
+    async def _run(self, protocol: FrameProtocol) -> None:
+        try:
+            hello = await asyncio.wait_for(protocol.receive(), HANDSHAKE_SECONDS)
+            refused = self._check(hello)
+            if refused is not None:
+                log.warning("Refused a link from %s: %s", _peer(protocol), refused)
+                await protocol.send(b"refused: " + refused.encode())
+                return
+            protocol.max_frame = MAX_FRAME_BYTES
+            await protocol.send(ACCEPTED)
+            await self.serve(_requests(protocol), protocol.send)
+        except (LinkClosedError, TimeoutError):
+            pass
+        finally:
+            protocol.close()
+
+    async def close(self) -> None:
+        """Stop listening and close every link (what runs on them is cancelled)."""
+        if self._server is not None:
+            self._server.close()
+        for protocol, task in list(self._connections.items()):
+            task.cancel()
+            if protocol.transport is not None:
+                protocol.transport.abort()
+        await asyncio.gather(*self._connections.values(), return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+async def _requests(protocol: FrameProtocol) -> AsyncIterator[worker_pb2.ComputeRequest]:
+    """The ComputeRequests a caller sends on a link, until it closes; a frame that is not one closes the link."""
+    while True:
+        try:
+            frame = await protocol.receive()
+        except LinkClosedError:
+            return
+        try:
+            yield worker_pb2.ComputeRequest.FromString(frame)  # type: ignore[arg-type]  # upb parses any buffer
+        except DecodeError:
+            log.warning("Closing the link from %s: a frame is not a ComputeRequest", _peer(protocol))
+            protocol.close()
+            return
+
+
+def _peer(protocol: FrameProtocol) -> Any:
+    return None if protocol.transport is None else protocol.transport.get_extra_info("peername")

@@ -1,0 +1,247 @@
+"""A worker's link (:mod:`gradcode.common.link`) on real sockets: framing, the one-time token, TLS, and the
+Session over it against the same Session over gRPC, on a real worker node."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from gradcode.client.certs import CertificateSet, make_certificates
+from gradcode.common import link
+from gradcode.common.link import FrameProtocol, LinkClosedError, LinkRefusedError, LinkServer, open_link
+from gradcode.common.security import Security
+from gradcode.common.session import Caller, Session
+from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.worker.node import WorkerNode
+from tests.worker.conftest import data_for, expected_message, job_setup, load_chunks, make_partitions, random_params
+from tests.worker.test_session import CYCLIC, _head
+
+TIMEOUT = 20.0
+
+
+# ---- frames ------------------------------------------------------------------------------------------------
+async def _pair() -> tuple[FrameProtocol, FrameProtocol, asyncio.Server]:
+    """Two FrameProtocols connected over loopback TCP."""
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Future[FrameProtocol] = loop.create_future()
+    server = await loop.create_server(lambda: FrameProtocol(1 << 26, accepted.set_result), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, client = await loop.create_connection(lambda: FrameProtocol(1 << 26), "127.0.0.1", port)
+    return client, await accepted, server
+
+
+@pytest.mark.parametrize("sizes", [[0, 1, 5, 4096], [link._STAGING_BYTES - 4, link._STAGING_BYTES - 3], [3 << 20]])
+async def test_frames_of_every_size_arrive_whole_and_in_order_both_ways(sizes: list[int]) -> None:
+    """Empty, small, at the staging buffer's edge and far beyond it (received into a buffer of its own)."""
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for size in sizes * 3]
+    async with asyncio.timeout(TIMEOUT):
+        client, server_side, server = await _pair()
+        try:
+            for sender, receiver in ((client, server_side), (server_side, client)):
+                sending = asyncio.gather(*(sender.send(f) for f in frames))
+                received = [bytes(await receiver.receive()) for _ in frames]
+                await sending
+                assert received == frames
+        finally:
+            client.close()
+            server.close()
+
+
+async def test_a_frame_over_the_limit_closes_the_connection_and_the_receiver_says_why() -> None:
+    async with asyncio.timeout(TIMEOUT):
+        client, server_side, server = await _pair()
+        server_side.max_frame = 100
+        await client.send(b"x" * 100)
+        assert await server_side.receive() == b"x" * 100
+        await client.send(b"x" * 101)
+        with pytest.raises(LinkClosedError, match="frame of 101 bytes; at most 100"):
+            await server_side.receive()
+        with pytest.raises(LinkClosedError):
+            for _ in range(100):  # the client learns it once the connection's end reaches it
+                await client.receive()
+        server.close()
+
+
+# ---- the listener and its tokens ---------------------------------------------------------------------------
+async def _echo(requests: AsyncIterator[worker_pb2.ComputeRequest], write: Any) -> None:
+    async for request in requests:
+        await write(worker_pb2.GradientChunk(request_id=request.request_id).SerializeToString())
+
+
+async def _raw_hello(port: int, hello: bytes) -> bytes:
+    """Connect, send ``hello`` as the first frame, and return what the listener answers (b"" if it hangs up)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(struct.pack(">I", len(hello)) + hello)
+    try:
+        head = await reader.readexactly(4)
+        return await reader.readexactly(struct.unpack(">I", head)[0])
+    except asyncio.IncompleteReadError:
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_only_an_offered_unused_unexpired_token_opens_a_link() -> None:
+    async with asyncio.timeout(TIMEOUT):
+        server = LinkServer(_echo, Security())
+        port = await server.start("127.0.0.1", 0)
+        try:
+            offer = server.offer()
+            assert offer.port == port and len(offer.token) == link.TOKEN_BYTES and not offer.tls
+            assert await _raw_hello(port, link.HELLO + offer.token) == link.ACCEPTED
+            reused = await _raw_hello(port, link.HELLO + offer.token)
+            assert reused.startswith(b"refused: ") and b"did not offer, or already used" in reused
+            assert b"did not offer" in await _raw_hello(port, link.HELLO + bytes(link.TOKEN_BYTES))
+            assert b"not a gradcode link hello" in await _raw_hello(port, b"GET / HTTP/1.1\r\n\r\n")
+
+            expired = server.offer()
+            server._tokens[expired.token] = 0.0  # its minute is over
+            assert b"the token expired" in await _raw_hello(port, link.HELLO + expired.token)
+
+            # before the hello is accepted, no frame longer than a hello is taken (no allocation on a stranger's word)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(struct.pack(">I", 1 << 30))
+            assert await asyncio.wait_for(reader.read(16), 5) == b""  # closed at once
+            writer.close()
+        finally:
+            await server.close()
+
+
+# ---- on a worker node: the Session over a link --------------------------------------------------------------
+async def _computed(stream: Any, head: worker_pb2.ComputeRequest, length: int) -> dict[int, np.ndarray[Any, Any]]:
+    assembler = MessageAssembler(
+        job_id=head.job_id, iteration=head.iteration, worker_id=head.worker_id, rows=tuple(head.rows),
+        length=length, dtypes=(np.dtype("<f8"),),
+    )  # fmt: skip
+    done = {}
+    async for chunk in stream:
+        message = assembler.feed(chunk)
+        if message is not None:
+            done[message.row] = message.vector
+    return done
+
+
+async def _load_job(channel: grpc.aio.Channel) -> dict[int, tuple[Any, Any]]:
+    partitions = make_partitions(3)
+    stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+
+    async def chunks() -> AsyncIterator[worker_pb2.LoadJobChunk]:
+        for chunk in load_chunks(job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions)):
+            yield chunk
+
+    await stub.LoadJob(chunks())
+    return partitions
+
+
+async def test_a_session_over_a_link_answers_exactly_what_it_answers_over_grpc() -> None:
+    async with (
+        asyncio.timeout(TIMEOUT),
+        WorkerNode(grace=0.2) as node,
+        Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
+    ):
+        partitions = await _load_job(channel)
+        linked = Session(await open_link(channel, node.address, Security(), 5.0))
+        over_grpc = Session.on(channel)
+        try:
+            for iteration in range(1, 4):
+                params = random_params(seed=iteration)
+                head = _head("job", 0, tuple(CYCLIC.static_assignment().rows[0]), iteration)
+                body = model_request_bytes(params)
+                length = expected_message(CYCLIC, 0, params, partitions).size
+                via_link = await _computed(linked.compute(head, body), head, length)
+                via_grpc = await _computed(over_grpc.compute(head, body), head, length)
+                assert via_link.keys() == via_grpc.keys() == {0}
+                assert np.array_equal(via_link[0], via_grpc[0])
+                np.testing.assert_allclose(via_link[0], expected_message(CYCLIC, 0, params, partitions), rtol=1e-12)
+        finally:
+            linked.close()
+            over_grpc.close()
+
+
+async def test_a_caller_moves_to_the_link_and_keeps_grpc_for_a_worker_without_one() -> None:
+    async with asyncio.timeout(TIMEOUT):
+        for link_port, expected in ((0, True), (None, False)):
+            async with (
+                WorkerNode(grace=0.2, link_port=link_port) as node,
+                Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
+            ):
+                partitions = await _load_job(channel)
+                caller = Caller(channel, "w", lambda: open_link(channel, node.address, Security(), 5.0))
+                try:
+                    for iteration in range(1, 30):
+                        params = random_params(seed=iteration)
+                        head = _head("job", 0, tuple(CYCLIC.static_assignment().rows[0]), iteration)
+                        length = expected_message(CYCLIC, 0, params, partitions).size
+                        got = await _computed(caller.compute(head, model_request_bytes(params)), head, length)
+                        np.testing.assert_allclose(got[0], expected_message(CYCLIC, 0, params, partitions), rtol=1e-12)
+                        if caller.serves_links is not None:
+                            break
+                        await asyncio.sleep(0.05)  # the link opens in the background
+                    assert caller.serves_links is expected
+                    assert (caller._linked is not None) is expected
+                finally:
+                    caller.close()
+
+
+async def test_a_killed_link_fails_its_requests_unavailable() -> None:
+    async with (
+        asyncio.timeout(TIMEOUT),
+        WorkerNode(grace=0.2) as node,
+        Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
+    ):
+        stream = await open_link(channel, node.address, Security(), 5.0)
+        session = Session(stream)
+        assert node.servicer.link is not None
+        await node.servicer.link.close()  # the worker's end goes away
+        compute = session.compute(worker_pb2.ComputeRequest(job_id="job", iteration=1, rows=[0]))
+        with pytest.raises(Exception) as info:
+            async for _ in compute:
+                pass
+        assert getattr(info.value, "code", None) is grpc.StatusCode.UNAVAILABLE, info.value
+        assert session.broken
+
+
+# ---- TLS ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertificateSet:
+    return make_certificates(tmp_path_factory.mktemp("certs"), ["127.0.0.1", "localhost"])
+
+
+async def test_a_link_uses_the_servers_mutual_tls_and_a_plaintext_caller_gets_none(certs: CertificateSet) -> None:
+    node_tls = Security(cert=certs.node, key=certs.node_key, ca=certs.ca, mutual=True)
+    client_tls = Security(cert=certs.client, key=certs.client_key, ca=certs.ca, mutual=True)
+    async with (
+        asyncio.timeout(TIMEOUT),
+        WorkerNode(grace=0.2, security=node_tls) as node,
+        client_tls.channel(node.address, options=CHANNEL_OPTIONS) as channel,
+    ):
+        stream = await open_link(channel, node.address, client_tls, 5.0)
+        ssl_object = stream.protocol.transport.get_extra_info("ssl_object") if stream.protocol.transport else None
+        assert ssl_object is not None and ssl_object.getpeercert()  # the worker's certificate, verified
+        stream.cancel()
+        # a caller whose own configuration has no TLS never sends over a TLS link's port in plaintext
+        with pytest.raises(LinkRefusedError, match="offers a TLS link, but this process has no TLS"):
+            await open_link(channel, node.address, Security(), 5.0)
+        # TLS without the client certificate the worker requires: the handshake fails
+        no_client_cert = Security(ca=certs.ca)
+        with pytest.raises((OSError, LinkClosedError)):
+            await open_link(channel, node.address, no_client_cert, 5.0)
+
+
+def test_the_worker_command_line_takes_a_link_port_or_off(tmp_path: Path) -> None:
+    from gradcode.worker.__main__ import parse_arguments
+
+    assert parse_arguments(["--link-port", "off"]).link_port is None
+    assert parse_arguments(["--link-port", "5000"]).link_port == 5000
+    assert parse_arguments([]).link_port == 0
+    with pytest.raises(SystemExit):
+        parse_arguments(["--link-port", "70000"])
