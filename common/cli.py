@@ -4,6 +4,7 @@ process set-up every gradcode service does before serving."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 from prometheus_client import CollectorRegistry
@@ -116,6 +117,17 @@ def prepare_process(*, threads: int, log_level: str, log_format: str = "text") -
     limit_blas_threads(threads)
     reuse_large_buffers()
     configure_logging(log_level, log_format)
+
+
+def freeze_startup_objects() -> None:
+    """Once the node is serving: leave what start-up made (modules, servers, descriptors) out of the cyclic GC.
+
+    Every full collection walks all tracked objects; in a worker of the n = 16, p = 1e5 benchmark that walk
+    was 16% of its CPU (``perf``: ``gc_collect_main``, ``visit_decref``, ``visit_reachable``), for objects
+    that live as long as the process. Frozen objects are still freed by reference counting.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def start_metrics(

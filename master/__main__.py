@@ -18,6 +18,7 @@ from gradcode.common.cli import (
     add_service_arguments,
     check_data_arguments,
     env_default,
+    freeze_startup_objects,
     prepare_process,
     service_address,
     start_metrics,
@@ -114,6 +115,7 @@ async def _serve(args: argparse.Namespace) -> None:
         shared_memory=args.shared_memory_root, links=args.link == "on",
     )  # fmt: skip
     await node.start()
+    freeze_startup_objects()
     metrics = None
     try:
         install_shutdown_signals(node.shutdown, name="master")

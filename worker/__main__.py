@@ -17,6 +17,7 @@ from gradcode.common.cli import (
     add_service_arguments,
     check_data_arguments,
     env_default,
+    freeze_startup_objects,
     prepare_process,
     service_address,
     start_metrics,
@@ -170,6 +171,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     from gradcode.common.metrics import WORKER_REGISTRY
 
     await node.start()
+    freeze_startup_objects()
     metrics = None
     try:
         install_shutdown_signals(node.shutdown, name="worker")
