@@ -247,10 +247,18 @@ class IterationComputation:
         computed for an earlier row, and their combination)."""
         started = time.perf_counter()
         spec = self.job.rows[row]
-        acc_dtype = np.complex128 if spec.is_complex else np.float64
-        out = np.zeros(self.job.message_length, dtype=acc_dtype)
-        for partition, c in zip(spec.partitions, spec.coefficients, strict=True):
-            out += c * self.partial(partition)
+        terms = list(zip(spec.partitions, spec.coefficients, strict=True))
+        if len(terms) == 1 and terms[0][1] == 1 and not spec.is_complex:  # uncoded: the partial is the message
+            out = self.partial(terms[0][0])
+        else:
+            out = (np.empty if terms else np.zeros)(
+                self.job.message_length, dtype=np.complex128 if spec.is_complex else np.float64
+            )
+            scratch = np.empty_like(out)
+            for index, (partition, c) in enumerate(terms):
+                np.multiply(self.partial(partition), c, out=out if index == 0 else scratch)
+                if index:
+                    out += scratch
         seconds = time.perf_counter() - started
         return out.astype(self.job.row_dtype(row), copy=False), seconds
 
