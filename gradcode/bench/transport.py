@@ -19,12 +19,14 @@ Compute calls (so slow drift of a shared machine hits all of them alike), median
   plain TCP socket on 127.0.0.1 (``sendall`` of the whole buffer, ``recv_into`` in 4 MiB pieces): the
   machine's loopback TCP limit for this pattern;
 * ``memcpy``: ``numpy.copyto`` of the same 16p bytes between two preallocated arrays;
+* ``link``: the same Compute on the worker's link (:mod:`gradcode.common.link`: the Session over plain TCP
+  that the master uses by default), called right after the one on the gRPC Session;
 * ``shared``: the same Compute through a shared-memory directory this process offered and the worker
   accepted (:mod:`gradcode.common.shared_memory`): the model written once into its tmpfs slot, the
-  message left in the worker's slot, only header and trailer on the gRPC stream.
+  message left in the worker's slot, only header and trailer on the worker's link.
 
-The master's ``ingest`` over gRPC (first chunk of the message to the complete message) is compared
-with one-way loopback TCP for the same bytes. Then the CPU one Compute costs on each end, per path:
+The master's ``ingest`` over gRPC and over the link (first chunk of the message to the complete message) is
+compared with one-way loopback TCP for the same bytes. Then the CPU one Compute costs on each end, per path:
 the worker process's and this process's CPU time (``/proc``, ``time.process_time``) over blocks of
 calls alternating between gRPC and shared memory, beside the worker's gradient time.
 
@@ -48,11 +50,12 @@ up) and of its ``ingest``, the time from the first chunk of the message to the c
 master receiving, checking and reassembling the rest of the stream); the TLS / plaintext ratio of
 each; and the load average (``/proc/loadavg``) before and after, beside the figures.
 
-**Per-iteration overhead.** Two :class:`gradcode.client.launch.LocalCluster` s with 8 worker processes each,
-one whose master sends every payload through gRPC (``--shared-memory off``), one with the default (shared
-memory for workers on its host); jobs of softmax regression on the digits data with ``cyclic`` (s = 1)
-and ``uncoded`` for n in {4, 8}, no stragglers, 30 iterations each, run through the SDK on one cluster
-then the other, configuration by configuration. From the reports (first two iterations left out),
+**Per-iteration overhead.** Three :class:`gradcode.client.launch.LocalCluster` s with 8 worker processes
+each: one whose master sends every payload on the workers' gRPC Sessions (``--shared-memory off --link
+off``), one on their links (``--shared-memory off``), one with the default (shared memory for workers on its
+host, headers on the links); jobs of softmax regression on the digits data with ``cyclic`` (s = 1)
+and ``uncoded`` for n in {4, 8}, no stragglers, 30 iterations each, run through the SDK on each cluster
+in turn, configuration by configuration. From the reports (first two iterations left out),
 medians of ``wall_seconds`` (request to optimizer step), ``decode_seconds`` (decoder + combine),
 ``first`` and ``gather`` (iteration start to the first and to the last message used: the smallest and
 largest worker timing) and the period between reports. They are compared with the gRPC unary round
@@ -101,6 +104,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, cpu_seconds, load_average, save, steady_periods
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.cli import freeze_startup_objects
+from gradcode.common.link import open_link
 from gradcode.common.security import Security
 from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
 from gradcode.common.session import Session
@@ -298,7 +303,7 @@ async def _timed_calls(channels: Sequence[grpc.aio.Channel], p: int, repeats: in
         await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
     params = np.random.default_rng(0).standard_normal(p)
     calls: list[list[CallTiming]] = [[] for _ in stubs]
-    computes = [Session(channel) for channel in channels]
+    computes = [Session.on(channel) for channel in channels]
     for iteration in range(1, WARMUP_CALLS + repeats + 1):
         for compute, record in zip(computes, calls, strict=True):
             result = await _compute_call(compute, job_id, iteration, params)
@@ -580,16 +585,18 @@ async def _cpu_in_blocks(
 
 
 async def _call_cpu(
-    compute: Session, jobs: dict[str, tuple[str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
+    jobs: dict[str, tuple[Session, str, SharedDirectory | None]], params: Any, worker_pid: int, first: int
 ) -> dict[str, dict[str, float]]:
-    """CPU seconds one Compute call costs the worker process and this (the master's) process, per path
-    (:func:`_cpu_in_blocks`); iterations from ``first``, a new one for every call."""
-    estimate = (await _compute_call(compute, next(iter(jobs.values()))[0], first, params)).total
+    """CPU seconds one Compute call costs the worker process and this (the master's) process, per path (its
+    session, job and shared-memory directory; :func:`_cpu_in_blocks`); iterations from ``first``, a new one for
+    every call."""
+    session, job_id, _ = next(iter(jobs.values()))
+    estimate = (await _compute_call(session, job_id, first, params)).total
     per_block = max(2, min(15, round(CPU_BLOCK_SECONDS / max(estimate, 1e-4))))
     iterations = itertools.count(first + 1)
 
-    def call(job_id: str, shared: SharedDirectory | None) -> Callable[[], Awaitable[object]]:
-        return lambda: _compute_call(compute, job_id, next(iterations), params, shared)
+    def call(session: Session, job_id: str, shared: SharedDirectory | None) -> Callable[[], Awaitable[object]]:
+        return lambda: _compute_call(session, job_id, next(iterations), params, shared)
 
     used = await _cpu_in_blocks({path: call(*job) for path, job in jobs.items()}, per_block, [worker_pid])
     return {path: {"worker_s": u["peers_s"], "master_s": u["own_s"], "calls": u["runs"]} for path, u in used.items()}
@@ -605,7 +612,8 @@ async def _measure_sizes(
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
     try:
         stub = worker_pb2_grpc.WorkerStub(worker_channel)  # type: ignore[no-untyped-call]
-        compute = Session(worker_channel)
+        compute = Session.on(worker_channel)
+        linked = Session(await open_link(worker_channel, worker_address, Security(), START_TIMEOUT))
         raw = raw_channel.unary_stream(RAW_METHOD, request_serializer=None, response_deserializer=None)
         rows = []
         for p in sizes:
@@ -625,13 +633,15 @@ async def _measure_sizes(
             copy_source = np.random.default_rng(2).standard_normal(2 * p)
             copy_target = np.empty_like(copy_source)
             calls: list[CallTiming] = []
+            link_calls: list[CallTiming] = []
             shared_calls: list[CallTiming] = []
             raw_times: list[float] = []
             loop_times: list[float] = []
             copy_times: list[float] = []
             for iteration in range(1, WARMUP_CALLS + repeats + 1):
                 call = await _compute_call(compute, job_id, iteration, params)
-                shared_call = await _compute_call(compute, shared_job, iteration, params, shared)
+                link_call = await _compute_call(linked, job_id, iteration, params)
+                shared_call = await _compute_call(linked, shared_job, iteration, params, shared)
                 raw_s = await _raw_call(raw, raw_request, half)
                 started = time.perf_counter()
                 peers.exchange(outgoing, incoming)
@@ -641,12 +651,17 @@ async def _measure_sizes(
                 copy_s = time.perf_counter() - started
                 if iteration > WARMUP_CALLS:
                     calls.append(call)
+                    link_calls.append(link_call)
                     shared_calls.append(shared_call)
                     raw_times.append(raw_s)
                     loop_times.append(loop_s)
                     copy_times.append(copy_s)
-            paths = {"gRPC": (job_id, None), "shared memory": (shared_job, shared)}
-            cpu = await _call_cpu(compute, paths, params, worker.process.pid, WARMUP_CALLS + repeats + 1)
+            paths = {
+                "gRPC": (compute, job_id, None),
+                "link": (linked, job_id, None),
+                "shared memory": (linked, shared_job, shared),
+            }
+            cpu = await _call_cpu(paths, params, worker.process.pid, WARMUP_CALLS + repeats + 1)
             for job in (job_id, shared_job):
                 await stub.EndJob(worker_pb2.EndJobRequest(job_id=job), timeout=CALL_TIMEOUT)
             shared.close()
@@ -655,6 +670,10 @@ async def _measure_sizes(
                     "p": p,
                     **_summary(calls),
                     "ingest_s": statistics.median(c.total - c.first for c in calls),
+                    "link": {
+                        **_summary(link_calls),
+                        "ingest_s": statistics.median(c.total - c.first for c in link_calls),
+                    },
                     "shared": _summary(shared_calls),
                     "raw_grpc_s": statistics.median(raw_times),
                     "loopback_s": statistics.median(loop_times),
@@ -664,6 +683,8 @@ async def _measure_sizes(
             )
         return rows
     finally:
+        with contextlib.suppress(NameError):
+            linked.close()
         await worker_channel.close(None)
         await raw_channel.close(None)
 
@@ -761,14 +782,25 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
         codec = codec_times(p, repeats)
         codec_total = sum(v for k, v in codec.items() if k != "crc32c_s")
         chunks = int(row["chunks"])
-        shared = row["shared"]
+        shared, linked = row["shared"], row["link"]
+
+        def ingest_ratio(ingest_s: float, row: dict[str, Any] = row, chunks: int = chunks) -> float:
+            """One-way loopback TCP for the bytes after the first chunk / that ingest time."""
+            return (chunks - 1) / chunks * row["loopback_s"] / 2 / ingest_s if chunks > 1 else math.nan
+
         rows.append(
             {
                 **row,
                 "ingest_GBps": 8 * p * (chunks - 1) / chunks / row["ingest_s"] / 1e9 if chunks > 1 else math.nan,
-                "ingest_ratio_loopback": (
-                    (chunks - 1) / chunks * row["loopback_s"] / 2 / row["ingest_s"] if chunks > 1 else math.nan
-                ),
+                "ingest_ratio_loopback": ingest_ratio(row["ingest_s"]),
+                "link": {
+                    **linked,
+                    "transport_GBps": nbytes / linked["transport_s"] / 1e9,
+                    "ratio_loopback": row["loopback_s"] / linked["transport_s"],
+                    "speedup": row["transport_s"] / linked["transport_s"],
+                    "ingest_GBps": 8 * p * (chunks - 1) / chunks / linked["ingest_s"] / 1e9 if chunks > 1 else math.nan,
+                    "ingest_ratio_loopback": ingest_ratio(linked["ingest_s"]),
+                },
                 "shared": {
                     **shared,
                     "transport_GBps": nbytes / shared["transport_s"] / 1e9,
@@ -1007,9 +1039,10 @@ async def _iteration_jobs(
     return rtt, rows
 
 
-PATHS = {"gRPC": ["--shared-memory", "off"], "shared memory": []}
-"""The payload paths the overhead stages compare: every model and message through gRPC, or through the job's
-shared-memory directory (the master's default for workers on its host)."""
+PATHS = {"gRPC": ["--shared-memory", "off", "--link", "off"], "link": ["--shared-memory", "off"], "shared memory": []}
+"""The payload paths the overhead stages compare: every model and message on the workers' gRPC Sessions, on
+their links (Sessions over plain TCP), or through the job's shared-memory directory with the headers on the
+links (the master's default for workers on its host)."""
 
 
 async def iteration_overhead(
@@ -1065,17 +1098,29 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     lines.append(
         "Ingest through gRPC: first chunk of the message to the complete message (the master receiving, checking and"
     )
-    lines.append(" reassembling the rest of the stream) against one-way loopback TCP for the same bytes")
-    lines.append(f"{'p':>9} {'ingest ms':>10} {'GB/s':>6} {'x loop':>7}")
+    lines.append(" reassembling the rest of the stream) against one-way loopback TCP for the same bytes; the same")
+    lines.append(" through the worker's link (a Session over plain TCP, the master's default), called alternately")
+    lines.append(f"{'p':>9} {'ingest ms':>10} {'GB/s':>6} {'x loop':>7} {'link ms':>8} {'GB/s':>6} {'x loop':>7}")
     for r in rows:
+        lk = r["link"]
         lines.append(
             f"{r['p']:>9} {r['ingest_s'] * 1e3:>10.2f} {r['ingest_GBps']:>6.2f} {r['ingest_ratio_loopback']:>7.3f}"
+            f" {lk['ingest_s'] * 1e3:>8.2f} {lk['ingest_GBps']:>6.2f} {lk['ingest_ratio_loopback']:>7.3f}"
+        )
+    lines.append("")
+    lines.append("The whole Compute through the link (model down, message up): against loopback TCP and gRPC")
+    lines.append(f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}")
+    for r in rows:
+        lk = r["link"]
+        lines.append(
+            f"{r['p']:>9} {lk['total_s'] * 1e3:>9.2f} {lk['transport_s'] * 1e3:>8.2f} {lk['transport_GBps']:>6.2f}"
+            f" {lk['ratio_loopback']:>7.2f} {lk['speedup']:>7.1f}x"
         )
     lines.append("")
     lines.append(
         "Through shared memory (the worker on this host accepted the job's directory): the same Compute, model"
     )
-    lines.append(" written once to tmpfs, message left there, only header and trailer on the gRPC stream")
+    lines.append(" written once to tmpfs, message left there, only header and trailer on the worker's link")
     lines.append(f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}")
     for r in rows:
         sh = r["shared"]
@@ -1087,12 +1132,19 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     lines.append("")
     lines.append("CPU per Compute call, ms (from /proc, blocks of calls alternating between the paths): the worker")
     lines.append(" process (its gradient included) and the master's; the worker's gradient alone for comparison")
-    lines.append(f"{'p':>9} {'gRPC worker':>12} {'master':>7} {'shm worker':>11} {'master':>7} {'gradient':>9}")
+    lines.append(
+        f"{'p':>9} {'gRPC worker':>12} {'master':>7} {'link worker':>12} {'master':>7} {'shm worker':>11}"
+        f" {'master':>7} {'gradient':>9}"
+    )
     for r in rows:
-        grpc_cpu, shm_cpu = r["cpu_per_call"]["gRPC"], r["cpu_per_call"]["shared memory"]
+        cpu = r["cpu_per_call"]
         lines.append(
-            f"{r['p']:>9} {grpc_cpu['worker_s'] * 1e3:>12.2f} {grpc_cpu['master_s'] * 1e3:>7.2f}"
-            f" {shm_cpu['worker_s'] * 1e3:>11.2f} {shm_cpu['master_s'] * 1e3:>7.2f} {r['compute_s'] * 1e3:>9.2f}"
+            f"{r['p']:>9}"
+            + "".join(
+                f" {cpu[path]['worker_s'] * 1e3:>{width}.2f} {cpu[path]['master_s'] * 1e3:>7.2f}"
+                for path, width in (("gRPC", 12), ("link", 12), ("shared memory", 11))
+            )
+            + f" {r['compute_s'] * 1e3:>9.2f}"
         )
     lines.append("")
     lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32C alone)")
@@ -1291,7 +1343,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     tls.legend(fontsize=8)
 
     it = results["iteration"]
-    short = {"gRPC": "gRPC", "shared memory": "shm"}
+    short = {"gRPC": "gRPC", "link": "link", "shared memory": "shm"}
     names = [f"{r['scheme'][:3]} {r['n']}\n{short.get(r['path'], r['path'])}" for r in it["rows"]]
     decode = [r["decode_s"] * 1e3 for r in it["rows"]]
     rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
@@ -1327,7 +1379,11 @@ async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:
     )
     transfer = next(row for row in stream_rows if row["p"] == WIDE_PARAMETERS)
     for row in wide["rows"]:
-        one_transfer = transfer["shared"]["transport_s"] if row["path"] == "shared memory" else transfer["transport_s"]
+        one_transfer = {
+            "gRPC": transfer["transport_s"],
+            "link": transfer["link"]["transport_s"],
+            "shared memory": transfer["shared"]["transport_s"],
+        }[row["path"]]
         through_master = (row["n"] + row["used_workers"]) / 2 * one_transfer  # one transfer = 8p down + 8p up
         alone = transfer["cpu_per_call"][row["path"]]
         row.update(
@@ -1401,6 +1457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # taking a core from the worker on a 2-core machine.
     limit_blas_threads(1)
     reuse_large_buffers()
+    freeze_startup_objects()
     run(quick=args.quick, out=args.out)
 
 
