@@ -90,8 +90,8 @@ class LinkRefusedError(ConnectionError):
 class FrameProtocol(asyncio.BufferedProtocol):
     """Length-prefixed frames in and out of one connection, with flow control both ways.
 
-    ``max_frame`` bounds what the peer may announce (a longer frame closes the connection); raise it once
-    the peer is trusted.
+    ``max_frame`` bounds what the peer may announce (a longer frame closes the connection); :meth:`allow`
+    raises it once the peer is trusted. Until then the connection holds a buffer of that size only.
     """
 
     def __init__(self, max_frame: int, on_connected: Callable[[FrameProtocol], None] | None = None) -> None:
@@ -100,7 +100,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.error: LinkClosedError | None = None
         """Why the connection ended (None while it is open)."""
         self._on_connected = on_connected
-        self._staging = bytearray(_STAGING_BYTES)
+        self._staging = bytearray(min(_STAGING_BYTES, _LENGTH.size + max_frame))
         self._start = self._end = 0
         self._big: np.ndarray[Any, np.dtype[np.uint8]] | None = None
         self._big_filled = 0
@@ -108,6 +108,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._arrived: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self._reading_paused = False
+
+    def allow(self, max_frame: int) -> None:
+        """Accept frames up to ``max_frame`` bytes from now on (the peer is trusted)."""
+        self.max_frame = max_frame
+        if len(self._staging) < _STAGING_BYTES:
+            unread = self._staging[self._start : self._end]
+            self._staging = bytearray(_STAGING_BYTES)
+            self._staging[: len(unread)] = unread
+            self._start, self._end = 0, len(unread)
 
     # ---- asyncio's side ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -354,7 +363,7 @@ class LinkServer:
                 log.warning("Refused a link from %s: %s", _peer(protocol), refused)
                 await protocol.send(b"refused: " + refused.encode())
                 return
-            protocol.max_frame = MAX_FRAME_BYTES
+            protocol.allow(MAX_FRAME_BYTES)
             await protocol.send(ACCEPTED)
             await self.serve(_requests(protocol), protocol.send)
         except (LinkClosedError, TimeoutError):

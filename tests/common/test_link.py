@@ -109,6 +109,10 @@ async def test_only_an_offered_unused_unexpired_token_opens_a_link() -> None:
 
             # before the hello is accepted, no frame longer than a hello is taken (no allocation on a stranger's word)
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            while not server._connections:
+                await asyncio.sleep(0.01)
+            (waiting,) = server._connections  # holds a hello-sized buffer only
+            assert len(waiting._staging) == 4 + len(link.HELLO) + link.TOKEN_BYTES
             writer.write(struct.pack(">I", 1 << 30))
             assert await asyncio.wait_for(reader.read(16), 5) == b""  # closed at once
             writer.close()
