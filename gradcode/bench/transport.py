@@ -1075,6 +1075,18 @@ async def iteration_overhead(
 
 
 # ---- output -----------------------------------------------------------------------------------------------
+def _against_grpc(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
+    """The whole Compute on one path (``link``, ``shared``) per p: its times and rate against loopback and gRPC."""
+    lines = [f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}"]
+    for r in rows:
+        x = r[path]
+        lines.append(
+            f"{r['p']:>9} {x['total_s'] * 1e3:>9.2f} {x['transport_s'] * 1e3:>8.2f} {x['transport_GBps']:>6.2f}"
+            f" {x['ratio_loopback']:>7.2f} {x['speedup']:>7.1f}x"
+        )
+    return lines
+
+
 def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "Gradient streaming: one Compute call (model down + message up, 16p bytes), median; rates in GB/s",
@@ -1109,25 +1121,13 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
         )
     lines.append("")
     lines.append("The whole Compute through the link (model down, message up): against loopback TCP and gRPC")
-    lines.append(f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}")
-    for r in rows:
-        lk = r["link"]
-        lines.append(
-            f"{r['p']:>9} {lk['total_s'] * 1e3:>9.2f} {lk['transport_s'] * 1e3:>8.2f} {lk['transport_GBps']:>6.2f}"
-            f" {lk['ratio_loopback']:>7.2f} {lk['speedup']:>7.1f}x"
-        )
+    lines.extend(_against_grpc(rows, "link"))
     lines.append("")
     lines.append(
         "Through shared memory (the worker on this host accepted the job's directory): the same Compute, model"
     )
     lines.append(" written once to tmpfs, message left there, only header and trailer on the worker's link")
-    lines.append(f"{'p':>9} {'total ms':>9} {'transp.':>8} {'GB/s':>6} {'x loop':>7} {'vs gRPC':>8}")
-    for r in rows:
-        sh = r["shared"]
-        lines.append(
-            f"{r['p']:>9} {sh['total_s'] * 1e3:>9.2f} {sh['transport_s'] * 1e3:>8.2f} {sh['transport_GBps']:>6.2f}"
-            f" {sh['ratio_loopback']:>7.2f} {sh['speedup']:>7.1f}x"
-        )
+    lines.extend(_against_grpc(rows, "shared"))
     lines.append("(x loop = loopback TCP exchanging the same 16p bytes / this; vs gRPC = gRPC transport / this)")
     lines.append("")
     lines.append("CPU per Compute call, ms (from /proc, blocks of calls alternating between the paths): the worker")
