@@ -383,6 +383,11 @@ class Round:
                 self.decoding = decoder.decoding()
                 self.gather_decode_seconds += time.perf_counter() - t0
         finally:
+            while not queue.empty():  # a refusal already here when the round became decodable is a fact all the same
+                worker_id, item = queue.get_nowait()
+                if isinstance(item, BaseException) and worker_id in pending:
+                    pending.discard(worker_id)
+                    failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
             rows_of = {s.worker_id: s.rows for s in sources}
             for w in list(pending):
                 if all(r in self.messages for r in rows_of[w]):  # delivered everything; end-of-stream not seen yet

@@ -125,3 +125,19 @@ async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_f
         assert error <= decoded.error_bound  # the certificate covers the float32 rounding either way
         assert decoded.exact is expect_exact, (slow, decoded.error_bound)
         assert (decoded.error_bound <= result.tolerance) is expect_exact
+
+
+async def test_a_refusal_that_arrived_with_the_decodable_message_is_still_reported() -> None:
+    """Worker 3's failure is queued behind the message that makes the round decodable: it is a failure (a
+    restarted worker's NOT_FOUND is how the master learns to reload it), not a late worker."""
+    code = make_code("ignore_stragglers", n=4, s=1)  # any 3 of 4
+    g = np.random.default_rng(3).standard_normal((4, 50))
+    streams = [
+        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), 0.0, fail=w == 3)
+        for w in range(4)
+    ]
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=50)
+    failures = await round_.gather([Source(w, (w,), lambda w=w: streams[w]) for w in range(4)])  # type: ignore[misc]
+    assert round_.decodable and round_.used_workers == [0, 1, 2]
+    assert set(failures) == set(round_.failed) == {3} and round_.late == []
+    assert str(round_.failed[3]) == "ConnectionError: worker died"

