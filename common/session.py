@@ -22,6 +22,7 @@ before its turn is not sent at all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -86,9 +87,10 @@ _END = object()
 class SessionCompute:
     """One Compute on a :class:`Session`: iterate it for the chunks; :meth:`cancel` stops it (a ChunkStream)."""
 
-    def __init__(self, session: Session, request_id: int) -> None:
+    def __init__(self, session: Session, request_id: int, job_id: str = "") -> None:
         self.session = session
         self.request_id = request_id
+        self.job_id = job_id
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.ended = False
         """The worker sent its status, the session broke, or the caller cancelled."""
@@ -132,13 +134,27 @@ class SessionStream(Protocol):
     def cancel(self) -> bool: ...
 
 
+LostJob = Callable[[str], None]
+"""Told the id of a job the worker no longer holds, learnt from a request the caller had stopped waiting for."""
+
+_CANCELLED_REMEMBERED = 1024
+
+
 class Session:
     """The caller's end of one Session stream (create it inside the event loop): :meth:`on` a channel, or on
-    any :class:`SessionStream`."""
+    any :class:`SessionStream`.
 
-    def __init__(self, stream: SessionStream) -> None:
+    ``on_lost_job`` hears of a NOT_FOUND that ends a request the caller had already cancelled: a restarted
+    worker whose refusal arrived after the round no longer needed it would otherwise go unnoticed (and
+    unreloaded) for as long as its refusals keep arriving late.
+    """
+
+    def __init__(self, stream: SessionStream, on_lost_job: LostJob | None = None) -> None:
         self._call = stream
+        self.on_lost_job = on_lost_job
         self._computes: dict[int, SessionCompute] = {}
+        self._cancelled: collections.OrderedDict[int, str] = collections.OrderedDict()
+        """Job ids of the requests cancelled lately, by request id, until their status arrives."""
         self._ids = itertools.count(1)
         self._outbox: asyncio.Queue[tuple[SessionCompute | None, bytes]] = asyncio.Queue()
         self.error: BaseException | None = None
@@ -148,12 +164,12 @@ class Session:
         self._writer = loop.create_task(self._write(), name="session-writer")
 
     @classmethod
-    def on(cls, channel: grpc.aio.Channel) -> Session:
+    def on(cls, channel: grpc.aio.Channel, on_lost_job: LostJob | None = None) -> Session:
         """A new ``Worker.Session`` call on ``channel``."""
         method = channel.stream_stream(
             SESSION_METHOD, request_serializer=serialize_chunk, response_deserializer=parse_chunk
         )
-        return cls(method())
+        return cls(method(), on_lost_job)
 
     @property
     def broken(self) -> bool:
@@ -164,7 +180,7 @@ class Session:
         already serialized (the iteration's model, shared by every worker's request)."""
         request_id = next(self._ids)
         head.request_id = request_id
-        compute = SessionCompute(self, request_id)
+        compute = SessionCompute(self, request_id, head.job_id)
         if self.error is not None:
             compute._deliver(self.error)
             return compute
@@ -173,7 +189,11 @@ class Session:
         return compute
 
     def _cancel(self, request_id: int) -> None:
-        if self._computes.pop(request_id, None) is not None and self.error is None:
+        compute = self._computes.pop(request_id, None)
+        if compute is not None and self.error is None:
+            self._cancelled[request_id] = compute.job_id
+            if len(self._cancelled) > _CANCELLED_REMEMBERED:
+                self._cancelled.popitem(last=False)
             cancel = worker_pb2.ComputeRequest(request_id=request_id, cancel=True).SerializeToString()
             self._outbox.put_nowait((None, cancel))
 
@@ -194,8 +214,10 @@ class Session:
         try:
             async for chunk in self._call:
                 compute = self._computes.get(chunk.meta.request_id)
-                if compute is None:
-                    continue  # the rest of a cancelled request
+                if compute is None:  # the rest of a cancelled request
+                    if chunk.meta.HasField("status"):
+                        self._late_status(chunk.meta.request_id, chunk.meta.status)
+                    continue
                 if not chunk.meta.HasField("status"):
                     compute._deliver(chunk)
                     continue
@@ -216,6 +238,11 @@ class Session:
         except Exception as exc:  # a malformed chunk: nothing on this stream can be trusted any more
             self._break(exc)
             self._call.cancel()
+
+    def _late_status(self, request_id: int, status: worker_pb2.CallStatus) -> None:
+        job_id = self._cancelled.pop(request_id, None)
+        if job_id is not None and status.code == grpc.StatusCode.NOT_FOUND.value[0] and self.on_lost_job is not None:
+            self.on_lost_job(job_id)
 
     def _break(self, error: BaseException) -> None:
         if self.error is not None:
@@ -246,8 +273,16 @@ class Caller:
     gets its request again as a Compute call, and Compute calls from then on. Create it inside the event loop.
     """
 
-    def __init__(self, channel: grpc.aio.Channel, name: str = "the worker", link: LinkOpener | None = None) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        name: str = "the worker",
+        link: LinkOpener | None = None,
+        on_lost_job: LostJob | None = None,
+    ) -> None:
         self.channel = channel
+        self.on_lost_job = on_lost_job
+        """Passed to every :class:`Session` this caller opens."""
         self.name = name
         """Who answers on ``channel``, for logs."""
         self.serves_sessions: bool | None = None
@@ -268,7 +303,7 @@ class Caller:
         if self.serves_sessions is False:
             return self._compute_call(head.SerializeToString() + body)  # type: ignore[no-any-return]
         if self._session is None or self._session.broken:
-            self._session = Session.on(self.channel)
+            self._session = Session.on(self.channel, self.on_lost_job)
         if self.serves_links is not False and self._dialing is None:
             self._dialing = asyncio.get_running_loop().create_task(self._dial(), name="link-dial")
         if self.serves_sessions:
@@ -278,7 +313,7 @@ class Caller:
     async def _dial(self) -> None:
         assert self._link is not None
         try:
-            self._linked = Session(await self._link())
+            self._linked = Session(await self._link(), self.on_lost_job)
             self.serves_links = True
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):

@@ -186,8 +186,14 @@ class PoolWorker:
             channel = self.channel
             assert channel is not None
             link = functools.partial(open_link, channel, self.address, self.security, OPEN_TIMEOUT_SECONDS)
-            self.caller = Caller(channel, self.describe(), link if self.links else None)
+            self.caller = Caller(channel, self.describe(), link if self.links else None, self._lost_job)
         return self.caller.compute(head, body)
+
+    def _lost_job(self, job_id: str) -> None:
+        """The worker answered NOT_FOUND for ``job_id`` after its round was over: its next round reloads it."""
+        if job_id in self.jobs:
+            log.info("%s no longer holds job %r (a late NOT_FOUND): it is loaded again", self.describe(), job_id)
+            self.jobs.discard(job_id)
 
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""

@@ -15,7 +15,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
 from gradcode.common.round import ChunkStream, WorkerFailure
-from gradcode.common.session import CallError, Session
+from gradcode.common.session import CallError, Session, status_chunk
 from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, parse_chunk
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.helpers import fixed_delay
@@ -193,3 +193,49 @@ async def test_request_ids_must_be_new_and_not_zero(channel: grpc.aio.Channel) -
         assert [(s.request_id, s.status.code) for s in statuses] == [(0, invalid), (5, invalid)]
         assert all("give each request a new id" in s.status.details for s in statuses)
         call.cancel()
+
+
+class _MemoryStream:
+    """A SessionStream in memory: what the caller writes is recorded, and the test hands it the replies."""
+
+    def __init__(self) -> None:
+        self.written: list[worker_pb2.ComputeRequest] = []
+        self.replies: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(worker_pb2.ComputeRequest.FromString(data))
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._replies()
+
+    async def _replies(self) -> AsyncIterator[Any]:
+        while True:
+            yield parse_chunk(await self.replies.get())
+
+    def cancel(self) -> bool:
+        return True
+
+
+async def test_a_not_found_that_ends_a_cancelled_request_tells_who_lost_which_job() -> None:
+    """The round cancels what it no longer needs; a refusal already on its way must still reach the pool, or a
+    restarted worker whose NOT_FOUND always comes late would never be reloaded."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        stream, lost = _MemoryStream(), []
+        session = Session(stream, on_lost_job=lost.append)
+        try:
+            computes = [session.compute(_head(job, 0, (0,), 1)) for job in ("gone", "ok", "other refusal")]
+            await _wait_until(lambda: len(stream.written) == 3)
+            for compute in computes:
+                compute.cancel()
+            await _wait_until(lambda: len(stream.written) == 6)  # the three cancels
+            replies = {
+                "gone": grpc.StatusCode.NOT_FOUND, "ok": grpc.StatusCode.OK,
+                "other refusal": grpc.StatusCode.INVALID_ARGUMENT,
+            }  # fmt: skip
+            for compute in computes:
+                stream.replies.put_nowait(status_chunk(compute.request_id, replies[compute.job_id]))
+            stream.replies.put_nowait(status_chunk(999, grpc.StatusCode.NOT_FOUND))  # never asked
+            await asyncio.sleep(0.05)
+            assert lost == ["gone"] and not session.broken
+        finally:
+            session.close()
