@@ -57,6 +57,12 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
         for name in ("total_s", "compute_s", "transport_s", "transport_GBps", "ratio_loopback", "speedup"):
             assert _positive(shared[name]), (row["p"], name, shared[name])
         assert shared["speedup"] == pytest.approx(row["transport_s"] / shared["transport_s"])
+        linked = row["link"]  # the same Compute on the worker's link
+        for name in ("total_s", "compute_s", "transport_s", "transport_GBps", "ratio_loopback", "speedup", "ingest_s"):
+            assert _positive(linked[name]), (row["p"], name, linked[name])
+        assert linked["speedup"] == pytest.approx(row["transport_s"] / linked["transport_s"])
+        for name in ("ingest_GBps", "ingest_ratio_loopback"):
+            assert _positive(linked[name]) if row["chunks"] > 1 else math.isnan(linked[name]), (row["p"], name)
         assert set(row["cpu_per_call"]) == set(transport.PATHS)
         for cpu in row["cpu_per_call"].values():  # /proc counts 10 ms ticks: a quick run may see none
             assert cpu["calls"] >= 2 * transport.CPU_BLOCKS and cpu["worker_s"] >= 0 and cpu["master_s"] >= 0
@@ -111,7 +117,11 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
     ]
     transfer = next(row for row in streaming if row["p"] == transport.WIDE_PARAMETERS)
     for row in wide["rows"]:
-        one = transfer["shared"]["transport_s"] if row["path"] == "shared memory" else transfer["transport_s"]
+        one = {
+            "gRPC": transfer["transport_s"],
+            "link": transfer["link"]["transport_s"],
+            "shared memory": transfer["shared"]["transport_s"],
+        }[row["path"]]
         assert row["one_transfer_s"] == one
         assert _positive(row["cpu_master_s"]) and _positive(row["cpu_workers_s"])
         assert row["beyond_one_transfer_s"] == pytest.approx(row["overhead_s"] - one)

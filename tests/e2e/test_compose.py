@@ -45,7 +45,12 @@ def _local(value: str, master: str | None, runs: Path) -> str:
 
 
 def _env(service: dict, master: str | None, runs: Path) -> dict[str, str]:
-    return service_env({k: _local(str(v), master, runs) for k, v in service.get("environment", {}).items()})
+    """The service's environment on this machine; each worker's link on a free port (the containers' own
+    network namespaces all have 50052 free; the processes here share one)."""
+    environment = {k: _local(str(v), master, runs) for k, v in service.get("environment", {}).items()}
+    if "GRADCODE_LINK_PORT" in environment:
+        environment["GRADCODE_LINK_PORT"] = "0"
+    return service_env(environment)
 
 
 def _healthcheck(service: dict, address: str) -> int:
