@@ -1312,6 +1312,7 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         ("transport_GBps", "gRPC Compute transport"),
     ]:
         left.loglog(ps, [r[key] for r in rows], marker="o", label=label)
+    left.loglog(ps, [r["link"]["transport_GBps"] for r in rows], marker="^", label="link Compute transport")
     left.loglog(ps, [r["shared"]["transport_GBps"] for r in rows], marker="s", label="shared-memory Compute transport")
     left.set_xlabel("p (float64 parameters); 16p bytes per call")
     left.set_ylabel("GB/s (model down + message up)")
