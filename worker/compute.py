@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gradcode.common.codes.base import Array
+from gradcode.common.codes.numerics import weighted_sum
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES, file_error
 from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
@@ -247,18 +248,13 @@ class IterationComputation:
         computed for an earlier row, and their combination)."""
         started = time.perf_counter()
         spec = self.job.rows[row]
-        terms = list(zip(spec.partitions, spec.coefficients, strict=True))
-        if len(terms) == 1 and terms[0][1] == 1 and not spec.is_complex:  # uncoded: the partial is the message
-            out = self.partial(terms[0][0])
+        partials = [self.partial(partition) for partition in spec.partitions]
+        if not partials:
+            out = np.zeros(self.job.message_length, dtype=np.complex128 if spec.is_complex else np.float64)
+        elif len(partials) == 1 and spec.coefficients[0] == 1 and not spec.is_complex:
+            out = partials[0]  # uncoded: the partial gradient is the message, not a copy of it
         else:
-            out = (np.empty if terms else np.zeros)(
-                self.job.message_length, dtype=np.complex128 if spec.is_complex else np.float64
-            )
-            scratch = np.empty_like(out)
-            for index, (partition, c) in enumerate(terms):
-                np.multiply(self.partial(partition), c, out=out if index == 0 else scratch)
-                if index:
-                    out += scratch
+            out = weighted_sum(partials, spec.coefficients)
         seconds = time.perf_counter() - started
         return out.astype(self.job.row_dtype(row), copy=False), seconds
 

@@ -36,6 +36,7 @@ from gradcode.common.codes.numerics import (
     certify_combination,
     equilibrated_decoding_weights,
     unit_roundoff,
+    weighted_sum,
 )
 from gradcode.common.codes.topology import CodeSize, Topology, size_parameter
 from gradcode.common.exceptions import NotDecodableError
@@ -55,9 +56,6 @@ __all__ = [
 ]
 
 Array = npt.NDArray[Any]
-
-_COMBINE_BLOCK_BYTES = 256 * 1024
-"""Coordinates per block of :meth:`Decoding.combine`, in bytes of the accumulator (fits in L2)."""
 
 
 @dataclass(frozen=True)
@@ -191,32 +189,7 @@ class Decoding:
         missing = [r for r in self.rows if r not in messages]
         if missing:
             raise KeyError(f"Messages for rows {missing} are needed to combine but were not given.")
-        first = messages[self.rows[0]]
-        out_dtype = np.result_type(first.dtype, self.weights.dtype)
-        out = np.empty(np.shape(first), dtype=out_dtype)
-        # Cache blocking: sum every message over one block of coordinates before the next block, so
-        # the accumulator stays in cache and each message is read once. Each coordinate still sees
-        # the same operations in the same order as the plain loop, so the result is bit-identical.
-        # A real weight of exactly 1 (uncoded, fractional repetition) skips its multiplication: x * 1.0
-        # is x, bit for bit.
-        flat_out = out.reshape(-1)
-        sources = [np.reshape(messages[row], -1) for row in self.rows]
-        ones = [bool(w == 1) and not np.iscomplexobj(w) for w in self.weights]
-        block = max(1, _COMBINE_BLOCK_BYTES // out.itemsize)
-        scratch = np.empty(min(block, flat_out.size), dtype=out_dtype)
-        for lo in range(0, flat_out.size, block):
-            hi = min(lo + block, flat_out.size)
-            acc, tmp = flat_out[lo:hi], scratch[: hi - lo]
-            if ones[0]:
-                np.copyto(acc, sources[0][lo:hi])
-            else:
-                np.multiply(sources[0][lo:hi], self.weights[0], out=acc)
-            for source, w, one in zip(sources[1:], self.weights[1:], ones[1:], strict=True):
-                if one:
-                    acc += source[lo:hi]
-                else:
-                    np.multiply(source[lo:hi], w, out=tmp)
-                    acc += tmp
+        out = weighted_sum([messages[row] for row in self.rows], self.weights)
         return np.ascontiguousarray(out.real) if np.iscomplexobj(out) else out
 
 

@@ -137,6 +137,42 @@ def ones_in_span(b_rows: Array, tolerance: float = SPAN_TOLERANCE) -> bool:
 # ---- decode-error measure --------------------------------------------------------------------------
 
 
+_SUM_BLOCK_BYTES = 256 * 1024
+"""Coordinates per block of :func:`weighted_sum`: the accumulator's block stays in L2 while every vector adds."""
+
+
+def weighted_sum(vectors: Sequence[Array], weights: Array) -> Array:
+    r"""$\sum_i w_i v_i$ of equal-shape vectors (at least one), in the dtype they and the weights call for.
+
+    What a decode combines (the master, a tree parent) and what a worker's coded message is. Cache blocking:
+    every vector adds over one block of coordinates before the next block, so the accumulator stays in cache,
+    each vector is read once and no temporary the size of a vector is made. Each coordinate still sees the same
+    operations in the same order as the plain loop, so the result is bit-identical to it. A real weight of
+    exactly 1 (uncoded, fractional repetition) skips its multiplication: ``x * 1.0`` is ``x``, bit for bit.
+    """
+    first = vectors[0]
+    out = np.empty(np.shape(first), dtype=np.result_type(first.dtype, weights.dtype))
+    flat_out = out.reshape(-1)
+    sources = [np.reshape(v, -1) for v in vectors]
+    ones = [bool(w == 1) and not np.iscomplexobj(w) for w in weights]
+    block = max(1, _SUM_BLOCK_BYTES // out.itemsize)
+    scratch = np.empty(min(block, flat_out.size), dtype=out.dtype)
+    for lo in range(0, flat_out.size, block):
+        hi = min(lo + block, flat_out.size)
+        acc, tmp = flat_out[lo:hi], scratch[: hi - lo]
+        if ones[0]:
+            np.copyto(acc, sources[0][lo:hi])
+        else:
+            np.multiply(sources[0][lo:hi], weights[0], out=acc)
+        for source, w, one in zip(sources[1:], weights[1:], ones[1:], strict=True):
+            if one:
+                acc += source[lo:hi]
+            else:
+                np.multiply(source[lo:hi], w, out=tmp)
+                acc += tmp
+    return out
+
+
 def all_finite(values: Array, squares: float | None = None) -> bool:
     """Whether no entry of ``values`` is NaN or infinite, in one pass of a BLAS dot when that holds.
 
