@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hmac
 import logging
 import secrets
@@ -46,6 +47,7 @@ __all__ = [
     "LinkRefusedError",
     "LinkServer",
     "LinkStream",
+    "link_opener",
     "open_link",
 ]
 
@@ -300,6 +302,11 @@ async def open_link(channel: grpc.aio.Channel, address: str, security: Security,
         reason = bytes(reply[:200]).decode(errors="replace")
         raise LinkRefusedError(f"The worker at {address} refused the link: {reason}")
     return LinkStream(protocol, f"{host}:{offer.port}")
+
+
+def link_opener(channel: grpc.aio.Channel, address: str, security: Security) -> Callable[[], Awaitable[LinkStream]]:
+    """What a :class:`~gradcode.common.session.Caller` calls to open a link to the worker at ``address``."""
+    return functools.partial(open_link, channel, address, security, OPEN_TIMEOUT_SECONDS)
 
 
 Serve = Callable[[AsyncIterator[worker_pb2.ComputeRequest], Callable[[bytes], Awaitable[None]]], Awaitable[None]]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
@@ -45,7 +44,7 @@ from gradcode.common.exceptions import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from gradcode.common.link import OPEN_TIMEOUT_SECONDS, open_link
+from gradcode.common.link import link_opener
 from gradcode.common.metrics import set_workers_up
 from gradcode.common.security import Security, short
 from gradcode.common.serving import format_address, parse_address
@@ -185,8 +184,8 @@ class PoolWorker:
         if self.caller is None:
             channel = self.channel
             assert channel is not None
-            link = functools.partial(open_link, channel, self.address, self.security, OPEN_TIMEOUT_SECONDS)
-            self.caller = Caller(channel, self.describe(), link if self.links else None, self._lost_job)
+            link = link_opener(channel, self.address, self.security) if self.links else None
+            self.caller = Caller(channel, self.describe(), link, self._lost_job)
         return self.caller.compute(head, body)
 
     def _lost_job(self, job_id: str) -> None:

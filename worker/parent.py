@@ -23,7 +23,6 @@ Only the job's message dtype is accepted from children (plus complex128 for a co
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
-from gradcode.common.link import OPEN_TIMEOUT_SECONDS, open_link
+from gradcode.common.link import link_opener
 from gradcode.common.round import Round, Source, decode_tolerance
 from gradcode.common.security import Security
 from gradcode.common.session import Caller
@@ -147,8 +146,9 @@ class ParentRunner:
             for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
                 bearer = bearer or self.security.worker_call_token
                 channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
-                link = functools.partial(open_link, channel, address, self.security, OPEN_TIMEOUT_SECONDS)
-                caller = Caller(channel, f"child {worker_id} at {address}", link)
+                caller = Caller(
+                    channel, f"child {worker_id} at {address}", link_opener(channel, address, self.security)
+                )
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, caller))
         return self._channels
 
