@@ -185,13 +185,14 @@ class PoolWorker:
             channel = self.channel
             assert channel is not None
             link = link_opener(channel, self.address, self.security) if self.links else None
-            self.caller = Caller(channel, self.describe(), link, self._lost_job)
+            self.caller = Caller(channel, self.describe(), link, self.lost_job)
         return self.caller.compute(head, body)
 
-    def _lost_job(self, job_id: str) -> None:
-        """The worker answered NOT_FOUND for ``job_id`` after its round was over: its next round reloads it."""
+    def lost_job(self, job_id: str) -> None:
+        """The worker answered NOT_FOUND for ``job_id`` (it restarted, or a parent's child did): the job's next
+        round loads it again. Also told of a NOT_FOUND that came after its round was over (the Session's)."""
         if job_id in self.jobs:
-            log.info("%s no longer holds job %r (a late NOT_FOUND): it is loaded again", self.describe(), job_id)
+            log.info("%s no longer holds job %r: it is loaded again", self.describe(), job_id)
             self.jobs.discard(job_id)
 
     def reconnect(self) -> None:

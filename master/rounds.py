@@ -151,7 +151,7 @@ class RoundPolicy:
         workers, job_id = self.loader.workers, self.plan.job_id
         lost = {c for c in lost if 0 <= c < len(workers)}
         for c in lost:
-            workers[c].jobs.discard(job_id)
+            workers[c].lost_job(job_id)
         self._reload(sorted(lost))
 
     def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest) -> Source:
@@ -165,7 +165,7 @@ class RoundPolicy:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
         worker = self.loader.workers[w]
         if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
-            worker.jobs.discard(self.plan.job_id)
+            worker.lost_job(self.plan.job_id)
             return False
         if (
             self.plan.topology is not None
