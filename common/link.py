@@ -247,11 +247,15 @@ class LinkStream:
         self.protocol = protocol
         self.peer = peer
 
+    def _unavailable(self, closed: LinkClosedError) -> CallError:
+        """How a closed link ends a request: UNAVAILABLE, as a Session call to a gone worker does."""
+        return CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {closed}")
+
     async def write(self, data: bytes) -> None:
         try:
             await self.protocol.send(data)
         except LinkClosedError as exc:
-            raise CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {exc}") from None
+            raise self._unavailable(exc) from None
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -261,7 +265,7 @@ class LinkStream:
             try:
                 frame = await self.protocol.receive()
             except LinkClosedError as exc:
-                raise CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {exc}") from None
+                raise self._unavailable(exc) from None
             yield parse_chunk(frame)
 
     def cancel(self) -> bool:
