@@ -610,6 +610,7 @@ async def _measure_sizes(
     worker_address = worker.wait_ready()
     worker_channel = grpc.aio.insecure_channel(worker_address, options=CHANNEL_OPTIONS)
     raw_channel = grpc.aio.insecure_channel(f"127.0.0.1:{peers.raw_port}", options=CHANNEL_OPTIONS)
+    linked: Session | None = None
     try:
         stub = worker_pb2_grpc.WorkerStub(worker_channel)  # type: ignore[no-untyped-call]
         compute = Session.on(worker_channel)
@@ -683,7 +684,7 @@ async def _measure_sizes(
             )
         return rows
     finally:
-        with contextlib.suppress(NameError):
+        if linked is not None:
             linked.close()
         await worker_channel.close(None)
         await raw_channel.close(None)
@@ -781,32 +782,12 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
         nbytes = 16 * p
         codec = codec_times(p, repeats)
         codec_total = sum(v for k, v in codec.items() if k != "crc32c_s")
-        chunks = int(row["chunks"])
-        shared, linked = row["shared"], row["link"]
-
-        def ingest_ratio(ingest_s: float, row: dict[str, Any] = row, chunks: int = chunks) -> float:
-            """One-way loopback TCP for the bytes after the first chunk / that ingest time."""
-            return (chunks - 1) / chunks * row["loopback_s"] / 2 / ingest_s if chunks > 1 else math.nan
-
         rows.append(
             {
                 **row,
-                "ingest_GBps": 8 * p * (chunks - 1) / chunks / row["ingest_s"] / 1e9 if chunks > 1 else math.nan,
-                "ingest_ratio_loopback": ingest_ratio(row["ingest_s"]),
-                "link": {
-                    **linked,
-                    "transport_GBps": nbytes / linked["transport_s"] / 1e9,
-                    "ratio_loopback": row["loopback_s"] / linked["transport_s"],
-                    "speedup": row["transport_s"] / linked["transport_s"],
-                    "ingest_GBps": 8 * p * (chunks - 1) / chunks / linked["ingest_s"] / 1e9 if chunks > 1 else math.nan,
-                    "ingest_ratio_loopback": ingest_ratio(linked["ingest_s"]),
-                },
-                "shared": {
-                    **shared,
-                    "transport_GBps": nbytes / shared["transport_s"] / 1e9,
-                    "ratio_loopback": row["loopback_s"] / shared["transport_s"],
-                    "speedup": row["transport_s"] / shared["transport_s"],
-                },
+                **_ingest_rates(row["ingest_s"], row),
+                "link": {**_path_rates(row["link"], row), **_ingest_rates(row["link"]["ingest_s"], row)},
+                "shared": _path_rates(row["shared"], row),
                 "bytes": nbytes,
                 "transport_GBps": nbytes / row["transport_s"] / 1e9,
                 "raw_grpc_GBps": nbytes / row["raw_grpc_s"] / 1e9,
@@ -822,6 +803,28 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
             }
         )
     return rows
+
+
+def _path_rates(path: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A path's Compute (``link``, ``shared``) with its rate, against loopback TCP and against gRPC's transport."""
+    return {
+        **path,
+        "transport_GBps": 16 * row["p"] / path["transport_s"] / 1e9,
+        "ratio_loopback": row["loopback_s"] / path["transport_s"],
+        "speedup": row["transport_s"] / path["transport_s"],
+    }
+
+
+def _ingest_rates(ingest_s: float, row: dict[str, Any]) -> dict[str, float]:
+    """The rate of an ingest (the message after its first chunk), and one-way loopback TCP for those bytes over it."""
+    chunks = int(row["chunks"])
+    if chunks < 2:
+        return {"ingest_GBps": math.nan, "ingest_ratio_loopback": math.nan}
+    rest = (chunks - 1) / chunks
+    return {
+        "ingest_GBps": 8 * row["p"] * rest / ingest_s / 1e9,
+        "ingest_ratio_loopback": rest * row["loopback_s"] / 2 / ingest_s,
+    }
 
 
 def _where_time_goes(transport: float, raw_grpc: float, loopback: float, codec: float) -> dict[str, float]:
