@@ -34,6 +34,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from gradcode.common import metrics
 from gradcode.common.security import Security
 from gradcode.common.serving import parse_address
 from gradcode.common.session import CallError
@@ -376,6 +377,7 @@ class LinkServer:
                 return
             protocol.allow(MAX_FRAME_BYTES)
             await protocol.send(ACCEPTED)
+            metrics.LINKS_OPENED.inc()
             await self.serve(_requests(protocol), protocol.send)
         except (LinkClosedError, TimeoutError):
             pass

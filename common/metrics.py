@@ -145,6 +145,12 @@ SHARED_BYTES_SENT = Counter(
     registry=WORKER_REGISTRY,
 )
 
+LINKS_OPENED = Counter(
+    "gradcode_links_opened",
+    "Links (Sessions over plain TCP, beside gRPC) this worker accepted from a master or a tree parent.",
+    registry=WORKER_REGISTRY,
+)
+
 
 def job_state_label(state: int) -> str:
     """``JOB_STATE_RUNNING`` -> ``running``."""

@@ -114,6 +114,8 @@ class ParentRunner:
         """Elements of every child message: the job's message length (parameters, plus statistics if appended)."""
         self.certified_length = certified_length
         self.wait_seconds = float(role.wait_seconds) or None
+        self.links = not role.no_links
+        """Ask the children for links (:mod:`gradcode.common.link`); False: their gRPC Sessions only."""
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
         self._bearers = [c.call_token or None for c in role.children]
@@ -146,9 +148,8 @@ class ParentRunner:
             for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
                 bearer = bearer or self.security.worker_call_token
                 channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
-                caller = Caller(
-                    channel, f"child {worker_id} at {address}", link_opener(channel, address, self.security)
-                )
+                link = link_opener(channel, address, self.security) if self.links else None
+                caller = Caller(channel, f"child {worker_id} at {address}", link)
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, caller))
         return self._channels
 

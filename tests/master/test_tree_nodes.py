@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gradcode.common import metrics
 from gradcode.common.security import Security
 from gradcode.common.wire import struct_from_dict
 from gradcode.master.node import MasterNode
@@ -41,15 +42,16 @@ def _tree_spec(ids: list[int], iterations: int, straggler: common_pb2.StragglerS
 
 @contextlib.asynccontextmanager
 async def _tree(
-    secure: bool = False,
+    secure: bool = False, links: bool = True
 ) -> AsyncIterator[tuple[list[WorkerNode], master_pb2_grpc.MasterStub, list[int], Callable[[int], WorkerNode]]]:
     """Six workers, a master, the workers' pool ids in worker order, and a factory of a worker at a port.
 
     Plain: the workers never register and the master lists them. ``secure``: master and workers share a
     join secret and the workers register, so each answers only the call token the master issued it.
+    ``links``: the master's ``--link``.
     """
     security = Security(join_secret=JOIN) if secure else Security()
-    master = MasterNode(grace=0.2, security=security) if secure else None
+    master = MasterNode(grace=0.2, security=security, links=links) if secure else None
 
     def worker(port: int = 0) -> WorkerNode:
         where = master.address if master is not None else None
@@ -65,7 +67,7 @@ async def _tree(
         addresses = [w.address for w in workers]
         async with contextlib.AsyncExitStack() as stack:
             if master is None:
-                master = await stack.enter_async_context(MasterNode(workers=addresses, grace=0.2))
+                master = await stack.enter_async_context(MasterNode(workers=addresses, grace=0.2, links=links))
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
             while True:
@@ -145,3 +147,27 @@ async def test_a_parents_own_delay_does_not_hold_up_its_children() -> None:
     assert all(list(r.used_workers) == [ids[1]] for r in reports)
     assert set().union(*computed.values()) <= set(range(1, iterations + 1))
     assert any(computed.values()), "node 0's children never computed while it slept"
+
+
+def _links_opened() -> float:
+    return metrics.WORKER_REGISTRY.get_sample_value("gradcode_links_opened_total") or 0.0
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["links-on", "links-off"])
+async def test_the_masters_link_setting_reaches_the_tree_parents(links: bool) -> None:
+    """With ``--link off`` on the master no node of the tree opens a link (a network that blocks link
+    ports costs nothing); with links on, the parents move their children's Computes onto links too."""
+    async with asyncio.timeout(TIMEOUT * 3), _tree(links=links) as (workers, stub, ids, _):
+        opened = _links_opened()
+        info = await stub.CreateJob(_tree_spec(ids, 400, common_pb2.StragglerSpec()))
+        linked: list[bool | None] = []
+        async for report in stub.WatchJob(master_pb2.WatchJobRequest(job_id=info.job_id)):
+            parents = [workers[p].servicer.jobs[info.job_id].parent for p in (0, 1)]
+            callers = [c.caller for p in parents if p is not None and p.connected for c in p._channels or []]
+            linked = [c.serves_links for c in callers]
+            if report.iteration >= 5 and len(linked) == 4 and None not in linked:
+                await stub.CancelJob(master_pb2.CancelJobRequest(job_id=info.job_id))
+                break
+        assert report.exact
+    assert linked == [links] * 4
+    assert (_links_opened() > opened) is links

@@ -54,14 +54,16 @@ class ChildSpec(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class ParentRole(_message.Message):
-    __slots__ = ("child_code", "children", "wait_seconds")
+    __slots__ = ("child_code", "children", "wait_seconds", "no_links")
     CHILD_CODE_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NO_LINKS_FIELD_NUMBER: _ClassVar[int]
     child_code: _common_pb2.CodeSpec
     children: _containers.RepeatedCompositeFieldContainer[ChildSpec]
     wait_seconds: float
-    def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    no_links: bool
+    def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ..., no_links: _Optional[bool] = ...) -> None: ...
 
 class JobSetup(_message.Message):
     __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data", "shared_memory")
