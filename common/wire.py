@@ -143,9 +143,10 @@ def array_from_tensor(tensor: common_pb2.Tensor, *, expected_shape: tuple[int, .
     if expected_shape is not None and shape != expected_shape:
         raise WireError(f"Tensor has shape {shape}, expected {expected_shape}.")
     want = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
-    if len(tensor.data) != want:
-        raise WireError(f"Tensor of shape {shape} and dtype {dtype} needs {want} bytes, got {len(tensor.data)}.")
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    data = tensor.data  # each access copies the field out of protobuf's arena: read it once
+    if len(data) != want:
+        raise WireError(f"Tensor of shape {shape} and dtype {dtype} needs {want} bytes, got {len(data)}.")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def struct_from_dict(values: Mapping[str, Any]) -> struct_pb2.Struct:
