@@ -38,7 +38,7 @@ from gradcode.common import metrics
 from gradcode.common.security import Security
 from gradcode.common.serving import parse_address
 from gradcode.common.session import CallError
-from gradcode.common.wire import MAX_MESSAGE_BYTES, ReceivedChunk, parse_chunk
+from gradcode.common.wire import MAX_MESSAGE_BYTES, ReceivedChunk, Serialized, parse_chunk
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -69,6 +69,9 @@ MAX_FRAME_BYTES = MAX_MESSAGE_BYTES + (1 << 20)
 _LENGTH = struct.Struct(">I")
 _STAGING_BYTES = 256 * 1024
 """Frames up to this size are received into one reused buffer; larger ones into a buffer of their own."""
+_SMALL_PIECE_BYTES = 64 * 1024
+"""Pieces of a frame up to this size are joined before they are written (one write); larger ones are written as
+they are, uncopied."""
 _QUEUE_HIGH, _QUEUE_LOW = 64, 16
 """Received frames held before the socket stops being read, and when it is read again."""
 _KEEPALIVE = (
@@ -223,15 +226,22 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.resume_reading()
         return frame
 
-    async def send(self, data: bytes) -> None:
-        """Send one frame; waits while the connection's send buffer is full; :class:`LinkClosedError` once it ended."""
+    async def send(self, data: Serialized) -> None:
+        """Send one frame, whole or in pieces (never joined: a large piece is written as it is); waits while the
+        connection's send buffer is full; :class:`LinkClosedError` once it ended."""
         if self.error is not None or self.transport is None:
             raise self.error or LinkClosedError("the link is not connected")
-        if len(data) <= 65536:
-            self.transport.write(_LENGTH.pack(len(data)) + data)
-        else:  # no copy of a large frame just to put its length in front
-            self.transport.write(_LENGTH.pack(len(data)))
-            self.transport.write(data)
+        pieces = (data,) if isinstance(data, bytes) else data
+        small: list[bytes | memoryview] = [_LENGTH.pack(sum(len(piece) for piece in pieces))]
+        for piece in pieces:
+            if len(piece) <= _SMALL_PIECE_BYTES:
+                small.append(piece)
+                continue
+            self.transport.write(b"".join(small))
+            self.transport.write(piece)
+            small = []
+        if small:
+            self.transport.write(b"".join(small))
         while self._writable is not None:
             await asyncio.shield(self._writable)
 
@@ -252,7 +262,7 @@ class LinkStream:
         """How a closed link ends a request: UNAVAILABLE, as a Session call to a gone worker does."""
         return CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {closed}")
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: Serialized) -> None:
         try:
             await self.protocol.send(data)
         except LinkClosedError as exc:
@@ -314,7 +324,7 @@ def link_opener(channel: grpc.aio.Channel, address: str, security: Security) -> 
     return functools.partial(open_link, channel, address, security, OPEN_TIMEOUT_SECONDS)
 
 
-Serve = Callable[[AsyncIterator[worker_pb2.ComputeRequest], Callable[[bytes], Awaitable[None]]], Awaitable[None]]
+Serve = Callable[[AsyncIterator[worker_pb2.ComputeRequest], Callable[[Serialized], Awaitable[None]]], Awaitable[None]]
 """What runs on an accepted link: the requests it reads and the function that sends a frame (``serve_session``)."""
 
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import grpc
 
 from gradcode.common.status import status_code
-from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, compute_stream, parse_chunk, serialize_chunk
+from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, Serialized, compute_stream, parse_chunk, serialize_chunk
 from gradcode.v1 import worker_pb2
 
 __all__ = [
@@ -127,7 +127,7 @@ class SessionStream(Protocol):
     """What a :class:`Session` runs on: a ``Worker.Session`` call (``grpc.aio.StreamStreamCall``), or a worker's
     link (:class:`gradcode.common.link.LinkStream`)."""
 
-    def write(self, data: bytes) -> Awaitable[None]: ...
+    def write(self, data: Serialized) -> Awaitable[None]: ...
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]: ...
 
@@ -156,7 +156,7 @@ class Session:
         self._cancelled: collections.OrderedDict[int, str] = collections.OrderedDict()
         """Job ids of the requests cancelled lately, by request id, until their status arrives."""
         self._ids = itertools.count(1)
-        self._outbox: asyncio.Queue[tuple[SessionCompute | None, bytes]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized]] = asyncio.Queue()
         self.error: BaseException | None = None
         """Why the stream broke (None while it is open)."""
         loop = asyncio.get_running_loop()
@@ -185,7 +185,7 @@ class Session:
             compute._deliver(self.error)
             return compute
         self._computes[request_id] = compute
-        self._outbox.put_nowait((compute, head.SerializeToString() + body))
+        self._outbox.put_nowait((compute, (head.SerializeToString(), body)))  # a link sends the model uncopied
         return compute
 
     def _cancel(self, request_id: int) -> None:
@@ -372,7 +372,7 @@ class _FirstCompute:
         return self.inner.cancel()
 
 
-Computation = Callable[[worker_pb2.ComputeRequest], AsyncIterator[bytes]]
+Computation = Callable[[worker_pb2.ComputeRequest], AsyncIterator[Serialized]]
 """A worker's Compute: the serialized chunks answering one request, tagged with its ``request_id``, the last
 one carrying its OK status (:func:`status_chunk`, or a message's last chunk with ``status`` set); it raises a
 gradcode refusal (:data:`gradcode.common.status.STATUS_CODES`) to end with that status instead."""
@@ -380,7 +380,7 @@ gradcode refusal (:data:`gradcode.common.status.STATUS_CODES`) to end with that 
 
 async def serve_session(
     requests: AsyncIterator[worker_pb2.ComputeRequest],
-    write: Callable[[bytes], Any],
+    write: Callable[[Serialized], Any],
     computation: Computation,
     closing: asyncio.Event,
 ) -> None:
@@ -391,7 +391,7 @@ async def serve_session(
     ``closing`` is set (the worker is shutting down: new requests are no longer read, the running ones finish
     and are sent, and the stream ends; the caller sees UNAVAILABLE and its next session is refused).
     """
-    outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, bytes | None]] = asyncio.Queue()
+    outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
     running: dict[int, asyncio.Task[None]] = {}
     loop = asyncio.get_running_loop()
 

@@ -10,11 +10,12 @@ it expects with a :class:`WireError` saying exactly what is wrong.
 
 The gradient path is built to copy the payload as little as protobuf allows:
 
-* the sender (:func:`message_chunk_bytes`) checksums the vector with hardware CRC-32C
+* the sender (:func:`message_chunk_pieces`) checksums the vector with hardware CRC-32C
   (``google-crc32c``) where it lies and writes each serialized GradientChunk as the small metadata
   message followed by the ``data`` field spliced in by hand (protobuf concatenation merges
-  messages), so protobuf never copies or re-encodes the payload; :func:`serialize_chunk` lets a
-  gRPC server send those bytes as they are;
+  messages), so protobuf never copies or re-encodes the payload. The chunk stays in two pieces
+  (:data:`Serialized`): a link writes them as they are, and :func:`serialize_chunk` joins them for
+  gRPC, which sends the bytes as they are;
 * the receiver (:func:`parse_chunk`, a gRPC response deserializer) parses only the metadata with
   protobuf and keeps ``data`` as a view into the received bytes; :class:`MessageAssembler` copies it
   once into the message's buffer and checks CRC and finiteness chunk by chunk as they arrive, so
@@ -56,6 +57,7 @@ __all__ = [
     "CompletedMessage",
     "MessageAssembler",
     "ReceivedChunk",
+    "Serialized",
     "WireError",
     "array_from_tensor",
     "children_lost_from_metadata",
@@ -67,6 +69,7 @@ __all__ = [
     "dtype_from_wire",
     "dtype_to_wire",
     "message_chunk_bytes",
+    "message_chunk_pieces",
     "message_chunks",
     "message_to_dict",
     "model_request_bytes",
@@ -74,6 +77,7 @@ __all__ = [
     "partition_chunks",
     "row_definition",
     "serialize_chunk",
+    "serialized_size",
     "struct_from_dict",
     "tensor_from_array",
 ]
@@ -290,7 +294,24 @@ _DATA_FIELD = worker_pb2.GradientChunk.DESCRIPTOR.fields_by_name["data"].number
 _DATA_TAG = _varint(_DATA_FIELD << 3 | 2)  # wire type 2: length-delimited
 
 
-def message_chunk_bytes(
+Serialized = bytes | tuple[bytes | memoryview, ...]
+"""A serialized message, whole or as pieces whose concatenation it is. A link (:mod:`gradcode.common.link`)
+writes the pieces as they are, so a large payload is not copied to put a few bytes in front of it; gRPC gets them
+joined (:func:`serialize_chunk`). The pieces must not change once handed over (Python 3.12's transports keep
+references to them until sent)."""
+
+
+def serialized_size(message: Serialized) -> int:
+    return len(message) if isinstance(message, bytes) else sum(len(piece) for piece in message)
+
+
+def message_chunk_bytes(vector: Array, **kwargs: Any) -> Iterator[bytes]:
+    """:func:`message_chunk_pieces` (same arguments), each chunk joined into bytes."""
+    for chunk in message_chunk_pieces(vector, **kwargs):
+        yield serialize_chunk(chunk)
+
+
+def message_chunk_pieces(
     vector: Array,
     *,
     job_id: str,
@@ -307,14 +328,15 @@ def message_chunk_bytes(
     shared: Callable[[Array], bool] | None = None,
     request_id: int = 0,
     final: bool = False,
-) -> Iterator[bytes]:
+) -> Iterator[Serialized]:
     r"""One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
     its certified absolute error bound on that part; ``children_lost`` names its children that lost the
-    job (answered NOT_FOUND); ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). The payload is
-    copied once, into each chunk's bytes; protobuf serializes only the small fields.
+    job (answered NOT_FOUND); ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
+    data is two pieces, its fields and a view of the payload (never copied here); protobuf serializes only the
+    small fields.
 
     ``shared`` hands the payload (little-endian, contiguous) to the receiver's shared-memory directory
     (:mod:`gradcode.common.shared_memory`); when it returns True the message is one chunk with
@@ -361,7 +383,7 @@ def message_chunk_bytes(
                 meta.status.code = 0  # present, OK: the request's last chunk
         piece = view[start : start + step]
         if len(piece) and not in_file:
-            yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece))
+            yield b"".join((meta.SerializeToString(), _DATA_TAG, _varint(len(piece)))), piece
         else:
             yield meta.SerializeToString()
 
@@ -372,10 +394,14 @@ def message_chunks(vector: Array, **kwargs: Any) -> Iterator[worker_pb2.Gradient
         yield worker_pb2.GradientChunk.FromString(data)
 
 
-def serialize_chunk(message: bytes | Message) -> bytes:
-    """Serializer of both ends of Worker.Compute (the worker's chunks, the master's request): already
-    serialized messages pass through untouched."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
+def serialize_chunk(message: Serialized | Message) -> bytes:
+    """Serializer of both ends of Worker.Compute and Worker.Session (the worker's chunks, the master's requests):
+    serialized messages pass through untouched, pieces (:data:`Serialized`) are joined."""
+    if isinstance(message, bytes):
+        return message
+    if isinstance(message, tuple):
+        return b"".join(message)
+    return message.SerializeToString()
 
 
 @dataclass(frozen=True)

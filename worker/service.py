@@ -53,7 +53,14 @@ from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
 from gradcode.common.session import serve_session, status_chunk
 from gradcode.common.status import grpc_errors
-from gradcode.common.wire import array_from_tensor, children_lost_metadata, message_chunk_bytes, serialize_chunk
+from gradcode.common.wire import (
+    Serialized,
+    array_from_tensor,
+    children_lost_metadata,
+    message_chunk_pieces,
+    serialize_chunk,
+    serialized_size,
+)
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
@@ -217,8 +224,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @grpc_errors
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
-        """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_bytes`); register the servicer
+    ) -> AsyncIterator[Serialized]:
+        """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_pieces`); register the servicer
         with :func:`add_worker_service`, whose Compute sends them as they are."""
         try:
             async for chunk in self._compute(request):
@@ -237,7 +244,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         await self.serve_session(requests, context.write)
 
     async def serve_session(
-        self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[bytes], Awaitable[None]]
+        self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
     ) -> None:
         """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.link.LinkServer`)."""
         await serve_session(requests, write, self._compute, self.closing)
@@ -251,7 +258,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
         return self.link.offer()
 
-    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
@@ -302,14 +309,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
                 sent += 1
                 final = sent == len(rows)
-                for chunk in message_chunk_bytes(
+                for chunk in message_chunk_pieces(
                     m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
                     compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
                     approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
                     chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
                     shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
                 ):  # fmt: skip
-                    metrics.BYTES_SENT.inc(len(chunk))
+                    metrics.BYTES_SENT.inc(serialized_size(chunk))
                     yield chunk
             if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
                 yield status_chunk(request.request_id, grpc.StatusCode.OK)

@@ -56,6 +56,27 @@ async def test_frames_of_every_size_arrive_whole_and_in_order_both_ways(sizes: l
             server.close()
 
 
+async def test_a_frame_sent_in_pieces_arrives_as_their_concatenation() -> None:
+    """Small pieces are joined and large ones written as they are (bytes or views): the peer sees one frame."""
+    rng = np.random.default_rng(2)
+    big = rng.standard_normal(300_000)
+    frames = [
+        (b"head", big.view(np.uint8).data),
+        (b"a", b"", b"b" * 70_000, b"c", memoryview(b"tail")),
+        (b"only small", b"!"),
+    ]
+    async with asyncio.timeout(TIMEOUT):
+        client, server_side, server = await _pair()
+        try:
+            sending = asyncio.gather(*(client.send(f) for f in frames))
+            received = [bytes(await server_side.receive()) for _ in frames]
+            await sending
+            assert received == [b"".join(f) for f in frames]
+        finally:
+            client.close()
+            server.close()
+
+
 async def test_a_frame_over_the_limit_closes_the_connection_and_the_receiver_says_why() -> None:
     async with asyncio.timeout(TIMEOUT):
         client, server_side, server = await _pair()

@@ -25,10 +25,12 @@ from gradcode.common.wire import (
     compute_stream,
     dict_from_struct,
     message_chunk_bytes,
+    message_chunk_pieces,
     message_chunks,
     model_request_bytes,
     parse_chunk,
     serialize_chunk,
+    serialized_size,
     struct_from_dict,
     tensor_from_array,
 )
@@ -268,6 +270,19 @@ def test_a_bad_or_missing_crc32c_is_refused_precisely() -> None:
     with pytest.raises(WireError, match=r"has no CRC32C checksum in its trailer \(field crc32c\)"):
         for c in chunks:
             asm.feed(c)
+
+
+def test_a_chunk_with_data_is_its_fields_and_a_view_of_the_payload_never_a_copy() -> None:
+    vec = np.random.default_rng(3).standard_normal(1000)
+    pieces = list(message_chunk_pieces(vec, job_id="j", iteration=1, worker_id=0, row=0, chunk_bytes=3000))
+    assert len(pieces) == 3
+    for chunk in pieces:
+        assert isinstance(chunk, tuple) and len(chunk) == 2
+        fields, payload = chunk
+        assert isinstance(fields, bytes) and len(fields) < 100
+        assert np.shares_memory(np.frombuffer(payload, dtype=np.uint8), vec)
+    assert [serialize_chunk(c) for c in pieces] == _bytes_chunks(vec, row=0, iteration=1, worker_id=0, chunk_bytes=3000)
+    assert [serialized_size(c) for c in pieces] == [len(serialize_chunk(c)) for c in pieces]
 
 
 def test_chunk_size_suits_the_message_size() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gradcode.common.wire import Serialized
 from gradcode.master import loading
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
@@ -42,7 +43,7 @@ class RestartsThenHangs(WorkerServicer):
             await asyncio.Event().wait()  # until the caller gives up
         return await super().LoadJob(request_iterator, context)
 
-    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
         """What both Compute and Session run for a request."""
         if request.iteration >= 3 and request.job_id in self.jobs:
             await self.jobs.pop(request.job_id).retire()

@@ -19,7 +19,14 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
 from gradcode.common.shared_memory import SharedDirectory, accept
-from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, struct_from_dict, tensor_from_array
+from gradcode.common.wire import (
+    CHANNEL_OPTIONS,
+    MessageAssembler,
+    Serialized,
+    serialize_chunk,
+    struct_from_dict,
+    tensor_from_array,
+)
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker import runtime as runtime_module
 from gradcode.worker.compute import ComputeCancelledError, build_job
@@ -471,11 +478,11 @@ class _ChildWorker(WorkerServicer):
         self.approximate = approximate
         self.compute_calls = 0
 
-    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
         """What both Compute and Session run for a request."""
         self.compute_calls += 1
         async for data in super()._compute(request):
-            chunk = worker_pb2.GradientChunk.FromString(data)
+            chunk = worker_pb2.GradientChunk.FromString(serialize_chunk(data))
             if self.approximate and chunk.HasField("trailer"):
                 chunk.trailer.approximate = True
             yield chunk.SerializeToString()

@@ -16,7 +16,14 @@ from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
 from gradcode.common.round import ChunkStream, WorkerFailure
 from gradcode.common.session import CallError, Session, status_chunk
-from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, parse_chunk
+from gradcode.common.wire import (
+    CHANNEL_OPTIONS,
+    MessageAssembler,
+    Serialized,
+    model_request_bytes,
+    parse_chunk,
+    serialize_chunk,
+)
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.helpers import fixed_delay
 from tests.worker.conftest import (
@@ -202,8 +209,8 @@ class _MemoryStream:
         self.written: list[worker_pb2.ComputeRequest] = []
         self.replies: asyncio.Queue[bytes] = asyncio.Queue()
 
-    async def write(self, data: bytes) -> None:
-        self.written.append(worker_pb2.ComputeRequest.FromString(data))
+    async def write(self, data: Serialized) -> None:
+        self.written.append(worker_pb2.ComputeRequest.FromString(serialize_chunk(data)))
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._replies()
