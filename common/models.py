@@ -280,7 +280,7 @@ class LinearRegression(Model):
         w, b = _split_bias(params)
         residual = X @ w + (b - y)
         grad = np.empty(self.num_params, dtype=np.float64)
-        grad[:-1] = X.T @ residual
+        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
         grad[-1] = residual.sum()
         squares = float(residual @ residual)
         return 0.5 * squares, grad, squares if score else 0.0
@@ -355,7 +355,7 @@ class LogisticRegression(Model):
         loss = float(np.logaddexp(0.0, -signed).sum())
         residual = _sigmoid(z) - positive  # d loss / d z
         grad = np.empty(self.num_params, dtype=np.float64)
-        grad[:-1] = X.T @ residual
+        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
         grad[-1] = residual.sum()
         correct = float(np.count_nonzero((z > 0) == positive)) if score else 0.0
         return loss, grad, correct
@@ -416,7 +416,7 @@ class SoftmaxRegression(Model):
         residual = exp / norm[:, None]  # softmax probabilities, then minus the one-hot targets
         residual[rows, labels] -= 1.0
         grad = np.empty((self.num_features + 1, self.num_classes), dtype=np.float64)
-        grad[:-1] = X.T @ residual
+        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
         grad[-1] = residual.sum(axis=0)
         return loss, grad.reshape(-1), correct
 
