@@ -64,6 +64,19 @@ def status_code(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+async def _drain(requests: AsyncIterator[Any]) -> None:
+    """Read, and drop, what a client-streaming call's client still sends, up to its half-close.
+
+    A status sent while a grpc.aio client is still writing fails the write it has in flight, and when
+    its event loop handles that failure after the status, grpcio's aio client reports INTERNAL
+    ("Internal error from Core", debug 'Failed "execute_batch": (SendMessageOperation)') in place of
+    the status the server sent (grpc/grpc#36066). A client that has half-closed has no write in flight,
+    so a refusal sent after the drain always reaches it as sent.
+    """
+    async for _ in requests:
+        pass
+
+
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
     code = status_code(exc)
     assert code is not None
@@ -75,8 +88,9 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
 def grpc_errors(method: F) -> F:
     """End the call with the mapped status when the servicer method raises a gradcode refusal.
 
-    Works for unary methods (coroutines) and server-streaming ones (async generators); the servicer
-    method's signature is ``(self, request, context)``.
+    Works for unary and client-streaming methods (coroutines) and server-streaming ones (async
+    generators); the servicer method's signature is ``(self, request, context)``. A client-streaming
+    call is refused only once its client has sent all it meant to (:func:`_drain`).
     """
     if inspect.isasyncgenfunction(method):
 
@@ -95,6 +109,8 @@ def grpc_errors(method: F) -> F:
         try:
             return await method(self, request, context)
         except _MAPPED as exc:
+            if isinstance(request, AsyncIterator):  # client streaming: the request iterator
+                await _drain(request)
             await _abort(context, exc)
 
     return cast(F, unary)

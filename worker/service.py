@@ -4,7 +4,8 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
 
 * ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data (or, for worker-local
   data, nothing: the worker loads its partitions from its ``--data-dir``); replaces an earlier job with
-  the same id.
+  the same id. A refused stream is read to its end before the refusal is sent: a grpc.aio client
+  still writing could see INTERNAL in its place (:func:`gradcode.common.status.grpc_errors`).
 * ``Compute`` (server streaming): one iteration; applies the job's straggler emulation as a
   cancellable sleep, spread over the worker's messages (a straggler is slow, not dead), computes
   the rows in a worker thread and streams each one as soon as it is ready. When the receiver

@@ -99,3 +99,31 @@ async def test_concurrent_loads_count_against_the_job_bound() -> None:
             assert (await slow).job_id == "slow" and list(servicer.jobs) == ["slow"]
     finally:
         await stop_worker(served)
+
+
+async def test_a_refused_load_is_answered_once_the_client_has_sent_its_stream() -> None:
+    # A status sent while a grpc.aio client is still writing can reach it as INTERNAL instead
+    # (grpc/grpc#36066), so the worker reads a refused stream to its end before refusing it.
+    servicer = WorkerServicer(max_jobs=1)
+    served = await serve_worker(servicer)
+    big = worker_pb2.LoadJobChunk(data=worker_pb2.PartitionData(partition=0, num_samples=1, features=bytes(1 << 20)))
+    written = 0
+
+    async def refused_chunks() -> Any:
+        nonlocal written
+        setup, *_ = chunks("refused")  # refused at once: the worker already holds its one job
+        for chunk in [setup, *[big] * 8]:  # more than HTTP/2 flow control lets the client send unread
+            yield chunk
+            written += 1
+
+    try:
+        async with asyncio.timeout(TIMEOUT), grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as ch:
+            stub = worker_pb2_grpc.WorkerStub(ch)  # type: ignore[no-untyped-call]
+            assert await load(stub, "held") == grpc.StatusCode.OK
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.LoadJob(refused_chunks())
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert written == 9  # every write went through: none was in flight when the refusal came
+            assert list(servicer.jobs) == ["held"]
+    finally:
+        await stop_worker(served)
