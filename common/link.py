@@ -6,7 +6,10 @@ of what loopback TCP moves (``bench.transport``). A *link* carries exactly what 
 ComputeRequest from the caller, GradientChunk back -- each message as one frame (its length as 4 bytes
 big-endian, then the message), so :class:`~gradcode.common.session.Session` and
 :func:`~gradcode.common.session.serve_session` run on it unchanged. A large frame is received straight into
-a buffer of its own (:class:`FrameProtocol`): the kernel's copy is the only one before parsing.
+a buffer of its own (:class:`FrameProtocol`): the kernel's copy is the only one before parsing. A large
+GradientChunk's payload goes further, straight into the message it belongs to: once its fields have arrived,
+the Session asks the request's consumer where (:meth:`LinkStream.place_with`,
+:meth:`~gradcode.common.wire.MessageAssembler.place`), so the master never copies it.
 
 Trust: the caller asks for a link with ``Worker.OpenLink`` on its gRPC channel, which the worker's
 interceptor has already authenticated like a Compute, and gets a port and a one-time token (32 random
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import hmac
 import logging
@@ -38,7 +42,7 @@ from gradcode.common import metrics
 from gradcode.common.security import Security
 from gradcode.common.serving import parse_address
 from gradcode.common.session import CallError
-from gradcode.common.wire import MAX_MESSAGE_BYTES, ReceivedChunk, Serialized, parse_chunk
+from gradcode.common.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -69,6 +73,8 @@ MAX_FRAME_BYTES = MAX_MESSAGE_BYTES + (1 << 20)
 _LENGTH = struct.Struct(">I")
 _STAGING_BYTES = 256 * 1024
 """Frames up to this size are received into one reused buffer; larger ones into a buffer of their own."""
+_PLACE_HEAD_BYTES = 1024
+"""With a placer, a large frame's first bytes are staged up to this many before it is placed: its fields."""
 _SMALL_PIECE_BYTES = 64 * 1024
 """Pieces of a frame up to this size are joined before they are written (one write); larger ones are written as
 they are, uncopied."""
@@ -93,6 +99,20 @@ class LinkRefusedError(ConnectionError):
     """The worker refused the link's hello (a token it did not offer, used or expired)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PlacedFrame:
+    """A large frame whose tail was received where its placer said: ``head`` is what the placer made of its
+    first bytes, ``payload`` the buffer it gave (now filled)."""
+
+    head: Any
+    payload: memoryview
+
+
+FramePlacer = Callable[[memoryview, int], "tuple[Any, int, memoryview] | None"]
+"""Given the first bytes of a large frame and its length: what they say (``head``), where the frame's tail starts
+in it, and the buffer to receive that tail into (exactly its size); None to receive the frame as usual."""
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """Length-prefixed frames in and out of one connection, with flow control both ways.
 
@@ -108,9 +128,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._on_connected = on_connected
         self._staging = bytearray(min(_STAGING_BYTES, _LENGTH.size + max_frame))
         self._start = self._end = 0
-        self._big: np.ndarray[Any, np.dtype[np.uint8]] | None = None
+        self._big: memoryview | None = None
+        self._big_head: Any = None
+        """The placer's head of the frame being received into :attr:`_big` (None: not placed)."""
         self._big_filled = 0
-        self._frames: collections.deque[bytes | memoryview] = collections.deque()
+        self.placer: FramePlacer | None = None
+        """Decides where the tail of each large frame is received (:class:`PlacedFrame`); None: all frames whole."""
+        self._frames: collections.deque[bytes | memoryview | PlacedFrame] = collections.deque()
         self._arrived: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self._reading_paused = False
@@ -137,7 +161,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:
-            return self._big.data[self._big_filled :]
+            return self._big[self._big_filled :]
         if self._start == self._end:
             self._start = self._end = 0
         elif len(self._staging) - self._end < 65536 and self._start > 0:  # move the unread part to the front
@@ -150,8 +174,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._big is not None:
             self._big_filled += nbytes
             if self._big_filled == len(self._big):
-                frame, self._big = self._big, None
-                self._deliver(frame.data)
+                frame, head, self._big, self._big_head = self._big, self._big_head, None, None
+                self._deliver(frame if head is None else PlacedFrame(head, frame))
             return
         self._end += nbytes
         self._split()
@@ -171,9 +195,18 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 continue
             if _LENGTH.size + length > len(staging):
                 have = self._end - begin
-                self._big = np.empty(length, dtype=np.uint8)  # not zeroed: every byte is received into it
-                self._big[:have] = memoryview(staging)[begin : self._end]
-                self._big_filled = have
+                if self.placer is not None and have < _PLACE_HEAD_BYTES:
+                    return  # its fields are still on the way
+                staged = memoryview(staging)[begin : self._end]
+                placed = None if self.placer is None else self.placer(staged, length)
+                if placed is None:
+                    self._big = np.empty(length, dtype=np.uint8).data  # not zeroed: every byte is received into it
+                    self._big[:have] = staged
+                    self._big_filled = have
+                else:
+                    self._big_head, offset, self._big = placed
+                    self._big[: have - offset] = staged[offset:]
+                    self._big_filled = have - offset
                 self._start = self._end = 0
             return
 
@@ -199,7 +232,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._arrived = self._writable = None
 
     # ---- the user's side -----------------------------------------------------------------------------
-    def _deliver(self, frame: bytes | memoryview) -> None:
+    def _deliver(self, frame: bytes | memoryview | PlacedFrame) -> None:
         self._frames.append(frame)
         if self._arrived is not None and not self._arrived.done():
             self._arrived.set_result(None)
@@ -213,7 +246,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def receive(self) -> bytes | memoryview:
+    async def receive(self) -> bytes | memoryview | PlacedFrame:
         """The next frame; :class:`LinkClosedError` once the connection has ended and every frame was received."""
         while not self._frames:
             if self.error is not None:
@@ -224,6 +257,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self._reading_paused and len(self._frames) <= _QUEUE_LOW and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
+        return frame
+
+    async def receive_whole(self) -> bytes | memoryview:
+        """:meth:`receive` on a connection without a placer, whose frames all arrive whole."""
+        frame = await self.receive()
+        assert not isinstance(frame, PlacedFrame), "receive_whole() on a connection with a placer"
         return frame
 
     async def send(self, data: Serialized) -> None:
@@ -258,6 +297,20 @@ class LinkStream:
         self.protocol = protocol
         self.peer = peer
 
+    def place_with(self, place: Placer) -> None:
+        """Receive each large chunk's payload where ``place`` says (its Session asks the request's consumer),
+        straight from the socket: the receiver's copy into the message is saved."""
+
+        def placer(head: memoryview, size: int) -> tuple[Any, int, memoryview] | None:
+            parsed = chunk_head(head, size)
+            if parsed is None:
+                return None
+            meta, offset = parsed
+            target = place(meta, size - offset)
+            return None if target is None else (meta, offset, target)
+
+        self.protocol.placer = placer
+
     def _unavailable(self, closed: LinkClosedError) -> CallError:
         """How a closed link ends a request: UNAVAILABLE, as a Session call to a gone worker does."""
         return CallError(grpc.StatusCode.UNAVAILABLE, f"The link to {self.peer} closed: {closed}")
@@ -277,7 +330,10 @@ class LinkStream:
                 frame = await self.protocol.receive()
             except LinkClosedError as exc:
                 raise self._unavailable(exc) from None
-            yield parse_chunk(frame)
+            if isinstance(frame, PlacedFrame):
+                yield ReceivedChunk(meta=frame.head, data=frame.payload, placed=True)
+            else:
+                yield parse_chunk(frame)
 
     def cancel(self) -> bool:
         self.protocol.close()
@@ -308,7 +364,7 @@ async def open_link(channel: grpc.aio.Channel, address: str, security: Security,
     _, protocol = await asyncio.wait_for(connecting, timeout)
     try:
         await protocol.send(HELLO + offer.token)
-        reply = await asyncio.wait_for(protocol.receive(), timeout)
+        reply = await asyncio.wait_for(protocol.receive_whole(), timeout)
     except BaseException:
         protocol.close()
         raise
@@ -379,7 +435,7 @@ class LinkServer:
 
     async def _run(self, protocol: FrameProtocol) -> None:
         try:
-            hello = await asyncio.wait_for(protocol.receive(), HANDSHAKE_SECONDS)
+            hello = await asyncio.wait_for(protocol.receive_whole(), HANDSHAKE_SECONDS)
             refused = self._check(hello)
             if refused is not None:
                 log.warning("Refused a link from %s: %s", _peer(protocol), refused)
@@ -411,7 +467,7 @@ async def _requests(protocol: FrameProtocol) -> AsyncIterator[worker_pb2.Compute
     """The ComputeRequests a caller sends on a link, until it closes; a frame that is not one closes the link."""
     while True:
         try:
-            frame = await protocol.receive()
+            frame = await protocol.receive_whole()
         except LinkClosedError:
             return
         try:

@@ -39,7 +39,7 @@ import numpy as np
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
-from gradcode.common.session import CallError, ChunkStream
+from gradcode.common.session import CallError, ChunkStream, SessionCompute
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
 
@@ -329,6 +329,8 @@ class Round:
             try:
                 stream = source.open()
                 streams[source.worker_id] = stream
+                if isinstance(stream, SessionCompute):  # on a link: payloads received straight into the message
+                    stream.place = assembler.place
                 async for chunk in stream:
                     done = assembler.feed(chunk)
                     if done is not None:

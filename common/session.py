@@ -31,7 +31,15 @@ from typing import Any, Protocol
 import grpc
 
 from gradcode.common.status import status_code
-from gradcode.common.wire import SESSION_METHOD, ReceivedChunk, Serialized, compute_stream, parse_chunk, serialize_chunk
+from gradcode.common.wire import (
+    SESSION_METHOD,
+    Placer,
+    ReceivedChunk,
+    Serialized,
+    compute_stream,
+    parse_chunk,
+    serialize_chunk,
+)
 from gradcode.v1 import worker_pb2
 
 __all__ = [
@@ -94,6 +102,9 @@ class SessionCompute:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.ended = False
         """The worker sent its status, the session broke, or the caller cancelled."""
+        self.place: Placer | None = None
+        """Where its large chunks' payloads go as they arrive on a link (the consumer's
+        :meth:`~gradcode.common.wire.MessageAssembler.place`); None: they arrive as received bytes."""
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -159,6 +170,9 @@ class Session:
         self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized]] = asyncio.Queue()
         self.error: BaseException | None = None
         """Why the stream broke (None while it is open)."""
+        place_with = getattr(stream, "place_with", None)  # a link can receive payloads where their consumer says
+        if place_with is not None:
+            place_with(self._place)
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read(), name="session-reader")
         self._writer = loop.create_task(self._write(), name="session-writer")
@@ -187,6 +201,12 @@ class Session:
         self._computes[request_id] = compute
         self._outbox.put_nowait((compute, (head.SerializeToString(), body)))  # a link sends the model uncopied
         return compute
+
+    def _place(self, meta: worker_pb2.GradientChunk, nbytes: int) -> memoryview | None:
+        compute = self._computes.get(meta.request_id)
+        if compute is None or compute.ended or compute.place is None:
+            return None
+        return compute.place(meta, nbytes)
 
     def _cancel(self, request_id: int) -> None:
         compute = self._computes.pop(request_id, None)

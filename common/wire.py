@@ -19,7 +19,9 @@ The gradient path is built to copy the payload as little as protobuf allows:
 * the receiver (:func:`parse_chunk`, a gRPC response deserializer) parses only the metadata with
   protobuf and keeps ``data`` as a view into the received bytes; :class:`MessageAssembler` copies it
   once into the message's buffer and checks CRC and finiteness chunk by chunk as they arrive, so
-  little work is left when the last chunk lands;
+  little work is left when the last chunk lands. Over a link, a large chunk's payload is received
+  straight into the message's buffer instead (:func:`chunk_head`, :meth:`MessageAssembler.place`): the
+  kernel's copy is the only one;
 * :func:`chunk_bytes_for` picks the chunk size from the message size.
 """
 
@@ -35,7 +37,7 @@ import grpc
 import numpy as np
 from google.protobuf import struct_pb2
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import all_finite
@@ -56,6 +58,7 @@ __all__ = [
     "SESSION_METHOD",
     "CompletedMessage",
     "MessageAssembler",
+    "Placer",
     "ReceivedChunk",
     "Serialized",
     "WireError",
@@ -63,6 +66,7 @@ __all__ = [
     "children_lost_from_metadata",
     "children_lost_metadata",
     "chunk_bytes_for",
+    "chunk_head",
     "code_spec",
     "compute_stream",
     "dict_from_struct",
@@ -408,11 +412,18 @@ def serialize_chunk(message: Serialized | Message) -> bytes:
 class ReceivedChunk:
     """A received GradientChunk whose ``data`` is a view into the bytes gRPC delivered (never copied).
 
-    ``meta`` holds every other field; :class:`MessageAssembler` reads either form.
+    ``meta`` holds every other field; :class:`MessageAssembler` reads either form. ``placed``: ``data`` was
+    received straight into the message's buffer where :meth:`MessageAssembler.place` said, which admitted it.
     """
 
     meta: worker_pb2.GradientChunk
     data: memoryview
+    placed: bool = False
+
+
+Placer = Callable[[worker_pb2.GradientChunk, int], "memoryview | None"]
+"""Where the ``nbytes`` of payload of a chunk with these fields should be received (:meth:`MessageAssembler.place`),
+or None to receive it as usual."""
 
 
 def _read_varint(raw: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -430,6 +441,42 @@ def _read_varint(raw: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 SMALL_CHUNK_BYTES = 4096
 """Chunks up to this size are parsed whole by protobuf (the field walk in Python costs ~50 µs a chunk)."""
+
+
+def chunk_head(head: bytes | memoryview, size: int) -> tuple[worker_pb2.GradientChunk, int] | None:
+    """The fields of a ``size``-byte chunk of which ``head`` is the start, and where its payload begins, when
+    ``head`` holds every field and its data field is the last, running to the end (as :func:`message_chunk_pieces`
+    writes them); else None, and the chunk is received whole and parsed by :func:`parse_chunk`."""
+    pos = 0
+    spans: list[tuple[int, int]] = []
+    while pos < len(head):
+        start = pos
+        try:
+            key, pos = _read_varint(head, pos)
+            field, kind = key >> 3, key & 7
+            if kind == 0:
+                _, pos = _read_varint(head, pos)
+            elif kind == 1:
+                pos += 8
+            elif kind == 5:
+                pos += 4
+            elif kind == 2:
+                length, pos = _read_varint(head, pos)
+                if field == _DATA_FIELD:
+                    if pos + length != size:
+                        return None
+                    try:
+                        meta = worker_pb2.GradientChunk.FromString(b"".join(head[a:b] for a, b in spans))
+                    except DecodeError:
+                        return None
+                    return meta, pos
+                pos += length
+            else:
+                return None
+        except WireError:  # a varint cut off by the end of head
+            return None
+        spans.append((start, pos))
+    return None
 
 
 def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
@@ -563,6 +610,9 @@ class MessageAssembler:
         self._squares = 0.0
         self._buffer: Array | None = None
         self._filled = 0
+        """Elements of the current row checked (their chunks fed)."""
+        self._admitted = 0
+        """Elements of the current row whose chunks were admitted (fed, or placed and still to be fed)."""
         self._crc = 0
         self._done: set[int] = set()
 
@@ -576,60 +626,28 @@ class MessageAssembler:
                 f"A chunk from worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration} could not be "
                 "parsed as a GradientChunk (malformed bytes on the wire)."
             )
-        # The payload is copied once, from gRPC's bytes into the message's buffer, and checksummed there.
+        # The payload is copied once, from the received bytes into the message's buffer (or received there
+        # directly: placed), and checksummed there.
+        placed = False
         if isinstance(received, ReceivedChunk):
-            chunk, payload = received.meta, received.data
+            chunk, payload, placed = received.meta, received.data, received.placed
         else:
             chunk, payload = received, memoryview(received.data)  # each .data access copies: read it once
-        where = f"worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration}"
-        if chunk.job_id != self.job_id:
-            raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
-        if chunk.iteration != self.iteration:
-            raise WireError(f"Chunk for stale or future iteration {chunk.iteration} arrived on the stream of {where}.")
-        if chunk.worker_id != self.worker_id:
-            raise WireError(f"Chunk claims worker {chunk.worker_id} on the stream of {where}.")
-        if chunk.row not in self.rows or chunk.row in self._done:
-            raise WireError(f"Row {chunk.row} was not requested (or already complete) from {where}; asked {self.rows}.")
-        if self._row is None:
-            if not chunk.HasField("header"):
-                raise WireError(f"First chunk of row {chunk.row} from {where} has no header.")
-            dtype = dtype_from_wire(chunk.header.dtype)
-            if dtype not in self.dtypes:
-                raise WireError(f"Row {chunk.row} from {where} has dtype {dtype}; expected one of {self.dtypes}.")
-            if chunk.header.length != self.length:
-                raise WireError(
-                    f"Row {chunk.row} from {where} has {chunk.header.length} elements; the gradient has {self.length}."
-                )
-            self._row = chunk.row
-            self._buffer = np.empty(self.length, dtype=dtype)
-            self._filled = 0
-            self._crc = 0
-            self._squares = 0.0
-        elif chunk.row != self._row:
-            raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
-        elif chunk.HasField("header"):
-            raise WireError(f"Row {chunk.row} from {where} sent a second header at offset {chunk.offset}.")
-        assert self._buffer is not None
-        itemsize = self._buffer.dtype.itemsize
-        if chunk.offset != self._filled:
-            raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {self._filled}.")
-        if chunk.shared_payload:
-            self._take_shared(chunk, len(payload), where)
-            count = self.length
+        where = self._where()
+        if placed:  # admitted by place(), in order: it is the next one to check
+            assert self._buffer is not None
+            start, count = self._filled, len(payload) // self._buffer.itemsize
         else:
-            if len(payload) % itemsize:
-                raise WireError(
-                    f"Chunk of row {chunk.row} from {where} is not a whole number of {itemsize}-byte items."
-                )
-            count = len(payload) // itemsize
-            if self._filled + count > self.length:
-                raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
-            if count:
-                self._buffer[self._filled : self._filled + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
+            start, count = self._admit(chunk, len(payload))
+            assert self._buffer is not None
+            if chunk.shared_payload:
+                self._take_shared(chunk, len(payload), where)
+            elif count:
+                self._buffer[start : start + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
         if count:
-            piece = self._buffer[self._filled : self._filled + count]
+            piece = self._buffer[start : start + count]
             self._crc = google_crc32c.extend(self._crc, piece)
-            normed = piece[: max(0, self.norm_length - self._filled)]
+            normed = piece[: max(0, self.norm_length - start)]
             squares = float(np.vdot(normed, normed).real)
             if not (all_finite(normed, squares) and all_finite(piece[normed.size :])):
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
@@ -668,8 +686,76 @@ class MessageAssembler:
             magnitude=magnitude,
         )
         self._done.add(chunk.row)
-        self._row, self._buffer, self._filled, self._crc, self._squares = None, None, 0, 0, 0.0
+        self._row, self._buffer, self._filled, self._admitted, self._crc, self._squares = None, None, 0, 0, 0, 0.0
         return done
+
+    def place(self, chunk: worker_pb2.GradientChunk, nbytes: int) -> memoryview | None:
+        """Where the ``nbytes`` of inline payload of a chunk with these fields may be received: its span of the
+        message's buffer, once the chunk passed every check :meth:`feed` makes before the payload (it is then
+        admitted, and fed later as ``placed``). None for a chunk that does not pass, or that the previous ones
+        do not yet let through (it is then received and fed as usual, and :meth:`feed` says what is wrong)."""
+        if chunk.shared_payload or not nbytes:
+            return None
+        try:
+            start, count = self._admit(chunk, nbytes)
+        except WireError:
+            return None
+        assert self._buffer is not None
+        return self._buffer[start : start + count].view(np.uint8).data
+
+    def _where(self) -> str:
+        return f"worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration}"
+
+    def _admit(self, chunk: worker_pb2.GradientChunk, nbytes: int) -> tuple[int, int]:
+        """Check everything about a chunk but its payload's values; then take it as the next one: the span
+        ``(start, count)`` of elements its payload fills (the whole row for a shared-memory payload).
+        Changes nothing when it raises."""
+        where = self._where()
+        if chunk.job_id != self.job_id:
+            raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
+        if chunk.iteration != self.iteration:
+            raise WireError(f"Chunk for stale or future iteration {chunk.iteration} arrived on the stream of {where}.")
+        if chunk.worker_id != self.worker_id:
+            raise WireError(f"Chunk claims worker {chunk.worker_id} on the stream of {where}.")
+        if chunk.row not in self.rows or chunk.row in self._done:
+            raise WireError(f"Row {chunk.row} was not requested (or already complete) from {where}; asked {self.rows}.")
+        starts_row = self._row is None
+        if starts_row:
+            if not chunk.HasField("header"):
+                raise WireError(f"First chunk of row {chunk.row} from {where} has no header.")
+            dtype = dtype_from_wire(chunk.header.dtype)
+            if dtype not in self.dtypes:
+                raise WireError(f"Row {chunk.row} from {where} has dtype {dtype}; expected one of {self.dtypes}.")
+            if chunk.header.length != self.length:
+                raise WireError(
+                    f"Row {chunk.row} from {where} has {chunk.header.length} elements; the gradient has {self.length}."
+                )
+            admitted = 0
+        else:
+            if chunk.row != self._row:
+                raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
+            if chunk.HasField("header"):
+                raise WireError(f"Row {chunk.row} from {where} sent a second header at offset {chunk.offset}.")
+            assert self._buffer is not None
+            dtype, admitted = self._buffer.dtype, self._admitted
+        if chunk.offset != admitted:
+            raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {admitted}.")
+        if chunk.shared_payload:
+            count = self.length
+        else:
+            if nbytes % dtype.itemsize:
+                raise WireError(
+                    f"Chunk of row {chunk.row} from {where} is not a whole number of {dtype.itemsize}-byte items."
+                )
+            count = nbytes // dtype.itemsize
+            if admitted + count > self.length:
+                raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
+        if starts_row:
+            self._row = chunk.row
+            self._buffer = np.empty(self.length, dtype=dtype)
+            self._filled, self._crc, self._squares = 0, 0, 0.0
+        self._admitted = admitted + count
+        return admitted, count
 
     def _take_shared(self, chunk: worker_pb2.GradientChunk, data_bytes: int, where: str) -> None:
         """Fill the message's buffer from its shared-memory payload: one chunk, header to trailer, no data."""

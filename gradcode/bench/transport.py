@@ -262,7 +262,9 @@ async def _compute_call(
     count = 0
     first = 0.0
     async with asyncio.timeout(CALL_TIMEOUT):
-        async for chunk in session.compute(head, body):
+        compute = session.compute(head, body)
+        compute.place = assembler.place  # as the master's round does
+        async for chunk in compute:
             if not count:
                 first = time.perf_counter() - started
             count += 1

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
+from gradcode.bench.transport import _linear_job
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.common import link
 from gradcode.common.link import FrameProtocol, LinkClosedError, LinkRefusedError, LinkServer, open_link
@@ -190,6 +191,46 @@ async def test_a_session_over_a_link_answers_exactly_what_it_answers_over_grpc()
         finally:
             linked.close()
             over_grpc.close()
+
+
+async def test_large_payloads_are_received_straight_into_the_message_exactly() -> None:
+    """Chunks larger than the staging buffer land in the message's own buffer (no copy on the master), and the
+    message equals the same Compute's over the gRPC Session, bit for bit."""
+    p = 300_001  # a 2.4 MB message: chunks of 1 MiB and more
+    async with (
+        asyncio.timeout(TIMEOUT),
+        WorkerNode(grace=0.2) as node,
+        Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
+    ):
+        job_id, chunks = _linear_job(p)
+        await worker_pb2_grpc.WorkerStub(channel).LoadJob(chunks)  # type: ignore[no-untyped-call]
+        linked, grpc_session = Session(await open_link(channel, node.address, Security(), 5.0)), Session.on(channel)
+        try:
+            for iteration in (1, 2, 3):
+                params = np.random.default_rng(iteration).standard_normal(p)
+                got = {}
+                for session, placing in ((linked, True), (grpc_session, False)):
+                    head = worker_pb2.ComputeRequest(job_id=job_id, iteration=iteration, worker_id=0, rows=[0])
+                    assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p)
+                    placed: list[bool] = []
+
+                    def place(
+                        meta: worker_pb2.GradientChunk, nbytes: int, asm: Any = assembler, seen: list[bool] = placed
+                    ) -> memoryview | None:
+                        target: memoryview | None = asm.place(meta, nbytes)
+                        seen.append(target is not None)
+                        return target
+
+                    compute = session.compute(head, model_request_bytes(params))
+                    compute.place = place
+                    done = [m for m in [assembler.feed(c) async for c in compute] if m is not None]
+                    assert len(done) == 1 and np.all(np.isfinite(done[0].vector))
+                    got[placing] = done[0].vector
+                    assert (len(placed) >= 2 and all(placed)) if placing else placed == []
+                assert np.array_equal(got[True], got[False])
+        finally:
+            linked.close()
+            grpc_session.close()
 
 
 async def test_a_caller_moves_to_the_link_and_keeps_grpc_for_a_worker_without_one() -> None:

@@ -17,11 +17,13 @@ from gradcode.common.wire import (
     DEFAULT_CHUNK_BYTES,
     MAX_CHUNK_BYTES,
     MessageAssembler,
+    ReceivedChunk,
     WireError,
     array_from_tensor,
     children_lost_from_metadata,
     children_lost_metadata,
     chunk_bytes_for,
+    chunk_head,
     compute_stream,
     dict_from_struct,
     message_chunk_bytes,
@@ -365,3 +367,75 @@ def test_a_leafs_magnitude_travels_in_the_trailer_and_must_be_finite_and_non_neg
         with pytest.raises(WireError, match=r"magnitude .* must be a finite number >= 0"):
             for c in chunks:
                 asm.feed(c)
+
+
+# ---- payloads received in place (links) --------------------------------------------------------------------
+def test_a_chunks_head_gives_its_fields_and_where_its_payload_starts() -> None:
+    vec = np.random.default_rng(4).standard_normal(3000)
+    for raw in message_chunk_bytes(vec, job_id="j", iteration=2, worker_id=1, row=0, chunk_bytes=8000):
+        parsed = parse_chunk(raw)
+        head = chunk_head(memoryview(raw)[:300], len(raw))
+        assert head is not None
+        meta, offset = head
+        assert meta == parsed.meta and raw[offset:] == bytes(parsed.data)
+        assert chunk_head(memoryview(raw)[:6], len(raw)) is None  # its fields are not all there yet
+        assert chunk_head(memoryview(raw)[:300], len(raw) + 8) is None  # the data would not end the chunk
+    status_only = worker_pb2.GradientChunk(job_id="j", request_id=3).SerializeToString()
+    assert chunk_head(status_only, len(status_only)) is None
+
+
+def _placed(asm: MessageAssembler, chunks: list[worker_pb2.GradientChunk]) -> list[ReceivedChunk | None]:
+    """Place every chunk first (as a link does while the consumer is behind), receiving its data into the target."""
+    out: list[ReceivedChunk | None] = []
+    for chunk in chunks:
+        meta = worker_pb2.GradientChunk()
+        meta.CopyFrom(chunk)
+        meta.ClearField("data")
+        target = asm.place(meta, len(chunk.data))
+        if target is None:
+            out.append(None)
+            continue
+        target[:] = chunk.data
+        out.append(ReceivedChunk(meta=meta, data=target, placed=True))
+    return out
+
+
+def test_a_payload_received_in_place_is_checked_as_a_copied_one() -> None:
+    vec = np.random.default_rng(5).standard_normal(1000)
+    chunks = _chunks(vec, row=5, compute_seconds=0.5)
+    copied, placed = _assembler(), _assembler()
+    want = [copied.feed(c) for c in chunks][-1]
+    received = _placed(placed, chunks)
+    assert all(r is not None for r in received)
+    got = [placed.feed(r) for r in received][-1]
+    assert want is not None and got is not None
+    assert np.array_equal(got.vector, vec) and got.norm == want.norm and got.compute_seconds == 0.5
+    # A payload that arrived damaged fails the CRC as it would have copied.
+    damaged = _assembler()
+    received = _placed(damaged, chunks)
+    assert received[1] is not None
+    received[1].data[3] ^= 0xFF
+    with pytest.raises(WireError, match="failed its CRC32C check"):
+        for r in received:
+            damaged.feed(r)
+
+
+def test_a_chunk_that_fails_its_checks_is_not_placed_and_feed_says_why() -> None:
+    vec = np.random.default_rng(6).standard_normal(1000)
+    stale = _chunks(vec, row=5, iteration=2)
+    asm = _assembler()
+    assert _placed(asm, stale[:1]) == [None]
+    with pytest.raises(WireError, match="stale or future iteration 2"):
+        asm.feed(stale[0])
+    # Chunks are placed in their order only: one that skips ahead is not.
+    chunks = _chunks(vec, row=5)
+    asm = _assembler()
+    first, skipped = _placed(asm, [chunks[0], chunks[2]])
+    assert first is not None and skipped is None
+    asm.feed(first)
+    with pytest.raises(WireError, match="at offset 200, expected 100"):
+        asm.feed(chunks[2])
+    # The next row's first chunk waits until the current row is complete.
+    asm = _assembler()
+    first = _placed(asm, chunks[:1])
+    assert first[0] is not None and _placed(asm, _chunks(vec, row=6)[:1]) == [None]

@@ -24,7 +24,7 @@ import pytest
 from gradcode.common.data import load_dataset
 from gradcode.common.models import Model, make_model
 from gradcode.common.serving import ServingHandle, start_server
-from gradcode.common.wire import array_from_tensor, message_chunks, struct_from_dict
+from gradcode.common.wire import MessageAssembler, array_from_tensor, message_chunks, struct_from_dict
 from gradcode.master import reporting, service
 from gradcode.master.node import MasterNode
 from gradcode.master.spec import JobPlan
@@ -350,3 +350,31 @@ async def test_running_out_of_memory_while_planning_is_resource_exhausted(monkey
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "ran out of memory while planning this job" in (error.value.details() or "")
         assert not (await master.stub.ListWorkers(master_pb2.ListWorkersRequest())).workers  # still serving
+
+
+async def test_over_links_the_master_receives_large_messages_straight_into_them_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without shared memory, a wide model's messages (800 KB: larger than a link's staging buffer) are received
+    where the round's assemblers place them, and every iteration verifies exact."""
+    placed: list[bool] = []
+    place = MessageAssembler.place
+
+    def counting(self: MessageAssembler, meta: Any, nbytes: int) -> memoryview | None:
+        target = place(self, meta, nbytes)
+        placed.append(target is not None)
+        return target
+
+    monkeypatch.setattr(MessageAssembler, "place", counting)
+    async with asyncio.timeout(TIMEOUT), running_master(3, shared_memory=None) as master:
+        ids = await master.wait_workers(3)
+        spec = job_spec(
+            "cyclic", {"n": 3, "s": 1}, iterations=12, worker_ids=ids, verify=True,
+            dataset=master_pb2.DatasetSpec(name="linear", num_samples=30, num_features=99_999),
+            optimizer=master_pb2.OptimizerSpec(kind="gd", learning_rate=1e-6),
+            model=common_pb2.ModelSpec(kind="linear"),
+        )  # fmt: skip
+        info, reports = await master.run(spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
+    assert placed.count(True) >= 10, placed  # once the links are up (a few ms in), every message is placed
