@@ -97,9 +97,16 @@ CHUNKS_PER_MESSAGE = 4
 the transfer and the receiver's assembly, few enough that per-message costs stay small."""
 COMPUTE_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Compute"
 SESSION_METHOD = "/" + worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name + "/Session"
+RECONNECT_BACKOFF_MS = (200, 1000)
+"""First and longest wait between a channel's attempts to reach a peer that is down. gRPC's own longest is 120 s:
+a worker restarted after half a minute down stayed unreachable to the channels that had tried it for 10 s
+and more (a tree parent's to its children too, longer than the parent waits for them)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
 ]
 """Options for every gradcode server and channel."""
 

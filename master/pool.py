@@ -105,13 +105,6 @@ MAX_REMOVED_REMEMBERED = 10_000
 """Instance ids of removed workers remembered (so they cannot re-register); the oldest are forgotten."""
 
 
-_CHANNEL_OPTIONS = [
-    *CHANNEL_OPTIONS,
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
-
 def worker_address(address: str) -> str:
     """A worker's ``host:port`` in canonical form (:func:`gradcode.common.serving.parse_address`, port not 0)."""
     if len(address) > MAX_ADDRESS_CHARS:
@@ -159,7 +152,7 @@ class PoolWorker:
     def stub(self) -> worker_pb2_grpc.WorkerStub:
         """The Worker stub, opening the channel on first use (inside the event loop)."""
         if self._stub is None:
-            self.channel = self.security.channel(self.address, bearer=self.bearer, options=_CHANNEL_OPTIONS)
+            self.channel = self.security.channel(self.address, bearer=self.bearer, options=CHANNEL_OPTIONS)
             self._stub = worker_pb2_grpc.WorkerStub(self.channel)  # type: ignore[no-untyped-call]
         return self._stub
 
@@ -280,7 +273,7 @@ class WorkerPool:
 
     def _fresh_channel(self, address: str) -> grpc.aio.Channel:
         """A new channel (no reconnect back-off) for admission and probes, with Hello's bearer."""
-        return self.security.channel(address, bearer=self.security.worker_call_token, options=_CHANNEL_OPTIONS)
+        return self.security.channel(address, bearer=self.security.worker_call_token, options=CHANNEL_OPTIONS)
 
     async def hello(self, address: str, timeout: float = ADMISSION_TIMEOUT_SECONDS) -> str:
         """The instance id of the worker process answering at ``address`` (fresh channel, ``timeout`` seconds)."""
