@@ -238,15 +238,24 @@ async def _status(call: Any) -> grpc.StatusCode:
 
 
 async def _session_status(stub: Any) -> grpc.StatusCode:
-    """What one request on a Session ends with: the call's refusal, or the request's in-band status."""
+    """What one request on a Session ends with: the call's refusal, or the request's in-band status.
+
+    A refusal ends the call at its start, before any request: it is awaited first (up to a second), so that no
+    request is in flight when it lands (grpcio's client reports a status that lands during a write as INTERNAL,
+    grpc/grpc#36066)."""
     call = stub.Session()
     try:
+        try:
+            code: grpc.StatusCode = await asyncio.wait_for(asyncio.shield(call.code()), 1.0)
+            return code
+        except TimeoutError:
+            pass  # not refused: the worker waits for a request
         await call.write(worker_pb2.ComputeRequest(job_id="x", request_id=1))
         reply = await call.read()
         return CallError.from_status(reply.status).code
     except grpc.aio.AioRpcError as exc:
-        code: grpc.StatusCode = exc.code()
-        return code
+        refused: grpc.StatusCode = exc.code()
+        return refused
     finally:
         call.cancel()
 
