@@ -199,14 +199,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     return  # its fields are still on the way
                 staged = memoryview(staging)[begin : self._end]
                 placed = None if self.placer is None else self.placer(staged, length)
-                if placed is None:
-                    self._big = np.empty(length, dtype=np.uint8).data  # not zeroed: every byte is received into it
-                    self._big[:have] = staged
-                    self._big_filled = have
-                else:
-                    self._big_head, offset, self._big = placed
-                    self._big[: have - offset] = staged[offset:]
-                    self._big_filled = have - offset
+                if placed is None:  # a buffer of its own, not zeroed: every byte is received into it
+                    placed = None, 0, np.empty(length, dtype=np.uint8).data
+                self._big_head, offset, self._big = placed
+                self._big[: have - offset] = staged[offset:]
+                self._big_filled = have - offset
                 self._start = self._end = 0
             return
 
