@@ -604,6 +604,8 @@ class MessageAssembler:
         self.length = length
         self.dtypes = dtypes
         self.norm_length = length if norm_length is None else min(norm_length, length)
+        self._where = f"worker {worker_id}, job {job_id!r}, iteration {iteration}"
+        """Whose stream this is, as every refusal names it (formatted once, not per chunk)."""
         self._row: int | None = None
         self._squares = 0.0
         self._buffer: Array | None = None
@@ -621,8 +623,7 @@ class MessageAssembler:
         """
         if received is None:
             raise WireError(
-                f"A chunk from worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration} could not be "
-                "parsed as a GradientChunk (malformed bytes on the wire)."
+                f"A chunk from {self._where} could not be parsed as a GradientChunk (malformed bytes on the wire)."
             )
         # The payload is copied once, from the received bytes into the message's buffer (or received there
         # directly: placed), and checksummed there.
@@ -631,7 +632,7 @@ class MessageAssembler:
             chunk, payload, placed = received.meta, received.data, received.placed
         else:
             chunk, payload = received, memoryview(received.data)  # each .data access copies: read it once
-        where = self._where()
+        where = self._where
         if placed:  # admitted by place(), in order: it is the next one to check
             assert self._buffer is not None
             start, count = self._filled, len(payload) // self._buffer.itemsize
@@ -701,14 +702,11 @@ class MessageAssembler:
         assert self._buffer is not None
         return self._buffer[start : start + count].view(np.uint8).data
 
-    def _where(self) -> str:
-        return f"worker {self.worker_id}, job {self.job_id!r}, iteration {self.iteration}"
-
     def _admit(self, chunk: worker_pb2.GradientChunk, nbytes: int) -> tuple[int, int]:
         """Check everything about a chunk but its payload's values; then take it as the next one: the span
         ``(start, count)`` of elements its payload fills (the whole row for a shared-memory payload).
         Changes nothing when it raises."""
-        where = self._where()
+        where = self._where
         if chunk.job_id != self.job_id:
             raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
         if chunk.iteration != self.iteration:
