@@ -1,18 +1,20 @@
 """Snapshot of what the numerics decide: every scheme's B (accepted draws, refusals) and its decodes.
 
-``python -m tests.codes.numerics_snapshot`` writes ``tests/codes/fixtures/numerics_snapshot-<kernel>.json``
-for the OpenBLAS kernel numpy runs here (:func:`blas_kernel`). Each was generated from the code *before* the
-numerics were merged into one home (issue 7, commit 9b404f2), and ``test_numerics_snapshot.py`` checks that
-the current code still produces the same matrices bit for bit (sha256 of ``B``), the same accepted draw
-indices and refusals, and the same decodings (rows, exactness flag, weights to rounding level) on contiguous
-and seeded random survivor sets.
+``python -m tests.codes.numerics_snapshot`` writes ``tests/codes/fixtures/numerics_snapshot-<kernel>-<release>.json``
+for the OpenBLAS kernel and release numpy runs here (:func:`blas_kernel`, :func:`openblas_version`). Each was
+generated from the code *before* the numerics were merged into one home (issue 7, commit 9b404f2), and
+``test_numerics_snapshot.py`` checks that the current code still produces the same matrices bit for bit (sha256
+of ``B``), the same accepted draw indices and refusals, and the same decodings (rows, exactness flag, weights to
+rounding level) on contiguous and seeded random survivor sets.
 
-Why one file per kernel: the randomly drawn codes (cyclic, partial stragglers, CodedReduce) go through
-LAPACK, whose kernels for different CPUs round differently in the last bits, so their matrices (and near a
-guard's bound, their accepted draws and refusals) differ between an AVX-512 machine (``SkylakeX``) and an AVX2
-one (``Haswell``, also what AMD EPYC runs). The old code on the ``SkylakeX`` kernel
-(``OPENBLAS_CORETYPE=SkylakeX``) reproduces the first fixture byte for byte; every other scheme is identical
-in both.
+Why one file per kernel and release: the randomly drawn codes (cyclic, partial stragglers, CodedReduce) go
+through LAPACK, whose kernels for different CPUs round differently in the last bits, so their matrices (and near
+a guard's bound, their accepted draws and refusals) differ between an AVX-512 machine (``SkylakeX``) and an AVX2
+one (``Haswell``, also what AMD EPYC runs). Releases differ the same way: on the Haswell kernel, OpenBLAS 0.3.34
+(numpy 2.5's) gives 5 other cyclic matrices, refuses one more draw and measures errors up to 3x apart from 0.3.31
+(numpy 2.4's). The Haswell files were written by the old code on this project's machine and reproduce byte for
+byte; the SkylakeX one was written on an AVX-512 machine whose release was not recorded (0.3.31, the project's
+environment of that day, is inferred).
 """
 
 from __future__ import annotations
@@ -47,8 +49,15 @@ def blas_kernel() -> str:
     return "+".join(sorted({str(lib.get("internal_api")) for lib in libraries})) or "unknown"
 
 
-def fixture_path(kernel: str) -> Path:
-    return FIXTURES / f"numerics_snapshot-{kernel}.json"
+def openblas_version() -> str:
+    """The release of the OpenBLAS numpy runs on (e.g. ``0.3.31``); ``none`` when it is not OpenBLAS."""
+    np.ones(1) @ np.ones(1)  # threadpoolctl lists only the libraries already loaded
+    versions = sorted({str(lib.get("version")) for lib in threadpool_info() if lib.get("internal_api") == "openblas"})
+    return "+".join(".".join(v.split(".")[:3]) for v in versions) or "none"
+
+
+def fixture_path(kernel: str, release: str) -> Path:
+    return FIXTURES / f"numerics_snapshot-{kernel}-{release}.json"
 
 
 def _stragglers(n: int) -> list[int]:
@@ -148,7 +157,7 @@ def snapshot() -> list[dict[str, Any]]:
 
 def main() -> int:
     entries = snapshot()
-    fixture = fixture_path(blas_kernel())
+    fixture = fixture_path(blas_kernel(), openblas_version())
     fixture.parent.mkdir(parents=True, exist_ok=True)
     fixture.write_text(json.dumps(entries, separators=(",", ":")) + "\n")
     counts: dict[str, int] = {}

@@ -1,6 +1,6 @@
 """The numerics decide the same things as before they were merged into one home (issue 7).
 
-The fixture (one per OpenBLAS kernel: LAPACK's last bits differ between them, see
+The fixture (one per OpenBLAS kernel and release: LAPACK's last bits differ between them, see
 :mod:`tests.codes.numerics_snapshot`) was written by ``python -m tests.codes.numerics_snapshot`` from the code
 before the merge:
 every registered scheme over a grid of (n, s, seed), plus cyclic and Reed–Solomon codes with bounds
@@ -17,15 +17,16 @@ import math
 import numpy as np
 import pytest
 
-from tests.codes.numerics_snapshot import blas_kernel, fixture_path, snapshot_one
+from tests.codes.numerics_snapshot import blas_kernel, fixture_path, openblas_version, snapshot_one
 
-KERNEL = blas_kernel()
-FIXTURE = fixture_path(KERNEL)
+KERNEL, RELEASE = blas_kernel(), openblas_version()
+FIXTURE = fixture_path(KERNEL, RELEASE)
 ENTRIES = json.loads(FIXTURE.read_text()) if FIXTURE.exists() else []
 
 pytestmark = pytest.mark.skipif(
     not ENTRIES,
-    reason=f"no numerics snapshot for the BLAS kernel {KERNEL!r} of this machine ({FIXTURE.name} is missing): "
+    reason=f"no numerics snapshot for the BLAS kernel {KERNEL!r} and OpenBLAS {RELEASE} of this machine "
+    f"({FIXTURE.name} is missing): "
     "write it with `python -m tests.codes.numerics_snapshot` run at commit 9b404f2 (the code before the merge, "
     "which names it numerics_snapshot.json)",
 )

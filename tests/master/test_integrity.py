@@ -112,6 +112,7 @@ async def gathered(policy: IntegrityPolicy, code: GradientCode, srcs: list[Sourc
     round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P)
     enough = policy.enough(round_, code.static_assignment())
     await asyncio.wait_for(round_.gather(srcs, timeout=30.0, enough=enough), 10)
+    await asyncio.sleep(0)  # the late streams are cancelled once the caller yields (Round.gather), not before
     return round_
 
 
