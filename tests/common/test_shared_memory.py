@@ -56,13 +56,18 @@ def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: Share
     params = np.random.default_rng(0).standard_normal(1001)
     reference = shared.write_model(params)
     assert reference.length == 1001
-    np.testing.assert_array_equal(peer.read_model(reference), params)
+    model = peer.read_model(reference)
+    np.testing.assert_array_equal(model, params)
+    assert np.shares_memory(model, peer.read_model(reference))  # the file itself, not a copy per call
+    with pytest.raises(ValueError, match="read-only"):
+        model[0] = 0.0  # the receiver's model: a worker cannot write into it
     wrong_length = worker_pb2.SharedModel(length=1000, crc32c=reference.crc32c)
     with pytest.raises(WireError, match="has 8008 bytes; 8000 were announced"):
         peer.read_model(wrong_length)
     shared.write_model(params + 1)  # the receiver moved on: a late call of the earlier round is refused
     with pytest.raises(WireError, match="failed its CRC32C check"):
         peer.read_model(reference)
+    np.testing.assert_array_equal(model, params + 1)  # a computation still running sees the next model
 
 
 def test_a_new_directory_has_no_model_yet(shared: SharedDirectory) -> None:
