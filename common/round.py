@@ -296,10 +296,10 @@ class Round:
         )
         return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
 
-    def _shared_reader(self, source: Source) -> Callable[[int, Array], None] | None:
+    def _shared_reader(self, source: Source) -> Callable[[int, np.dtype[Any], int], Array] | None:
         if not source.shared or self.shared is None:
             return None
-        return functools.partial(self.shared.read_message, source.worker_id)
+        return functools.partial(self.shared.message, source.worker_id)
 
     async def gather(
         self,

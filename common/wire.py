@@ -592,12 +592,12 @@ class MessageAssembler:
         length: int,
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
         norm_length: int | None = None,
-        shared: Callable[[int, Array], None] | None = None,
+        shared: Callable[[int, np.dtype[Any], int], Array] | None = None,
     ) -> None:
         self.job_id = job_id
         self.shared = shared
-        """Reads row ``r``'s shared-memory payload into an array (the receiver asked this worker for shared
-        payloads this iteration); None: a chunk with ``shared_payload`` is refused."""
+        """Row ``r``'s shared-memory payload as ``length`` elements of ``dtype``, in place (the receiver asked this
+        worker for shared payloads this iteration); None: a chunk with ``shared_payload`` is refused."""
         self.iteration = iteration
         self.worker_id = worker_id
         self.rows = rows
@@ -626,7 +626,7 @@ class MessageAssembler:
                 f"A chunk from {self._where} could not be parsed as a GradientChunk (malformed bytes on the wire)."
             )
         # The payload is copied once, from the received bytes into the message's buffer (or received there
-        # directly: placed), and checksummed there.
+        # directly: placed; or checked where it is, in its shared-memory slot), and checksummed there.
         placed = False
         if isinstance(received, ReceivedChunk):
             chunk, payload, placed = received.meta, received.data, received.placed
@@ -638,12 +638,13 @@ class MessageAssembler:
             start, count = self._filled, len(payload) // self._buffer.itemsize
         else:
             start, count = self._admit(chunk, len(payload))
-            assert self._buffer is not None
             if chunk.shared_payload:
                 self._take_shared(chunk, len(payload), where)
             elif count:
+                assert self._buffer is not None
                 self._buffer[start : start + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
         if count:
+            assert self._buffer is not None
             piece = self._buffer[start : start + count]
             self._crc = google_crc32c.extend(self._crc, piece)
             normed = piece[: max(0, self.norm_length - start)]
@@ -672,6 +673,7 @@ class MessageAssembler:
             raise WireError(
                 f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
             )
+        assert self._buffer is not None  # every row starts with a buffer, or its slot
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -748,25 +750,24 @@ class MessageAssembler:
                 raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
         if starts_row:
             self._row = chunk.row
-            self._buffer = np.empty(self.length, dtype=dtype)
+            self._buffer = None if chunk.shared_payload else np.empty(self.length, dtype=dtype)
             self._filled, self._crc, self._squares = 0, 0, 0.0
         self._admitted = admitted + count
         return admitted, count
 
     def _take_shared(self, chunk: worker_pb2.GradientChunk, data_bytes: int, where: str) -> None:
-        """Fill the message's buffer from its shared-memory payload: one chunk, header to trailer, no data."""
-        assert self._buffer is not None
+        """Take the message's shared-memory slot as its buffer: one chunk, header to trailer, no data."""
         if self.shared is None:
             raise WireError(
                 f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for inline "
                 "payloads."
             )
-        if data_bytes or self._filled or not chunk.HasField("trailer"):
+        if data_bytes or self._filled or not (chunk.HasField("header") and chunk.HasField("trailer")):
             raise WireError(
                 f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload is "
                 "one chunk with header and trailer and no data."
             )
-        self.shared(chunk.row, self._buffer)
+        self._buffer = self.shared(chunk.row, dtype_from_wire(chunk.header.dtype), self.length)
 
     @property
     def complete(self) -> bool:

@@ -256,7 +256,7 @@ async def _compute_call(
     else:
         head.shared_model.CopyFrom(shared.write_model(params))
         body = b""
-        reader = functools.partial(shared.read_message, 0)
+        reader = functools.partial(shared.message, 0)
     assembler = MessageAssembler(job_id=job_id, iteration=iteration, worker_id=0, rows=(0,), length=p, shared=reader)
     done = None
     count = 0

@@ -815,7 +815,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assembler = MessageAssembler(
             job_id="job", iteration=1, worker_id=worker, rows=tuple(rows),
             length=message_length(softmax_model(), statistics=False), dtypes=ANY_DTYPE,
-            shared=functools.partial(shared.read_message, worker),
+            shared=functools.partial(shared.message, worker),
         )  # fmt: skip
         chunks = [chunk async for chunk in stub.Compute(shared_request)]
         assert all(c.shared_payload and not c.data for c in chunks) and len(chunks) == len(rows)
@@ -860,9 +860,10 @@ async def test_a_tree_parent_never_accepts_shared_memory(tmp_path: Path) -> None
         shared.close()
 
 
-def test_a_stale_computation_never_overwrites_a_shared_slot(tmp_path: Path) -> None:
+def test_a_stale_computation_or_a_repeated_request_never_overwrites_a_shared_slot(tmp_path: Path) -> None:
     """A computation that finishes after a later iteration started sends inline (its call is being cancelled
-    anyway): the slot the receiver reads for the newest iteration keeps that iteration's message."""
+    anyway), and so does a second request for the same iteration: the slot the receiver checked, and decodes in
+    place, keeps that iteration's message until a later iteration is asked for."""
     shared = SharedDirectory.create(tmp_path)
     assert shared is not None
     code, worker = make_code("cyclic", n=4, s=1), 2
@@ -873,7 +874,10 @@ def test_a_stale_computation_never_overwrites_a_shared_slot(tmp_path: Path) -> N
     runtime.begin(2)
     assert _write_shared(runtime, 2, row, newest)
     assert not _write_shared(runtime, 1, row, newest - 1)  # iteration 1 finished late
-    read = np.empty_like(newest)
-    shared.read_message(worker, row, read)
+    assert not _write_shared(runtime, 2, row, newest + 1)  # iteration 2 asked again (a retry)
+    read = shared.message(worker, row, newest.dtype, newest.size)
     np.testing.assert_array_equal(read, newest)
+    runtime.begin(3)
+    assert _write_shared(runtime, 3, row, newest + 1)
+    np.testing.assert_array_equal(read, newest + 1)  # the same slot, in place
     shared.close()
