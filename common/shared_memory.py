@@ -20,10 +20,12 @@ and trailer (with the CRC-32C of the payload) still travel on it.
    iteration: no fresh tmpfs pages per iteration and no ``read``/``write`` system calls (on this
    project's VM, 8 MB took 0.3 ms to copy into a mapped slot against 1.8 ms through ``pwrite``). A
    payload costs one memory copy, into its slot: workers compute from the model's file, and receivers
-   check and decode each message in its own. The round protocol keeps a slot still while it is read:
-   the model changes only between rounds, and a worker writes a message slot at most once per
-   iteration, only for the newest iteration it was asked (a stale computation never overwrites it). The
-   CRC-32C in the request and in the trailer would catch a torn read all the same: it is refused, never
+   check and decode each message in its own. The round protocol keeps a slot still from the moment it
+   is announced until the round is over: the model changes only between rounds, a receiver asks a
+   worker for shared payloads at most once per round (asked again, perhaps as a restarted process, it
+   gets the model inline and answers inline), and a worker writes a message only for the newest
+   iteration it was asked (a stale computation never overwrites it). The CRC-32C in the request and in
+   the trailer would catch a slot changed before it was checked all the same: it is refused, never
    decoded. A worker still computing when the next model is written (a late one) reads parts of both,
    for an iteration no round takes any more.
 5. A slot is created at its full size with ``posix_fallocate`` (a full tmpfs fails there, as an
@@ -180,9 +182,10 @@ class SharedDirectory:
         """A worker's message in place (a read-only view of its slot, of the announced dtype and length); WireError
         if it is missing or of another size.
 
-        Not copied: a worker writes a slot at most once per iteration, and only for the newest iteration it was
-        asked, so the slot stays as the receiver checked it until the receiver asks that worker for a later
-        iteration, which it does only once this round, its decode included, is over."""
+        Not copied: a worker writes a slot only for the newest iteration it was asked, and a receiver asks it for
+        shared payloads at most once per round, so the slot stays as the receiver checked it until the receiver
+        asks that worker for a later iteration, which it does only once this round, its decode included, is
+        over."""
         return self._slots.view(_message_name(worker_id, row), dtype, length)
 
     def close(self) -> None:
@@ -197,8 +200,6 @@ class SharedPeer:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._slots = _Slots(path)
-        self._iterations: dict[str, int] = {}
-        """The iteration of the message each slot holds."""
 
     def read_model(self, shared: worker_pb2.SharedModel) -> np.ndarray[Any, Any]:
         """The parameters the receiver wrote, in place (a read-only view of the file), checked against ``shared``'s
@@ -217,17 +218,9 @@ class SharedPeer:
             )
         return params
 
-    def write_message(self, worker_id: int, row: int, iteration: int, data: np.ndarray[Any, Any]) -> bool:
-        """Copy iteration ``iteration``'s coded message (little-endian, contiguous) into its slot; OSError if that
-        fails. False, writing nothing, when the slot already holds a message of that iteration: the receiver
-        checks and decodes a message in its slot, so a slot changes at most once per iteration (send a repeated
-        one inline)."""
-        name = _message_name(worker_id, row)
-        if self._iterations.get(name) == iteration:
-            return False
-        self._iterations[name] = iteration  # (a failed write leaves the slot unusable for this iteration all the same)
-        self._slots.write(name, data)
-        return True
+    def write_message(self, worker_id: int, row: int, data: np.ndarray[Any, Any]) -> None:
+        """Copy one coded message's payload (little-endian, contiguous) into its slot; OSError if that fails."""
+        self._slots.write(_message_name(worker_id, row), data)
 
     def close(self) -> None:
         self._slots.close()

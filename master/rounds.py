@@ -157,7 +157,7 @@ class RoundPolicy:
     def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields."""
         head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows)
-        body, shared = model.fields(shared=w in self.loader.shared_workers)
+        body, shared = model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
         return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared)
 
@@ -206,11 +206,16 @@ class _ModelRequest:
         self.shared = shared
         self._inline: bytes | None = None
         self._in_shared: bytes | None = None
+        self._asked_shared: set[int] = set()
 
-    def fields(self, *, shared: bool) -> tuple[bytes, bool]:
-        """The model's request fields, and whether they are the shared-memory form (which then wants shared
-        payloads back); a failed write to shared memory falls back to the inline form for this iteration."""
-        if shared and self.shared is not None:
+    def fields(self, worker: int, *, shared: bool) -> tuple[bytes, bool]:
+        """Worker ``worker``'s model request fields, and whether they are the shared-memory form (which then wants
+        shared payloads back). A worker gets that form once per round: the round checks and decodes shared
+        messages in their slots (:meth:`SharedDirectory.message`), and a worker asked again, perhaps a restarted
+        process, must not rewrite a slot the round already holds. A failed write to shared memory falls back to
+        the inline form for this iteration."""
+        if shared and self.shared is not None and worker not in self._asked_shared:
+            self._asked_shared.add(worker)
             if self._in_shared is None:
                 try:
                     reference = self.shared.write_model(self.point)
@@ -218,7 +223,7 @@ class _ModelRequest:
                     log.warning("iteration %d: writing the model to shared memory failed (%s); sending it inline",
                                 self.t, exc)  # fmt: skip
                     self.shared = None
-                    return self.fields(shared=False)
+                    return self.fields(worker, shared=False)
                 self._in_shared = worker_pb2.ComputeRequest(shared_model=reference).SerializeToString()
             return self._in_shared, True
         if self._inline is None:

@@ -390,14 +390,12 @@ class _HandlerRecorder:
 
 def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.ndarray[Any, Any]) -> bool:
     """Leave a message's payload in its slot of the receiver's shared-memory directory; False (send it inline) if
-    that fails, if a later iteration has started, or if the slot already holds this iteration's message (a
-    repeated request): a slot the receiver may be reading is never overwritten (the check and the write run
-    together on the event loop)."""
+    that fails, or if a later iteration has started: a stale message never overwrites a slot the receiver may be
+    reading (the check and the write run together on the event loop)."""
     if runtime.shared is None or iteration != runtime.newest_iteration:
         return False
     try:
-        if not runtime.shared.write_message(runtime.job.worker_id, row, iteration, payload):
-            return False
+        runtime.shared.write_message(runtime.job.worker_id, row, payload)
     except (OSError, ValueError) as exc:  # a full tmpfs; a slot of another size (WireError)
         logger.warning("iteration %d row %d: shared-memory write failed (%s); sending it inline", iteration, row, exc)
         return False
