@@ -2,7 +2,7 @@
 
 When a worker runs on its receiver's host (the local cluster, or several workers on one VM), a
 payload that goes through gRPC crosses HTTP/2 framing, loopback TCP and several copies on each side;
-through a file on tmpfs (``/dev/shm``) it costs one copy in and one copy out of memory. The Compute
+through a file on tmpfs (``/dev/shm``) it costs one copy, into the file: the other side reads it there. The Compute
 call stays the control path: authentication, cancellation, failure detection and the message header
 and trailer (with the CRC-32C of the payload) still travel on it.
 
