@@ -638,13 +638,10 @@ class MessageAssembler:
             start, count = self._filled, len(payload) // self._buffer.itemsize
         else:
             start, count = self._admit(chunk, len(payload))
-            if chunk.shared_payload:
-                self._take_shared(chunk, len(payload), where)
-            elif count:
-                assert self._buffer is not None
+            assert self._buffer is not None
+            if count and not chunk.shared_payload:
                 self._buffer[start : start + count] = np.frombuffer(payload, dtype=self._buffer.dtype)
         if count:
-            assert self._buffer is not None
             piece = self._buffer[start : start + count]
             self._crc = google_crc32c.extend(self._crc, piece)
             normed = piece[: max(0, self.norm_length - start)]
@@ -673,7 +670,6 @@ class MessageAssembler:
             raise WireError(
                 f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
             )
-        assert self._buffer is not None  # every row starts with a buffer, or its slot
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -706,8 +702,8 @@ class MessageAssembler:
 
     def _admit(self, chunk: worker_pb2.GradientChunk, nbytes: int) -> tuple[int, int]:
         """Check everything about a chunk but its payload's values; then take it as the next one: the span
-        ``(start, count)`` of elements its payload fills (the whole row for a shared-memory payload).
-        Changes nothing when it raises."""
+        ``(start, count)`` of elements its payload fills. A shared-memory payload is a whole row in one chunk,
+        header to trailer, without data; its slot is the row's buffer. Changes nothing when it raises."""
         where = self._where
         if chunk.job_id != self.job_id:
             raise WireError(f"Chunk for job {chunk.job_id!r} arrived on the stream of {where}.")
@@ -739,6 +735,16 @@ class MessageAssembler:
         if chunk.offset != admitted:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {admitted}.")
         if chunk.shared_payload:
+            if self.shared is None:
+                raise WireError(
+                    f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for "
+                    "inline payloads."
+                )
+            if nbytes or not starts_row or not chunk.HasField("trailer"):
+                raise WireError(
+                    f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload "
+                    "is one chunk with header and trailer and no data."
+                )
             count = self.length
         else:
             if nbytes % dtype.itemsize:
@@ -749,25 +755,13 @@ class MessageAssembler:
             if admitted + count > self.length:
                 raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
         if starts_row:
+            shared = self.shared if chunk.shared_payload else None  # (not None: checked above)
+            buffer = np.empty(self.length, dtype=dtype) if shared is None else shared(chunk.row, dtype, self.length)
             self._row = chunk.row
-            self._buffer = None if chunk.shared_payload else np.empty(self.length, dtype=dtype)
+            self._buffer = buffer
             self._filled, self._crc, self._squares = 0, 0, 0.0
         self._admitted = admitted + count
         return admitted, count
-
-    def _take_shared(self, chunk: worker_pb2.GradientChunk, data_bytes: int, where: str) -> None:
-        """Take the message's shared-memory slot as its buffer: one chunk, header to trailer, no data."""
-        if self.shared is None:
-            raise WireError(
-                f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for inline "
-                "payloads."
-            )
-        if data_bytes or self._filled or not (chunk.HasField("header") and chunk.HasField("trailer")):
-            raise WireError(
-                f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload is "
-                "one chunk with header and trailer and no data."
-            )
-        self._buffer = self.shared(chunk.row, dtype_from_wire(chunk.header.dtype), self.length)
 
     @property
     def complete(self) -> bool:
