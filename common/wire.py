@@ -473,6 +473,11 @@ def _fields(raw: bytes | memoryview) -> Iterator[tuple[int, int, int, int, int]]
         pos = end
 
 
+def _meta(raw: bytes | memoryview, spans: list[tuple[int, int]]) -> worker_pb2.GradientChunk:
+    """The chunk made of these spans of ``raw`` (every field but the data); protobuf's DecodeError if malformed."""
+    return worker_pb2.GradientChunk.FromString(b"".join(raw[a:b] for a, b in spans))
+
+
 def chunk_head(head: bytes | memoryview, size: int) -> tuple[worker_pb2.GradientChunk, int] | None:
     """The fields of a ``size``-byte chunk of which ``head`` is the start, and where its payload begins, when
     ``head`` holds every field and its data field is the last, running to the end (as :func:`message_chunk_pieces`
@@ -484,7 +489,7 @@ def chunk_head(head: bytes | memoryview, size: int) -> tuple[worker_pb2.Gradient
                 if end != size:
                     return None
                 try:
-                    return worker_pb2.GradientChunk.FromString(b"".join(head[a:b] for a, b in spans)), value
+                    return _meta(head, spans), value
                 except DecodeError:
                     return None
             if end > len(head):
@@ -520,8 +525,7 @@ def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
             data = memoryview(raw)[value:end]
         else:
             spans.append((start, end))
-    meta = worker_pb2.GradientChunk.FromString(b"".join(raw[a:b] for a, b in spans))
-    return ReceivedChunk(meta=meta, data=data)
+    return ReceivedChunk(meta=_meta(raw, spans), data=data)
 
 
 _MODEL_FIELD_TAG = _varint(worker_pb2.ComputeRequest.DESCRIPTOR.fields_by_name["model"].number << 3 | 2)
