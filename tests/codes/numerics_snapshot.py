@@ -42,18 +42,20 @@ WEIGHTS_KEPT = 12
 def blas_kernel() -> str:
     """The OpenBLAS kernel numpy's linear algebra runs on this CPU (e.g. ``Haswell``, ``SkylakeX``); the name
     of the BLAS when it is not OpenBLAS."""
-    libraries = threadpool_info()
-    kernels = sorted({str(lib.get("architecture")) for lib in libraries if lib.get("internal_api") == "openblas"})
+    kernels = _openblas("architecture")
     if kernels:
         return "+".join(kernels)
-    return "+".join(sorted({str(lib.get("internal_api")) for lib in libraries})) or "unknown"
+    return "+".join(sorted({str(lib.get("internal_api")) for lib in threadpool_info()})) or "unknown"
 
 
 def openblas_version() -> str:
     """The release of the OpenBLAS numpy runs on (e.g. ``0.3.31``); ``none`` when it is not OpenBLAS."""
-    np.ones(1) @ np.ones(1)  # threadpoolctl lists only the libraries already loaded
-    versions = sorted({str(lib.get("version")) for lib in threadpool_info() if lib.get("internal_api") == "openblas"})
-    return "+".join(".".join(v.split(".")[:3]) for v in versions) or "none"
+    return "+".join(".".join(v.split(".")[:3]) for v in _openblas("version")) or "none"
+
+
+def _openblas(key: str) -> list[str]:
+    """``key`` of each OpenBLAS loaded in this process (numpy's, loaded when it is imported), sorted."""
+    return sorted({str(lib.get(key)) for lib in threadpool_info() if lib.get("internal_api") == "openblas"})
 
 
 def fixture_path(kernel: str, release: str) -> Path:
