@@ -25,11 +25,13 @@ decodes with the same coefficients as the gradient alone, and :func:`training_me
 decoded vector into the mean training loss (plus the L2 term) and the training accuracy without the
 master touching the data.
 
-All computations are vectorised numpy in float64. The built-ins evaluate a large batch in row blocks of
-about :data:`BLOCK_BYTES` of features and add the blocks' sums: each block's forward pass $Xw$ and
-backward pass $X^\top r$ then read it from cache, so ``X`` crosses the memory bus once per gradient
-instead of twice — the whole cost of these models once the data outgrows the cache. A batch within
-one block is evaluated in one piece, as before.
+All computations are vectorised numpy in float64. The built-ins are linear predictors: outputs
+$Z = XW + b$, a loss summed over the rows of $Z$, gradient $X^\top R$ and $\sum_i R_i$ with
+$R = \partial\ell/\partial Z$ (:class:`LinearPredictor`). They stream a batch through row blocks of about
+:data:`BLOCK_BYTES` of features: each block's forward product $X_b W$ and backward product $X_b^\top R_b$
+read it from cache, so ``X`` crosses the memory bus once per gradient instead of twice — the whole cost
+of these models once the data outgrows the cache. Besides the two products a block costs only its
+$R_b$ and loss; the score is counted once over the whole $Z$.
 
 :class:`Model` is also the protocol a model plugin implements (see :mod:`gradcode.common.plugins`):
 what the master and the workers call is its public surface — :attr:`~Model.num_params`,
@@ -55,6 +57,7 @@ from gradcode.common.validation import check_int
 __all__ = [
     "MODEL_KINDS",
     "NUM_STATISTICS",
+    "LinearPredictor",
     "LinearRegression",
     "LogisticRegression",
     "Model",
@@ -102,8 +105,6 @@ class Model(ABC):
 
     kind: ClassVar[str]
     dtype: np.dtype[Any] = np.dtype(np.float64)
-    block_bytes: ClassVar[int] = 0
-    """Evaluate batches in row blocks of about this many feature bytes and add them up (0: in one piece)."""
 
     def __init__(self, num_features: int, num_params: int) -> None:
         self.num_features = num_features
@@ -154,7 +155,7 @@ class Model(ABC):
         """Both the summed loss and its gradient, sharing one forward pass (what a worker needs)."""
         p = self._check_params(params)
         x, labels = self._check_features_labels(X, y)
-        loss, grad, _ = self._evaluate_blocks(p, x, labels, score=False)
+        loss, grad, _ = self._evaluate(p, x, labels, score=False)
         return loss, grad
 
     def gradient_and_statistics(self, params: Any, X: Any, y: Any) -> FloatArray:
@@ -167,27 +168,9 @@ class Model(ABC):
         p = self._check_params(params)
         x, labels = self._check_features_labels(X, y)
         out = np.empty(self.num_params + NUM_STATISTICS, dtype=np.float64)
-        loss, out[: self.num_params], score = self._evaluate_blocks(p, x, labels, score=True)
+        loss, out[: self.num_params], score = self._evaluate(p, x, labels, score=True)
         out[self.num_params :] = (loss, score)
         return out
-
-    def _evaluate_blocks(
-        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
-    ) -> tuple[float, FloatArray, float]:
-        """:meth:`_evaluate` summed over row blocks of :attr:`block_bytes` (one piece when it is 0 or X fits)."""
-        rows = X.shape[0]
-        block = max(1, self.block_bytes // max(1, X.itemsize * X.shape[1])) if self.block_bytes else rows
-        if rows <= block:
-            return self._evaluate(params, X, y, score=score)
-        loss, grad, total_score = self._evaluate(params, X[:block], y[:block], score=score)
-        for start in range(block, rows, block):
-            part_loss, part_grad, part_score = self._evaluate(
-                params, X[start : start + block], y[start : start + block], score=score
-            )
-            loss += part_loss
-            grad += part_grad
-            total_score += part_score
-        return loss, grad, total_score
 
     def accuracy_from_score(self, score: float, y: Any) -> float:
         """:meth:`accuracy` over the samples labelled ``y``, from their summed score.
@@ -221,7 +204,7 @@ class Model(ABC):
         """
         p = self._check_params(params)
         x, labels = self._check_features_labels(X, y)
-        loss, _, score = self._evaluate_blocks(p, x, labels, score=True)
+        loss, _, score = self._evaluate(p, x, labels, score=True)
         return np.array([loss, score], dtype=np.float64)
 
     def export(self, params: Any, path: str | Path) -> list[Path]:
@@ -249,11 +232,60 @@ class Model(ABC):
         return f"<{type(self).__name__}(num_features={self.num_features})>"
 
 
-def _split_bias(params: FloatArray) -> tuple[FloatArray, float]:
-    return params[:-1], float(params[-1])
+class LinearPredictor(Model):
+    r"""A model whose outputs are $Z = XW + b$ and whose loss is a sum over the rows of $Z$.
+
+    The gradient is $X^\top R$ for the weights and $\sum_i R_i$ for the bias, $R = \partial\ell/\partial Z$.
+    :meth:`_evaluate` streams ``X`` through row blocks of :attr:`block_bytes` (see the module
+    docstring); a subclass gives the weights (:meth:`_weights`), $R$ and the summed loss of a block
+    (:meth:`_block_terms`) and the score of the whole $Z$ (:meth:`_score`).
+    """
+
+    block_bytes: ClassVar[int] = BLOCK_BYTES
+    """Feature bytes per row block (0: the batch in one block)."""
+
+    def _weights(self, params: FloatArray) -> tuple[FloatArray, FloatArray | float]:
+        """$W$ and $b$ from ``params``: here ``[w, b]`` of a single output; models of several override it."""
+        return params[:-1], float(params[-1])
+
+    def _outputs(self, params: FloatArray, X: FloatArray) -> FloatArray:
+        weights, bias = self._weights(params)
+        out: FloatArray = X @ weights + bias
+        return out
+
+    @abstractmethod
+    def _block_terms(self, z: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
+        r"""$R = \partial\ell/\partial Z$ (a new array) and the summed loss of a block: outputs ``z``, labels ``y``."""
+
+    @abstractmethod
+    def _score(self, z: FloatArray, y: FloatArray, loss: float) -> float:
+        """Summed score of the whole batch's outputs ``z`` (``loss`` is its summed loss)."""
+
+    def _evaluate(
+        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
+    ) -> tuple[float, FloatArray, float]:
+        weights, bias = self._weights(params)
+        rows = X.shape[0]
+        step = max(1, self.block_bytes // max(1, X.itemsize * X.shape[1])) if self.block_bytes else max(1, rows)
+        outputs = np.empty((rows, *weights.shape[1:]), dtype=np.float64)
+        grad = np.zeros((self.num_features + 1, *weights.shape[1:]), dtype=np.float64)
+        loss = 0.0
+        for start in range(0, rows, step):
+            block = X[start : start + step]
+            z = outputs[start : start + step]
+            np.matmul(block, weights, out=z)
+            z += bias
+            residual, block_loss = self._block_terms(z, y[start : start + step])
+            loss += block_loss
+            if start == 0:  # while the block is still in cache; the first straight into the gradient
+                np.matmul(block.T, residual, out=grad[:-1])
+            else:
+                grad[:-1] += block.T @ residual
+            grad[-1] += residual.sum(axis=0)
+        return loss, grad.reshape(-1), self._score(outputs, y, loss) if score else 0.0
 
 
-class LinearRegression(Model):
+class LinearRegression(LinearPredictor):
     r"""Least squares $\tfrac12\|Xw + b - y\|^2$ with ``params = [w, b]``.
 
     :meth:`accuracy` returns the coefficient of determination
@@ -263,7 +295,6 @@ class LinearRegression(Model):
     """
 
     kind = "linear"
-    block_bytes = BLOCK_BYTES
 
     def __init__(self, num_features: int) -> None:
         p = check_int("num_features", num_features, 1)
@@ -274,21 +305,15 @@ class LinearRegression(Model):
             raise ValueError("y must hold finite values for linear regression.")
         return y
 
-    def _evaluate(
-        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
-    ) -> tuple[float, FloatArray, float]:
-        w, b = _split_bias(params)
-        residual = X @ w + (b - y)
-        grad = np.empty(self.num_params, dtype=np.float64)
-        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
-        grad[-1] = residual.sum()
-        squares = float(residual @ residual)
-        return 0.5 * squares, grad, squares if score else 0.0
+    def _block_terms(self, z: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
+        residual = z - y
+        return residual, 0.5 * float(residual @ residual)
+
+    def _score(self, z: FloatArray, y: FloatArray, loss: float) -> float:
+        return 2.0 * loss  # the residual sum of squares
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
-        w, b = _split_bias(params)
-        out: FloatArray = X @ w + b
-        return out
+        return self._outputs(params, X)
 
     def accuracy(self, params: Any, X: Any, y: Any) -> float:
         """Coefficient of determination $R^2$ of the predictions (see the class docstring)."""
@@ -317,7 +342,7 @@ def _sigmoid(z: FloatArray) -> FloatArray:
     return out
 
 
-class LogisticRegression(Model):
+class LogisticRegression(LinearPredictor):
     r"""Binary logistic regression, ``params = [w, b]``, $P(y = 1 \mid x) = \sigma(x^\top w + b)$.
 
     Labels are 0/1; $-1$ is accepted as a synonym of 0 so that $\pm 1$-labelled data works
@@ -326,7 +351,6 @@ class LogisticRegression(Model):
     """
 
     kind = "logistic"
-    block_bytes = BLOCK_BYTES
 
     def __init__(self, num_features: int) -> None:
         p = check_int("num_features", num_features, 1)
@@ -345,28 +369,22 @@ class LogisticRegression(Model):
         out: FloatArray = (y > 0).astype(np.float64)
         return out
 
-    def _evaluate(
-        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
-    ) -> tuple[float, FloatArray, float]:
-        w, b = _split_bias(params)
-        z = X @ w + b
+    def _block_terms(self, z: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
         positive = y > 0
-        signed = np.where(positive, z, -z)
-        loss = float(np.logaddexp(0.0, -signed).sum())
-        residual = _sigmoid(z) - positive  # d loss / d z
-        grad = np.empty(self.num_params, dtype=np.float64)
-        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
-        grad[-1] = residual.sum()
-        correct = float(np.count_nonzero((z > 0) == positive)) if score else 0.0
-        return loss, grad, correct
+        loss = float(np.logaddexp(0.0, np.where(positive, -z, z)).sum())
+        residual = _sigmoid(z)
+        residual -= positive
+        return residual, loss
+
+    def _score(self, z: FloatArray, y: FloatArray, loss: float) -> float:
+        return float(np.count_nonzero((z > 0) == (y > 0)))
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
-        w, b = _split_bias(params)
-        out: FloatArray = ((X @ w + b) > 0).astype(np.float64)
+        out: FloatArray = (self._outputs(params, X) > 0).astype(np.float64)
         return out
 
 
-class SoftmaxRegression(Model):
+class SoftmaxRegression(LinearPredictor):
     r"""Multinomial logistic (softmax) regression over ``num_classes`` classes.
 
     ``params`` is the row-major flattening of the $(p + 1) \times C$ matrix $\Theta$ whose first $p$
@@ -377,7 +395,6 @@ class SoftmaxRegression(Model):
     """
 
     kind = "softmax"
-    block_bytes = BLOCK_BYTES
 
     def __init__(self, num_features: int, num_classes: int) -> None:
         p = check_int("num_features", num_features, 1)
@@ -393,35 +410,25 @@ class SoftmaxRegression(Model):
             )
         return y
 
-    def _split(self, params: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def _weights(self, params: FloatArray) -> tuple[FloatArray, FloatArray]:
         theta = params.reshape(self.num_features + 1, self.num_classes)
         return theta[:-1], theta[-1]
 
-    def _logits(self, params: FloatArray, X: FloatArray) -> FloatArray:
-        weights, bias = self._split(params)
-        out: FloatArray = X @ weights + bias
-        return out
-
-    def _evaluate(
-        self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
-    ) -> tuple[float, FloatArray, float]:
-        logits = self._logits(params, X)
-        labels = y.astype(np.intp)
-        rows = np.arange(X.shape[0])
-        correct = float(np.count_nonzero(logits.argmax(axis=1) == labels)) if score and X.shape[0] else 0.0
-        shifted = logits - logits.max(axis=1, keepdims=True) if X.shape[0] else logits
-        exp = np.exp(shifted)
-        norm = exp.sum(axis=1)
+    def _block_terms(self, z: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
+        rows, labels = np.arange(z.shape[0]), y.astype(np.intp)
+        shifted = z - z.max(axis=1, keepdims=True)
+        residual: FloatArray = np.exp(shifted)
+        norm = residual.sum(axis=1)
         loss = float((np.log(norm) - shifted[rows, labels]).sum())
-        residual = exp / norm[:, None]  # softmax probabilities, then minus the one-hot targets
+        residual /= norm[:, None]  # softmax probabilities, then minus the one-hot targets
         residual[rows, labels] -= 1.0
-        grad = np.empty((self.num_features + 1, self.num_classes), dtype=np.float64)
-        np.matmul(X.T, residual, out=grad[:-1])  # straight into the gradient: no temporary to copy
-        grad[-1] = residual.sum(axis=0)
-        return loss, grad.reshape(-1), correct
+        return residual, loss
+
+    def _score(self, z: FloatArray, y: FloatArray, loss: float) -> float:
+        return float(np.count_nonzero(z.argmax(axis=1) == y.astype(np.intp))) if z.shape[0] else 0.0
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
-        out: FloatArray = self._logits(params, X).argmax(axis=1).astype(np.float64)
+        out: FloatArray = self._outputs(params, X).argmax(axis=1).astype(np.float64)
         return out
 
     def __repr__(self) -> str:
