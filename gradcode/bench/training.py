@@ -26,6 +26,11 @@ gradcode's worker r does.
   :data:`SKIP_ITERATIONS`), over :data:`FULL_SWEEP_ITERATIONS` iterations per run. For gradcode also
   the median ``wall_seconds`` and ``tail`` = wall minus the last used worker's arrival (the time from
   the last needed message to the applied step, as the master measures it).
+* *The compute floor* of each configuration: the gradients the step needed (the data of the workers whose
+  messages the decode used, in partitions of 1/n of the training set: n for uncoded and the allreduce, as
+  few as n for a code whose workers share groups of partitions) times the CPU one partition's gradient took
+  in the allreduce's run of that configuration, every core busy, spread over the cores; and each system's
+  period over that floor. No system computing those gradients on this machine at that moment steps faster.
 * *Training loss against wall-clock* under Pareto delays (scale 0.05 s, shape 1.5) for 100
   iterations, and each system's time to get within 1% of the loss that 100 uncoded iterations reach.
   The loss is the regularised training loss each system reports per iteration at the point its
@@ -63,9 +68,11 @@ import numpy as np
 from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, free_port, load_average, save, steady_periods
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.codes.registry import make_code
 from gradcode.common.data import load_dataset, partition_indices
 from gradcode.common.models import make_model
 from gradcode.common.serving import BLAS_THREAD_VARIABLES
+from gradcode.common.wire import dict_from_struct
 
 __all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
 
@@ -168,10 +175,15 @@ def _spec(workload: Workload, scheme: str, s: int, delays: Delays, iterations: i
 async def _gradcode_run(
     client: GradcodeClient, workload: Workload, scheme: str, s: int, delays: Delays, iterations: int
 ) -> dict[str, Any]:
+    spec = _spec(workload, scheme, s, delays, iterations)
     load_before = load_average()
-    _, reports = await client.run(_spec(workload, scheme, s, delays, iterations))
+    _, reports = await client.run(spec)
     load_after = load_average()
     kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
+    # The data the decode needed, in partitions of the baseline's size (1/n of the training set each).
+    code = make_code(spec.code.name, **dict_from_struct(spec.code.params))
+    worker_share = [float(code.partition_weights[list(code.support(row))].sum()) for row in range(code.num_messages)]
+    needed = [workload.n * sum(worker_share[w] for w in r.used_workers) for r in kept]
     elapsed = [r.elapsed_seconds for r in reports]
     periods = steady_periods(elapsed)
     tails = []
@@ -187,6 +199,7 @@ async def _gradcode_run(
         "wall_s": statistics.median(r.wall_seconds for r in kept) if kept else math.nan,
         "tail_s": statistics.median(tails) if tails else math.nan,
         "decode_s": statistics.median(r.decode_seconds for r in kept) if kept else math.nan,
+        "partitions_needed": statistics.median(needed) if needed else math.nan,
         "elapsed_s": elapsed,
         "loss": [r.loss for r in reports],
         "exact": all(r.exact for r in reports),
@@ -238,19 +251,26 @@ def _allreduce_rank(
             optimizer = make_optimizer("nesterov", model.init_params(), learning_rate=workload.learning_rate)
             dist.barrier()
             started = time.perf_counter()
-            elapsed, losses = [], []
+            elapsed, losses, gradient_cpu = [], [], []
             for t in range(1, command["iterations"] + 1):
                 time.sleep(max(0.0, delays.delay(rank, t)))
                 point = optimizer.point
+                cpu = time.thread_time()
                 vector = torch.from_numpy(model.gradient_and_statistics(point, X, y))
+                if t > SKIP_ITERATIONS:
+                    gradient_cpu.append(time.thread_time() - cpu)
                 dist.all_reduce(vector)
                 metrics = training_metrics(model, vector.numpy(), point, y_all, l2=workload.l2)
                 optimizer.step(mean_gradient(metrics.gradient, point, num_samples=len(y_all), l2=workload.l2))
                 if rank == 0:  # the loss at the point the gradient was evaluated at, as gradcode reports it
                     elapsed.append(time.perf_counter() - started)
                     losses.append(metrics.loss)
+            every_rank: list[Any] | None = [None] * world if rank == 0 else None
+            dist.gather_object(gradient_cpu, every_rank, dst=0)
             if rank == 0:
-                connection.send({"elapsed_s": elapsed, "loss": losses})
+                assert every_rank is not None
+                cpu_s = [seconds for times in every_rank for seconds in times]
+                connection.send({"elapsed_s": elapsed, "loss": losses, "gradient_cpu_s": cpu_s})
     finally:
         dist.destroy_process_group()
 
@@ -259,6 +279,7 @@ class AllreducePool:
     """n torch.distributed (gloo) ranks on loopback, alive for the whole benchmark; rank 0 takes commands."""
 
     def __init__(self, workload: Workload, data_dir: Path) -> None:
+        self.n = workload.n
         context = multiprocessing.get_context("spawn")
         self._pipe, child = context.Pipe()
         port = free_port()
@@ -309,6 +330,8 @@ def _allreduce_run(pool: AllreducePool, delays: Delays, iterations: int) -> dict
         "decode_s": math.nan,
         "elapsed_s": elapsed,
         "loss": list(result["loss"]),
+        "gradient_cpu_s": statistics.median(result["gradient_cpu_s"]),
+        "partitions_needed": float(pool.n),
         "exact": True,
         "load_before": load_before,
         "load_after": load_after,
@@ -408,8 +431,15 @@ def _progress(row: dict[str, Any]) -> str:
     )
 
 
-def summarise(raw: dict[str, Any], systems: Sequence[str]) -> dict[str, Any]:
-    """Medians over rounds: per-iteration times per (delay, s, system), and time to target loss per system."""
+def summarise(raw: dict[str, Any], systems: Sequence[str], cores: int) -> dict[str, Any]:
+    """Medians over rounds: per-iteration times per (delay, s, system) beside each system's compute floor, and
+    time to target loss per system.
+
+    The compute floor of a configuration is the gradient work its step needed (``partitions_needed``, in
+    partitions of 1/n of the data) times the CPU one such gradient took with every core busy (measured in the
+    allreduce's runs of that configuration), spread perfectly over ``cores``: no system computing those
+    gradients on this machine at that moment steps faster.
+    """
     table = []
     keys = sorted({(r["delay_s"], r["s"]) for r in raw["sweep"]})
     for delay, s in keys:
@@ -417,9 +447,17 @@ def summarise(raw: dict[str, Any], systems: Sequence[str]) -> dict[str, Any]:
         for system in systems:
             rows = [r for r in raw["sweep"] if (r["delay_s"], r["s"], r["system"]) == (delay, s, system)]
             entry[system] = {
-                name: statistics.median(r[name] for r in rows) for name in ("period_s", "wall_s", "tail_s")
+                name: statistics.median(r[name] for r in rows)
+                for name in ("period_s", "wall_s", "tail_s", "partitions_needed")
             }
             entry[system]["load"] = [r["load_after"] for r in rows]
+        entry["gradient_cpu_s"] = statistics.median(
+            r["gradient_cpu_s"] for r in raw["sweep"] if (r["delay_s"], r["s"], r["system"]) == (delay, s, ALLREDUCE)
+        )
+        for system in systems:
+            floor = entry[system]["partitions_needed"] * entry["gradient_cpu_s"] / cores
+            entry[system]["floor_s"] = floor
+            entry[system]["over_floor"] = entry[system]["period_s"] / floor
         base = entry[ALLREDUCE]["period_s"]
         entry["best_coded"] = min(
             (x for x in systems if x not in ("uncoded", ALLREDUCE)), key=lambda x: entry[x]["period_s"]
@@ -450,7 +488,7 @@ def summarise(raw: dict[str, Any], systems: Sequence[str]) -> dict[str, Any]:
     base = pareto["systems"][ALLREDUCE]["time_to_target_s"]
     for system in systems:
         pareto["systems"][system]["speedup_vs_allreduce"] = base / pareto["systems"][system]["time_to_target_s"]
-    return {"sweep": table, "pareto": pareto}
+    return {"cores": cores, "sweep": table, "pareto": pareto}
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
@@ -467,6 +505,15 @@ def format_tables(summary: dict[str, Any], systems: Sequence[str]) -> str:
             f" {e['best_coded_over_allreduce']:>8.2f}  {min(loads):.1f}-{max(loads):.1f}"
         )
     lines.append("(unc/AR = uncoded / allreduce; best/AR = fastest coded scheme / allreduce; load = 1-min loadavg)")
+    lines.append("")
+    lines.append(
+        f"Against the compute floor: the gradients each step needed x the CPU of one (ms, every core busy) / "
+        f"{summary['cores']} cores; cells floor ms / period over floor"
+    )
+    lines.append(f"{'d (s)':>6} {'s':>2} {'grad ms':>8} " + " ".join(f"{x:>12}" for x in systems))
+    for e in summary["sweep"]:
+        cells = " ".join(f"{e[x]['floor_s'] * 1e3:>6.1f}/{e[x]['over_floor']:>5.2f}" for x in systems)
+        lines.append(f"{e['delay_s']:>6.2f} {e['s']:>2} {e['gradient_cpu_s'] * 1e3:>8.2f} {cells}")
     lines.append("")
     lines.append("gradcode master: median wall (request to step) and tail (last used arrival to step), ms")
     lines.append(f"{'d (s)':>6} {'s':>2} " + " ".join(f"{x:>17}" for x in systems if x != ALLREDUCE))
@@ -566,7 +613,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
             flush=True,
         )
         raw = asyncio.run(_experiments(workload, quick, Path(tmp) / "cluster", data_dir))
-    summary = summarise(raw, SYSTEMS)
+    summary = summarise(raw, SYSTEMS, len(os.sched_getaffinity(0)))
     import torch
 
     results: dict[str, Any] = {

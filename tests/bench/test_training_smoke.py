@@ -30,6 +30,25 @@ def test_quick_training_benchmark_runs_both_systems(tmp_path: Path, capsys: pyte
         assert math.isfinite(row["period_s"]) and row["period_s"] > 0
     assert all(0 <= error < 1e-9 for error in raw["verify_max_error"].values())
 
+    # The compute floor: the gradients each step needed (in partitions of 1/n of the data) and their CPU.
+    n = results["workload"]["n"]
+    assert "compute floor" in printed
+    for row in raw["sweep"] + raw["pareto"]:
+        if row["system"] in ("uncoded", training.ALLREDUCE):
+            assert row["partitions_needed"] == pytest.approx(n)  # every partition, once
+        else:  # a decodable set covers every partition, at most s + 1 times
+            assert n - 1e-9 <= row["partitions_needed"] <= n * (row["s"] + 1) + 1e-9, row
+        if row["system"] == training.ALLREDUCE:
+            assert 0 < row["gradient_cpu_s"] < row["period_s"] * n
+    for entry in results["summary"]["sweep"]:
+        assert entry["gradient_cpu_s"] > 0
+        for system in systems:
+            cell = entry[system]
+            assert cell["floor_s"] == pytest.approx(
+                cell["partitions_needed"] * entry["gradient_cpu_s"] / results["summary"]["cores"]
+            )
+            assert cell["over_floor"] == pytest.approx(cell["period_s"] / cell["floor_s"])
+
     # Every system is exact and steps with the same rule from the same start: the same loss curve.
     final = {row["system"]: row["loss"][-1] for row in raw["pareto"]}
     assert set(final) == set(systems)
