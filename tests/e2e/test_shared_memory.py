@@ -1,6 +1,6 @@
 """Workers on the master's host exchange models and messages through its shared-memory directory:
 real master and worker processes, a straggler whose late messages must never reach a later round, a
-worker killed mid-job, and the same job with shared memory off."""
+worker killed mid-job, one killed mid-round and restarted in place, and the same job with shared memory off."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -46,6 +47,7 @@ class _Processes:
     def __init__(self, tmp_path: Path, master_args: list[str]) -> None:
         self.tmp_path, self.master_args = tmp_path, master_args
         self.metrics = [_free_port() for _ in range(NUM_WORKERS)]
+        self.listen = [_free_port() for _ in range(NUM_WORKERS)]
         self.processes: list[ServiceProcess] = []
         self.address = ""
         self.ids: list[int] = []
@@ -61,12 +63,8 @@ class _Processes:
         self.processes.append(master)
         self.address = master.wait_ready(START_TIMEOUT)
         addresses: list[str] = []
-        for i, port in enumerate(self.metrics):
-            worker = ServiceProcess(
-                [sys.executable, "-m", "gradcode", "worker", "--listen", "127.0.0.1:0", "--master", self.address,
-                 "--metrics-port", str(port)],
-                log_path=t / f"worker-{i}.log",
-            )  # fmt: skip
+        for i in range(NUM_WORKERS):
+            worker = self._worker(i)
             self.processes.append(worker)
             addresses.append(worker.wait_ready(START_TIMEOUT))
         deadline = time.monotonic() + START_TIMEOUT
@@ -79,6 +77,20 @@ class _Processes:
                 return self
             assert time.monotonic() < deadline, f"workers not all UP at the master: {listed}"
             time.sleep(0.1)
+
+    def _worker(self, i: int, generation: int = 0) -> ServiceProcess:
+        return ServiceProcess(
+            [sys.executable, "-m", "gradcode", "worker", "--listen", f"127.0.0.1:{self.listen[i]}",
+             "--master", self.address, "--metrics-port", str(self.metrics[i])],
+            log_path=self.tmp_path / f"worker-{i}-{generation}.log",
+        )  # fmt: skip
+
+    def restart(self, i: int) -> None:
+        """Kill worker process ``i`` and start a new one at the same address (it registers again)."""
+        self.processes[1 + i].kill()
+        self.processes[1 + i].stop()  # closes its output and log
+        self.processes[1 + i] = self._worker(i, generation=1)
+        self.processes[1 + i].wait_ready(START_TIMEOUT)
 
     def __exit__(self, *exc: object) -> None:
         for process in self.processes:
@@ -153,6 +165,51 @@ async def test_a_worker_killed_mid_job_leaves_the_shared_memory_job_exact(tmp_pa
         info, reports = await run_job(cluster.address, _spec("shm-kill", cluster.ids), kill)
         _assert_exact(info, reports)
         assert any(r.iteration > 4 and r.failed_workers for r in reports)  # the kill was seen
+
+
+async def test_a_worker_restarted_in_place_mid_round_answers_that_round_inline_and_the_job_stays_exact(
+    tmp_path: Path,
+) -> None:
+    """The round asked job worker 1 for a shared-memory message; its process is killed while it works and a new
+    one starts at the same address. The round needs it (worker 0 is gone), so it asks the new process again: a
+    worker is asked for shared payloads once per round, so this answer must come inline and no slot the round
+    may hold is rewritten. Later rounds use shared memory again."""
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    iterations, restart_after = 7, 3
+    spec = job_spec(
+        "cyclic", {"n": NUM_WORKERS, "s": 1}, iterations=iterations, worker_ids=[], job_id="shm-restart",
+        straggler=fixed_delay(1.0, workers=[1]), verify=True,
+    )  # fmt: skip
+    with _Processes(tmp_path, ["--shared-memory", str(root)]) as cluster:
+        spec.worker_ids[:] = cluster.ids
+        restarter: list[threading.Timer] = []
+
+        def act(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 1:  # job worker 0 goes for good: every later round needs worker 1
+                cluster.processes[1].kill()
+            if report.iteration == restart_after:  # mid-round: worker 1 sleeps its 1 s delay
+                restarter.append(threading.Timer(0.4, cluster.restart, args=(1,)))
+                restarter[0].start()
+
+        info, reports = await run_job(cluster.address, spec, act)
+        restarter[0].join()
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert len(reports) == iterations
+        for r in reports:
+            assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
+        # Every round from the second used worker 1 (worker 0 was gone), the one the kill hit too: it waited for the
+        # new process (a start, a reload and the 1 s delay after the kill) and is the longest.
+        one = cluster.ids[1]
+        assert all(one in r.used_workers for r in reports[1:]), [(r.iteration, r.used_workers) for r in reports]
+        assert max(reports[1:], key=lambda r: r.wall_seconds).iteration == restart_after + 1
+        # The new process sent that message inline (at least its payload through gRPC), and the later ones
+        # through shared memory.
+        payload = 8 * (65 * 10 + 2)  # digits softmax: 650 parameters, loss and score, float64
+        metrics = cluster.metrics[1]  # the new process's counters (job worker 0's process is gone)
+        inline = _counter(metrics, "gradcode_bytes_sent_total")
+        shared = _counter(metrics, "gradcode_shared_bytes_sent_total")
+        assert inline >= payload and shared >= payload * (iterations - restart_after - 1), (inline, shared)
 
 
 async def test_shared_memory_off_sends_every_payload_through_grpc(tmp_path: Path) -> None:
