@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gradcode.common.models import (
     MODEL_KINDS,
     NUM_STATISTICS,
+    LinearPredictor,
     LinearRegression,
     LogisticRegression,
     Model,
@@ -304,3 +305,42 @@ def test_a_batch_larger_than_a_block_is_evaluated_in_blocks_that_add_up_to_one_p
         assert loss == pytest.approx(whole[model.num_params], rel=1e-13)
         if kind != "linear":  # the number of correct predictions is an exact count
             assert blocked[-1] == whole[-1]
+
+
+class _PoissonRegression(LinearPredictor):
+    """A model outside the built-ins on the LinearPredictor extension point: rate exp(z), loss sum(exp(z) - y z)."""
+
+    kind = "poisson-test"
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__(num_features, num_features + 1)
+
+    def _block_terms(self, z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+        rate = np.exp(z)
+        return rate - y, float((rate - y * z).sum())
+
+    def _score(self, z: np.ndarray, y: np.ndarray, loss: float) -> float:
+        return float(np.count_nonzero(np.round(np.exp(z)) == y))
+
+    def _predict(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.exp(self._outputs(params, X))
+        return out
+
+
+def test_a_linear_predictor_subclass_gives_only_its_block_terms_and_gets_the_streamed_gradient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(11)
+    model = _PoissonRegression(NUM_FEATURES)
+    X = 0.3 * rng.standard_normal((NUM_SAMPLES, NUM_FEATURES))
+    y = rng.poisson(1.5, NUM_SAMPLES).astype(float)
+    params = 0.2 * rng.standard_normal(model.num_params)
+    whole = model.gradient_and_statistics(params, X, y)
+    np.testing.assert_allclose(
+        whole[: model.num_params], _central_differences(model, params, X, y), rtol=1e-6, atol=1e-6
+    )
+    z = X @ params[:-1] + params[-1]
+    assert whole[-2] == pytest.approx(float((np.exp(z) - y * z).sum()), rel=1e-13)
+    assert whole[-1] == np.count_nonzero(np.round(np.exp(z)) == y)
+    monkeypatch.setattr(_PoissonRegression, "block_bytes", 3 * NUM_FEATURES * 8)  # blocks of 3 rows, the last of 1
+    np.testing.assert_allclose(model.gradient_and_statistics(params, X, y), whole, rtol=1e-13, atol=1e-13)
