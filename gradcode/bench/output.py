@@ -1,15 +1,30 @@
-"""What every benchmark shares: where results go, the machine's load, and saving JSON beside a PNG."""
+"""What every benchmark shares: where results go, the machine's load, saving JSON beside a PNG, and waiting for a
+cluster's workers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "SKIP_ITERATIONS", "cpu_seconds", "free_port", "load_average", "save", "steady_periods"]
+from gradcode.client.sdk import GradcodeClient
+from gradcode.v1 import master_pb2
+
+__all__ = [
+    "RESULTS",
+    "SKIP_ITERATIONS",
+    "cpu_seconds",
+    "free_port",
+    "load_average",
+    "save",
+    "steady_periods",
+    "up_workers",
+]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """Default output directory: the committed results of this project's development machine."""
@@ -48,3 +63,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+async def up_workers(client: GradcodeClient, count: int, timeout: float) -> list[int]:
+    """The pool ids of the master's UP workers, sorted, once ``count`` are UP; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        up = sorted(w.worker_id for w in await client.list_workers() if w.state == master_pb2.WORKER_STATE_UP)
+        if len(up) >= count:
+            return up
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(up)} of {count} workers registered UP within {timeout:.0f} s")
+        await asyncio.sleep(0.05)

@@ -65,7 +65,15 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, free_port, load_average, save, steady_periods
+from gradcode.bench.output import (
+    RESULTS,
+    SKIP_ITERATIONS,
+    free_port,
+    load_average,
+    save,
+    steady_periods,
+    up_workers,
+)
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.registry import make_code
@@ -176,14 +184,17 @@ async def _gradcode_run(
     client: GradcodeClient, workload: Workload, scheme: str, s: int, delays: Delays, iterations: int
 ) -> dict[str, Any]:
     spec = _spec(workload, scheme, s, delays, iterations)
+    pool_ids = (await up_workers(client, workload.n, START_TIMEOUT))[: workload.n]
+    spec.worker_ids[:] = pool_ids  # job worker j is pool worker pool_ids[j]: reports name pool ids
     load_before = load_average()
     _, reports = await client.run(spec)
     load_after = load_average()
     kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
-    # The data the decode needed, in partitions of the baseline's size (1/n of the training set each).
+    # The data the decode needed, in partitions of the baseline's size (1/n of the training set each); every
+    # scheme here gives job worker j the code's row j.
     code = make_code(spec.code.name, **dict_from_struct(spec.code.params))
-    worker_share = [float(code.partition_weights[list(code.support(row))].sum()) for row in range(code.num_messages)]
-    needed = [workload.n * sum(worker_share[w] for w in r.used_workers) for r in kept]
+    share = {pool_id: float(code.partition_weights[list(code.support(j))].sum()) for j, pool_id in enumerate(pool_ids)}
+    needed = [workload.n * sum(share[w] for w in r.used_workers) for r in kept]
     elapsed = [r.elapsed_seconds for r in reports]
     periods = steady_periods(elapsed)
     tails = []

@@ -101,7 +101,15 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, cpu_seconds, load_average, save, steady_periods
+from gradcode.bench.output import (
+    RESULTS,
+    SKIP_ITERATIONS,
+    cpu_seconds,
+    load_average,
+    save,
+    steady_periods,
+    up_workers,
+)
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.cli import freeze_startup_objects
@@ -941,17 +949,6 @@ async def _grpc_round_trip(address: str, calls: int) -> float:
     return statistics.median(times)
 
 
-async def _wait_workers_up(client: GradcodeClient, count: int) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        up = [w for w in await client.list_workers() if w.state == master_pb2.WORKER_STATE_UP]
-        if len(up) >= count:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(up)} of {count} workers registered UP within {START_TIMEOUT:.0f} s")
-        await asyncio.sleep(0.05)
-
-
 def worker_compute_time(n: int, s: int, repeats: int, workload: Workload | None = None) -> float:
     """Median seconds of one worker's gradient over its s + 1 partitions of ``workload``'s training set."""
     from gradcode.common.data import load_dataset
@@ -1019,7 +1016,7 @@ async def _iteration_jobs(
         for path, cluster in clusters.items():
             client = await stack.enter_async_context(GradcodeClient(cluster.master_address))
             await client.wait_ready(START_TIMEOUT)
-            await _wait_workers_up(client, max(sizes))
+            await up_workers(client, max(sizes), START_TIMEOUT)
             clients[path] = client
         first = next(iter(clusters.values()))
         rtt = await _grpc_round_trip(first.workers[0].wait_ready(), rtt_calls)
