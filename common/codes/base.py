@@ -439,6 +439,10 @@ class GradientCode(ABC):
         rows = self.static_assignment().rows[w]
         return tuple(sorted({j for r in rows for j in self.support(r)}))
 
+    def data_share(self, worker: int) -> float:
+        """The fraction of the training data ``worker`` stores and computes on (its partitions' weights)."""
+        return float(self.partition_weights[list(self.partitions_of_worker(worker))].sum())
+
     def rows_for_worker(self, worker: int) -> tuple[int, ...]:
         """Every row ``worker`` can be asked for: its static rows, or (dynamic codes) every row its stored
         partitions cover."""

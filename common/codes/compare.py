@@ -36,8 +36,7 @@ class SchemeRow:
 
 def _row(name: str, code: GradientCode) -> SchemeRow:
     assignment = code.static_assignment()
-    weights = code.partition_weights
-    load = max(float(weights[list(code.partitions_of_worker(w))].sum()) for w in range(code.n))
+    load = max(code.data_share(w) for w in range(code.n))
     per_worker = float(np.mean([len(rows) for rows in assignment.rows]))
     error = math.nan
     if code.exact:

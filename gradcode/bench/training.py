@@ -190,10 +190,9 @@ async def _gradcode_run(
     _, reports = await client.run(spec)
     load_after = load_average()
     kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
-    # The data the decode needed, in partitions of the baseline's size (1/n of the training set each); every
-    # scheme here gives job worker j the code's row j.
+    # The data the decode needed, in partitions of the baseline's size (1/n of the training set each).
     code = make_code(spec.code.name, **dict_from_struct(spec.code.params))
-    share = {pool_id: float(code.partition_weights[list(code.support(j))].sum()) for j, pool_id in enumerate(pool_ids)}
+    share = {pool_id: code.data_share(j) for j, pool_id in enumerate(pool_ids)}
     needed = [workload.n * sum(share[w] for w in r.used_workers) for r in kept]
     elapsed = [r.elapsed_seconds for r in reports]
     periods = steady_periods(elapsed)

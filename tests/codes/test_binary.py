@@ -344,6 +344,11 @@ def test_equal_speeds_give_exactly_balanced_classes() -> None:
     assert code.k < 11 and len(set(code.partition_weights.round(12).tolist())) > 1
 
 
+def test_data_share_of_every_code_agrees_with_binarys_own_loads_over_unequal_partitions() -> None:
+    code = HeterogeneousBinaryCode(11, 0, 3, 1.0, 1.0)
+    np.testing.assert_allclose([code.data_share(w) for w in range(code.n)], code.worker_loads, rtol=1e-14)
+
+
 # ---- parameters, registry, repr ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "match"),
