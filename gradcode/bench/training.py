@@ -454,16 +454,17 @@ def summarise(raw: dict[str, Any], systems: Sequence[str], cores: int) -> dict[s
     keys = sorted({(r["delay_s"], r["s"]) for r in raw["sweep"]})
     for delay, s in keys:
         entry: dict[str, Any] = {"delay_s": delay, "s": s}
+        runs = {
+            system: [r for r in raw["sweep"] if (r["delay_s"], r["s"], r["system"]) == (delay, s, system)]
+            for system in systems
+        }
         for system in systems:
-            rows = [r for r in raw["sweep"] if (r["delay_s"], r["s"], r["system"]) == (delay, s, system)]
             entry[system] = {
-                name: statistics.median(r[name] for r in rows)
+                name: statistics.median(r[name] for r in runs[system])
                 for name in ("period_s", "wall_s", "tail_s", "partitions_needed")
             }
-            entry[system]["load"] = [r["load_after"] for r in rows]
-        entry["gradient_cpu_s"] = statistics.median(
-            r["gradient_cpu_s"] for r in raw["sweep"] if (r["delay_s"], r["s"], r["system"]) == (delay, s, ALLREDUCE)
-        )
+            entry[system]["load"] = [r["load_after"] for r in runs[system]]
+        entry["gradient_cpu_s"] = statistics.median(r["gradient_cpu_s"] for r in runs[ALLREDUCE])
         for system in systems:
             floor = entry[system]["partitions_needed"] * entry["gradient_cpu_s"] / cores
             entry[system]["floor_s"] = floor
