@@ -738,6 +738,7 @@ class MessageAssembler:
             dtype, admitted = self._buffer.dtype, self._admitted
         if chunk.offset != admitted:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {admitted}.")
+        slot: Array | None = None
         if chunk.shared_payload:
             if self.shared is None:
                 raise WireError(
@@ -750,6 +751,7 @@ class MessageAssembler:
                     "is one chunk with header and trailer and no data."
                 )
             count = self.length
+            slot = self.shared(chunk.row, dtype, self.length)
         else:
             if nbytes % dtype.itemsize:
                 raise WireError(
@@ -759,10 +761,8 @@ class MessageAssembler:
             if admitted + count > self.length:
                 raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
         if starts_row:
-            shared = self.shared if chunk.shared_payload else None  # (not None: checked above)
-            buffer = np.empty(self.length, dtype=dtype) if shared is None else shared(chunk.row, dtype, self.length)
             self._row = chunk.row
-            self._buffer = buffer
+            self._buffer = np.empty(self.length, dtype=dtype) if slot is None else slot
             self._filled, self._crc, self._squares = 0, 0, 0.0
         self._admitted = admitted + count
         return admitted, count
