@@ -425,7 +425,7 @@ class SoftmaxRegression(LinearPredictor):
         return residual, loss
 
     def _score(self, z: FloatArray, y: FloatArray, loss: float) -> float:
-        return float(np.count_nonzero(z.argmax(axis=1) == y.astype(np.intp))) if z.shape[0] else 0.0
+        return float(np.count_nonzero(z.argmax(axis=1) == y.astype(np.intp)))
 
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         out: FloatArray = self._outputs(params, X).argmax(axis=1).astype(np.float64)
