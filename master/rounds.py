@@ -14,18 +14,23 @@ error; they are reloaded at once, so a node that restarts anywhere in the tree c
 The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a decodable round goes on
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
 again by this job.
+
+Without such checks, a flat code's round expects to decode from a minimal decoding set (:class:`Primaries`)
+and asks the other workers as backups (``JobSpec.backup_priority``): they compute at low OS priority, so
+where workers share cores their redundant work takes only the CPU the expected workers leave idle.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import grpc
 
-from gradcode.common.codes.base import Array, Assignment
+from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.models import message_length
 from gradcode.common.round import Round, Source, WorkerFailure
@@ -39,9 +44,52 @@ from gradcode.master.reporting import failure_report
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 
-__all__ = ["RoundPolicy"]
+__all__ = ["Primaries", "RoundPolicy"]
 
 log = logging.getLogger(__name__)
+
+
+class Primaries:
+    """The workers a round expects to decode from; the round asks the others as backups.
+
+    The code picks a minimal decoding set (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`),
+    preferring the workers that answered the last round; the set is kept while its members keep answering, so a
+    persistently slow worker becomes a backup. Sets are cached by assignment, askable workers and the workers
+    that missed the last round (a decoding set costs up to ~10 ms to find at n = 16).
+    """
+
+    CACHED = 256
+
+    def __init__(self, code: GradientCode) -> None:
+        self.code = code
+        self.current: frozenset[int] | None = None
+        self._assignment: Assignment | None = None
+        self._answered: frozenset[int] = frozenset()
+        self._cache: collections.OrderedDict[
+            tuple[tuple[tuple[int, ...], ...], frozenset[int], frozenset[int]], frozenset[int]
+        ] = collections.OrderedDict()
+
+    def choose(self, assignment: Assignment, askable: Sequence[int]) -> frozenset[int]:
+        """The decoding set this round expects among ``askable`` (all of them when together they do not decode)."""
+        everyone = frozenset(askable)
+        current = self.current
+        if current is not None and assignment == self._assignment and current <= everyone & self._answered:
+            return current
+        missed = everyone - self._answered
+        key = (assignment.rows, everyone, missed)
+        chosen = self._cache.get(key)
+        if chosen is None:
+            found = self.code.decoding_set(assignment, sorted(everyone, key=lambda w: (w in missed, w)))
+            chosen = everyone if found is None else frozenset(found)
+            self._cache[key] = chosen
+            if len(self._cache) > self.CACHED:
+                self._cache.popitem(last=False)
+        self.current, self._assignment = chosen, assignment
+        return chosen
+
+    def answered(self, workers: Iterable[int]) -> None:
+        """The workers whose messages arrived in the round just decoded."""
+        self._answered = frozenset(workers)
 
 
 class RoundPolicy:
@@ -57,6 +105,10 @@ class RoundPolicy:
         self.integrity = IntegrityPolicy(
             loader.plan.integrity, loader.plan.code, describe=lambda w: loader.workers[w].describe()
         )
+        plan = loader.plan
+        backups = plan.backup_priority == "low" and plan.topology is None and not self.integrity.checking
+        self.primaries = Primaries(plan.code) if backups else None
+        """Whom each round expects to decode from (None: every worker is asked alike)."""
 
     @property
     def plan(self) -> JobPlan:
@@ -98,6 +150,9 @@ class RoundPolicy:
         needed = [w for w in range(code.n) if assignment.rows[w]]
         spent: set[int] = set()
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
+        backups: set[int] = set()
+        """Workers asked at low priority: the round expects to decode without them."""
+        asked = False
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
             self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
             self._reload(range(code.n, plan.num_workers))
@@ -116,7 +171,10 @@ class RoundPolicy:
                     round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
-                sources = [self._source(w, t, assignment.rows[w], model) for w in ask]
+                if self.primaries is not None and not asked:  # a retry asks everyone left alike
+                    backups = set(ask) - self.primaries.choose(assignment, ask)
+                asked = True
+                sources = [self._source(w, t, assignment.rows[w], model, backup=w in backups) for w in ask]
                 failures = await round_.gather(sources, timeout=remaining, enough=enough)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
@@ -125,9 +183,12 @@ class RoundPolicy:
                     if await self._alive_parent(w, failure):
                         spent.add(w)
                 if round_.decodable:
-                    self.lateness.observe(
-                        on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.late]
+                    self.lateness.observe(  # a backup is late by design
+                        on_time=[workers[w] for w in round_.finished],
+                        late=[workers[w] for w in round_.late if w not in backups],
                     )
+                    if self.primaries is not None:
+                        self.primaries.answered(round_.finished)
                     for w in self.integrity.judge(round_, assignment):
                         self.pool.mark_down(workers[w], f"{quarantined[w]} (job {plan.job_id!r})")
                     return round_
@@ -154,9 +215,9 @@ class RoundPolicy:
             workers[c].lost_job(job_id)
         self._reload(sorted(lost))
 
-    def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest) -> Source:
+    def _source(self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest, *, backup: bool) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields."""
-        head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows)
+        head = worker_pb2.ComputeRequest(job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup)
         body, shared = model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
         return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared)

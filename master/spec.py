@@ -41,6 +41,8 @@ from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
 
 __all__ = [
+    "BACKUP_PRIORITIES",
+    "DEFAULT_BACKUP_PRIORITY",
     "DEFAULT_EVALUATE_EVERY",
     "DEFAULT_ITERATION_DEADLINE_SECONDS",
     "DEFAULT_TEST_FRACTION",
@@ -106,6 +108,11 @@ class JobPlan:
         return self.spec.integrity
 
     @property
+    def backup_priority(self) -> str:
+        """How rounds ask the workers outside their expected decoding set: ``low`` or ``normal``."""
+        return self.spec.backup_priority
+
+    @property
     def tolerance(self) -> float:
         return FLOAT32_TOLERANCE if self.message_dtype == common_pb2.DTYPE_FLOAT32 else EXACT_TOLERANCE
 
@@ -142,6 +149,7 @@ def plan_job(
     initial_params = _initial_params(spec, model)
     _check_stragglers(spec, num_workers)
     _check_integrity(spec)
+    _check_backup_priority(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
     _check_worker_ids(spec, num_workers, topology, known_worker_ids)
@@ -378,6 +386,21 @@ def _check_integrity(spec: master_pb2.JobSpec) -> None:
         raise JobSpecError(
             f"JobSpec.integrity {spec.integrity!r} is not a consistency policy; valid policies are "
             f"{list(INTEGRITY_POLICIES)} (empty: the default, {DEFAULT_INTEGRITY!r})."
+        )
+
+
+BACKUP_PRIORITIES = ("low", "normal")
+DEFAULT_BACKUP_PRIORITY = "low"
+
+
+def _check_backup_priority(spec: master_pb2.JobSpec) -> None:
+    """How backups are asked, defaulting to :data:`DEFAULT_BACKUP_PRIORITY`."""
+    if not spec.backup_priority:
+        spec.backup_priority = DEFAULT_BACKUP_PRIORITY
+    if spec.backup_priority not in BACKUP_PRIORITIES:
+        raise JobSpecError(
+            f"JobSpec.backup_priority {spec.backup_priority!r} is not a backup priority; valid ones are "
+            f"{list(BACKUP_PRIORITIES)} (empty: the default, {DEFAULT_BACKUP_PRIORITY!r})."
         )
 
 

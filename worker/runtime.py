@@ -13,15 +13,23 @@ emulation, its parent role when it is an inner tree node, and the computations r
   exact, and name the children that lost the job (:func:`~gradcode.worker.parent.children_lost`).
 
 Either computes on the event loop instead of a thread once the job's messages are known to be short
-(:data:`INLINE_MESSAGE_SECONDS`).
+(:data:`INLINE_MESSAGE_SECONDS`). A leaf asked as a backup (``ComputeRequest.backup``: the receiver expects to
+decode without it) computes in a thread of lowest priority (:func:`backup_executor`), so where workers share
+cores it takes only the CPU the others leave idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import logging
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -35,7 +43,7 @@ from gradcode.worker.compute import IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
-__all__ = ["JobRuntime", "Message", "PartitionObserver"]
+__all__ = ["BACKUP_NICENESS", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +56,29 @@ INLINE_MESSAGE_SECONDS = 0.002
 The hop to a thread and back (executor queue, two wake-ups, the loop's self-pipe) cost 0.4 ms of CPU per
 Compute on 2 cores at n = 16, p = 1e5, more than such a gradient; blocking the loop for under 2 ms delays
 nothing the worker serves (health checks, cancellations, other jobs' calls) by more than that."""
+
+
+BACKUP_NICENESS = 19
+"""Niceness of the threads that compute backups: the lowest priority an ordinary thread can have."""
+
+
+@functools.cache
+def backup_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that compute backup messages, each at :data:`BACKUP_NICENESS` on Linux (which sets a thread's
+    own niceness); elsewhere at normal priority.
+
+    Priority inversion is bounded: the thread holds the GIL only between numpy calls (microseconds per block of
+    rows), so a backup starved of CPU rarely keeps the event loop waiting."""
+    return concurrent.futures.ThreadPoolExecutor(thread_name_prefix="gradcode-backup", initializer=_lowest_priority)
+
+
+def _lowest_priority() -> None:
+    if sys.platform != "linux":
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKUP_NICENESS)
+    except OSError as exc:  # e.g. a seccomp profile that forbids it: backups then run at normal priority
+        logger.warning("could not lower a backup thread's priority (%s); backups compute at normal priority", exc)
 
 
 @dataclass(frozen=True)
@@ -133,7 +164,7 @@ class JobRuntime:
         """This iteration's messages, row by row; ComputeCancelledError when abandoned."""
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
-            async for message in self._leaf_messages(params, rows, delay, flag, on_partition):
+            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, backup=request.backup):
                 yield message
         else:
             for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
@@ -152,18 +183,28 @@ class JobRuntime:
         delay: float,
         flag: Cancellation,
         on_partition: Callable[[int], None] | None,
+        *,
+        backup: bool,
     ) -> AsyncIterator[Message]:
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
-            vector, seconds = await self._message(computation, row)
+            vector, seconds = await self._message(computation, row, backup=backup)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 
-    async def _message(self, computation: IterationComputation, row: int) -> tuple[Array, float]:
+    async def _message(
+        self, computation: IterationComputation, row: int, *, backup: bool = False
+    ) -> tuple[Array, float]:
         """Row ``row``'s message (:meth:`IterationComputation.message`): on the event loop when this job's last
-        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread."""
+        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread (for a ``backup``, one of
+        :func:`backup_executor`)."""
         if self.message_seconds < INLINE_MESSAGE_SECONDS:
             vector, self.message_seconds = computation.message(row)
+        elif backup:
+            in_context = functools.partial(contextvars.copy_context().run, computation.message, row)  # as to_thread
+            vector, self.message_seconds = await asyncio.get_running_loop().run_in_executor(
+                backup_executor(), in_context
+            )
         else:
             vector, self.message_seconds = await asyncio.to_thread(computation.message, row)
         return vector, self.message_seconds

@@ -474,6 +474,33 @@ class GradientCode(ABC):
             dec.add(r)
         return dec.decoding()
 
+    def decodes(self, workers: Iterable[int], assignment: Assignment) -> bool:
+        """Whether the rows ``workers`` compute under ``assignment`` decode."""
+        dec = self.decoder(assignment)
+        return any(dec.add(r) for r in assignment.rows_of(workers))
+
+    def decoding_set(self, assignment: Assignment, preference: Sequence[int]) -> tuple[int, ...] | None:
+        """A minimal set of the ``preference`` workers whose rows decode, favouring the earlier ones, in
+        ``preference`` order; None when all of them together do not decode.
+
+        Greedy: workers join in ``preference`` order until their rows decode, then each member, the latest
+        first, is left out when the others still decode. No member can go (minimal); a smaller set may exist.
+        The master asks the workers outside it as backups (:class:`gradcode.master.rounds.Primaries`).
+        """
+        dec = self.decoder(assignment)
+        chosen: list[int] = []
+        for w in preference:
+            chosen.append(w)
+            if any(dec.add(r) for r in assignment.rows[w]):
+                break
+        else:
+            return None
+        for w in reversed(chosen[:-1]):  # the last one made the set decodable: it stays
+            rest = [v for v in chosen if v != w]
+            if self.decodes(rest, assignment):
+                chosen = rest
+        return tuple(chosen)
+
     @classmethod
     def for_stragglers(cls, n: int, s: int) -> GradientCode:
         """This scheme's canonical configuration tolerating ``s`` stragglers among ``n`` workers.

@@ -90,6 +90,11 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="consistency checks from surplus messages (default: the master's, off)",
     )  # fmt: skip
     t.add_argument(
+        "--backup-priority", default="", choices=["low", "normal"],
+        help="how each round asks the workers it expects to decode without: at low OS priority, so that where "
+        "workers share cores their redundant work takes only idle CPU, or like the others (default: low)",
+    )  # fmt: skip
+    t.add_argument(
         "--dataset", default="digits",
         help="digits | gaussian_mixture | linear | file, or with --worker-data an installed dataset plugin "
         "(default: digits)",
@@ -155,6 +160,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "seed": args.seed,
         "message_dtype": args.dtype,
         "integrity": args.integrity,
+        "backup_priority": args.backup_priority,
         "initial_parameters": None if args.initial_parameters is None else np.load(args.initial_parameters),
     }
     values.update(overrides)

@@ -62,6 +62,7 @@ def build_job_spec(
     job_id: str = "",
     message_dtype: str = "",
     integrity: str = "",
+    backup_priority: str = "",
     initial_parameters: npt.ArrayLike | None = None,
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
@@ -70,7 +71,9 @@ def build_job_spec(
     the master use its default. ``message_dtype`` is ``"float64"``, ``"float32"`` (half the bytes; a
     plugin model then computes in float32) or ``"complex128"``; empty lets the master choose (float64,
     complex128 for complex codes). ``integrity`` is the consistency policy (``off``, ``detect``,
-    ``locate``; empty: the master's default). ``initial_parameters`` (a flat vector of the model's
+    ``locate``; empty: the master's default). ``backup_priority`` is how each round asks the workers outside the
+    decoding set it expects (``low``: at low OS priority, ``normal``; empty: the master's default, ``low``).
+    ``initial_parameters`` (a flat vector of the model's
     size) is where training starts instead of the model's own initial values. ``worker_data`` keeps
     the data on the workers (``DatasetSpec.worker_local``: each loads its own partitions from its
     ``--data-dir``, or generates them); ``dataset_options`` are the dataset's options, e.g.
@@ -114,6 +117,7 @@ def build_job_spec(
         wait_for_workers_seconds=wait_for_workers_seconds,
         message_dtype=wire_dtype,  # type: ignore[arg-type]
         integrity=integrity,
+        backup_priority=backup_priority,
     )
     if initial_parameters is not None:
         start = np.asarray(initial_parameters, dtype=np.float64)
