@@ -41,7 +41,14 @@ from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
 from gradcode.common.session import CallError, ChunkStream, SessionCompute
 from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import CompletedMessage, MessageAssembler, WireError, children_lost_from_metadata
+from gradcode.common.wire import (
+    CompletedMessage,
+    MessageAssembler,
+    ReceivedChunk,
+    WireError,
+    children_lost_from_metadata,
+)
+from gradcode.v1 import worker_pb2
 
 __all__ = [
     "EXACT_TOLERANCE",
@@ -146,6 +153,9 @@ class Decoded:
     """Online decoding while gathering plus the combine."""
 
 
+Received = ReceivedChunk | worker_pb2.GradientChunk
+"""A chunk as a stream yields it."""
+
 _finishing: set[asyncio.Task[None]] = set()
 """Stream tasks a gather cancelled (or that wait for an end of stream), held until they end."""
 
@@ -163,7 +173,7 @@ def _let_finish(tasks: Iterable[asyncio.Task[None]]) -> None:
             task.add_done_callback(_finishing.discard)
 
 
-def _cancel_late(calls: Iterable[tuple[ChunkStream | None, asyncio.Task[None]]]) -> None:
+def _cancel_late(streams: Iterable[ChunkStream], tasks: Iterable[asyncio.Task[None]]) -> None:
     """Cancel the late workers' streams (the cancellation reaches the worker) and their pump tasks.
 
     :meth:`Round.gather` schedules this instead of doing it on its way out: the caller's synchronous work
@@ -173,9 +183,9 @@ def _cancel_late(calls: Iterable[tuple[ChunkStream | None, asyncio.Task[None]]])
     start anything else (the next round's calls go out after it), and nothing of the round changes meanwhile:
     only :meth:`Round.gather`'s loop reads the queue the pumps fill.
     """
-    for stream, task in calls:
-        if stream is not None:
-            stream.cancel()
+    for stream in streams:
+        stream.cancel()
+    for task in tasks:
         task.cancel()
 
 
@@ -316,41 +326,73 @@ class Round:
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
+        tasks: dict[int, asyncio.Task[None]] = {}
         failures: dict[int, WorkerFailure] = {}
         started = time.perf_counter()
         self.timed_out = False
 
-        async def pump(source: Source) -> None:
+        def fail(worker_id: int, exc: BaseException) -> None:
+            if worker_id in streams:  # a refused message: the worker stops, its session forgets it
+                streams[worker_id].cancel()
+            queue.put_nowait((worker_id, exc))
+
+        def receive(worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
+            """One item of a worker's stream: a chunk, None at its end, or the exception that ended it."""
+            if isinstance(item, BaseException):
+                fail(worker_id, item)
+                return
+            try:
+                if item is None:
+                    if not assembler.complete:
+                        raise WireError(f"stream ended before all rows {assembler.rows} were sent")
+                    queue.put_nowait((worker_id, None))
+                    return
+                done = assembler.feed(item)
+            except Exception as exc:
+                fail(worker_id, exc)
+                return
+            if done is not None:
+                queue.put_nowait((worker_id, done))
+
+        async def pump(worker_id: int, assembler: MessageAssembler, stream: ChunkStream) -> None:
+            try:
+                async for chunk in stream:
+                    receive(worker_id, assembler, chunk)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                fail(worker_id, exc)
+                return
+            receive(worker_id, assembler, None)
+
+        def start(source: Source) -> None:
+            """Open ``source``'s stream: a Session's chunks are received as the session reads them, another
+            stream's (a Compute call) by a task that iterates it."""
+            worker_id = source.worker_id
             assembler = MessageAssembler(
-                job_id=self.job_id, iteration=self.iteration, worker_id=source.worker_id, rows=source.rows,
+                job_id=self.job_id, iteration=self.iteration, worker_id=worker_id, rows=source.rows,
                 length=self.length, dtypes=self.dtypes, norm_length=self.certified_length,
                 shared=self._shared_reader(source),
             )  # fmt: skip
             try:
                 stream = source.open()
-                streams[source.worker_id] = stream
-                if isinstance(stream, SessionCompute):  # on a link: payloads received straight into the message
-                    stream.place = assembler.place
-                async for chunk in stream:
-                    done = assembler.feed(chunk)
-                    if done is not None:
-                        queue.put_nowait((source.worker_id, done))
-                if not assembler.complete:
-                    raise WireError(f"stream ended before all rows {source.rows} were sent")
-                queue.put_nowait((source.worker_id, None))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                if source.worker_id in streams:  # a refused message: the worker stops, its session forgets it
-                    streams[source.worker_id].cancel()
-                queue.put_nowait((source.worker_id, exc))
+            except Exception as exc:
+                queue.put_nowait((worker_id, exc))
+                return
+            streams[worker_id] = stream
+            if isinstance(stream, SessionCompute):  # on a link: payloads received straight into the message
+                stream.place = assembler.place
+                stream.consume(functools.partial(receive, worker_id, assembler))
+            else:
+                tasks[worker_id] = asyncio.create_task(pump(worker_id, assembler, stream), name=f"gather-w{worker_id}")
 
         def finish(worker_id: int) -> None:
             self.finished[worker_id] = time.perf_counter() - self.started
             self.failed.pop(worker_id, None)
 
-        tasks = {s.worker_id: asyncio.create_task(pump(s), name=f"gather-w{s.worker_id}") for s in sources}
-        pending = set(tasks)
+        for source in sources:
+            start(source)
+        pending = {source.worker_id for source in sources}
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
 
@@ -363,12 +405,15 @@ class Round:
                 if remaining is not None and remaining <= 0:
                     self.timed_out = True
                     break
-                try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
-                    async with asyncio.timeout(remaining):
-                        worker_id, item = await queue.get()
-                except TimeoutError:
-                    self.timed_out = True
-                    break
+                if not queue.empty():  # items that came together: no timer to arm for each
+                    worker_id, item = queue.get_nowait()
+                else:
+                    try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
+                        async with asyncio.timeout(remaining):
+                            worker_id, item = await queue.get()
+                    except TimeoutError:
+                        self.timed_out = True
+                        break
                 if isinstance(item, CompletedMessage):
                     self.messages[item.row] = item
                     t0 = time.perf_counter()
@@ -397,7 +442,8 @@ class Round:
                     finish(w)
             self.late = sorted(pending)
             if pending:
-                late = [(streams.get(w), tasks[w]) for w in pending]
-                asyncio.get_running_loop().call_soon(_cancel_late, late)
+                late_streams = [streams[w] for w in pending if w in streams]
+                late_tasks = [tasks[w] for w in pending if w in tasks]
+                asyncio.get_running_loop().call_soon(_cancel_late, late_streams, late_tasks)
             _let_finish(tasks.values())
         return failures

@@ -92,14 +92,21 @@ _END = object()
 """Queued for a SessionCompute after its last chunk when it ended OK."""
 
 
+Sink = Callable[[ReceivedChunk | BaseException | None], None]
+"""Told each item of a :class:`SessionCompute` as it arrives: a chunk, None when it ended OK, or the exception
+that ended it."""
+
+
 class SessionCompute:
-    """One Compute on a :class:`Session`: iterate it for the chunks; :meth:`cancel` stops it (a ChunkStream)."""
+    """One Compute on a :class:`Session`: iterate it for the chunks, or have them passed to a callback as they
+    arrive (:meth:`consume`); :meth:`cancel` stops it (a ChunkStream)."""
 
     def __init__(self, session: Session, request_id: int, job_id: str = "") -> None:
         self.session = session
         self.request_id = request_id
         self.job_id = job_id
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._sink: Sink | None = None
         self.ended = False
         """The worker sent its status, the session broke, or the caller cancelled."""
         self.place: Placer | None = None
@@ -126,12 +133,21 @@ class SessionCompute:
         self.session._cancel(self.request_id)
         return True
 
+    def consume(self, sink: Sink) -> None:
+        """Pass every item to ``sink`` as the session reads it (those already here at once), instead of iterating:
+        the reader calls it, without a queue and a task between them."""
+        self._sink = sink
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            sink(None if item is _END else item)
+
     def _deliver(self, item: Any) -> None:
-        if isinstance(item, ReceivedChunk):
+        if not isinstance(item, ReceivedChunk):
+            self.ended = True
+        if self._sink is not None:
+            self._sink(None if item is _END else item)
+        else:
             self._queue.put_nowait(item)
-            return
-        self.ended = True
-        self._queue.put_nowait(item)
 
 
 class SessionStream(Protocol):
