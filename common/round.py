@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,12 +317,19 @@ class Round:
         *,
         timeout: float | None = None,
         enough: Callable[[], bool] | None = None,
+        expected: Collection[int] | None = None,
     ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
 
         With ``enough``, a decodable round goes on gathering until ``enough()`` is true (asked after each
         new message once decodable; it may look at :attr:`messages`). Returns the failures of this
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
+
+        ``expected`` names the workers the round expects to decode from; the other sources were asked as backups
+        (``ComputeRequest.backup``). Once an expected worker has ended and at most ``s`` of them are still out
+        without the round decoding, the backups that complete the messages in hand
+        (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute on at
+        normal priority, on the CPU the expected workers that answered left.
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -395,6 +402,19 @@ class Round:
         pending = {source.worker_id for source in sources}
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
+        out = pending & set(expected) if expected is not None else set()
+        """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
+        if out == pending:
+            out = set()
+
+        def promote() -> None:
+            backups = sorted(pending - out)
+            given = [w for w in self.finished if w not in pending]
+            chosen = decoder.code.decoding_set(decoder.assignment, backups, given=given) or ()
+            for w in chosen:
+                stream = streams.get(w)
+                if isinstance(stream, SessionCompute):
+                    stream.promote()
 
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
@@ -425,6 +445,11 @@ class Round:
                 else:
                     pending.discard(worker_id)
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
+                if worker_id in out and not isinstance(item, CompletedMessage):
+                    out.discard(worker_id)
+                    if len(out) <= decoder.code.s and not decoder.decodable:
+                        promote()
+                        out = set()
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
                 self.decoding = decoder.decoding()

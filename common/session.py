@@ -133,6 +133,12 @@ class SessionCompute:
         self.session._cancel(self.request_id)
         return True
 
+    def promote(self) -> None:
+        """Ask the worker to compute this backup's remaining messages at normal priority (if still running)."""
+        if not self.ended and self.session.error is None:
+            promote = worker_pb2.ComputeRequest(request_id=self.request_id, promote=True).SerializeToString()
+            self.session._outbox.put_nowait((None, promote))
+
     def consume(self, sink: Sink) -> None:
         """Pass every item to ``sink`` as the session reads it (those already here at once), instead of iterating:
         the reader calls it, without a queue and a task between them."""
@@ -419,9 +425,11 @@ async def serve_session(
     write: Callable[[Serialized], Any],
     computation: Computation,
     closing: asyncio.Event,
+    promote: Callable[[worker_pb2.ComputeRequest], None] | None = None,
 ) -> None:
     """The worker's end of a Session: each request runs as its own task of ``computation``; its chunks, then its
-    status, go out through one writer (``write`` is the stream's ``context.write``).
+    status, go out through one writer (``write`` is the stream's ``context.write``). A ``promote`` request is
+    passed to ``promote`` as the running request it names.
 
     Returns when the caller closes its side (every computation still running is cancelled then), or once
     ``closing`` is set (the worker is shutting down: new requests are no longer read, the running ones finish
@@ -429,6 +437,8 @@ async def serve_session(
     """
     outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
     running: dict[int, asyncio.Task[None]] = {}
+    asked: dict[int, worker_pb2.ComputeRequest] = {}
+    """The running requests, by id."""
     loop = asyncio.get_running_loop()
 
     async def run(request: worker_pb2.ComputeRequest) -> None:
@@ -446,6 +456,7 @@ async def serve_session(
             outbox.put_nowait((task, status_chunk(request_id, code, str(exc), lost)))
         finally:
             running.pop(request_id, None)
+            asked.pop(request_id, None)
 
     async def send() -> None:
         while True:
@@ -462,10 +473,14 @@ async def serve_session(
                 task = running.pop(request_id, None)
                 if task is not None:
                     task.cancel()
+            elif request.promote:
+                if promote is not None and request_id in asked:
+                    promote(asked[request_id])
             elif request_id == 0 or request_id in running:
                 message = f"Session request id {request_id} is 0 or already running; give each request a new id."
                 outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)))
             else:
+                asked[request_id] = request
                 running[request_id] = loop.create_task(run(request), name=f"session-request-{request_id}")
 
     writer = loop.create_task(send(), name="session-writer")

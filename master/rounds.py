@@ -17,7 +17,8 @@ again by this job.
 
 Without such checks, a flat code's round expects to decode from a minimal decoding set (:class:`Primaries`)
 and asks the other workers as backups (``JobSpec.backup_priority``): they compute at low OS priority, so
-where workers share cores their redundant work takes only the CPU the expected workers leave idle.
+where workers share cores their redundant work takes only the CPU the expected workers leave idle. When
+expected workers are late, the round promotes the backups that replace them (:meth:`Round.gather`).
 """
 
 from __future__ import annotations
@@ -171,11 +172,13 @@ class RoundPolicy:
                     round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
+                expected = None
                 if self.primaries is not None and not asked:  # a retry asks everyone left alike
-                    backups = set(ask) - self.primaries.choose(assignment, ask)
+                    expected = self.primaries.choose(assignment, ask)
+                    backups = set(ask) - expected
                 asked = True
                 sources = [self._source(w, t, assignment.rows[w], model, backup=w in backups) for w in ask]
-                failures = await round_.gather(sources, timeout=remaining, enough=enough)
+                failures = await round_.gather(sources, timeout=remaining, enough=enough, expected=expected)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 self._reload_lost(round_, failures.values())

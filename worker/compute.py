@@ -219,6 +219,14 @@ class IterationComputation:
         self.partials: dict[int, Array] = {}
         self._cancel_counted = False
 
+    def sharing(self, cancelled: CancelFlag) -> IterationComputation:
+        """This computation under another cancel flag, sharing its partial gradients: a backup's attempt that stops
+        at its next partition once promoted, the partitions it finished kept for the promoted one."""
+        other = IterationComputation(self.job, self.params, cancelled=cancelled, on_partition=self.on_partition)
+        other.partials = self.partials
+        other._cancel_counted = True  # its stop is no cancelled iteration
+        return other
+
     def partial(self, partition: int) -> Array:
         """$g_j$: the summed gradient over ``partition``, with its loss and score appended when the job
         asks for statistics (cached for this iteration)."""

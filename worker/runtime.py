@@ -33,13 +33,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.round import Round
 from gradcode.common.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
-from gradcode.worker.compute import IterationComputation, WorkerJob
+from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -82,6 +83,22 @@ def _lowest_priority() -> None:
 
 
 @dataclass(frozen=True)
+class _AnyOf:
+    """A cancel flag set when any of ``flags`` is."""
+
+    flags: tuple[CancelFlag | None, ...]
+
+    def is_set(self) -> bool:
+        return any(flag is not None and flag.is_set() for flag in self.flags)
+
+
+def _outcome_seen(future: asyncio.Future[Any]) -> None:
+    """Mark a backup attempt's exception retrieved (``result()`` still raises it to a caller that asks)."""
+    if not future.cancelled():
+        future.exception()
+
+
+@dataclass(frozen=True)
 class Message:
     """One coded message ready to send."""
 
@@ -114,6 +131,8 @@ class JobRuntime:
     message_seconds: float = math.inf
     """Wall seconds this job's last own message took to compute (inf before the first): what decides whether the
     next one runs inline (:data:`INLINE_MESSAGE_SECONDS`)."""
+    promotions: dict[int, Cancellation] = field(default_factory=dict)
+    """By iteration, set when the receiver promotes this worker's backup computation of it."""
     shared: SharedPeer | None = None
     """The receiver's shared-memory directory, when this worker accepted its offer
     (:func:`gradcode.common.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
@@ -124,6 +143,8 @@ class JobRuntime:
         self.newest_iteration = iteration
         flag = Cancellation()
         self.cancel_all(before=iteration)
+        for old in [t for t in self.promotions if t < iteration]:
+            del self.promotions[old]
         self.active.setdefault(iteration, set()).add(flag)
         return flag
 
@@ -135,6 +156,10 @@ class JobRuntime:
             flags.discard(flag)
             if not flags:
                 del self.active[iteration]
+
+    def promotion(self, iteration: int) -> Cancellation:
+        """Set when the receiver promotes this worker's backup computation of ``iteration``."""
+        return self.promotions.setdefault(iteration, Cancellation())
 
     def cancel_all(self, *, before: int | None = None) -> None:
         """Set the flags of every running computation (of iterations before ``before``, if given)."""
@@ -164,7 +189,8 @@ class JobRuntime:
         """This iteration's messages, row by row; ComputeCancelledError when abandoned."""
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
-            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, backup=request.backup):
+            promotion = self.promotion(int(request.iteration)) if request.backup else None
+            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, promotion):
                 yield message
         else:
             for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
@@ -183,31 +209,46 @@ class JobRuntime:
         delay: float,
         flag: Cancellation,
         on_partition: Callable[[int], None] | None,
-        *,
-        backup: bool,
+        promotion: Cancellation | None,
     ) -> AsyncIterator[Message]:
+        """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority."""
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
-            vector, seconds = await self._message(computation, row, backup=backup)
+            vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 
     async def _message(
-        self, computation: IterationComputation, row: int, *, backup: bool = False
+        self, computation: IterationComputation, row: int, promotion: Cancellation | None = None
     ) -> tuple[Array, float]:
         """Row ``row``'s message (:meth:`IterationComputation.message`): on the event loop when this job's last
-        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread (for a ``backup``, one of
-        :func:`backup_executor`)."""
+        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread; a backup not promoted
+        (``promotion`` not set) in a lowest-priority one (:meth:`_backup_message`)."""
         if self.message_seconds < INLINE_MESSAGE_SECONDS:
             vector, self.message_seconds = computation.message(row)
-        elif backup:
-            in_context = functools.partial(contextvars.copy_context().run, computation.message, row)  # as to_thread
-            vector, self.message_seconds = await asyncio.get_running_loop().run_in_executor(
-                backup_executor(), in_context
-            )
+        elif promotion is not None and not promotion.is_set():
+            vector, self.message_seconds = await self._backup_message(computation, row, promotion)
         else:
             vector, self.message_seconds = await asyncio.to_thread(computation.message, row)
         return vector, self.message_seconds
+
+    async def _backup_message(
+        self, computation: IterationComputation, row: int, promotion: Cancellation
+    ) -> tuple[Array, float]:
+        """A backup's message in a thread of :func:`backup_executor`; once promoted, in a normal thread, which keeps
+        the partial gradients the backup thread finished (that thread stops at its next partition)."""
+        attempt = computation.sharing(_AnyOf((computation.cancelled, promotion)))
+        in_context = functools.partial(contextvars.copy_context().run, attempt.message, row)  # as to_thread does
+        backup = asyncio.get_running_loop().run_in_executor(backup_executor(), in_context)
+        backup.add_done_callback(_outcome_seen)  # superseded, or its call cancelled: its end is no error to log
+        promoted: asyncio.Future[Any] = asyncio.ensure_future(promotion.wait())
+        try:
+            await asyncio.wait((backup, promoted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            promoted.cancel()
+        if backup.done() and (backup.exception() is None or not promotion.is_set()):
+            return backup.result()
+        return await asyncio.to_thread(computation.message, row)
 
     async def _parent_messages(
         self,

@@ -248,7 +248,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
     ) -> None:
         """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.link.LinkServer`)."""
-        await serve_session(requests, write, self._compute, self.closing)
+        await serve_session(requests, write, self._compute, self.closing, self._promote)
 
     @grpc_errors
     async def OpenLink(  # noqa: N802 - proto name
@@ -336,6 +336,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise
         finally:
             runtime.end(iteration, flag)
+
+    def _promote(self, request: worker_pb2.ComputeRequest) -> None:
+        """The receiver needs the backup ``request`` asked for after all: its remaining work at normal priority."""
+        runtime = self.jobs.get(request.job_id)
+        if runtime is not None:
+            runtime.promotion(int(request.iteration)).set()
 
     def _runtime(self, job_id: str) -> JobRuntime:
         runtime = self.jobs.get(job_id)

@@ -39,6 +39,10 @@ class Cancellation:
     def is_set(self) -> bool:
         return self._flag.is_set()
 
+    async def wait(self) -> None:
+        """Return once the flag is set."""
+        await self._event.wait()
+
     async def sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, but raise ComputeCancelledError as soon as the flag is set."""
         if seconds > 0 and not self.is_set():

@@ -479,15 +479,21 @@ class GradientCode(ABC):
         dec = self.decoder(assignment)
         return any(dec.add(r) for r in assignment.rows_of(workers))
 
-    def decoding_set(self, assignment: Assignment, preference: Sequence[int]) -> tuple[int, ...] | None:
-        """A minimal set of the ``preference`` workers whose rows decode, favouring the earlier ones, in
-        ``preference`` order; None when all of them together do not decode.
+    def decoding_set(
+        self, assignment: Assignment, preference: Sequence[int], *, given: Sequence[int] = ()
+    ) -> tuple[int, ...] | None:
+        """A minimal set of the ``preference`` workers whose rows, with those of the ``given`` workers (messages in
+        hand), decode, favouring the earlier ones, in ``preference`` order; None when all of them together do not
+        decode.
 
-        Greedy: workers join in ``preference`` order until their rows decode, then each member, the latest
-        first, is left out when the others still decode. No member can go (minimal); a smaller set may exist.
-        The master asks the workers outside it as backups (:class:`gradcode.master.rounds.Primaries`).
+        Greedy: workers join in ``preference`` order until the rows decode, then each member, the latest first,
+        is left out when the others still decode. No member can go (minimal); a smaller set may exist. The
+        master asks the workers outside it as backups, and asks a set completing the messages in hand when an
+        expected worker is late (:class:`gradcode.master.rounds.Primaries`, :meth:`Round.gather`).
         """
         dec = self.decoder(assignment)
+        if any(dec.add(r) for r in assignment.rows_of(given)):
+            return ()
         chosen: list[int] = []
         for w in preference:
             chosen.append(w)
@@ -497,7 +503,7 @@ class GradientCode(ABC):
             return None
         for w in reversed(chosen[:-1]):  # the last one made the set decodable: it stays
             rest = [v for v in chosen if v != w]
-            if self.decodes(rest, assignment):
+            if self.decodes([*given, *rest], assignment):
                 chosen = rest
         return tuple(chosen)
 
