@@ -9,7 +9,8 @@ import numpy as np
 
 from gradcode.common.codes import make_code
 from gradcode.common.round import Round, Source
-from gradcode.common.wire import message_chunks
+from gradcode.common.session import Session
+from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.v1 import worker_pb2
 
 
@@ -141,3 +142,92 @@ async def test_a_refusal_that_arrived_with_the_decodable_message_is_still_report
     assert round_.decodable and round_.used_workers == [0, 1, 2]
     assert set(failures) == set(round_.failed) == {3} and round_.late == []
     assert str(round_.failed[3]) == "ConnectionError: worker died"
+
+
+class _SessionWire:
+    """The far end of a Session, in process: records the requests written, delivers the chunks a test sends."""
+
+    def __init__(self) -> None:
+        self.requests: list[worker_pb2.ComputeRequest] = []
+        self.inbox: asyncio.Queue[ReceivedChunk | None] = asyncio.Queue()
+
+    async def write(self, data: Serialized) -> None:
+        raw = data if isinstance(data, bytes) else b"".join(data)
+        self.requests.append(worker_pb2.ComputeRequest.FromString(raw))
+
+    def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[ReceivedChunk]:
+        while (chunk := await self.inbox.get()) is not None:
+            yield chunk
+
+    def cancel(self) -> bool:
+        self.inbox.put_nowait(None)
+        return True
+
+    def answer(self, vector: np.ndarray, *, worker_id: int, row: int) -> None:
+        """The message of the last request written, its status on its last chunk."""
+        request_id = self.requests[-1].request_id
+        for raw in message_chunk_bytes(vector, job_id="j", iteration=0, worker_id=worker_id, row=row,
+                                       request_id=request_id, final=True):  # fmt: skip
+            self.inbox.put_nowait(parse_chunk(raw))
+
+    @property
+    def promoted(self) -> bool:
+        return any(r.promote for r in self.requests)
+
+
+async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_messages_in_hand() -> None:
+    """Binary, n = 4, s = 1 (classes {0, 2} and {1, 3}): the round expects {0, 2} and asked 1 and 3 as backups.
+    Once 2 has answered and only 0 (at most s expected workers) is out, the backups that complete worker 2's
+    message are promoted, on their own Sessions; the expected workers are not."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(4).standard_normal((4, 30))
+    assignment = code.static_assignment()
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
+    wires = [_SessionWire() for _ in range(4)]
+    sessions = [Session(wire) for wire in wires]
+    sources = [
+        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
+        for w in range(4)
+    ]  # type: ignore[misc]
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2}))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert all(wire.requests for wire in wires) and not any(wire.promoted for wire in wires)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    async with asyncio.timeout(5.0):
+        while not any(wire.promoted for wire in wires):
+            await asyncio.sleep(0.001)
+    completing = code.decoding_set(assignment, [1, 3], given=[2])
+    assert completing and [w for w in range(4) if wires[w].promoted] == list(completing)
+    for w in completing:
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and 0 not in round_.used_workers
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
+async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None:
+    code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
+    wires = [_SessionWire() for _ in range(6)]
+    sessions = [Session(wire) for wire in wires]
+    assignment = code.static_assignment()
+    sources = [
+        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
+        for w in range(6)
+    ]  # type: ignore[misc]
+    g = np.random.default_rng(5).standard_normal((6, 20))
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    gather = asyncio.create_task(round_.gather(sources, timeout=0.3, expected={0, 2, 4}))
+    await asyncio.sleep(0.01)
+    wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)  # 0 and 4 still out: 2 > s
+    await gather
+    assert round_.timed_out and not any(wire.promoted for wire in wires)
+    for session in sessions:
+        session.close()

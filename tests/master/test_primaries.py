@@ -1,0 +1,53 @@
+"""Whom a round expects to decode from (master.rounds.Primaries), and the job option that turns backups off."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Assignment
+from gradcode.master.rounds import Primaries
+from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, JobSpecError, plan_job
+from tests.master.test_job_spec import spec
+
+
+def test_the_first_round_expects_the_earliest_decoding_set_and_keeps_it_while_its_members_answer() -> None:
+    code = make_code("binary", n=6, s=1)
+    primaries = Primaries(code)
+    first = primaries.choose(code.static_assignment(), range(6))
+    assert first == {0, 2, 4}
+    primaries.answered([0, 2, 4])
+    assert primaries.choose(code.static_assignment(), range(6)) is first
+
+
+def test_a_primary_that_missed_the_round_becomes_a_backup() -> None:
+    code = make_code("fractional", n=6, s=1)  # replica groups {0, 3}, {1, 4}, {2, 5}
+    primaries = Primaries(code)
+    assert primaries.choose(code.static_assignment(), range(6)) == {0, 1, 2}
+    primaries.answered([1, 2, 3])  # 0 was late; its replica 3 answered instead
+    assert primaries.choose(code.static_assignment(), range(6)) == {1, 2, 3}
+    primaries.answered([1, 2, 3])
+    assert primaries.choose(code.static_assignment(), range(6)) == {1, 2, 3}, "worker 0 stays a backup"
+
+
+def test_only_askable_workers_are_expected_and_too_few_to_decode_are_all_expected() -> None:
+    code = make_code("cyclic", n=6, s=1)
+    primaries = Primaries(code)
+    assert primaries.choose(code.static_assignment(), [1, 2, 3, 4, 5]) == {1, 2, 3, 4, 5}
+    assert primaries.choose(code.static_assignment(), [2, 3, 4, 5]) == {2, 3, 4, 5}, "not decodable: ask all alike"
+
+
+def test_a_new_assignment_gets_its_own_set() -> None:
+    code = make_code("uncoded", n=3)
+    primaries = Primaries(code)
+    assert primaries.choose(code.static_assignment(), range(3)) == {0, 1, 2}
+    primaries.answered([0, 1, 2])
+    two_rows = Assignment(((0,), (1, 2), ()))
+    assert primaries.choose(two_rows, [0, 1]) == {0, 1}
+
+
+def test_job_spec_backup_priority_defaults_to_low_and_is_validated() -> None:
+    assert plan_job(spec()).backup_priority == DEFAULT_BACKUP_PRIORITY == "low"
+    assert plan_job(spec(backup_priority="normal")).backup_priority == "normal"
+    with pytest.raises(JobSpecError, match=r"JobSpec.backup_priority 'idle' is not a backup priority; valid ones are"):
+        plan_job(spec(backup_priority="idle"))
