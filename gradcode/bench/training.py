@@ -96,6 +96,9 @@ FULL_SWEEP_ITERATIONS = 12
 QUICK_SWEEP_ITERATIONS = 4
 FULL_ROUNDS = 2
 QUICK_ROUNDS = 1
+BACKUP_DELAYS = (0.0, 0.25)
+"""Where the sweep also runs each coded scheme with every worker asked alike (``backup_priority`` normal), s = 1,
+interleaved with the default (backups at low priority)."""
 PARETO = {"shape": 1.5, "scale": 0.05}
 LOSS_TOLERANCE = 0.01
 """Time to target = first moment a system's loss is within 1% of the loss 100 uncoded iterations reach."""
@@ -156,8 +159,18 @@ class Delays:
 
 
 # ---- gradcode ------------------------------------------------------------------------------------------------
-def _spec(workload: Workload, scheme: str, s: int, delays: Delays, iterations: int, *, verify: bool = False) -> Any:
+def _spec(
+    workload: Workload,
+    scheme: str,
+    s: int,
+    delays: Delays,
+    iterations: int,
+    *,
+    verify: bool = False,
+    backup_priority: str = "",
+) -> Any:
     return build_job_spec(
+        backup_priority=backup_priority,
         scheme=scheme,
         n=workload.n,
         s=0 if scheme == "uncoded" else s,
@@ -181,9 +194,15 @@ def _spec(workload: Workload, scheme: str, s: int, delays: Delays, iterations: i
 
 
 async def _gradcode_run(
-    client: GradcodeClient, workload: Workload, scheme: str, s: int, delays: Delays, iterations: int
+    client: GradcodeClient,
+    workload: Workload,
+    scheme: str,
+    s: int,
+    delays: Delays,
+    iterations: int,
+    backup_priority: str = "",
 ) -> dict[str, Any]:
-    spec = _spec(workload, scheme, s, delays, iterations)
+    spec = _spec(workload, scheme, s, delays, iterations, backup_priority=backup_priority)
     pool_ids = (await up_workers(client, workload.n, START_TIMEOUT))[: workload.n]
     spec.worker_ids[:] = pool_ids  # job worker j is pool worker pool_ids[j]: reports name pool ids
     load_before = load_average()
@@ -204,6 +223,7 @@ async def _gradcode_run(
             tails.append(r.wall_seconds - max(arrivals))
     return {
         "system": scheme,
+        "backup_priority": spec.backup_priority or "low",
         "iterations": len(reports),
         "period_s": statistics.median(periods) if periods else math.nan,
         "wall_s": statistics.median(r.wall_seconds for r in kept) if kept else math.nan,
@@ -400,6 +420,7 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
     sweep_iterations = QUICK_SWEEP_ITERATIONS if quick else FULL_SWEEP_ITERATIONS
     sweep: list[dict[str, Any]] = []
     pareto: list[dict[str, Any]] = []
+    backups: list[dict[str, Any]] = []
     clusters = _Clusters(workload.n, run_dir)
     pool = AllreducePool(workload, data_dir)
     try:
@@ -421,6 +442,12 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
                         row.update(round=round_, delay_s=delay, s=s)
                         sweep.append(row)
                         print(_progress(row), flush=True)
+                        if system in SCHEMES[1:] and s == 1 and delay in BACKUP_DELAYS:  # the same draws, alike
+                            client = await clusters.client()
+                            alike = await _gradcode_run(client, workload, system, s, delays, sweep_iterations, "normal")
+                            alike.update(round=round_, delay_s=delay, s=s)
+                            backups.extend((row, alike))
+                            print(_progress(alike), flush=True)
             for system in SYSTEMS:
                 delays = Delays("pareto", dict(PARETO), seed=7)
                 row = await one(system, 1, delays, workload.iterations)
@@ -430,13 +457,14 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
     finally:
         await clusters.close()
         pool.close()
-    return {"verify_max_error": verified, "sweep": sweep, "pareto": pareto}
+    return {"verify_max_error": verified, "sweep": sweep, "pareto": pareto, "backups": backups}
 
 
 def _progress(row: dict[str, Any]) -> str:
     where = f"delay {row['delay_s']:.2f} s, s={row['s']}" if "delay_s" in row else "pareto"
+    system = row["system"] + (" (alike)" if row.get("backup_priority") == "normal" else "")
     return (
-        f"  round {row['round']} {where:<20} {row['system']:<13} {row['period_s'] * 1e3:8.1f} ms/iteration"
+        f"  round {row['round']} {where:<20} {system:<21} {row['period_s'] * 1e3:8.1f} ms/iteration"
         f"  final loss {row['loss'][-1]:.5f}  load {row['load_after'][0]:.2f}"
     )
 
@@ -499,7 +527,24 @@ def summarise(raw: dict[str, Any], systems: Sequence[str], cores: int) -> dict[s
     base = pareto["systems"][ALLREDUCE]["time_to_target_s"]
     for system in systems:
         pareto["systems"][system]["speedup_vs_allreduce"] = base / pareto["systems"][system]["time_to_target_s"]
-    return {"cores": cores, "sweep": table, "pareto": pareto}
+    return {"cores": cores, "sweep": table, "pareto": pareto, "backups": summarise_backups(raw.get("backups", []))}
+
+
+def summarise_backups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (delay, scheme): median period with backups at low priority and with every worker asked alike."""
+    table = []
+    for delay, scheme in sorted({(r["delay_s"], r["system"]) for r in rows}):
+        entry: dict[str, Any] = {"delay_s": delay, "s": 1, "system": scheme}
+        for priority in ("low", "normal"):
+            runs = [r for r in rows if (r["delay_s"], r["system"], r["backup_priority"]) == (delay, scheme, priority)]
+            entry[priority] = {
+                "period_s": statistics.median(r["period_s"] for r in runs),
+                "periods_s": [r["period_s"] for r in runs],
+                "load": [r["load_after"] for r in runs],
+            }
+        entry["low_over_normal"] = entry["low"]["period_s"] / entry["normal"]["period_s"]
+        table.append(entry)
+    return table
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
@@ -533,6 +578,17 @@ def format_tables(summary: dict[str, Any], systems: Sequence[str]) -> str:
             f"{e[x]['wall_s'] * 1e3:>8.1f}/{e[x]['tail_s'] * 1e3:>8.1f}" for x in systems if x != ALLREDUCE
         )
         lines.append(f"{e['delay_s']:>6.2f} {e['s']:>2} {cells}")
+    if summary.get("backups"):
+        lines.append("")
+        lines.append("Backups at low priority (the default) against every worker asked alike, s = 1, runs interleaved")
+        lines.append(f"{'d (s)':>6} {'scheme':>13} {'low ms':>8} {'alike ms':>9} {'low/alike':>10}  load")
+        for e in summary["backups"]:
+            loads = [load[0] for priority in ("low", "normal") for load in e[priority]["load"]]
+            lines.append(
+                f"{e['delay_s']:>6.2f} {e['system']:>13} {e['low']['period_s'] * 1e3:>8.1f}"
+                f" {e['normal']['period_s'] * 1e3:>9.1f} {e['low_over_normal']:>10.2f}"
+                f"  {min(loads):.1f}-{max(loads):.1f}"
+            )
     p = summary["pareto"]
     lines.append("")
     lines.append(

@@ -56,6 +56,19 @@ def test_quick_training_benchmark_runs_both_systems(tmp_path: Path, capsys: pyte
     assert all(abs(loss - reference) <= 1e-9 * reference for loss in final.values()), final
     assert len({len(row["loss"]) for row in raw["pareto"]}) == 1
 
+    # Backups at low priority against every worker asked alike: the same configurations, interleaved, both exact.
+    backups = raw["backups"]
+    coded = training.SCHEMES[1:]
+    assert sorted((r["system"], r["backup_priority"]) for r in backups) == sorted(
+        (scheme, priority) for scheme in coded for priority in ("low", "normal")
+    )
+    assert all(r["exact"] and r["delay_s"] == 0.0 for r in backups)
+    final_sweep = {r["system"]: r["loss"][-1] for r in raw["sweep"]}  # same draws, same step: the same losses
+    assert all(abs(r["loss"][-1] - final_sweep[r["system"]]) <= 1e-9 * final_sweep[r["system"]] for r in backups)
+    assert "Backups at low priority" in printed
+    for entry in results["summary"]["backups"]:
+        assert entry["low_over_normal"] == pytest.approx(entry["low"]["period_s"] / entry["normal"]["period_s"])
+
     pareto = results["summary"]["pareto"]
     assert pareto["target_loss"] == pytest.approx(reference * (1 + training.LOSS_TOLERANCE))
     for system in systems:  # every system reaches the target: the final loss is below it
