@@ -31,10 +31,17 @@ def test_a_primary_that_missed_the_round_becomes_a_backup() -> None:
 
 
 def test_only_askable_workers_are_expected_and_too_few_to_decode_are_all_expected() -> None:
-    code = make_code("cyclic", n=6, s=1)
+    code = make_code("binary", n=6, s=1)
     primaries = Primaries(code)
-    assert primaries.choose(code.static_assignment(), [1, 2, 3, 4, 5]) == {1, 2, 3, 4, 5}
-    assert primaries.choose(code.static_assignment(), [2, 3, 4, 5]) == {2, 3, 4, 5}, "not decodable: ask all alike"
+    assert primaries.choose(code.static_assignment(), [1, 2, 3, 4, 5]) == {1, 2, 4}  # runs that tile the data
+    assert primaries.choose(code.static_assignment(), [1, 3]) == {1, 3}, "not decodable: ask all alike"
+
+
+def test_a_decoding_set_of_n_minus_s_workers_expects_everyone() -> None:
+    """Cyclic: any n - s workers decode, so its decoding sets are n - s: no backups."""
+    code = make_code("cyclic", n=6, s=1)
+    assert code.decoding_set(code.static_assignment(), range(6)) == (0, 1, 2, 3, 4)
+    assert Primaries(code).choose(code.static_assignment(), range(6)) == set(range(6))
 
 
 def test_a_new_assignment_gets_its_own_set() -> None:
