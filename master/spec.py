@@ -378,29 +378,29 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
         spec.evaluate_every = DEFAULT_EVALUATE_EVERY
 
 
-def _check_integrity(spec: master_pb2.JobSpec) -> None:
-    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`)."""
-    if not spec.integrity:
-        spec.integrity = DEFAULT_INTEGRITY
-    if spec.integrity not in INTEGRITY_POLICIES:
-        raise JobSpecError(
-            f"JobSpec.integrity {spec.integrity!r} is not a consistency policy; valid policies are "
-            f"{list(INTEGRITY_POLICIES)} (empty: the default, {DEFAULT_INTEGRITY!r})."
-        )
-
-
 BACKUP_PRIORITIES = ("low", "normal")
 DEFAULT_BACKUP_PRIORITY = "low"
 
 
+def _check_integrity(spec: master_pb2.JobSpec) -> None:
+    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`)."""
+    _check_choice(spec, "integrity", "consistency policy", INTEGRITY_POLICIES, DEFAULT_INTEGRITY)
+
+
 def _check_backup_priority(spec: master_pb2.JobSpec) -> None:
     """How backups are asked, defaulting to :data:`DEFAULT_BACKUP_PRIORITY`."""
-    if not spec.backup_priority:
-        spec.backup_priority = DEFAULT_BACKUP_PRIORITY
-    if spec.backup_priority not in BACKUP_PRIORITIES:
+    _check_choice(spec, "backup_priority", "backup priority", BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY)
+
+
+def _check_choice(spec: master_pb2.JobSpec, name: str, kind: str, choices: tuple[str, ...], default: str) -> None:
+    """String field ``name`` of ``spec``: ``default`` when empty, else one of ``choices`` (JobSpecError)."""
+    value = getattr(spec, name)
+    if not value:
+        setattr(spec, name, default)
+    elif value not in choices:
         raise JobSpecError(
-            f"JobSpec.backup_priority {spec.backup_priority!r} is not a backup priority; valid ones are "
-            f"{list(BACKUP_PRIORITIES)} (empty: the default, {DEFAULT_BACKUP_PRIORITY!r})."
+            f"JobSpec.{name} {value!r} is not a {kind}; valid ones are {list(choices)} (empty: the default, "
+            f"{default!r})."
         )
 
 

@@ -179,7 +179,7 @@ def test_unknown_policy_is_refused() -> None:
 def test_job_spec_integrity_defaults_and_is_validated() -> None:
     assert plan_job(spec()).integrity == DEFAULT_INTEGRITY == "off"
     assert plan_job(spec(integrity="locate")).spec.integrity == "locate"
-    with pytest.raises(JobSpecError, match=r"JobSpec.integrity 'paranoid' is not a consistency policy; valid"):
+    with pytest.raises(JobSpecError, match=r"JobSpec.integrity .paranoid. is not a consistency policy; valid ones are"):
         plan_job(spec(integrity="paranoid"))
 
 
