@@ -73,6 +73,7 @@ class ServiceProcess:
         self._ready.wait(timeout)
         if self.address is None:
             self.kill()
+            self.stop()  # closes its output and its log
             log = self.log_path.read_text()[-2000:]
             raise RuntimeError(f"{' '.join(self.argv)} did not start within {timeout:.0f} s; its output:\n{log}")
         return self.address

@@ -54,6 +54,13 @@ class _Processes:
         """The pool worker id of each worker process."""
 
     def __enter__(self) -> _Processes:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> _Processes:
         t = self.tmp_path
         master = ServiceProcess(
             [sys.executable, "-m", "gradcode", "master", "--listen", "127.0.0.1:0", "--run-dir", str(t),
@@ -64,9 +71,7 @@ class _Processes:
         self.address = master.wait_ready(START_TIMEOUT)
         addresses: list[str] = []
         for i in range(NUM_WORKERS):
-            worker = self._worker(i)
-            self.processes.append(worker)
-            addresses.append(worker.wait_ready(START_TIMEOUT))
+            addresses.append(self._start_worker(i))
         deadline = time.monotonic() + START_TIMEOUT
         while True:  # registered and UP at the master; learn their pool ids
             with grpc.insecure_channel(self.address) as channel:
@@ -85,11 +90,26 @@ class _Processes:
             log_path=self.tmp_path / f"worker-{i}-{generation}.log",
         )  # fmt: skip
 
+    def _start_worker(self, i: int, attempts: int = 3) -> str:
+        """Start worker ``i``; when another process took its chosen ports meanwhile, again on fresh ones."""
+        for attempt in range(attempts):
+            worker = self._worker(i, generation=attempt)
+            try:
+                address = worker.wait_ready(START_TIMEOUT)
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.listen[i], self.metrics[i] = _free_port(), _free_port()
+                continue
+            self.processes.append(worker)
+            return address
+        raise AssertionError("unreachable")
+
     def restart(self, i: int) -> None:
         """Kill worker process ``i`` and start a new one at the same address (it registers again)."""
         self.processes[1 + i].kill()
         self.processes[1 + i].stop()  # closes its output and log
-        self.processes[1 + i] = self._worker(i, generation=1)
+        self.processes[1 + i] = self._worker(i, generation=9)
         self.processes[1 + i].wait_ready(START_TIMEOUT)
 
     def __exit__(self, *exc: object) -> None:
