@@ -135,9 +135,8 @@ class SessionCompute:
 
     def promote(self) -> None:
         """Ask the worker to compute this backup's remaining messages at normal priority (if still running)."""
-        if not self.ended and self.session.error is None:
-            promote = worker_pb2.ComputeRequest(request_id=self.request_id, promote=True).SerializeToString()
-            self.session._outbox.put_nowait((None, promote))
+        if not self.ended:
+            self.session._promote(self.request_id)
 
     def consume(self, sink: Sink) -> None:
         """Pass every item to ``sink`` as the session reads it (those already here at once), instead of iterating:
@@ -238,6 +237,11 @@ class Session:
                 self._cancelled.popitem(last=False)
             cancel = worker_pb2.ComputeRequest(request_id=request_id, cancel=True).SerializeToString()
             self._outbox.put_nowait((None, cancel))
+
+    def _promote(self, request_id: int) -> None:
+        if self.error is None:
+            promote = worker_pb2.ComputeRequest(request_id=request_id, promote=True).SerializeToString()
+            self._outbox.put_nowait((None, promote))
 
     async def _write(self) -> None:
         while True:
@@ -436,9 +440,8 @@ async def serve_session(
     and are sent, and the stream ends; the caller sees UNAVAILABLE and its next session is refused).
     """
     outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
-    running: dict[int, asyncio.Task[None]] = {}
-    asked: dict[int, worker_pb2.ComputeRequest] = {}
-    """The running requests, by id."""
+    running: dict[int, tuple[asyncio.Task[None], worker_pb2.ComputeRequest]] = {}
+    """The running requests and their tasks, by id."""
     loop = asyncio.get_running_loop()
 
     async def run(request: worker_pb2.ComputeRequest) -> None:
@@ -456,7 +459,6 @@ async def serve_session(
             outbox.put_nowait((task, status_chunk(request_id, code, str(exc), lost)))
         finally:
             running.pop(request_id, None)
-            asked.pop(request_id, None)
 
     async def send() -> None:
         while True:
@@ -470,18 +472,18 @@ async def serve_session(
         async for request in requests:
             request_id = int(request.request_id)
             if request.cancel:
-                task = running.pop(request_id, None)
-                if task is not None:
-                    task.cancel()
+                cancelled = running.pop(request_id, None)
+                if cancelled is not None:
+                    cancelled[0].cancel()
             elif request.promote:
-                if promote is not None and request_id in asked:
-                    promote(asked[request_id])
+                if promote is not None and request_id in running:
+                    promote(running[request_id][1])
             elif request_id == 0 or request_id in running:
                 message = f"Session request id {request_id} is 0 or already running; give each request a new id."
                 outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)))
             else:
-                asked[request_id] = request
-                running[request_id] = loop.create_task(run(request), name=f"session-request-{request_id}")
+                task = loop.create_task(run(request), name=f"session-request-{request_id}")
+                running[request_id] = (task, request)
 
     writer = loop.create_task(send(), name="session-writer")
     reader = loop.create_task(read(), name="session-reader")
@@ -490,9 +492,9 @@ async def serve_session(
         await asyncio.wait({reader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
         if shutdown.done():
             reader.cancel()
-            await asyncio.gather(*running.values(), return_exceptions=True)
+            await asyncio.gather(*(task for task, _ in running.values()), return_exceptions=True)
             outbox.put_nowait((None, None))
             await writer
     finally:
-        for task in (reader, shutdown, *running.values(), writer):
+        for task in (reader, shutdown, *(task for task, _ in running.values()), writer):
             task.cancel()
