@@ -311,6 +311,15 @@ class Round:
             return None
         return functools.partial(self.shared.message, source.worker_id)
 
+    def _promote_completing(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
+        """Promote the ``backups`` that complete the messages of the workers that answered (a minimal set)."""
+        decoder = self.decoder
+        chosen = decoder.code.decoding_set(decoder.assignment, sorted(backups), given=list(self.finished)) or ()
+        for w in chosen:
+            stream = streams.get(w)
+            if isinstance(stream, SessionCompute):
+                stream.promote()
+
     async def gather(
         self,
         sources: list[Source],
@@ -407,15 +416,6 @@ class Round:
         if out == pending:
             out = set()
 
-        def promote() -> None:
-            backups = sorted(pending - out)
-            given = [w for w in self.finished if w not in pending]
-            chosen = decoder.code.decoding_set(decoder.assignment, backups, given=given) or ()
-            for w in chosen:
-                stream = streams.get(w)
-                if isinstance(stream, SessionCompute):
-                    stream.promote()
-
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
 
@@ -448,7 +448,7 @@ class Round:
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
                     if len(out) <= decoder.code.s and not decoder.decodable:
-                        promote()
+                        self._promote_completing(pending - out, streams)
                         out = set()
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
