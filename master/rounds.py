@@ -60,9 +60,10 @@ class Primaries:
 
     A set of n - s or more of the askable workers (any n - s decode a cyclic code) is no set: every worker is
     expected. Its s backups would save s workers' work and cost a late start whenever one of the many expected
-    workers straggles; the training benchmark measured cyclic 1.13-1.17x slower with them (s = 1, no delay and
-    one worker delayed 0.25 s), where fractional, binary and Reed-Solomon, whose sets are n / (s + 1), ran
-    0.69-0.92x as long.
+    workers straggles. The training benchmark measured cyclic 1.13-1.17x slower with them (s = 1, no delay and
+    one worker delayed 0.25 s), but its next run put the same configuration twice at 1.07 and 1.27: within
+    the comparison's noise, so this rests on the argument more than on the figure. Fractional, binary and
+    Reed-Solomon, whose sets are n / (s + 1), ran 0.65-0.76x as long with no delay in both runs.
     """
 
     CACHED = 256
