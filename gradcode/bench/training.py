@@ -81,6 +81,7 @@ from gradcode.common.data import load_dataset, partition_indices
 from gradcode.common.models import make_model
 from gradcode.common.serving import BLAS_THREAD_VARIABLES
 from gradcode.common.wire import dict_from_struct
+from gradcode.master.spec import BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY
 
 __all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
 
@@ -223,7 +224,7 @@ async def _gradcode_run(
             tails.append(r.wall_seconds - max(arrivals))
     return {
         "system": scheme,
-        "backup_priority": spec.backup_priority or "low",
+        "backup_priority": spec.backup_priority or DEFAULT_BACKUP_PRIORITY,
         "iterations": len(reports),
         "period_s": statistics.median(periods) if periods else math.nan,
         "wall_s": statistics.median(r.wall_seconds for r in kept) if kept else math.nan,
@@ -428,10 +429,13 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
         for scheme in SCHEMES:
             verified[scheme] = await _verify(await clusters.client(), workload, scheme, 2 if quick else 3)
 
-        async def one(system: str, s: int, delays: Delays, iterations: int) -> dict[str, Any]:
+        async def one(
+            system: str, s: int, delays: Delays, iterations: int, backup_priority: str = ""
+        ) -> dict[str, Any]:
             if system == ALLREDUCE:
                 return await asyncio.to_thread(_allreduce_run, pool, delays, iterations)
-            return await _gradcode_run(await clusters.client(), workload, system, s, delays, iterations)
+            client = await clusters.client()
+            return await _gradcode_run(client, workload, system, s, delays, iterations, backup_priority)
 
         for round_ in range(rounds):
             for delay in delays_grid:
@@ -443,8 +447,7 @@ async def _experiments(workload: Workload, quick: bool, run_dir: Path, data_dir:
                         sweep.append(row)
                         print(_progress(row), flush=True)
                         if system in SCHEMES[1:] and s == 1 and delay in BACKUP_DELAYS:  # the same draws, alike
-                            client = await clusters.client()
-                            alike = await _gradcode_run(client, workload, system, s, delays, sweep_iterations, "normal")
+                            alike = await one(system, s, delays, sweep_iterations, "normal")
                             alike.update(round=round_, delay_s=delay, s=s)
                             backups.extend((row, alike))
                             print(_progress(alike), flush=True)
@@ -535,7 +538,7 @@ def summarise_backups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     table = []
     for delay, scheme in sorted({(r["delay_s"], r["system"]) for r in rows}):
         entry: dict[str, Any] = {"delay_s": delay, "s": 1, "system": scheme}
-        for priority in ("low", "normal"):
+        for priority in BACKUP_PRIORITIES:
             runs = [r for r in rows if (r["delay_s"], r["system"], r["backup_priority"]) == (delay, scheme, priority)]
             entry[priority] = {
                 "period_s": statistics.median(r["period_s"] for r in runs),
@@ -583,7 +586,7 @@ def format_tables(summary: dict[str, Any], systems: Sequence[str]) -> str:
         lines.append("Backups at low priority (the default) against every worker asked alike, s = 1, runs interleaved")
         lines.append(f"{'d (s)':>6} {'scheme':>13} {'low ms':>8} {'alike ms':>9} {'low/alike':>10}  load")
         for e in summary["backups"]:
-            loads = [load[0] for priority in ("low", "normal") for load in e[priority]["load"]]
+            loads = [load[0] for priority in BACKUP_PRIORITIES for load in e[priority]["load"]]
             lines.append(
                 f"{e['delay_s']:>6.2f} {e['system']:>13} {e['low']['period_s'] * 1e3:>8.1f}"
                 f" {e['normal']['period_s'] * 1e3:>9.1f} {e['low_over_normal']:>10.2f}"
