@@ -92,18 +92,19 @@ class _Processes:
 
     def _start_worker(self, i: int, attempts: int = 3) -> str:
         """Start worker ``i``; when another process took its chosen ports meanwhile, again on fresh ones."""
-        for attempt in range(attempts):
-            worker = self._worker(i, generation=attempt)
+        for generation in range(attempts - 1):
             try:
-                address = worker.wait_ready(START_TIMEOUT)
+                return self._started(i, generation)
             except RuntimeError:
-                if attempt == attempts - 1:
-                    raise
                 self.listen[i], self.metrics[i] = _free_port(), _free_port()
-                continue
-            self.processes.append(worker)
-            return address
-        raise AssertionError("unreachable")
+        return self._started(i, attempts - 1)
+
+    def _started(self, i: int, generation: int) -> str:
+        """Worker ``i``'s address once it listens (RuntimeError, the process stopped, if it never does)."""
+        worker = self._worker(i, generation)
+        address = worker.wait_ready(START_TIMEOUT)
+        self.processes.append(worker)
+        return address
 
     def restart(self, i: int) -> None:
         """Kill worker process ``i`` and start a new one at the same address (it registers again)."""
