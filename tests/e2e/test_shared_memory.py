@@ -197,40 +197,50 @@ async def test_a_worker_restarted_in_place_mid_round_answers_that_round_inline_a
     may hold is rewritten. Later rounds use shared memory again."""
     root = tmp_path / "shm"
     root.mkdir(mode=0o700)
-    iterations, restart_after = 7, 3
+    iterations = 7
     spec = job_spec(
         "cyclic", {"n": NUM_WORKERS, "s": 1}, iterations=iterations, worker_ids=[], job_id="shm-restart",
         straggler=fixed_delay(1.0, workers=[1]), verify=True,
     )  # fmt: skip
     with _Processes(tmp_path, ["--shared-memory", str(root)]) as cluster:
         spec.worker_ids[:] = cluster.ids
+        zero, one = cluster.ids[0], cluster.ids[1]
         restarter: list[threading.Timer] = []
+        restarted: list[int] = []
 
         def act(report: master_pb2.IterationReport) -> None:
             if report.iteration == 1:  # job worker 0 goes for good: every later round needs worker 1
                 cluster.processes[1].kill()
-            if report.iteration == restart_after:  # mid-round: worker 1 sleeps its 1 s delay
+            # The kill lands a few rounds in at most (the next rounds may finish before it does). The first round
+            # without worker 0 waited for worker 1, and so does the next: restart worker 1 while it sleeps its 1 s.
+            if report.iteration > 1 and zero not in report.used_workers and not restarter:
+                restarted.append(report.iteration + 1)
                 restarter.append(threading.Timer(0.4, cluster.restart, args=(1,)))
                 restarter[0].start()
 
         info, reports = await run_job(cluster.address, spec, act)
+        assert restarter, [(r.iteration, r.used_workers) for r in reports]
         restarter[0].join()
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
         assert len(reports) == iterations
         for r in reports:
             assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
-        # Every round from the second used worker 1 (worker 0 was gone), the one the kill hit too: it waited for the
-        # new process (a start, a reload and the 1 s delay after the kill) and is the longest.
-        one = cluster.ids[1]
-        assert all(one in r.used_workers for r in reports[1:]), [(r.iteration, r.used_workers) for r in reports]
-        assert max(reports[1:], key=lambda r: r.wall_seconds).iteration == restart_after + 1
+        (restart_round,) = restarted
+        assert restart_round < iterations - 1, "the kill took effect too late to test the restart"
+        # Every round from the restart's on used worker 1 (worker 0 was gone), the one the restart hit too: it waited
+        # for the new process (a start, a reload and the 1 s delay after the kill) and is the longest.
+        after = [r for r in reports if r.iteration >= restart_round]
+        assert all(one in r.used_workers and zero not in r.used_workers for r in after), [
+            (r.iteration, r.used_workers) for r in reports
+        ]
+        assert max(reports[1:], key=lambda r: r.wall_seconds).iteration == restart_round
         # The new process sent that message inline (at least its payload through gRPC), and the later ones
         # through shared memory.
         payload = 8 * (65 * 10 + 2)  # digits softmax: 650 parameters, loss and score, float64
         metrics = cluster.metrics[1]  # the new process's counters (job worker 0's process is gone)
         inline = _counter(metrics, "gradcode_bytes_sent_total")
         shared = _counter(metrics, "gradcode_shared_bytes_sent_total")
-        assert inline >= payload and shared >= payload * (iterations - restart_after - 1), (inline, shared)
+        assert inline >= payload and shared >= payload * (iterations - restart_round), (inline, shared)
 
 
 async def test_shared_memory_off_sends_every_payload_through_grpc(tmp_path: Path) -> None:
