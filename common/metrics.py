@@ -13,8 +13,8 @@ Where each is recorded:
 * per iteration (master): :func:`record_iteration`, called with each published
   :class:`~gradcode.v1.master_pb2.IterationReport` (the master servicer watches every job it creates
   and records each report) — iteration time, time to the first decodable set,
-  decode time, per-worker response time, late and failed counts, exact/approximate iterations and
-  the straggler tolerance left;
+  decode time, per-worker response time, late, failed, backup and promoted counts, exact/approximate
+  iterations and the straggler tolerance left;
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
@@ -100,6 +100,17 @@ WORKER_LATE = Counter(
     "gradcode_worker_late", "Iterations that decoded without this worker because it was slower (a straggler).",
     ["worker"], registry=MASTER_REGISTRY,
 )  # fmt: skip
+WORKER_BACKUP = Counter(
+    "gradcode_worker_backup",
+    "Iterations that asked this worker as a backup, at low priority (JobSpec.backup_priority): the round expected "
+    "to decode without it.",
+    ["worker"], registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_PROMOTED = Counter(
+    "gradcode_worker_promoted",
+    "Iterations that promoted this worker from backup to normal priority because expected workers were late.",
+    ["worker"], registry=MASTER_REGISTRY,
+)  # fmt: skip
 WORKER_FAILED = Counter(
     "gradcode_worker_failed", "Iterations in which this worker's call failed (error, disconnect, not loaded).",
     ["worker"], registry=MASTER_REGISTRY,
@@ -128,8 +139,8 @@ COMPUTES_SERVED = Counter(
 )
 COMPUTES_CANCELLED = Counter(
     "gradcode_computes_cancelled",
-    "Compute calls this worker did not finish: cancelled by the master (it was late) or abandoned for a later "
-    "iteration or a new job.",
+    "Compute calls this worker did not finish: cancelled by the master (it was late, or a backup the round did "
+    "not need) or abandoned for a later iteration or a new job.",
     registry=WORKER_REGISTRY,
 )
 COMPUTE_SECONDS = Counter(
@@ -170,8 +181,8 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
 
     ``stragglers_tolerated`` is the number of stragglers the job's code tolerates (``plan.code.s``);
     with it the tolerance left (that minus the failed workers) is set. Call once per report, where reports are
-    published. A failure report (state FAILED: no step was taken) counts only its late and failed
-    workers; a report without an iteration is skipped.
+    published. A failure report (state FAILED: no step was taken) counts only its late, failed, backup and
+    promoted workers; a report without an iteration is skipped.
     """
     if report.iteration == 0:
         return
@@ -179,6 +190,10 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
         WORKER_LATE.labels(worker=str(worker)).inc()
     for worker in report.failed_workers:
         WORKER_FAILED.labels(worker=str(worker)).inc()
+    for worker in report.backup_workers:
+        WORKER_BACKUP.labels(worker=str(worker)).inc()
+    for worker in report.promoted_workers:
+        WORKER_PROMOTED.labels(worker=str(worker)).inc()
     if report.state == master_pb2.JOB_STATE_FAILED:
         return
     ITERATIONS.labels(exact=str(bool(report.exact)).lower()).inc()

@@ -194,7 +194,8 @@ class Round:
 
     ``finished`` maps each worker that delivered every requested row to its seconds since the round
     started; ``failed`` the workers whose last attempt failed; ``late`` the workers still running
-    when the last :meth:`gather` ended (cancelled then).
+    when the last :meth:`gather` ended (cancelled then), of which ``stragglers`` are the ones it expected;
+    ``backups`` the workers asked as backups and ``promoted`` those of them promoted.
     """
 
     def __init__(
@@ -227,6 +228,9 @@ class Round:
         self.finished: dict[int, float] = {}
         self.failed: dict[int, WorkerFailure] = {}
         self.late: list[int] = []
+        self.stragglers: list[int] = []
+        self.backups: set[int] = set()
+        self.promoted: set[int] = set()
         self.decoding: Decoding | None = None
         self.excluded: set[int] = set()
         """Workers whose messages the decoding leaves out (:meth:`exclude`)."""
@@ -319,6 +323,7 @@ class Round:
             stream = streams.get(w)
             if isinstance(stream, SessionCompute):
                 stream.promote()
+                self.promoted.add(w)
 
     async def gather(
         self,
@@ -411,10 +416,10 @@ class Round:
         pending = {source.worker_id for source in sources}
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
-        out = pending & set(expected) if expected is not None else set()
+        backups = pending - set(expected) if expected is not None else set()
+        self.backups |= backups
+        out = pending - backups if backups else set()
         """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
-        if out == pending:
-            out = set()
 
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
@@ -466,6 +471,7 @@ class Round:
                     pending.discard(w)
                     finish(w)
             self.late = sorted(pending)
+            self.stragglers = sorted(pending - backups)
             if pending:
                 late_streams = [streams[w] for w in pending if w in streams]
                 late_tasks = [tasks[w] for w in pending if w in tasks]

@@ -79,13 +79,12 @@ def iteration_report(
         elapsed_seconds=elapsed_seconds,
         decode_seconds=decoded.decode_seconds,
         used_workers=sorted(pool_ids[w] for w in decoded.used_workers),
-        late_workers=sorted(pool_ids[w] for w in round_.late),
         failed_workers=sorted(pool_ids[w] for w in round_.failed if w not in finished and w in asked),
         timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in sorted(finished.items())],
         exact=decoded.exact,
         verify_error=verify_error,
         error_bound=decoded.error_bound,
-        **_integrity_fields(round_, pool_ids),
+        **_round_fields(round_, pool_ids),
     )
 
 
@@ -102,20 +101,23 @@ def failure_report(
         test_accuracy=nan,
         wall_seconds=wall_seconds,
         elapsed_seconds=elapsed_seconds,
-        late_workers=sorted(pool_ids[w] for w in round_.late),
         failed_workers=sorted(pool_ids[w] for w in round_.failed),
         timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in round_.finished.items()],
         exact=exact,
         verify_error=-1.0,
         error_bound=-1.0,
-        **_integrity_fields(round_, pool_ids),
+        **_round_fields(round_, pool_ids),
     )
 
 
-def _integrity_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
-    """What the consistency checks found, in the report's terms (pool ids)."""
+def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
+    """Who was late, asked as a backup or promoted, and what the consistency checks found, in the report's terms
+    (pool ids)."""
     integrity = round_.integrity
     return {
+        "late_workers": sorted(pool_ids[w] for w in round_.stragglers),
+        "backup_workers": sorted(pool_ids[w] for w in round_.backups),
+        "promoted_workers": sorted(pool_ids[w] for w in round_.promoted),
         "consistency_checks": integrity.checks,
         "suspect_workers": sorted(pool_ids[w] for w in integrity.suspects),
         "integrity": integrity.note,

@@ -159,8 +159,6 @@ class RoundPolicy:
         needed = [w for w in range(code.n) if assignment.rows[w]]
         spent: set[int] = set()
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
-        backups: set[int] = set()
-        """Workers asked at low priority: the round expects to decode without them."""
         asked = False
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
             self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
@@ -183,7 +181,8 @@ class RoundPolicy:
                 expected = None
                 if self.primaries is not None and not asked:  # a retry asks everyone left alike
                     expected = self.primaries.choose(assignment, ask)
-                    backups = set(ask) - expected
+                backups = set() if expected is None else set(ask) - expected
+                """Workers asked at low priority: the round expects to decode without them."""
                 asked = True
                 sources = [self._source(w, t, assignment.rows[w], model, backup=w in backups) for w in ask]
                 failures = await round_.gather(sources, timeout=remaining, enough=enough, expected=expected)
@@ -194,9 +193,8 @@ class RoundPolicy:
                     if await self._alive_parent(w, failure):
                         spent.add(w)
                 if round_.decodable:
-                    self.lateness.observe(  # a backup is late by design
-                        on_time=[workers[w] for w in round_.finished],
-                        late=[workers[w] for w in round_.late if w not in backups],
+                    self.lateness.observe(
+                        on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
                     )
                     if self.primaries is not None:
                         self.primaries.answered(round_.finished)

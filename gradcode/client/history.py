@@ -40,7 +40,7 @@ def report_rows(reports: Sequence[master_pb2.IterationReport]) -> list[dict[str,
 def _worker_ids(reports: Sequence[master_pb2.IterationReport]) -> list[int]:
     ids: set[int] = set()
     for r in reports:
-        ids.update(r.used_workers, r.late_workers, r.failed_workers, (t.worker_id for t in r.timings))
+        ids.update(r.used_workers, r.late_workers, r.failed_workers, r.backup_workers, (t.worker_id for t in r.timings))
     return sorted(ids)
 
 
@@ -76,14 +76,16 @@ def save_spec(spec: master_pb2.JobSpec, path: Path) -> Path:
 
 @dataclass
 class WorkerRecord:
-    """One worker over a job: how often it was used, late or failed, and how fast it answered."""
+    """One worker over a job: how often it was used, late, failed or a spare, and how fast it answered."""
 
     worker_id: int
     iterations: int
-    """Iterations the worker took part in (used, late or failed)."""
+    """Iterations the worker took part in (used, late, failed or spare)."""
     used: int
     late: int
     failed: int
+    spare: int
+    """Iterations that asked it as a backup and decoded without it (neither late nor failed)."""
     response_seconds: list[float]
     """Its response time in each iteration it answered."""
     late_by_at_least: list[float]
@@ -97,11 +99,13 @@ class WorkerRecord:
 
 def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[WorkerRecord]:
     """Per-worker straggler attribution over ``reports``, by worker id."""
-    records = {w: WorkerRecord(w, 0, 0, 0, 0, [], []) for w in _worker_ids(reports)}
+    records = {w: WorkerRecord(w, 0, 0, 0, 0, 0, [], []) for w in _worker_ids(reports)}
     for r in reports:
         first = first_decodable_seconds(r)
-        for w in {*r.used_workers, *r.late_workers, *r.failed_workers}:
+        for w in {*r.used_workers, *r.late_workers, *r.failed_workers, *r.backup_workers}:
             records[w].iterations += 1
+        for w in set(r.backup_workers).difference(r.used_workers, r.late_workers, r.failed_workers):
+            records[w].spare += 1
         for w in r.used_workers:
             records[w].used += 1
         for w in r.late_workers:
@@ -116,12 +120,14 @@ def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[Worker
 
 
 def format_worker_table(reports: Sequence[master_pb2.IterationReport]) -> str:
-    """A table of who straggled: per worker, late and failed counts and median response time."""
-    lines = ["worker  used  late        failed  median response"]
+    """A table of who straggled: per worker, used, late, failed and spare counts and median response time."""
+    lines = ["worker  used  late        failed  spare  median response"]
     for rec in worker_records(reports):
         share = f"({rec.late / rec.iterations:.0%})" if rec.iterations else ""
         median = "-" if rec.median_response is None else f"{rec.median_response * 1e3:.1f} ms"
-        lines.append(f"{rec.worker_id:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {median:>15}")
+        lines.append(
+            f"{rec.worker_id:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {rec.spare:>5}  {median:>15}"
+        )
     return "\n".join(lines)
 
 
@@ -157,7 +163,7 @@ def plot_history(runs: dict[str, Sequence[master_pb2.IterationReport]], path: Pa
 def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> Path:
     """Who was late, how often, and by how much, saved as PNG.
 
-    Left: per worker, the share of iterations it was used, late or failed in. Right: per worker,
+    Left: per worker, the share of iterations it was used, late, failed or a spare in. Right: per worker,
     its response time in every iteration it answered (dots), and for every iteration it was late a
     triangle at the time the decodable set was complete — it had not answered by then.
     """
@@ -171,6 +177,7 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
         ("used", "tab:green", [r.used for r in records]),
         ("late", "tab:orange", [r.late for r in records]),
         ("failed", "tab:red", [r.failed for r in records]),
+        ("spare (backup not needed)", "tab:gray", [r.spare for r in records]),
     ):
         shares = [c / r.iterations if r.iterations else 0.0 for c, r in zip(counts, records, strict=True)]
         ax_share.bar(x, shares, bottom=bottom, color=color, label=name)

@@ -37,6 +37,17 @@ def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
     assert _value("gradcode_straggler_tolerance_left") == 1  # 2 tolerated, 1 failed
 
 
+def test_a_report_counts_its_backups_and_promotions_per_worker() -> None:
+    backup, promoted = (
+        _value("gradcode_worker_backup_total", worker="904"),
+        _value("gradcode_worker_promoted_total", worker="905"),
+    )
+    metrics.record_iteration(_report(3, backup_workers=[904, 905], promoted_workers=[905]))
+    assert _value("gradcode_worker_backup_total", worker="904") == backup + 1
+    assert _value("gradcode_worker_promoted_total", worker="905") == promoted + 1
+    assert _value("gradcode_worker_promoted_total", worker="904") == 0
+
+
 def test_a_failure_report_counts_its_workers_but_no_iteration() -> None:
     iterations = _value("gradcode_iterations_total", exact="true")
     late = _value("gradcode_worker_late_total", worker="902")

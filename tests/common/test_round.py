@@ -209,6 +209,9 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
         await gather
     assert round_.decodable and 0 not in round_.used_workers
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    # Who was what: 0 is the one expected worker still out (a straggler); a backup still out is late, not a straggler.
+    assert round_.backups == {1, 3} and round_.promoted == set(completing)
+    assert round_.stragglers == [0] and set(round_.late) == {0} | ({1, 3} - set(completing))
     for session in sessions:
         session.close()
 
@@ -229,5 +232,6 @@ async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)  # 0 and 4 still out: 2 > s
     await gather
     assert round_.timed_out and not any(wire.promoted for wire in wires)
+    assert round_.backups == {1, 3, 5} and not round_.promoted and round_.stragglers == [0, 4]
     for session in sessions:
         session.close()

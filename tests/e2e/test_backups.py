@@ -53,6 +53,7 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
         info, reports = await run_job(cluster.master_address, _spec(cluster, backup_priority="normal"))
         _assert_exact(info, reports)
         assert [_niced_threads(pid) for pid in pids] == [0, 0, 0, 0], "'normal' asks everyone alike"
+        assert not any(r.backup_workers or r.promoted_workers for r in reports)
 
         info, reports = await run_job(cluster.master_address, _spec(cluster))  # the default: low
         _assert_exact(info, reports)
@@ -60,6 +61,10 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
         assert niced[1] >= 1 and niced[3] >= 1, (
             f"the first round's backups, 1 and 3, computed in a niced thread: {niced}"
         )
+        # The reports say so; a backup still computing when its round decoded is not late, only spare.
+        assert list(reports[0].backup_workers) == [cluster.ids[1], cluster.ids[3]]
+        assert all(set(r.backup_workers).isdisjoint(r.late_workers) for r in reports)
+        assert all(set(r.promoted_workers) <= set(r.backup_workers) for r in reports)
 
 
 async def test_a_killed_primary_is_covered_by_a_backup_and_every_gradient_stays_exact(tmp_path: Path) -> None:
