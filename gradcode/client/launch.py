@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -108,8 +108,8 @@ class LocalCluster:
 
     Workers register with the master (as under ``docker-compose --scale worker=N``). ``env`` adds
     variables to every process's environment (TLS files and secrets); ``master_args`` are extra master
-    flags (e.g. ``--state-dir``). Use as a context manager; every process is stopped on exit, even after
-    an error.
+    flags (e.g. ``--state-dir``), ``worker_args(i)`` extra flags of worker ``i`` (e.g. its ``--machine-id``).
+    Use as a context manager; every process is stopped on exit, even after an error.
     """
 
     def __init__(
@@ -120,6 +120,7 @@ class LocalCluster:
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
         master_args: Sequence[str] = (),
+        worker_args: Callable[[int], Sequence[str]] | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, not {num_workers}.")
@@ -129,6 +130,7 @@ class LocalCluster:
         self.env = service_env(env)
         """Every process's environment (``env`` adds e.g. the GRADCODE_TLS_* and secret variables)."""
         self.master_args = list(master_args)
+        self.worker_args = worker_args
         self.master: ServiceProcess | None = None
         self.workers: list[ServiceProcess] = []
         self._master_starts = 0
@@ -180,7 +182,8 @@ class LocalCluster:
         master_address = master_address or self.master_address
         log_path = log_path or self.run_dir / "logs" / f"worker-{len(self.workers)}.log"
         argv = [sys.executable, "-m", "gradcode.worker", "--listen", f"{self.host}:0", "--master", master_address]
-        worker = ServiceProcess([*argv, "--name", log_path.stem], log_path=log_path, env=self.env)
+        extra = self.worker_args(len(self.workers)) if self.worker_args is not None else ()
+        worker = ServiceProcess([*argv, "--name", log_path.stem, *extra], log_path=log_path, env=self.env)
         self.workers.append(worker)
         return worker
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +98,12 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def start_cluster(num_workers: int, run_dir: Path) -> Iterator[Cluster]:
-    """A master and ``num_workers`` registered workers; every process is stopped on exit."""
-    local = LocalCluster(num_workers, run_dir=run_dir)
+def start_cluster(
+    num_workers: int, run_dir: Path, worker_args: Callable[[int], Sequence[str]] | None = None
+) -> Iterator[Cluster]:
+    """A master and ``num_workers`` registered workers (worker ``i`` with ``worker_args(i)``); every process is
+    stopped on exit."""
+    local = LocalCluster(num_workers, run_dir=run_dir, worker_args=worker_args)
     try:
         local.start(timeout=START_TIMEOUT)
         cluster = Cluster(local)
