@@ -115,13 +115,14 @@ def worker_address(address: str) -> str:
     return format_address(host, port)
 
 
-def _check_label(name: str, instance_id: str) -> None:
+def _check_label(name: str, instance_id: str, machine_id: str = "") -> None:
     if len(name) > MAX_NAME_CHARS or not name.isprintable():
         raise ValueError(f"Worker name {short(name)} must be at most {MAX_NAME_CHARS} printable characters.")
-    if len(instance_id) > MAX_INSTANCE_ID_CHARS or not instance_id.isprintable():
-        raise ValueError(
-            f"Worker instance id {short(instance_id)} must be at most {MAX_INSTANCE_ID_CHARS} printable characters."
-        )
+    for what, value in (("instance id", instance_id), ("machine id", machine_id)):
+        if len(value) > MAX_INSTANCE_ID_CHARS or not value.isprintable():
+            raise ValueError(
+                f"Worker {what} {short(value)} must be at most {MAX_INSTANCE_ID_CHARS} printable characters."
+            )
 
 
 @dataclass(eq=False)
@@ -138,6 +139,8 @@ class PoolWorker:
     """Jobs loaded on this worker since it last (re)started."""
     instance_id: str = ""
     """The worker process's random id (from its registration; empty for a ``--workers`` address)."""
+    machine_id: str = ""
+    """The machine it runs on, as registered: workers with one id share cores (empty: unknown, a machine of its own)."""
     call_token: str | None = field(default=None, repr=False)
     """The call token issued to this worker process (None: none issued, the join-derived token is used)."""
     security: Security = field(default_factory=Security, repr=False)
@@ -218,6 +221,7 @@ class PoolWorker:
             state=self.state,  # type: ignore[arg-type]
             last_error=self.last_error,
             last_seen_unix=self.last_seen,
+            machine_id=self.machine_id,
         )
 
     def describe(self) -> str:
@@ -308,14 +312,14 @@ class WorkerPool:
             )
         return answered
 
-    async def register(self, address: str, name: str = "", instance_id: str = "") -> PoolWorker:
+    async def register(self, address: str, name: str = "", instance_id: str = "", machine_id: str = "") -> PoolWorker:
         """Admit a worker, or bring a known address back UP as a restarted worker (it holds no job).
 
-        ValueError for a bad address, name or instance id; :class:`UnreachableWorkerError` when the
+        ValueError for a bad address, name, instance or machine id; :class:`UnreachableWorkerError` when the
         master cannot reach it at ``address``; :class:`AddressTakenError` when another process answers
         there; :class:`PoolFullError` when a new worker would exceed the pool's bound.
         """
-        _check_label(name, instance_id)
+        _check_label(name, instance_id, machine_id)
         addr = worker_address(address)
         if instance_id and instance_id in self._removed:
             raise RemovedWorkerError(
@@ -348,6 +352,7 @@ class WorkerPool:
                 log.info("%s re-registered and is UP again", worker.describe())
             # An UP worker re-registers periodically (a restarted master relearns it that way); if it
             # restarted in between, its Compute answers NOT_FOUND and the job runner reloads it.
+        worker.machine_id = machine_id
         worker.last_seen = time.time()
         await self._notify()
         return worker

@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="label shown by the master (default: the hostname) [GRADCODE_NAME]",
     )  # fmt: skip
     parser.add_argument(
+        "--machine-id", default=env_default("GRADCODE_MACHINE_ID", None),
+        help="which machine this worker runs on, for the master: workers with one id share cores, and their "
+        "backups then compute only once promoted (default: the Linux boot id, the same for all containers on "
+        "one kernel; give workers pinned to disjoint cores their own ids) [GRADCODE_MACHINE_ID]",
+    )  # fmt: skip
+    parser.add_argument(
         "--chunk-bytes", type=int, default=int(env_default("GRADCODE_CHUNK_BYTES", "0") or 0),
         help="payload bytes per gradient chunk sent back; 0 sizes chunks to each message "
         "[GRADCODE_CHUNK_BYTES] (default: %(default)s)",
@@ -163,8 +169,8 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     from gradcode.worker.node import WorkerNode  # after the BLAS limit, so numpy's pools start small
 
     node = WorkerNode(
-        host, port, master_address=args.master, advertise_address=args.advertise, name=args.name, grace=args.grace,
-        chunk_bytes=args.chunk_bytes or None,
+        host, port, master_address=args.master, advertise_address=args.advertise, name=args.name,
+        machine_id=args.machine_id, grace=args.grace, chunk_bytes=args.chunk_bytes or None,
         max_total_bytes=int(args.memory_budget * 1024**3), max_jobs=args.max_jobs, security=args.security,
         data_dir=args.data_dir, max_data_file_bytes=args.max_data_file_bytes, link_port=args.link_port,
     )  # fmt: skip

@@ -41,7 +41,7 @@ from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
 from gradcode.worker.service import MAX_JOBS, MAX_TOTAL_BYTES, WorkerServicer, add_worker_service
 
-__all__ = ["WORKER_SERVICE_NAME", "WorkerNode"]
+__all__ = ["WORKER_SERVICE_NAME", "WorkerNode", "default_machine_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,18 @@ WORKER_SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full
 """``gradcode.v1.Worker``: the name health checks and reflection use."""
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def default_machine_id() -> str:
+    """This machine's id as the master sees it: the Linux boot id, the same for every process and container on
+    one kernel, so workers that share cores say so; empty (unknown) where there is none."""
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
 REGISTER_TIMEOUT_SECONDS = 5.0
 """Timeout of one RegisterWorker call (it includes the master's reachability check of this worker)."""
 
@@ -63,6 +75,8 @@ class WorkerNode(ServiceNode):
         advertise_address: ``host:port`` the master should use to reach this worker; by default the
             listen address (with this machine's hostname when listening on all interfaces).
         name: free-form label sent to the master (default: the hostname).
+        machine_id: which machine this worker runs on, sent to the master (default: :func:`default_machine_id`):
+            workers with one id share cores, so the master does not have their backups compute speculatively.
         grace: seconds in-flight calls get to finish on shutdown.
         reregister_seconds: interval between re-registrations once registered.
         max_job_bytes: cap on the data one job may hold on this worker.
@@ -87,6 +101,7 @@ class WorkerNode(ServiceNode):
         master_address: str | None = None,
         advertise_address: str | None = None,
         name: str | None = None,
+        machine_id: str | None = None,
         grace: float = 5.0,
         reregister_seconds: float = 5.0,
         max_job_bytes: int = MAX_JOB_BYTES,
@@ -104,6 +119,7 @@ class WorkerNode(ServiceNode):
         self.master_address = master_address
         self.advertise_address = advertise_address
         self.name = name or socket.gethostname()
+        self.machine_id = default_machine_id() if machine_id is None else machine_id
         self.reregister_seconds = reregister_seconds
         self.instance_id = secrets.token_hex(16)
         """Random id of this process: the master admits it only where Worker.Hello answers with it."""
@@ -169,7 +185,7 @@ class WorkerNode(ServiceNode):
         async with channel:
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
             request = master_pb2.RegisterWorkerRequest(
-                address=self.advertised, name=self.name, instance_id=self.instance_id
+                address=self.advertised, name=self.name, instance_id=self.instance_id, machine_id=self.machine_id
             )
             while True:
                 if self.call_token is not None:

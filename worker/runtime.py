@@ -14,8 +14,9 @@ emulation, its parent role when it is an inner tree node, and the computations r
 
 Either computes on the event loop instead of a thread once the job's messages are known to be short
 (:data:`INLINE_MESSAGE_SECONDS`). A leaf asked as a backup (``ComputeRequest.backup``: the receiver expects to
-decode without it) computes in a thread of lowest priority (:func:`backup_executor`), so where workers share
-cores it takes only the CPU the others leave idle.
+decode without it) computes in a thread of lowest priority (:func:`backup_executor`), so it takes only CPU
+nobody else wants; a backup that shares its machine with the receiver's other workers
+(``ComputeRequest.deferred``) computes nothing until promoted.
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ class _AnyOf:
 
     def is_set(self) -> bool:
         return any(flag is not None and flag.is_set() for flag in self.flags)
+
+
+async def _promoted(flag: Cancellation, promotion: Cancellation) -> None:
+    """Return once ``promotion`` is set; ComputeCancelledError if ``flag`` is set first."""
+    if not promotion.is_set() and not flag.is_set():
+        waiters = [asyncio.ensure_future(promotion.wait()), asyncio.ensure_future(flag.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+    if flag.is_set():
+        raise ComputeCancelledError("A deferred backup was cancelled before it was promoted.")
 
 
 def _outcome_seen(future: asyncio.Future[Any]) -> None:
@@ -190,7 +204,8 @@ class JobRuntime:
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
             promotion = self.promotion(int(request.iteration)) if request.backup else None
-            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, promotion):
+            deferred = promotion if request.deferred else None
+            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, promotion, deferred):
                 yield message
         else:
             for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
@@ -210,11 +225,15 @@ class JobRuntime:
         flag: Cancellation,
         on_partition: Callable[[int], None] | None,
         promotion: Cancellation | None,
+        deferred: Cancellation | None = None,
     ) -> AsyncIterator[Message]:
-        """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority."""
+        """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority, and a
+        ``deferred`` backup's computes nothing before it is set (its emulated delay runs meanwhile)."""
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
+            if deferred is not None:
+                await _promoted(flag, deferred)
             vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 

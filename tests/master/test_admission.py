@@ -19,7 +19,7 @@ from gradcode.master.pool import (
     WorkerPool,
 )
 from gradcode.v1 import master_pb2, master_pb2_grpc
-from gradcode.worker.node import WorkerNode
+from gradcode.worker.node import WorkerNode, default_machine_id
 
 TIMEOUT = 60.0
 
@@ -72,6 +72,8 @@ async def test_labels_and_pool_size_are_bounded_and_workers_can_be_removed() -> 
                 await pool.register(a.address, "n" * 40_000_000, a.instance_id)
             with pytest.raises(ValueError, match="longer than 255 characters"):
                 await pool.register("h" * 1000 + ":1", "x", a.instance_id)
+            with pytest.raises(ValueError, match=r"machine id .* at most 64 printable characters"):
+                await pool.register(a.address, "a", a.instance_id, "m" * 65)
             worker = await pool.register(a.address, "a", a.instance_id)
             with pytest.raises(PoolFullError, match="gradcode workers remove"):
                 await pool.register(b.address, "b", b.instance_id)
@@ -106,6 +108,8 @@ async def test_register_and_remove_over_grpc() -> None:
         async with WorkerNode(master_address=master.address, grace=0.1) as worker:
             await asyncio.wait_for(worker.registered.wait(), TIMEOUT)
             assert worker.worker_id is not None
+            listed = (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers
+            assert [w.machine_id for w in listed if w.worker_id == worker.worker_id] == [default_machine_id()]
             info_reply = await stub.RemoveWorker(master_pb2.RemoveWorkerRequest(worker_id=worker.worker_id))
             assert info_reply.state == master_pb2.WORKER_STATE_DOWN
         with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -6,7 +6,8 @@ import pytest
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Assignment
-from gradcode.master.rounds import Primaries
+from gradcode.master.pool import PoolWorker
+from gradcode.master.rounds import Primaries, sharing_a_machine
 from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, JobSpecError, plan_job
 from tests.master.test_job_spec import spec
 
@@ -58,3 +59,10 @@ def test_job_spec_backup_priority_defaults_to_low_and_is_validated() -> None:
     assert plan_job(spec(backup_priority="normal")).backup_priority == "normal"
     with pytest.raises(JobSpecError, match=r"JobSpec.backup_priority 'idle' is not a backup priority; valid ones are"):
         plan_job(spec(backup_priority="idle"))
+
+
+def test_backups_are_deferred_only_on_a_machine_that_runs_another_worker_of_the_job() -> None:
+    machines = ["m1", "m2", "m1", "", "", "m3", "m1"]  # "": unknown, a machine of its own
+    workers = [PoolWorker(worker_id=10 + i, address=f"h:{i + 1}", machine_id=m) for i, m in enumerate(machines)]
+    assert sharing_a_machine(workers) == {0, 2, 6}
+    assert sharing_a_machine(workers[:2]) == set()

@@ -726,7 +726,10 @@ async def test_node_registers_with_backoff_then_reregisters() -> None:
         master = _RecordingMaster()
         with _reserve_port() as reserved:  # the master is down when the worker starts; its port stays ours
             port = reserved.getsockname()[1]
-            node = WorkerNode("127.0.0.1", 0, master_address=f"127.0.0.1:{port}", name="w-a", reregister_seconds=0.2)
+            node = WorkerNode(
+                "127.0.0.1", 0, master_address=f"127.0.0.1:{port}", name="w-a", machine_id="rack-3/host-7",
+                reregister_seconds=0.2,
+            )  # fmt: skip
             async with node:
                 assert node.is_running and node.worker_id is None
                 await _wait_until(lambda: node.registration_failures >= 2)  # refused, retried with backoff
@@ -735,7 +738,9 @@ async def test_node_registers_with_backoff_then_reregisters() -> None:
                     await node.registered.wait()
                     assert node.worker_id == 4
                     await _wait_until(lambda: len(master.requests) >= 2)  # re-registration on the timer
-                    assert {(r.address, r.name) for r in master.requests} == {(node.address, "w-a")}
+                    assert {(r.address, r.name, r.machine_id) for r in master.requests} == {
+                        (node.address, "w-a", "rack-3/host-7")
+                    }
                 finally:
                     await server.stop(None)
         assert node.is_shutdown and not node.is_running

@@ -246,3 +246,40 @@ async def test_a_not_found_that_ends_a_cancelled_request_tells_who_lost_which_jo
             assert lost == ["gone"] and not session.broken
         finally:
             session.close()
+
+
+async def test_a_deferred_backup_computes_nothing_until_promoted_and_nothing_at_all_when_cancelled(
+    channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
+) -> None:
+    """A backup that shares its machine with the receiver's other workers waits for its promotion before it
+    computes a partition; cancelled first, it has computed none."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
+        runtime = served_worker.servicer.jobs["job"]
+        stats = runtime.job.stats
+        theta = random_params()
+        rows = CYCLIC.static_assignment().rows[0]
+        heads = [_head("job", 0, rows, t) for t in range(2)]
+        for head in heads:
+            head.backup = head.deferred = True
+
+        stream = session.compute(heads[0], model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, heads[0]))
+        await _wait_until(lambda: 0 in runtime.active)
+        await asyncio.sleep(0.3)  # an undeferred backup computes two partitions in well under a millisecond
+        assert stats.partitions_computed == 0 and not reader.done()
+        stream.promote()
+        messages = await reader
+        for row, vector in messages.items():
+            _assert_close(vector, expected_message(CYCLIC, row, theta, partitions))
+        assert stats.partitions_computed == 2
+
+        stream = session.compute(heads[1], model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, heads[1]))
+        await _wait_until(lambda: 1 in runtime.active)
+        assert stream.cancel()
+        await _wait_until(lambda: stats.calls_cancelled == 1)
+        assert stats.partitions_computed == 2 and not runtime.active
+        reader.cancel()
+        assert not session.broken

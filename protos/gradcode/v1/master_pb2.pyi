@@ -34,14 +34,16 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "name", "instance_id")
+    __slots__ = ("address", "name", "instance_id", "machine_id")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
     instance_id: str
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    machine_id: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., instance_id: _Optional[str] = ..., machine_id: _Optional[str] = ...) -> None: ...
 
 class RemoveWorkerRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -58,20 +60,22 @@ class RegisterWorkerReply(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix")
+    __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix", "machine_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     name: str
     state: WorkerState
     last_error: str
     last_seen_unix: float
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., last_error: _Optional[str] = ..., last_seen_unix: _Optional[float] = ...) -> None: ...
+    machine_id: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., last_error: _Optional[str] = ..., last_seen_unix: _Optional[float] = ..., machine_id: _Optional[str] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

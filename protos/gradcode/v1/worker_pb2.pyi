@@ -171,7 +171,7 @@ class LoadJobReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote")
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class ComputeRequest(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     BACKUP_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -192,7 +193,8 @@ class ComputeRequest(_message.Message):
     cancel: bool
     backup: bool
     promote: bool
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ...) -> None: ...
+    deferred: bool
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ...) -> None: ...
 
 class SharedModel(_message.Message):
     __slots__ = ("length", "crc32c")
