@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -319,9 +320,12 @@ class Round:
         """Promote the ``backups`` that complete the messages of the workers that answered (a minimal set)."""
         decoder = self.decoder
         chosen = decoder.code.decoding_set(decoder.assignment, sorted(backups), given=list(self.finished)) or ()
-        for w in chosen:
+        self._promote(chosen, streams)
+
+    def _promote(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
+        for w in backups:
             stream = streams.get(w)
-            if isinstance(stream, SessionCompute):
+            if w not in self.promoted and isinstance(stream, SessionCompute):
                 stream.promote()
                 self.promoted.add(w)
 
@@ -332,6 +336,7 @@ class Round:
         timeout: float | None = None,
         enough: Callable[[], bool] | None = None,
         expected: Collection[int] | None = None,
+        promote_after: float | None = None,
     ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
 
@@ -343,7 +348,9 @@ class Round:
         (``ComputeRequest.backup``). Once an expected worker has ended and at most ``s`` of them are still out
         without the round decoding, the backups that complete the messages in hand
         (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute on at
-        normal priority, on the CPU the expected workers that answered left.
+        normal priority, on the CPU the expected workers that answered left. ``promote_after`` seconds after the
+        round started, a round still not decodable promotes every backup still out (more than ``s`` expected
+        workers may hang).
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -420,23 +427,32 @@ class Round:
         self.backups |= backups
         out = pending - backups if backups else set()
         """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
+        hedge_at = self.started + promote_after if backups and promote_after is not None else None
 
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
 
         try:
             while pending and not done():
-                remaining = None if deadline is None else deadline - time.perf_counter()
+                now = time.perf_counter()
+                if hedge_at is not None and now >= hedge_at:
+                    self._promote(sorted(pending & backups), streams)
+                    hedge_at = None
+                remaining = None if deadline is None else deadline - now
                 if remaining is not None and remaining <= 0:
                     self.timed_out = True
                     break
+                left = math.inf if remaining is None else remaining
+                wait = remaining if hedge_at is None else min(hedge_at - now, left)
                 if not queue.empty():  # items that came together: no timer to arm for each
                     worker_id, item = queue.get_nowait()
                 else:
                     try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
-                        async with asyncio.timeout(remaining):
+                        async with asyncio.timeout(wait):
                             worker_id, item = await queue.get()
                     except TimeoutError:
+                        if hedge_at is not None and time.perf_counter() >= hedge_at:
+                            continue  # the hedge's turn, at the top of the loop
                         self.timed_out = True
                         break
                 if isinstance(item, CompletedMessage):

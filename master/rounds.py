@@ -15,12 +15,13 @@ The job's consistency policy (:mod:`gradcode.master.integrity`) says how long a 
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
 again by this job.
 
-Without such checks, a flat code's round expects to decode from a minimal decoding set (:class:`Primaries`)
+Without such checks, a flat static code's round expects to decode from a minimal decoding set (:class:`Primaries`)
 and asks the other workers as backups (``JobSpec.backup_priority``). A backup on a machine of its own
 computes at low OS priority; one that shares its machine with other workers of the job
 (:func:`sharing_a_machine`) computes nothing until promoted, since even idle-priority work would take memory
 bandwidth and cache from theirs. When expected workers are late, the round promotes the backups that
-replace them (:meth:`Round.gather`).
+replace them (:meth:`Round.gather`); one not decoded by its hedge (:meth:`Primaries.hedge`) promotes them all.
+Dynamic codes are asked alike: they place each iteration from what every worker did in the last.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import statistics
 import time
 from collections.abc import Iterable, Sequence
 
@@ -69,9 +71,15 @@ class Primaries:
     """
 
     CACHED = 256
+    HEDGE_FACTOR = 2.0
+    """A round not decoded after this many times the median of the recent rounds' gathers promotes every backup."""
+    HEDGE_HISTORY = 16
+    FIRST_HEDGE_SECONDS = 1.0
+    """The hedge before any round has decoded."""
 
     def __init__(self, code: GradientCode) -> None:
         self.code = code
+        self._seconds: collections.deque[float] = collections.deque(maxlen=self.HEDGE_HISTORY)
         self.current: frozenset[int] | None = None
         self._assignment: Assignment | None = None
         self._answered: frozenset[int] = frozenset()
@@ -98,9 +106,19 @@ class Primaries:
         self.current, self._assignment = chosen, assignment
         return chosen
 
-    def answered(self, workers: Iterable[int]) -> None:
-        """The workers whose messages arrived in the round just decoded."""
+    def answered(self, workers: Iterable[int], seconds: float) -> None:
+        """The workers whose messages arrived in the round just decoded, and how long its gather took."""
         self._answered = frozenset(workers)
+        self._seconds.append(seconds)
+
+    def hedge(self) -> float:
+        """Seconds after which a round not yet decoded promotes every backup still out: the promotion
+        :meth:`~gradcode.common.round.Round.gather` starts when expected workers end cannot start while more than
+        s of them hang (frozen, or slower than anything), and deferred backups would otherwise wait for the
+        iteration deadline."""
+        if not self._seconds:
+            return self.FIRST_HEDGE_SECONDS
+        return self.HEDGE_FACTOR * statistics.median(self._seconds)
 
 
 def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
@@ -126,7 +144,12 @@ class RoundPolicy:
             loader.plan.integrity, loader.plan.code, describe=lambda w: loader.workers[w].describe()
         )
         plan = loader.plan
-        backups = plan.backup_priority == "low" and plan.topology is None and not self.integrity.checking
+        backups = (
+            plan.backup_priority == "low"
+            and plan.topology is None
+            and not self.integrity.checking
+            and not plan.code.dynamic  # it places the next iteration from what every worker did in this one
+        )
         self.primaries = Primaries(plan.code) if backups else None
         """Whom each round expects to decode from (None: every worker is asked alike)."""
 
@@ -200,7 +223,10 @@ class RoundPolicy:
                     self._source(w, t, assignment.rows[w], model, backup=w in backups, deferred=w in deferred)
                     for w in ask
                 ]
-                failures = await round_.gather(sources, timeout=remaining, enough=enough, expected=expected)
+                hedge = self.primaries.hedge() if expected is not None and self.primaries is not None else None
+                failures = await round_.gather(
+                    sources, timeout=remaining, enough=enough, expected=expected, promote_after=hedge
+                )
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 self._reload_lost(round_, failures.values())
@@ -212,7 +238,7 @@ class RoundPolicy:
                         on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
                     )
                     if self.primaries is not None:
-                        self.primaries.answered(round_.finished)
+                        self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
                     for w in self.integrity.judge(round_, assignment):
                         self.pool.mark_down(workers[w], f"{quarantined[w]} (job {plan.job_id!r})")
                     return round_

@@ -216,6 +216,38 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
         session.close()
 
 
+async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_still_out() -> None:
+    """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 2 answers, 0 and 4 hang (more than s, so no promotion
+    starts when 2 ends). At ``promote_after`` every backup is promoted, and their messages decode."""
+    code = make_code("binary", n=6, s=1)
+    wires = [_SessionWire() for _ in range(6)]
+    sessions = [Session(wire) for wire in wires]
+    assignment = code.static_assignment()
+    sources = [
+        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
+        for w in range(6)
+    ]  # type: ignore[misc]
+    g = np.random.default_rng(6).standard_normal((6, 20))
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2, 4}, promote_after=0.2))
+    await asyncio.sleep(0.01)
+    wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)
+    await asyncio.sleep(0.1)
+    assert not any(wire.promoted for wire in wires)
+    async with asyncio.timeout(5.0):
+        while not wires[1].promoted:
+            await asyncio.sleep(0.001)
+    assert [w for w in range(6) if wires[w].promoted] == [1, 3, 5] and round_.promoted == {1, 3, 5}
+    for w in (1, 3, 5):
+        wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and not {0, 4} & set(round_.used_workers) and round_.stragglers == [0, 4]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
 async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None:
     code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
     wires = [_SessionWire() for _ in range(6)]

@@ -6,6 +6,8 @@ Which messages a decode uses is up to the scheduler, so only the kill's aftermat
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import socket
 import sys
 import urllib.request
@@ -83,7 +85,7 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
             f"the first round's backups, 1 and 3, computed in a niced thread: {niced}"
         )
         # The reports say so; a backup still computing when its round decoded is not late, only spare.
-        assert list(reports[0].backup_workers) == [cluster.ids[1], cluster.ids[3]]
+        assert sorted(reports[0].backup_workers) == sorted([cluster.ids[1], cluster.ids[3]])
         assert all(set(r.backup_workers).isdisjoint(r.late_workers) for r in reports)
         assert all(set(r.promoted_workers) <= set(r.backup_workers) for r in reports)
 
@@ -115,3 +117,28 @@ async def test_a_killed_primary_is_covered_by_a_backup_and_every_gradient_stays_
         after = [r for r in reports if r.iteration >= 4]
         assert after and all(0 not in _used(cluster, r) for r in after)
         assert {1, 3} & {w for r in after for w in _used(cluster, r)}, "a backup's messages decoded"
+
+
+async def test_more_expected_workers_frozen_than_s_are_covered_by_the_hedge(tmp_path: Path) -> None:
+    """Fractional, n = 4, s = 1 (replica groups {0, 2} and {1, 3}), workers on one machine: the rounds expect
+    {0, 1}. Both are frozen (SIGSTOP: nothing ends, so no promotion starts when expected workers end); the
+    backups 2 and 3, which compute nothing until promoted, are promoted by the round's hedge and decode."""
+    with start_cluster(4, tmp_path) as cluster:
+        frozen = [cluster.processes[w].process for w in (0, 1)]
+        spec = job_spec("fractional", {"n": 4, "s": 1}, iterations=8, verify=True, worker_ids=cluster.ids[:4])
+
+        def freeze(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 2:
+                for process in frozen:
+                    process.send_signal(signal.SIGSTOP)
+
+        try:
+            async with asyncio.timeout(60):
+                info, reports = await run_job(cluster.master_address, spec, freeze)
+        finally:
+            for process in frozen:
+                process.send_signal(signal.SIGCONT)
+        _assert_exact(info, reports)
+        assert _used(cluster, reports[0]) == (0, 1), "the first rounds expect {0, 1}"
+        assert any({cluster.ids[2], cluster.ids[3]} <= set(r.promoted_workers) for r in reports), "the hedge fired"
+        assert all(_used(cluster, r) == (2, 3) for r in reports[4:])

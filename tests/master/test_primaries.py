@@ -17,7 +17,7 @@ def test_the_first_round_expects_the_earliest_decoding_set_and_keeps_it_while_it
     primaries = Primaries(code)
     first = primaries.choose(code.static_assignment(), range(6))
     assert first == {0, 2, 4}
-    primaries.answered([0, 2, 4])
+    primaries.answered([0, 2, 4], 0.04)
     assert primaries.choose(code.static_assignment(), range(6)) is first
 
 
@@ -25,9 +25,9 @@ def test_a_primary_that_missed_the_round_becomes_a_backup() -> None:
     code = make_code("fractional", n=6, s=1)  # replica groups {0, 3}, {1, 4}, {2, 5}
     primaries = Primaries(code)
     assert primaries.choose(code.static_assignment(), range(6)) == {0, 1, 2}
-    primaries.answered([1, 2, 3])  # 0 was late; its replica 3 answered instead
+    primaries.answered([1, 2, 3], 0.04)  # 0 was late; its replica 3 answered instead
     assert primaries.choose(code.static_assignment(), range(6)) == {1, 2, 3}
-    primaries.answered([1, 2, 3])
+    primaries.answered([1, 2, 3], 0.04)
     assert primaries.choose(code.static_assignment(), range(6)) == {1, 2, 3}, "worker 0 stays a backup"
 
 
@@ -49,7 +49,7 @@ def test_a_new_assignment_gets_its_own_set() -> None:
     code = make_code("uncoded", n=3)
     primaries = Primaries(code)
     assert primaries.choose(code.static_assignment(), range(3)) == {0, 1, 2}
-    primaries.answered([0, 1, 2])
+    primaries.answered([0, 1, 2], 0.04)
     two_rows = Assignment(((0,), (1, 2), ()))
     assert primaries.choose(two_rows, [0, 1]) == {0, 1}
 
@@ -66,3 +66,14 @@ def test_backups_are_deferred_only_on_a_machine_that_runs_another_worker_of_the_
     workers = [PoolWorker(worker_id=10 + i, address=f"h:{i + 1}", machine_id=m) for i, m in enumerate(machines)]
     assert sharing_a_machine(workers) == {0, 2, 6}
     assert sharing_a_machine(workers[:2]) == set()
+
+
+def test_the_hedge_is_twice_the_median_of_the_recent_gathers_and_a_second_before_any() -> None:
+    primaries = Primaries(make_code("binary", n=6, s=1))
+    assert primaries.hedge() == Primaries.FIRST_HEDGE_SECONDS
+    for seconds in (0.04, 0.05, 9.0, 0.03, 0.045):  # one hung round does not move it far
+        primaries.answered([0, 2, 4], seconds)
+    assert primaries.hedge() == 2 * 0.045
+    for _ in range(Primaries.HEDGE_HISTORY):
+        primaries.answered([0, 2, 4], 0.5)
+    assert primaries.hedge() == 1.0  # only the recent rounds count
