@@ -67,7 +67,8 @@ class Primaries:
     workers straggles. The training benchmark measured cyclic 1.13-1.17x slower with them (s = 1, no delay and
     one worker delayed 0.25 s), but its next run put the same configuration twice at 1.07 and 1.27: within
     the comparison's noise, so this rests on the argument more than on the figure. Fractional, binary and
-    Reed-Solomon, whose sets are n / (s + 1), ran 0.65-0.76x as long with no delay in both runs.
+    Reed-Solomon, whose sets are n / (s + 1), ran 0.56-0.83x as long as with every worker asked alike (no delay and
+    one worker delayed 0.25 s) in both runs since backups on one machine wait to be promoted.
     """
 
     CACHED = 256
@@ -125,7 +126,7 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     """The indices of ``workers`` whose machine (a known machine id) runs another of them: where they share cores,
     even a backup's low-priority work takes memory bandwidth and cache from the others' (with five live workers
     on 2 cores, backups computing at niceness 19 took 31 ms of CPU per iteration and made binary, fractional
-    and Reed-Solomon 1.2-1.4x slower than backups that waited to be promoted), so such a backup is deferred."""
+    and Reed-Solomon 1.2-1.3x slower than backups that waited to be promoted), so such a backup is deferred."""
     counts = collections.Counter(w.machine_id for w in workers if w.machine_id)
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
 
