@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import numpy as np
 
 from gradcode.common.codes import make_code
-from gradcode.common.round import Round, Source
+from gradcode.common.codes.base import GradientCode
+from gradcode.common.round import ChunkStream, Round, Source
 from gradcode.common.session import Session
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.v1 import worker_pb2
@@ -178,6 +180,18 @@ class _SessionWire:
         return any(r.promote for r in self.requests)
 
 
+def _session_sources(code: GradientCode) -> tuple[list[_SessionWire], list[Session], list[Source]]:
+    """Each worker of ``code`` on a Session of its own over an in-process wire, asked for its static rows."""
+    wires = [_SessionWire() for _ in range(code.n)]
+    sessions = [Session(wire) for wire in wires]
+    rows = code.static_assignment().rows
+
+    def compute(w: int) -> ChunkStream:
+        return sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w]))
+
+    return wires, sessions, [Source(w, rows[w], functools.partial(compute, w)) for w in range(code.n)]
+
+
 async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_messages_in_hand() -> None:
     """Binary, n = 4, s = 1 (classes {0, 2} and {1, 3}): the round expects {0, 2} and asked 1 and 3 as backups.
     Once 2 has answered and only 0 (at most s expected workers) is out, the backups that complete worker 2's
@@ -186,12 +200,7 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
     g = np.random.default_rng(4).standard_normal((4, 30))
     assignment = code.static_assignment()
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
-    wires = [_SessionWire() for _ in range(4)]
-    sessions = [Session(wire) for wire in wires]
-    sources = [
-        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
-        for w in range(4)
-    ]  # type: ignore[misc]
+    wires, sessions, sources = _session_sources(code)
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
     gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2}))
     for _ in range(3):
@@ -220,13 +229,7 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 2 answers, 0 and 4 hang (more than s, so no promotion
     starts when 2 ends). At ``promote_after`` every backup is promoted, and their messages decode."""
     code = make_code("binary", n=6, s=1)
-    wires = [_SessionWire() for _ in range(6)]
-    sessions = [Session(wire) for wire in wires]
-    assignment = code.static_assignment()
-    sources = [
-        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
-        for w in range(6)
-    ]  # type: ignore[misc]
+    wires, sessions, sources = _session_sources(code)
     g = np.random.default_rng(6).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
     gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2, 4}, promote_after=0.2))
@@ -250,13 +253,7 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
 
 async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None:
     code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
-    wires = [_SessionWire() for _ in range(6)]
-    sessions = [Session(wire) for wire in wires]
-    assignment = code.static_assignment()
-    sources = [
-        Source(w, assignment.rows[w], lambda w=w: sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w])))
-        for w in range(6)
-    ]  # type: ignore[misc]
+    wires, sessions, sources = _session_sources(code)
     g = np.random.default_rng(5).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
     gather = asyncio.create_task(round_.gather(sources, timeout=0.3, expected={0, 2, 4}))

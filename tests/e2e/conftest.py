@@ -10,14 +10,17 @@ through :meth:`gradcode.client.sdk.GradcodeClient.run` and returns its final inf
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gradcode.client.launch import LocalCluster, ServiceProcess
 from gradcode.client.sdk import GradcodeClient, ReportCallback
@@ -95,6 +98,20 @@ class Cluster:
             if not proc.alive:
                 self.restart(i)
         self.wait_all_up()
+
+
+def free_port() -> int:
+    """A port nothing listens on now (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric_total(port: int, name: str) -> float:
+    """The sum of every sample named ``name`` that the metrics endpoint on ``port`` serves."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 @contextlib.contextmanager

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gradcode.v1 import master_pb2
-from tests.e2e.conftest import Cluster, job_spec, run_job, start_cluster
+from tests.e2e.conftest import Cluster, free_port, job_spec, metric_total, run_job, start_cluster
 
 pytestmark = [
     pytest.mark.e2e,
@@ -53,18 +50,6 @@ def _assert_exact(info: master_pb2.JobInfo, reports: list[master_pb2.IterationRe
     assert not bad
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _counter(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
 def _own_machines(i: int) -> list[str]:
     return ["--machine-id", f"machine-{i}"]
 
@@ -93,14 +78,14 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
 async def test_backups_on_one_machine_compute_only_once_promoted(tmp_path: Path) -> None:
     """Workers on one machine (the same boot id, the default machine id): a backup computes nothing until it is
     promoted, so the workers' computed partitions are the ones of the expected and the promoted workers."""
-    ports = [_free_port() for _ in range(4)]
+    ports = [free_port() for _ in range(4)]
     with start_cluster(4, tmp_path, worker_args=lambda i: ["--metrics-port", str(ports[i])]) as cluster:
         pids = [p.process.pid for p in cluster.processes]
         info, reports = await run_job(cluster.master_address, _spec(cluster))
         _assert_exact(info, reports)
         assert reports[0].backup_workers and all(r.backup_workers for r in reports)
         assert [_niced_threads(pid) for pid in pids] == [0, 0, 0, 0], "no backup computed at low priority"
-        computes = sum(_counter(port, "gradcode_computes_served_total") for port in ports)
+        computes = sum(metric_total(port, "gradcode_computes_served_total") for port in ports)
         asked = sum(4 - len(r.backup_workers) + len(r.promoted_workers) for r in reports)
         assert computes <= asked, (computes, asked)  # an unpromoted backup never finished a Compute
 

@@ -25,7 +25,7 @@ from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.security import Security
 from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.node import WorkerNode
+from gradcode.worker.node import WorkerNode, default_machine_id
 
 from .conftest import START_TIMEOUT, job_spec
 
@@ -235,5 +235,6 @@ def test_the_cli_makes_certificates_lists_and_removes_workers_over_mutual_tls(
         assert main(["workers", "--master", master]) == 0
         listing = capsys.readouterr().out
         assert "   0 " not in listing and listing.count(" UP ") == 1
+        assert f" UP    {default_machine_id()[:8] or '-':<8}  " in listing  # the machine it registered
         tls = Security(cert=files.client, key=files.client_key, ca=files.ca, mutual=True)
         assert is_serving(master, 5.0, tls) and not is_serving(master, 2.0, Security())  # the probe needs TLS too

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gradcode.client.launch import ServiceProcess
 from gradcode.v1 import master_pb2, master_pb2_grpc
-from tests.e2e.conftest import START_TIMEOUT, job_spec, run_job
+from tests.e2e.conftest import START_TIMEOUT, free_port, job_spec, metric_total, run_job
 from tests.helpers import fixed_delay
 
 pytestmark = pytest.mark.e2e
@@ -29,25 +26,13 @@ ITERATIONS = 12
 EXACT = 1e-9
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _counter(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
 class _Processes:
     """A master (with ``master_args``) and NUM_WORKERS registered workers, each with a metrics port."""
 
     def __init__(self, tmp_path: Path, master_args: list[str]) -> None:
         self.tmp_path, self.master_args = tmp_path, master_args
-        self.metrics = [_free_port() for _ in range(NUM_WORKERS)]
-        self.listen = [_free_port() for _ in range(NUM_WORKERS)]
+        self.metrics = [free_port() for _ in range(NUM_WORKERS)]
+        self.listen = [free_port() for _ in range(NUM_WORKERS)]
         self.processes: list[ServiceProcess] = []
         self.address = ""
         self.ids: list[int] = []
@@ -96,7 +81,7 @@ class _Processes:
             try:
                 return self._started(i, generation)
             except RuntimeError:
-                self.listen[i], self.metrics[i] = _free_port(), _free_port()
+                self.listen[i], self.metrics[i] = free_port(), free_port()
         return self._started(i, attempts - 1)
 
     def _started(self, i: int, generation: int) -> str:
@@ -118,10 +103,10 @@ class _Processes:
             process.stop()
 
     def shared_bytes(self) -> list[float]:
-        return [_counter(port, "gradcode_shared_bytes_sent_total") for port in self.metrics]
+        return [metric_total(port, "gradcode_shared_bytes_sent_total") for port in self.metrics]
 
     def chunk_bytes(self) -> list[float]:
-        return [_counter(port, "gradcode_bytes_sent_total") for port in self.metrics]
+        return [metric_total(port, "gradcode_bytes_sent_total") for port in self.metrics]
 
 
 def _spec(job_id: str, ids: list[int]) -> master_pb2.JobSpec:
@@ -238,8 +223,8 @@ async def test_a_worker_restarted_in_place_mid_round_answers_that_round_inline_a
         # through shared memory.
         payload = 8 * (65 * 10 + 2)  # digits softmax: 650 parameters, loss and score, float64
         metrics = cluster.metrics[1]  # the new process's counters (job worker 0's process is gone)
-        inline = _counter(metrics, "gradcode_bytes_sent_total")
-        shared = _counter(metrics, "gradcode_shared_bytes_sent_total")
+        inline = metric_total(metrics, "gradcode_bytes_sent_total")
+        shared = metric_total(metrics, "gradcode_shared_bytes_sent_total")
         assert inline >= payload and shared >= payload * (iterations - restart_round), (inline, shared)
 
 
