@@ -93,19 +93,6 @@ class _AnyOf:
         return any(flag is not None and flag.is_set() for flag in self.flags)
 
 
-async def _promoted(flag: Cancellation, promotion: Cancellation) -> None:
-    """Return once ``promotion`` is set; ComputeCancelledError if ``flag`` is set first."""
-    if not promotion.is_set() and not flag.is_set():
-        waiters = [asyncio.ensure_future(promotion.wait()), asyncio.ensure_future(flag.wait())]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-    if flag.is_set():
-        raise ComputeCancelledError("A deferred backup was cancelled before it was promoted.")
-
-
 def _outcome_seen(future: asyncio.Future[Any]) -> None:
     """Mark a backup attempt's exception retrieved (``result()`` still raises it to a caller that asks)."""
     if not future.cancelled():
@@ -204,7 +191,7 @@ class JobRuntime:
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
             promotion = self.promotion(int(request.iteration)) if request.backup else None
-            deferred = promotion if request.deferred else None
+            deferred = promotion is not None and request.deferred
             async for message in self._leaf_messages(params, rows, delay, flag, on_partition, promotion, deferred):
                 yield message
         else:
@@ -225,15 +212,19 @@ class JobRuntime:
         flag: Cancellation,
         on_partition: Callable[[int], None] | None,
         promotion: Cancellation | None,
-        deferred: Cancellation | None = None,
+        deferred: bool = False,
     ) -> AsyncIterator[Message]:
         """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority, and a
-        ``deferred`` backup's computes nothing before it is set (its emulated delay runs meanwhile)."""
+        ``deferred`` backup computes nothing before it is set (its emulated delay runs meanwhile)."""
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
-            if deferred is not None:
-                await _promoted(flag, deferred)
+            if deferred and promotion is not None and not promotion.is_set():
+                promoted = asyncio.create_task(promotion.wait())
+                try:
+                    await flag.race(promoted, "its promotion")
+                finally:
+                    promoted.cancel()
             vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 

@@ -52,7 +52,7 @@ class Cancellation:
         if self.is_set():
             raise ComputeCancelledError("Cancelled during the emulated straggler delay.")
 
-    async def race(self, task: asyncio.Task[_T]) -> _T:
+    async def race(self, task: asyncio.Task[_T], waiting_for: str = "the children") -> _T:
         """``task``'s result, or ComputeCancelledError as soon as the flag is set (``task`` keeps running)."""
         waiter = asyncio.create_task(self._event.wait())
         try:
@@ -60,7 +60,7 @@ class Cancellation:
         finally:
             waiter.cancel()
         if self.is_set():
-            raise ComputeCancelledError("Cancelled while waiting for the children.")
+            raise ComputeCancelledError(f"Cancelled while waiting for {waiting_for}.")
         return task.result()
 
 
