@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +83,8 @@ class Source:
     open: Callable[[], ChunkStream]
     shared: bool = False
     """The call asks for shared-memory payloads (its request carries ``shared_model``)."""
+    backup: bool = False
+    """The call asks a backup (``ComputeRequest.backup``): the round expects to decode without it."""
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,6 @@ class Round:
         *,
         timeout: float | None = None,
         enough: Callable[[], bool] | None = None,
-        expected: Collection[int] | None = None,
         promote_after: float | None = None,
     ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
@@ -344,8 +344,8 @@ class Round:
         new message once decodable; it may look at :attr:`messages`). Returns the failures of this
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
 
-        ``expected`` names the workers the round expects to decode from; the other sources were asked as backups
-        (``ComputeRequest.backup``). Once an expected worker has ended and at most ``s`` of them are still out
+        The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from.
+        Once an expected worker has ended and at most ``s`` of them are still out
         without the round decoding, the backups that complete the messages in hand
         (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute on at
         normal priority, on the CPU the expected workers that answered left. ``promote_after`` seconds after the
@@ -423,7 +423,7 @@ class Round:
         pending = {source.worker_id for source in sources}
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
-        backups = pending - set(expected) if expected is not None else set()
+        backups = {source.worker_id for source in sources if source.backup}
         self.backups |= backups
         out = pending - backups if backups else set()
         """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
@@ -438,23 +438,18 @@ class Round:
                 if hedge_at is not None and now >= hedge_at:
                     self._promote(sorted(pending & backups), streams)
                     hedge_at = None
-                remaining = None if deadline is None else deadline - now
-                if remaining is not None and remaining <= 0:
+                if deadline is not None and now >= deadline:
                     self.timed_out = True
                     break
-                left = math.inf if remaining is None else remaining
-                wait = remaining if hedge_at is None else min(hedge_at - now, left)
                 if not queue.empty():  # items that came together: no timer to arm for each
                     worker_id, item = queue.get_nowait()
                 else:
+                    wake = min((t for t in (deadline, hedge_at) if t is not None), default=None)
                     try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
-                        async with asyncio.timeout(wait):
+                        async with asyncio.timeout(None if wake is None else wake - now):
                             worker_id, item = await queue.get()
                     except TimeoutError:
-                        if hedge_at is not None and time.perf_counter() >= hedge_at:
-                            continue  # the hedge's turn, at the top of the loop
-                        self.timed_out = True
-                        break
+                        continue  # the hedge's or the deadline's turn, at the top of the loop
                 if isinstance(item, CompletedMessage):
                     self.messages[item.row] = item
                     t0 = time.perf_counter()

@@ -100,7 +100,7 @@ class Primaries:
         if chosen is None:
             found = self.code.decoding_set(assignment, sorted(everyone, key=lambda w: (w in missed, w)))
             small = found is not None and len(found) < len(everyone) - self.code.s
-            chosen = frozenset(found) if found is not None and small else everyone
+            chosen = frozenset(found or ()) if small else everyone
             self._cache[key] = chosen
             if len(self._cache) > self.CACHED:
                 self._cache.popitem(last=False)
@@ -213,21 +213,20 @@ class RoundPolicy:
                     round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
-                expected = None
-                if self.primaries is not None and not asked:  # a retry asks everyone left alike
-                    expected = self.primaries.choose(assignment, ask)
-                backups = set() if expected is None else set(ask) - expected
+                backups: set[int] = set()
                 """Workers asked at low priority: the round expects to decode without them."""
-                deferred = backups & sharing_a_machine(workers[: code.n])
+                deferred: set[int] = set()
+                hedge = None
+                if self.primaries is not None and not asked:  # a retry asks everyone left alike
+                    backups = set(ask) - self.primaries.choose(assignment, ask)
+                    deferred = backups & sharing_a_machine(workers[: code.n]) if backups else set()
+                    hedge = self.primaries.hedge()
                 asked = True
                 sources = [
                     self._source(w, t, assignment.rows[w], model, backup=w in backups, deferred=w in deferred)
                     for w in ask
                 ]
-                hedge = self.primaries.hedge() if expected is not None and self.primaries is not None else None
-                failures = await round_.gather(
-                    sources, timeout=remaining, enough=enough, expected=expected, promote_after=hedge
-                )
+                failures = await round_.gather(sources, timeout=remaining, enough=enough, promote_after=hedge)
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 self._reload_lost(round_, failures.values())
@@ -275,7 +274,9 @@ class RoundPolicy:
         )
         body, shared = model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
-        return Source(worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared)
+        return Source(
+            worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared, backup=backup
+        )
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""

@@ -180,8 +180,9 @@ class _SessionWire:
         return any(r.promote for r in self.requests)
 
 
-def _session_sources(code: GradientCode) -> tuple[list[_SessionWire], list[Session], list[Source]]:
-    """Each worker of ``code`` on a Session of its own over an in-process wire, asked for its static rows."""
+def _session_sources(code: GradientCode, expected: set[int]) -> tuple[list[_SessionWire], list[Session], list[Source]]:
+    """Each worker of ``code`` on a Session of its own over an in-process wire, asked for its static rows; the
+    workers not ``expected`` asked as backups."""
     wires = [_SessionWire() for _ in range(code.n)]
     sessions = [Session(wire) for wire in wires]
     rows = code.static_assignment().rows
@@ -189,7 +190,8 @@ def _session_sources(code: GradientCode) -> tuple[list[_SessionWire], list[Sessi
     def compute(w: int) -> ChunkStream:
         return sessions[w].compute(worker_pb2.ComputeRequest(job_id="j", rows=[w]))
 
-    return wires, sessions, [Source(w, rows[w], functools.partial(compute, w)) for w in range(code.n)]
+    sources = [Source(w, rows[w], functools.partial(compute, w), backup=w not in expected) for w in range(code.n)]
+    return wires, sessions, sources
 
 
 async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_messages_in_hand() -> None:
@@ -200,9 +202,9 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
     g = np.random.default_rng(4).standard_normal((4, 30))
     assignment = code.static_assignment()
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
-    wires, sessions, sources = _session_sources(code)
+    wires, sessions, sources = _session_sources(code, expected={0, 2})
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2}))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
     for _ in range(3):
         await asyncio.sleep(0)
     assert all(wire.requests for wire in wires) and not any(wire.promoted for wire in wires)
@@ -229,10 +231,10 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 2 answers, 0 and 4 hang (more than s, so no promotion
     starts when 2 ends). At ``promote_after`` every backup is promoted, and their messages decode."""
     code = make_code("binary", n=6, s=1)
-    wires, sessions, sources = _session_sources(code)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(6).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, expected={0, 2, 4}, promote_after=0.2))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=0.2))
     await asyncio.sleep(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)
     await asyncio.sleep(0.1)
@@ -253,10 +255,10 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
 
 async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None:
     code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
-    wires, sessions, sources = _session_sources(code)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(5).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=0.3, expected={0, 2, 4}))
+    gather = asyncio.create_task(round_.gather(sources, timeout=0.3))
     await asyncio.sleep(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)  # 0 and 4 still out: 2 > s
     await gather
