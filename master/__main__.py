@@ -114,13 +114,14 @@ async def _serve(args: argparse.Namespace) -> None:
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
         shared_memory=args.shared_memory_root, links=args.link == "on",
     )  # fmt: skip
-    await node.start()
-    freeze_startup_objects()
-    metrics = None
+    # Metrics first: a taken metrics port stops the process before it serves, and the ready line
+    # below promises every port.
+    metrics = start_metrics(args, args.host, MASTER_REGISTRY, name="master")
     try:
+        await node.start()
+        freeze_startup_objects()
         install_shutdown_signals(node.shutdown, name="master")
         print(f"master listening on {node.address}", flush=True)
-        metrics = start_metrics(args, args.host, MASTER_REGISTRY, name="master")
         await node.run()
     finally:
         await node.shutdown()

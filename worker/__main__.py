@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve(args, args.host, args.port))
     except OSError as exc:
         print(f"worker: {exc}", file=sys.stderr)
-        return 2
+        return 1
     return 0
 
 
@@ -176,13 +176,14 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     )  # fmt: skip
     from gradcode.common.metrics import WORKER_REGISTRY
 
-    await node.start()
-    freeze_startup_objects()
-    metrics = None
+    # Metrics first: a taken metrics port stops the process before it registers, and the ready line
+    # below promises every port.
+    metrics = start_metrics(args, host, WORKER_REGISTRY, name="worker")
     try:
+        await node.start()
+        freeze_startup_objects()
         install_shutdown_signals(node.shutdown, name="worker")
         print(f"worker listening on {node.address}", flush=True)
-        metrics = start_metrics(args, host, WORKER_REGISTRY, name="worker")
         await node.run()
     finally:
         await node.shutdown()

@@ -16,18 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gradcode.client.launch import ServiceProcess
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import START_TIMEOUT, job_spec, run_job
-from tests.helpers import fixed_delay
+from tests.helpers import fixed_delay, free_port
 
 pytestmark = pytest.mark.e2e
 
 NUM_WORKERS = 4
 ITERATIONS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -46,8 +40,8 @@ def _service(role: str, argv: list[str], log: Path) -> ServiceProcess:
 
 
 async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path: Path) -> None:
-    master_metrics = _free_port()
-    worker_metrics = [_free_port() for _ in range(NUM_WORKERS)]
+    master_metrics = free_port()
+    worker_metrics = [free_port() for _ in range(NUM_WORKERS)]
     processes: list[ServiceProcess] = []
     try:
         master = _service(
@@ -130,3 +124,22 @@ async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path:
     ended = [r for r in records if r["message"].startswith("job slow-worker-job succeeded")]
     assert len(ended) == 1 and ended[0]["job_id"] == "slow-worker-job"
     assert any(r.get("job_id") == "slow-worker-job" and r["message"].startswith("created job") for r in records)
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_a_taken_metrics_port_stops_the_process_before_its_ready_line(role: str, tmp_path: Path) -> None:
+    """A launcher waits for the ready line; it must not see one from a process that is about to exit (a worker
+    would have registered with its master first)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--run-dir", str(tmp_path)] if role == "master" else []
+        process = _service(role, ["--listen", "127.0.0.1:0", "--metrics-port", str(port), *extra], tmp_path / "log")
+        try:
+            with pytest.raises(RuntimeError, match=f"Cannot serve metrics on 127.0.0.1:{port}"):
+                process.wait_ready(START_TIMEOUT)
+            assert process.process.wait(START_TIMEOUT) == 1  # 2 is a usage error (argparse)
+        finally:
+            process.stop()
+    assert "listening on" not in (tmp_path / "log").read_text()
