@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
+import socket
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,34 @@ def fixed_delay(seconds: float, *, seed: int = 7, **params: Any) -> common_pb2.S
     return common_pb2.StragglerSpec(
         model="fixed", params=struct_from_dict({"delay_seconds": seconds, **params}), seed=seed
     )
+
+
+_EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, for a process started later to listen on.
+
+    Chosen below the kernel's ephemeral range where there is one: ports handed out by ``bind(0)`` are the ones
+    outgoing connections take too, and on a busy machine (the other test process's gRPC channels) one could
+    take the port before the process that should listen there starts.
+    """
+    try:
+        first_ephemeral = int(_EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 0
+    candidates = random.SystemRandom().sample(range(20000, first_ephemeral), 50) if first_ephemeral > 20050 else []
+    for port in candidates:
+        with contextlib.suppress(OSError):
+            return _bound_port(port)
+    return _bound_port(0)
+
+
+def _bound_port(port: int) -> int:
+    """Bind ``port`` on loopback (0: any) and release it; OSError when it is taken."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        return int(s.getsockname()[1])
 
 
 Mangle = Callable[[worker_pb2.GradientChunk], None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gradcode.common import metrics
 from gradcode.v1 import master_pb2
+from tests.helpers import free_port
 
 
 def _value(name: str, **labels: str) -> float:
@@ -66,7 +67,7 @@ def test_the_endpoint_serves_its_registry_and_refuses_a_taken_port() -> None:
 
     import pytest
 
-    server = metrics.start_metrics_server("127.0.0.1", _free_port(), metrics.WORKER_REGISTRY)
+    server = metrics.start_metrics_server("127.0.0.1", free_port(), metrics.WORKER_REGISTRY)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
@@ -79,11 +80,3 @@ def test_the_endpoint_serves_its_registry_and_refuses_a_taken_port() -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT may remain, a listener may not
         probe.bind(("127.0.0.1", server.port))
         probe.listen()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -10,7 +10,6 @@ through :meth:`gradcode.client.sdk.GradcodeClient.run` and returns its final inf
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import time
 import urllib.request
@@ -98,13 +97,6 @@ class Cluster:
             if not proc.alive:
                 self.restart(i)
         self.wait_all_up()
-
-
-def free_port() -> int:
-    """A port nothing listens on now (bound and released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def metric_total(port: int, name: str) -> float:

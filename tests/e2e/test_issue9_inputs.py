@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import io
 import math
-import socket
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from gradcode.common.security import Security
 from gradcode.common.wire import tensor_from_array
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec
+from tests.helpers import free_port
 from tests.worker.conftest import data_for, job_setup, load_chunks, make_partitions, softmax_model
 
 pytestmark = pytest.mark.e2e
@@ -52,12 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c = Cluster(local)
         c.wait_all_up()
         yield c
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def status(call: Any) -> tuple[str, str]:

@@ -16,8 +16,8 @@ import pytest
 
 from gradcode.client.launch import ServiceProcess
 from gradcode.v1 import master_pb2, master_pb2_grpc
-from tests.e2e.conftest import START_TIMEOUT, free_port, job_spec, metric_total, run_job
-from tests.helpers import fixed_delay
+from tests.e2e.conftest import START_TIMEOUT, job_spec, metric_total, run_job
+from tests.helpers import fixed_delay, free_port
 
 pytestmark = pytest.mark.e2e
 

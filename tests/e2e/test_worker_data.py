@@ -23,7 +23,8 @@ from gradcode.common.models import make_model
 from gradcode.master.optimizer import make_optimizer, mean_gradient
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, master_stub, run_job
-from tests.e2e.test_metrics import _free_port, _scrape
+from tests.e2e.test_metrics import _scrape
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     data_dir.mkdir()
     write_npy(data_dir, "small", SMALL)
     write_npy(data_dir, "large", LARGE)
-    port = _free_port()
+    port = free_port()
     env = {"GRADCODE_DATA_DIR": str(data_dir)}
     with LocalCluster(NUM_WORKERS, run_dir=run_dir, env=env, master_args=["--metrics-port", str(port)]) as local:
         c = Cluster(local)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import grpc
@@ -20,15 +19,9 @@ from gradcode.master.pool import (
 )
 from gradcode.v1 import master_pb2, master_pb2_grpc
 from gradcode.worker.node import WorkerNode, default_machine_id
+from tests.helpers import free_port
 
 TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound and released; nothing else on loopback takes it this quickly)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_an_unreachable_address_is_refused_with_advice_about_advertise() -> None:
