@@ -345,12 +345,14 @@ class Round:
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
 
         The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from.
-        Once an expected worker has ended and at most ``s`` of them are still out
-        without the round decoding, the backups that complete the messages in hand
-        (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute on at
-        normal priority, on the CPU the expected workers that answered left. ``promote_after`` seconds after the
-        round started, a round still not decodable promotes every backup still out (more than ``s`` expected
-        workers may hang).
+        Once an expected worker has ended and at most ``s`` of them are still out without the round decoding, the
+        backups that complete the messages in hand (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`)
+        are promoted, once: they compute on at normal priority, on the CPU the expected workers that answered
+        left. Not while every expected worker still out has said its computation began
+        (:attr:`~gradcode.common.session.SessionCompute.started`): it is finishing, not straggling, and the backups
+        would only take its CPU; the next of them to end without a decodable round decides again.
+        ``promote_after`` seconds after the round started, a round still not decodable promotes every backup still
+        out (more than ``s`` expected workers may hang, or one that began may never finish).
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -432,6 +434,10 @@ class Round:
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
 
+        def computing(workers: set[int]) -> bool:
+            """Every one of ``workers`` said its computation began."""
+            return bool(workers) and all(isinstance(c := streams.get(w), SessionCompute) and c.started for w in workers)
+
         try:
             while pending and not done():
                 now = time.perf_counter()
@@ -463,7 +469,7 @@ class Round:
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
-                    if len(out) <= decoder.code.s and not decoder.decodable:
+                    if len(out) <= decoder.code.s and not decoder.decodable and not computing(out):
                         self._promote_completing(pending - out, streams)
                         out = set()
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)

@@ -50,6 +50,7 @@ __all__ = [
     "SessionCompute",
     "SessionStream",
     "serve_session",
+    "started_chunk",
     "status_chunk",
 ]
 
@@ -88,6 +89,11 @@ def status_chunk(request_id: int, code: grpc.StatusCode, details: str = "", chil
     return worker_pb2.GradientChunk(request_id=request_id, status=status).SerializeToString()
 
 
+def started_chunk(request_id: int) -> bytes:
+    """Sent for a Session request that asked ``report_start`` when its computation begins."""
+    return worker_pb2.GradientChunk(request_id=request_id, started=True).SerializeToString()
+
+
 _END = object()
 """Queued for a SessionCompute after its last chunk when it ended OK."""
 
@@ -112,6 +118,8 @@ class SessionCompute:
         self.place: Placer | None = None
         """Where its large chunks' payloads go as they arrive on a link (the consumer's
         :meth:`~gradcode.common.wire.MessageAssembler.place`); None: they arrive as received bytes."""
+        self.started = False
+        """The worker said its computation began (the request asked ``report_start``)."""
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -263,6 +271,9 @@ class Session:
                 if compute is None:  # the rest of a cancelled request
                     if chunk.meta.HasField("status"):
                         self._late_status(chunk.meta.request_id, chunk.meta.status)
+                    continue
+                if chunk.meta.started:  # news of the computation, not part of a message
+                    compute.started = True
                     continue
                 if not chunk.meta.HasField("status"):
                     compute._deliver(chunk)

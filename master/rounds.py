@@ -223,8 +223,7 @@ class RoundPolicy:
                     hedge = self.primaries.hedge()
                 asked = True
                 sources = [
-                    self._source(w, t, assignment.rows[w], model, backup=w in backups, deferred=w in deferred)
-                    for w in ask
+                    self._source(w, t, assignment.rows[w], model, backups=backups, deferred=w in deferred) for w in ask
                 ]
                 failures = await round_.gather(sources, timeout=remaining, enough=enough, promote_after=hedge)
                 for w in round_.finished:
@@ -266,12 +265,15 @@ class RoundPolicy:
         self._reload(sorted(lost))
 
     def _source(
-        self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest, *, backup: bool, deferred: bool
+        self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest, *, backups: set[int], deferred: bool
     ) -> Source:
-        """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields."""
+        """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields. In a round with
+        ``backups``, an expected worker says when it starts computing: the round's promotion waits for it then."""
+        backup = w in backups
         head = worker_pb2.ComputeRequest(
-            job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup, deferred=deferred
-        )
+            job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
+            report_start=bool(backups) and not backup,
+        )  # fmt: skip
         body, shared = model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
         return Source(

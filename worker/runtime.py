@@ -45,7 +45,7 @@ from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
-__all__ = ["BACKUP_NICENESS", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
+__all__ = ["BACKUP_NICENESS", "COMPUTING", "Computing", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,14 @@ class Message:
     """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
     magnitude: float = math.nan
     r"""A leaf's $\sum_j |b_j| \|g_j\|$ (:meth:`IterationComputation.magnitude`); NaN for a parent's message."""
+
+
+class Computing:
+    """Yielded once by a leaf's :meth:`JobRuntime.messages` when its computation begins: after the emulated delay
+    (and a deferred backup's promotion), before the first message. A parent yields none."""
+
+
+COMPUTING = Computing()
 
 
 @dataclass
@@ -186,8 +194,9 @@ class JobRuntime:
         delay: float,
         flag: Cancellation,
         observer: PartitionObserver | None,
-    ) -> AsyncIterator[Message]:
-        """This iteration's messages, row by row; ComputeCancelledError when abandoned."""
+    ) -> AsyncIterator[Message | Computing]:
+        """This iteration's messages, row by row (a leaf's preceded by :data:`COMPUTING`); ComputeCancelledError
+        when abandoned."""
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
             promotion = self.promotion(int(request.iteration)) if request.backup else None
@@ -213,7 +222,7 @@ class JobRuntime:
         on_partition: Callable[[int], None] | None,
         promotion: Cancellation | None,
         deferred: bool = False,
-    ) -> AsyncIterator[Message]:
+    ) -> AsyncIterator[Message | Computing]:
         """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority, and a
         ``deferred`` backup computes nothing before it is set (its emulated delay runs meanwhile)."""
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
@@ -225,6 +234,8 @@ class JobRuntime:
                     await flag.race(promoted, "its promotion")
                 finally:
                     promoted.cancel()
+            if index == 0:
+                yield COMPUTING
             vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 

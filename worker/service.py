@@ -52,7 +52,7 @@ from gradcode.common.exceptions import (
 from gradcode.common.link import LinkServer
 from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
-from gradcode.common.session import serve_session, status_chunk
+from gradcode.common.session import serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
     Serialized,
@@ -65,7 +65,7 @@ from gradcode.common.wire import (
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.runtime import JobRuntime, PartitionObserver
+from gradcode.worker.runtime import Computing, JobRuntime, PartitionObserver
 from gradcode.worker.straggling import StragglerEmulation
 
 __all__ = [
@@ -307,6 +307,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             sent = 0
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
+                if isinstance(m, Computing):
+                    if request.report_start and request.request_id:
+                        yield started_chunk(request.request_id)
+                    continue
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
                 sent += 1
                 final = sent == len(rows)

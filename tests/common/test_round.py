@@ -11,7 +11,7 @@ import numpy as np
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.round import ChunkStream, Round, Source
-from gradcode.common.session import Session
+from gradcode.common.session import Session, started_chunk
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.v1 import worker_pb2
 
@@ -175,6 +175,10 @@ class _SessionWire:
                                        request_id=request_id, final=True):  # fmt: skip
             self.inbox.put_nowait(parse_chunk(raw))
 
+    def begin(self) -> None:
+        """Say the last request's computation began (it asked ``report_start``)."""
+        self.inbox.put_nowait(parse_chunk(started_chunk(self.requests[-1].request_id)))
+
     @property
     def promoted(self) -> bool:
         return any(r.promote for r in self.requests)
@@ -225,6 +229,44 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
     assert round_.stragglers == [0] and set(round_.late) == {0} | ({1, 3} - set(completing))
     for session in sessions:
         session.close()
+
+
+async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered_by_backups() -> None:
+    """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 said its computation began, so when 2 answers
+    nothing is promoted (0 is finishing, not straggling); 0 answers and the round decodes without the backups.
+    The same round with a hedge that fires while 0 still computes promotes them then."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(7).standard_normal((4, 30))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
+    for hedge in (None, 0.3):
+        wires, sessions, sources = _session_sources(code, expected={0, 2})
+        round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=hedge))
+        await asyncio.sleep(0.01)
+        wires[0].begin()
+        await asyncio.sleep(0.01)
+        wires[2].answer(messages[2], worker_id=2, row=2)
+        await asyncio.sleep(0.15)
+        assert not any(wire.promoted for wire in wires) and not gather.done()
+        if hedge is None:
+            wires[0].answer(messages[0], worker_id=0, row=0)
+        else:
+            async with asyncio.timeout(5.0):
+                while not wires[1].promoted:
+                    await asyncio.sleep(0.001)
+            assert round_.promoted == {1, 3}
+            for w in (1, 3):
+                wires[w].answer(messages[w], worker_id=w, row=w)
+        async with asyncio.timeout(5.0):
+            await gather
+        assert round_.decodable
+        np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+        if hedge is None:
+            assert not round_.promoted and round_.used_workers == [0, 2]
+        else:
+            assert 0 not in round_.used_workers
+        for session in sessions:
+            session.close()
 
 
 async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_still_out() -> None:

@@ -283,3 +283,37 @@ async def test_a_deferred_backup_computes_nothing_until_promoted_and_nothing_at_
         assert stats.partitions_computed == 2 and not runtime.active
         reader.cancel()
         assert not session.broken
+
+
+async def test_a_request_that_asks_report_start_hears_when_its_computation_begins(
+    channel: grpc.aio.Channel, session: Session
+) -> None:
+    """The worker says so once its emulated delay is over, before the message; a request that does not ask, and a
+    deferred backup before its promotion, hear nothing."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = await _load_slow_job(channel, 0.3)
+        theta = random_params()
+        rows = CYCLIC.static_assignment().rows[0]
+        asked, silent, deferred = (_head("job", 0, rows, t) for t in range(3))
+        asked.report_start = silent.backup = deferred.report_start = deferred.backup = deferred.deferred = True
+
+        stream = session.compute(asked, model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, asked))
+        await asyncio.sleep(0.15)  # inside the 0.3 s delay: not begun
+        assert not stream.started
+        await _wait_until(lambda: stream.started)
+        for row, vector in (await reader).items():  # the news was no chunk of the message
+            _assert_close(vector, expected_message(CYCLIC, row, theta, partitions))
+
+        stream = session.compute(silent, model_request_bytes(theta))
+        await _messages(stream, silent)
+        assert not stream.started
+
+        stream = session.compute(deferred, model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, deferred))
+        await asyncio.sleep(0.5)  # past its delay, waiting for its promotion
+        assert not stream.started and not reader.done()
+        stream.promote()
+        await reader
+        assert stream.started
+        assert not session.broken
