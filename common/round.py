@@ -317,10 +317,14 @@ class Round:
             return None
         return functools.partial(self.shared.message, source.worker_id)
 
-    def _promote_completing(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
-        """Promote the ``backups`` that complete the messages of the workers that answered (a minimal set)."""
+    def _promote_completing(
+        self, backups: Iterable[int], computing: Iterable[int], streams: dict[int, ChunkStream]
+    ) -> None:
+        """Promote the ``backups`` that complete the messages of the workers that answered and of those still
+        ``computing`` (a minimal set)."""
         decoder = self.decoder
-        chosen = decoder.code.decoding_set(decoder.assignment, sorted(backups), given=list(self.finished)) or ()
+        given = [*self.finished, *computing]
+        chosen = decoder.code.decoding_set(decoder.assignment, sorted(backups), given=given) or ()
         self._promote(chosen, streams)
 
     def _promote(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
@@ -345,14 +349,14 @@ class Round:
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
 
         The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from.
-        Once an expected worker has ended and at most ``s`` of them are still out without the round decoding, the
-        backups that complete the messages in hand (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`)
-        are promoted, once: they compute on at normal priority, on the CPU the expected workers that answered
-        left. Not while every expected worker still out has said its computation began
-        (:attr:`~gradcode.common.session.SessionCompute.started`): it is finishing, not straggling, and the backups
-        would only take its CPU; the next of them to end without a decodable round decides again.
-        ``promote_after`` seconds after the round started, a round still not decodable promotes every backup still
-        out (more than ``s`` expected workers may hang, or one that began may never finish).
+        When an expected worker ends without the round decoding, and at most ``s`` of the expected workers still
+        out have not said their computation began (:attr:`~gradcode.common.session.SessionCompute.started`; one
+        that did is finishing, not straggling), the backups that complete the messages in hand and those being
+        computed (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute
+        on at normal priority, on the CPU the expected workers that answered left. While every expected worker
+        still out has begun, nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after
+        the round started, a round still not decodable promotes every backup still out (more than ``s`` expected
+        workers may hang, or one that began may never finish).
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -434,9 +438,9 @@ class Round:
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
 
-        def computing(workers: set[int]) -> bool:
-            """Every one of ``workers`` said its computation began."""
-            return bool(workers) and all(isinstance(c := streams.get(w), SessionCompute) and c.started for w in workers)
+        def began(worker_id: int) -> bool:
+            """The worker said its computation began."""
+            return isinstance(stream := streams.get(worker_id), SessionCompute) and stream.started
 
         try:
             while pending and not done():
@@ -469,8 +473,9 @@ class Round:
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
-                    if len(out) <= decoder.code.s and not decoder.decodable and not computing(out):
-                        self._promote_completing(pending - out, streams)
+                    computing = {w for w in out if began(w)}
+                    if not decoder.decodable and (not out or 0 < len(out - computing) <= decoder.code.s):
+                        self._promote_completing(pending - out, computing, streams)
                         out = set()
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()

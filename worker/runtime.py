@@ -118,7 +118,8 @@ class Message:
 
 class Computing:
     """Yielded once by a leaf's :meth:`JobRuntime.messages` when its computation begins: after the emulated delay
-    (and a deferred backup's promotion), before the first message. A parent yields none."""
+    (and a deferred backup's promotion), before the first message; not when that message is computed inline
+    (it then goes out as soon). A parent yields none."""
 
 
 COMPUTING = Computing()
@@ -234,7 +235,7 @@ class JobRuntime:
                     await flag.race(promoted, "its promotion")
                 finally:
                     promoted.cancel()
-            if index == 0:
+            if index == 0 and self.message_seconds >= INLINE_MESSAGE_SECONDS:  # an inline one is as soon sent
                 yield COMPUTING
             vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))

@@ -295,6 +295,36 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
         session.close()
 
 
+async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covered_at_once() -> None:
+    """Binary, n = 6, s = 1: the round expects {0, 2, 4}. 0 said it began, 4 did not; when 2 answers, 4 is the one
+    expected worker that is straggling (at most s), so the backups completing 2's message and 0's to come are
+    promoted then, without waiting for 0, and the round decodes from them and 0."""
+    code = make_code("binary", n=6, s=1)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+    g = np.random.default_rng(8).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
+    await asyncio.sleep(0.01)
+    wires[0].begin()
+    await asyncio.sleep(0.01)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    completing = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[2, 0])
+    assert completing
+    async with asyncio.timeout(5.0):
+        while not any(wire.promoted for wire in wires):
+            await asyncio.sleep(0.001)
+    assert [w for w in range(6) if wires[w].promoted] == list(completing) and not gather.done()
+    for w in (0, *completing):
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
 async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None:
     code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})

@@ -4,6 +4,7 @@ cancellation, a draining worker, and request ids (the caller's end is :class:`gr
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -286,17 +287,21 @@ async def test_a_deferred_backup_computes_nothing_until_promoted_and_nothing_at_
 
 
 async def test_a_request_that_asks_report_start_hears_when_its_computation_begins(
-    channel: grpc.aio.Channel, session: Session
+    channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
-    """The worker says so once its emulated delay is over, before the message; a request that does not ask, and a
-    deferred backup before its promotion, hear nothing."""
+    """The worker says so once its emulated delay is over, before the message; a request that does not ask hears
+    nothing, nor does a deferred backup before its promotion, nor a request whose message is computed inline
+    (it goes out as soon as the news would)."""
     async with asyncio.timeout(TEST_TIMEOUT):
         partitions = await _load_slow_job(channel, 0.3)
+        runtime = served_worker.servicer.jobs["job"]
         theta = random_params()
         rows = CYCLIC.static_assignment().rows[0]
-        asked, silent, deferred = (_head("job", 0, rows, t) for t in range(3))
-        asked.report_start = silent.backup = deferred.report_start = deferred.backup = deferred.deferred = True
+        asked, silent, deferred, inline = (_head("job", 0, rows, t) for t in range(4))
+        asked.report_start = deferred.report_start = inline.report_start = True
+        silent.backup = deferred.backup = deferred.deferred = True
 
+        runtime.message_seconds = math.inf  # as for a job's first message: computed in a thread
         stream = session.compute(asked, model_request_bytes(theta))
         reader = asyncio.create_task(_messages(stream, asked))
         await asyncio.sleep(0.15)  # inside the 0.3 s delay: not begun
@@ -305,10 +310,12 @@ async def test_a_request_that_asks_report_start_hears_when_its_computation_begin
         for row, vector in (await reader).items():  # the news was no chunk of the message
             _assert_close(vector, expected_message(CYCLIC, row, theta, partitions))
 
+        runtime.message_seconds = math.inf
         stream = session.compute(silent, model_request_bytes(theta))
         await _messages(stream, silent)
         assert not stream.started
 
+        runtime.message_seconds = math.inf
         stream = session.compute(deferred, model_request_bytes(theta))
         reader = asyncio.create_task(_messages(stream, deferred))
         await asyncio.sleep(0.5)  # past its delay, waiting for its promotion
@@ -316,4 +323,9 @@ async def test_a_request_that_asks_report_start_hears_when_its_computation_begin
         stream.promote()
         await reader
         assert stream.started
+
+        runtime.message_seconds = 0.0
+        stream = session.compute(inline, model_request_bytes(theta))
+        await _messages(stream, inline)
+        assert not stream.started
         assert not session.broken
