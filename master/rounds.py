@@ -268,7 +268,8 @@ class RoundPolicy:
         self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest, *, backups: set[int], deferred: bool
     ) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields. In a round with
-        ``backups``, an expected worker says when it starts computing: the round's promotion waits for it then."""
+        ``backups``, an expected worker says when it begins computing, so the round promotes backups only for
+        the expected workers that have not begun (:meth:`Round.gather`)."""
         backup = w in backups
         head = worker_pb2.ComputeRequest(
             job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
