@@ -324,7 +324,8 @@ class Round:
         ``computing`` (a minimal set)."""
         decoder = self.decoder
         given = [*self.finished, *computing]
-        chosen = decoder.code.decoding_set(decoder.assignment, sorted(backups), given=given) or ()
+        preference = sorted(backups, key=lambda w: (w not in self.promoted, w))  # those promoted already first
+        chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
         self._promote(chosen, streams)
 
     def _promote(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
@@ -352,8 +353,9 @@ class Round:
         When an expected worker ends without the round decoding, and at most ``s`` of the expected workers still
         out have not said their computation began (:attr:`~gradcode.common.session.SessionCompute.started`; one
         that did is finishing, not straggling), the backups that complete the messages in hand and those being
-        computed (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted, once: they compute
-        on at normal priority, on the CPU the expected workers that answered left. While every expected worker
+        computed (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted: they compute on at
+        normal priority, on the CPU the expected workers that answered left; should an expected worker then
+        fail, the backups that complete the messages without it are promoted too. While every expected worker
         still out has begun, nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after
         the round started, a round still not decodable promotes every backup still out (more than ``s`` expected
         workers may hang, or one that began may never finish).
@@ -434,6 +436,8 @@ class Round:
         out = pending - backups if backups else set()
         """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
         hedge_at = self.started + promote_after if backups and promote_after is not None else None
+        promoted = False
+        """This gather has promoted the backups completing the expected workers' messages."""
 
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
@@ -474,9 +478,16 @@ class Round:
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
                     computing = {w for w in out if began(w)}
-                    if not decoder.decodable and (not out or 0 < len(out - computing) <= decoder.code.s):
+                    straggling = len(out - computing)
+                    # After the first promotion, again only when an expected worker failed (it may have been
+                    # counted on as computing).
+                    if (
+                        (not promoted or item is not None)
+                        and not decoder.decodable
+                        and (not out or 0 < straggling <= decoder.code.s)
+                    ):
                         self._promote_completing(pending - out, computing, streams)
-                        out = set()
+                        promoted = True
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
                 self.decoding = decoder.decoding()

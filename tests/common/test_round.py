@@ -6,12 +6,13 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator
 
+import grpc
 import numpy as np
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.round import ChunkStream, Round, Source
-from gradcode.common.session import Session, started_chunk
+from gradcode.common.session import Session, started_chunk, status_chunk
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.v1 import worker_pb2
 
@@ -179,6 +180,11 @@ class _SessionWire:
         """Say the last request's computation began (it asked ``report_start``)."""
         self.inbox.put_nowait(parse_chunk(started_chunk(self.requests[-1].request_id)))
 
+    def fail(self) -> None:
+        """End the last request UNAVAILABLE, as a worker killed mid-computation does."""
+        raw = status_chunk(self.requests[-1].request_id, grpc.StatusCode.UNAVAILABLE, "the worker died")
+        self.inbox.put_nowait(parse_chunk(raw))
+
     @property
     def promoted(self) -> bool:
         return any(r.promote for r in self.requests)
@@ -320,6 +326,40 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
     async with asyncio.timeout(5.0):
         await gather
     assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
+async def test_an_expected_worker_counted_on_that_fails_has_its_backups_promoted_too() -> None:
+    """As above, but once the backups completing 2's and 0's messages are promoted, 0 fails: the backups that
+    complete the messages without it are promoted at once (not at the hedge), and the round decodes."""
+    code = make_code("binary", n=6, s=1)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+    g = np.random.default_rng(9).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=5.0))
+    await asyncio.sleep(0.01)
+    wires[0].begin()
+    await asyncio.sleep(0.01)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    async with asyncio.timeout(5.0):
+        while not round_.promoted:
+            await asyncio.sleep(0.001)
+    first = set(round_.promoted)
+    assignment = code.static_assignment()
+    assert not code.decodes([2, *first], assignment), "the first promotion counted on 0"
+    wires[0].fail()
+    async with asyncio.timeout(2.0):
+        while not code.decodes([2, *round_.promoted], assignment):
+            await asyncio.sleep(0.001)
+    assert first < round_.promoted
+    for w in sorted(round_.promoted):
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and not {0, 4} & set(round_.used_workers) and 0 in round_.failed
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
     for session in sessions:
         session.close()
