@@ -57,7 +57,14 @@ class Cluster:
                 self.ids = [i.worker_id for i in infos if i is not None]
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"workers not all UP at the master after {timeout} s: {by_address}")
+                down = [
+                    p
+                    for p, i in zip(self.processes, infos, strict=True)
+                    if i is None or i.state != master_pb2.WORKER_STATE_UP
+                ]
+                raise TimeoutError(
+                    f"workers not all UP at the master after {timeout} s: {by_address}\n{log_tails(down)}"
+                )
             time.sleep(0.1)
 
     def kill(self, index: int) -> None:
@@ -97,6 +104,15 @@ class Cluster:
             if not proc.alive:
                 self.restart(i)
         self.wait_all_up()
+
+
+def log_tails(processes: Sequence[ServiceProcess], chars: int = 2000) -> str:
+    """The end of each process's log, and whether it still runs: what a set-up timeout should show."""
+    return "\n".join(
+        f"--- {p.log_path.name} ({'running' if p.alive else f'exited {p.process.returncode}'}):\n"
+        f"{p.log_path.read_text(errors='replace')[-chars:]}"
+        for p in processes
+    )
 
 
 def metric_total(port: int, name: str) -> float:

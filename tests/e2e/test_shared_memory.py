@@ -16,7 +16,7 @@ import pytest
 
 from gradcode.client.launch import ServiceProcess
 from gradcode.v1 import master_pb2, master_pb2_grpc
-from tests.e2e.conftest import START_TIMEOUT, job_spec, metric_total, run_job
+from tests.e2e.conftest import START_TIMEOUT, job_spec, log_tails, metric_total, run_job
 from tests.helpers import fixed_delay, free_port
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +65,8 @@ class _Processes:
             if all(a in up for a in addresses):
                 self.ids = [up[a] for a in addresses]
                 return self
-            assert time.monotonic() < deadline, f"workers not all UP at the master: {listed}"
+            late = [p for p, a in zip(self.processes[1:], addresses, strict=True) if a not in up]
+            assert time.monotonic() < deadline, f"workers not all UP at the master: {listed}\n{log_tails(late)}"
             time.sleep(0.1)
 
     def _worker(self, i: int, generation: int = 0) -> ServiceProcess:
