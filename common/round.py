@@ -477,17 +477,13 @@ class Round:
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
-                    computing = {w for w in out if began(w)}
-                    straggling = len(out - computing)
                     # After the first promotion, again only when an expected worker failed (it may have been
                     # counted on as computing).
-                    if (
-                        (not promoted or item is not None)
-                        and not decoder.decodable
-                        and (not out or 0 < straggling <= decoder.code.s)
-                    ):
-                        self._promote_completing(pending - out, computing, streams)
-                        promoted = True
+                    if not decoder.decodable and (not promoted or item is not None):
+                        computing = {w for w in out if began(w)}
+                        if not out or 0 < len(out - computing) <= decoder.code.s:
+                            self._promote_completing(pending - out, computing, streams)
+                            promoted = True
             if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
                 self.decoding = decoder.decoding()

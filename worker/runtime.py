@@ -117,9 +117,9 @@ class Message:
 
 
 class Computing:
-    """Yielded once by a leaf's :meth:`JobRuntime.messages` when its computation begins: after the emulated delay
-    (and a deferred backup's promotion), before the first message; not when that message is computed inline
-    (it then goes out as soon). A parent yields none."""
+    """Yielded once by a leaf's :meth:`JobRuntime.messages`, for a Session request that asked ``report_start``,
+    when its computation begins: after the emulated delay (and a deferred backup's promotion), before the first
+    message; not when that message is computed inline (it then goes out as soon). A parent yields none."""
 
 
 COMPUTING = Computing()
@@ -196,13 +196,16 @@ class JobRuntime:
         flag: Cancellation,
         observer: PartitionObserver | None,
     ) -> AsyncIterator[Message | Computing]:
-        """This iteration's messages, row by row (a leaf's preceded by :data:`COMPUTING`); ComputeCancelledError
-        when abandoned."""
+        """This iteration's messages, row by row (a leaf's preceded by :data:`COMPUTING` when the request asked
+        ``report_start``); ComputeCancelledError when abandoned."""
         on_partition = None if observer is None else _bind(observer, self.job.job_id, int(request.iteration))
         if self.parent is None:
             promotion = self.promotion(int(request.iteration)) if request.backup else None
             deferred = promotion is not None and request.deferred
-            async for message in self._leaf_messages(params, rows, delay, flag, on_partition, promotion, deferred):
+            report_start = request.report_start and bool(request.request_id)  # a Session's request only
+            async for message in self._leaf_messages(
+                params, rows, delay, flag, on_partition, promotion, deferred, report_start
+            ):
                 yield message
         else:
             for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
@@ -223,9 +226,11 @@ class JobRuntime:
         on_partition: Callable[[int], None] | None,
         promotion: Cancellation | None,
         deferred: bool = False,
+        report_start: bool = False,
     ) -> AsyncIterator[Message | Computing]:
         """A leaf's messages; ``promotion`` (a backup's) says when to compute them at normal priority, and a
-        ``deferred`` backup computes nothing before it is set (its emulated delay runs meanwhile)."""
+        ``deferred`` backup computes nothing before it is set (its emulated delay runs meanwhile). With
+        ``report_start``, :data:`COMPUTING` comes first."""
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
@@ -235,8 +240,8 @@ class JobRuntime:
                     await flag.race(promoted, "its promotion")
                 finally:
                     promoted.cancel()
-            if index == 0 and self.message_seconds >= INLINE_MESSAGE_SECONDS:  # an inline one is as soon sent
-                yield COMPUTING
+            if report_start and index == 0 and self.message_seconds >= INLINE_MESSAGE_SECONDS:
+                yield COMPUTING  # (an inline message goes out as soon)
             vector, seconds = await self._message(computation, row, promotion)
             yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
 

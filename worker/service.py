@@ -308,8 +308,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             sent = 0
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
                 if isinstance(m, Computing):
-                    if request.report_start and request.request_id:
-                        yield started_chunk(request.request_id)
+                    yield started_chunk(request.request_id)
                     continue
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
                 sent += 1

@@ -74,9 +74,14 @@ class ServiceProcess:
         if self.address is None:
             self.kill()
             self.stop()  # closes its output and its log
-            log = self.log_path.read_text()[-2000:]
-            raise RuntimeError(f"{' '.join(self.argv)} did not start within {timeout:.0f} s; its output:\n{log}")
+            raise RuntimeError(
+                f"{' '.join(self.argv)} did not start within {timeout:.0f} s; its output:\n{self.log_tail()}"
+            )
         return self.address
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of what the process printed (for an error that should say why it did not come up)."""
+        return self.log_path.read_text(errors="replace")[-chars:]
 
     @property
     def alive(self) -> bool:

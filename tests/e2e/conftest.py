@@ -106,11 +106,10 @@ class Cluster:
         self.wait_all_up()
 
 
-def log_tails(processes: Sequence[ServiceProcess], chars: int = 2000) -> str:
+def log_tails(processes: Sequence[ServiceProcess]) -> str:
     """The end of each process's log, and whether it still runs: what a set-up timeout should show."""
     return "\n".join(
-        f"--- {p.log_path.name} ({'running' if p.alive else f'exited {p.process.returncode}'}):\n"
-        f"{p.log_path.read_text(errors='replace')[-chars:]}"
+        f"--- {p.log_path.name} ({'running' if p.alive else f'exited {p.process.returncode}'}):\n{p.log_tail()}"
         for p in processes
     )
 
