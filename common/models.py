@@ -168,8 +168,7 @@ class Model(ABC):
         p = self._check_params(params)
         x, labels = self._check_features_labels(X, y)
         out = np.empty(self.num_params + NUM_STATISTICS, dtype=np.float64)
-        loss, out[: self.num_params], score = self._evaluate(p, x, labels, score=True)
-        out[self.num_params :] = (loss, score)
+        out[self.num_params :] = self._evaluate_into(out[: self.num_params], p, x, labels)
         return out
 
     def accuracy_from_score(self, score: float, y: Any) -> float:
@@ -224,6 +223,13 @@ class Model(ABC):
     ) -> tuple[float, FloatArray, float]:
         """Summed loss, gradient and (when ``score``, else 0.0) summed score on already validated arrays."""
 
+    def _evaluate_into(self, grad: FloatArray, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, float]:
+        """:meth:`_evaluate` with its score, the gradient written into ``grad``; returns the loss and the score.
+        A model that can compute straight into ``grad`` overrides it and saves the copy."""
+        loss, gradient, score = self._evaluate(params, X, y, score=True)
+        grad[:] = gradient
+        return loss, score
+
     @abstractmethod
     def _predict(self, params: FloatArray, X: FloatArray) -> FloatArray:
         """Predictions on already validated arrays."""
@@ -264,11 +270,28 @@ class LinearPredictor(Model):
     def _evaluate(
         self, params: FloatArray, X: FloatArray, y: FloatArray, *, score: bool
     ) -> tuple[float, FloatArray, float]:
+        grad = np.empty(self.num_params, dtype=np.float64)
+        loss, outputs = self._forward_backward(grad, params, X, y)
+        return loss, grad, self._score(outputs, y, loss) if score else 0.0
+
+    def _evaluate_into(self, grad: FloatArray, params: FloatArray, X: FloatArray, y: FloatArray) -> tuple[float, float]:
+        loss, outputs = self._forward_backward(grad, params, X, y)
+        return loss, self._score(outputs, y, loss)
+
+    def _forward_backward(
+        self, flat_grad: FloatArray, params: FloatArray, X: FloatArray, y: FloatArray
+    ) -> tuple[float, FloatArray]:
+        """The summed loss and the outputs $Z$; the gradient written into ``flat_grad`` (every entry)."""
         weights, bias = self._weights(params)
         rows = X.shape[0]
         step = max(1, self.block_bytes // max(1, X.itemsize * X.shape[1])) if self.block_bytes else max(1, rows)
         outputs = np.empty((rows, *weights.shape[1:]), dtype=np.float64)
-        grad = np.zeros((self.num_features + 1, *weights.shape[1:]), dtype=np.float64)
+        if not flat_grad.flags.c_contiguous:  # reshaping it would copy, and the gradient would be lost
+            raise ValueError("The gradient buffer must be C-contiguous.")
+        grad = flat_grad.reshape(self.num_features + 1, *weights.shape[1:])
+        grad[-1] = 0.0
+        if rows == 0:
+            grad[:-1] = 0.0
         loss = 0.0
         for start in range(0, rows, step):
             block = X[start : start + step]
@@ -282,7 +305,7 @@ class LinearPredictor(Model):
             else:
                 grad[:-1] += block.T @ residual
             grad[-1] += residual.sum(axis=0)
-        return loss, grad.reshape(-1), self._score(outputs, y, loss) if score else 0.0
+        return loss, outputs
 
 
 class LinearRegression(LinearPredictor):

@@ -118,6 +118,18 @@ def test_predictions_statistics_and_accuracy(digits: Dataset) -> None:
     assert model.accuracy(params, digits.X_test, digits.y_test) == stats[1] / len(digits.y_test)
 
 
+def test_gradient_and_statistics_of_a_model_without_its_own_evaluate_into(digits: Dataset) -> None:
+    """The torch adapter implements only ``_evaluate``: the base class copies its gradient into the message
+    and appends its loss and correct count, as a worker sends them."""
+    model = make_model("digits_mlp", num_features=64, num_classes=10)
+    params = point(model)  # type: ignore[arg-type]
+    X, y = digits.X_train[:50], digits.y_train[:50]
+    stats = model.gradient_and_statistics(params, X, y)
+    assert stats.shape == (model.num_params + 2,)
+    np.testing.assert_array_equal(stats[: model.num_params], model.gradient(params, X, y))
+    np.testing.assert_array_equal(stats[model.num_params :], model.statistics(params, X, y))
+
+
 def test_the_same_seed_builds_the_same_network_and_leaves_the_global_rng_alone() -> None:
     torch.manual_seed(123)
     before = torch.rand(1)
