@@ -17,7 +17,8 @@
    nothing on the master touches the dataset per iteration and the next iteration starts at once.
    Every ``evaluate_every`` iterations, and at the last, the held-out accuracy of the new parameters
    is computed in a thread *beside* training (:func:`~gradcode.master.reporting.evaluate`); reports
-   go out in iteration order, an evaluated one as soon as its evaluation is done.
+   go out in iteration order, an evaluated one as soon as its evaluation is done, and each once the next
+   round has asked its workers (the history file and the watchers are off the critical path).
 
 Target accuracy: the job stops at the first *evaluated* iteration whose held-out accuracy (the
 training accuracy without a test split) reaches the target. Training does not wait for the
@@ -146,6 +147,8 @@ class JobRunner:
         self._outbox: deque[_Outgoing] = deque()
         """Committed iterations whose reports are not published yet (an evaluation ahead of them runs)."""
         self._flushing = asyncio.Lock()
+        self._publishing: set[asyncio.Task[bool]] = set()
+        """Publishes running beside the next round (:meth:`_publish_beside`); kept until the loop sees them done."""
         self._stopped = asyncio.Event()
         """Set when a report has ended the job (its last iteration, or a reached target)."""
         self._gathering: asyncio.Task[Any] | None = None
@@ -249,6 +252,7 @@ class JobRunner:
             log.exception("job %s crashed", self.job_id)
             await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            await self._publishes_done()
             await self._final_checkpoint()
             await self.rounds.close()
             await self.loader.end()
@@ -275,7 +279,9 @@ class JobRunner:
             self._outbox.append(outgoing)
             if t % self.checkpoint_every == 0 and t < last:
                 self._checkpoint_beside()
-            if await self._flush():
+            if t < last:
+                self._publish_beside()
+            elif await self._flush():
                 return
         while self._outbox and not self.done:  # the last evaluation(s) still running
             await asyncio.wait({o.evaluation for o in self._outbox if o.evaluation is not None})
@@ -309,6 +315,25 @@ class JobRunner:
         outgoing.result = await asyncio.to_thread(reporting.evaluate, self.plan, params)
         outgoing.report.test_accuracy = outgoing.result.test_accuracy
         await self._flush()
+
+    def _publish_beside(self) -> None:
+        """Publish the committed reports once the next round has asked its workers (a task: it runs at the round's
+        first wait), so the next iteration never waits for the history file and the watchers. The failure of an
+        earlier one is raised here, into the loop, as a publish in the loop itself would have raised it."""
+        for done in [task for task in self._publishing if task.done()]:
+            self._publishing.discard(done)
+            done.result()
+        task = asyncio.get_running_loop().create_task(self._flush(), name=f"job-{self.job_id}-publish")
+        self._publishing.add(task)
+
+    async def _publishes_done(self) -> None:
+        """Wait for the publishes still running beside the loop (on the way out); log the failure of any."""
+        with contextlib.suppress(asyncio.CancelledError):
+            results = await asyncio.shield(asyncio.gather(*self._publishing, return_exceptions=True))
+            for result in results:
+                if isinstance(result, Exception):
+                    log.error("job %s: publishing a report failed: %s", self.job_id, result)
+        self._publishing.clear()
 
     async def _flush(self) -> bool:
         """Publish the reports at the head of the outbox whose evaluation is done, in iteration order.

@@ -23,6 +23,7 @@ import pytest
 
 from gradcode.common.data import load_dataset
 from gradcode.common.models import Model, make_model
+from gradcode.common.round import Round
 from gradcode.common.serving import ServingHandle, start_server
 from gradcode.common.wire import MessageAssembler, array_from_tensor, message_chunks, struct_from_dict
 from gradcode.master import reporting, service
@@ -186,6 +187,34 @@ async def test_messages_a_parent_decoded_approximately_make_the_iteration_inexac
         assert info.state == master_pb2.JOB_STATE_FAILED
         assert "differs from the centralized one by relative error" in info.message
         assert "refusing to step with a wrong gradient" in info.message and info.iterations_done == 0
+
+
+# ---- reports: off the critical path, in order ------------------------------------------------------------
+async def test_a_report_is_published_once_the_next_round_has_asked_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history file and the watchers wait for nothing and nobody waits for them: iteration t's report is
+    written once round t + 1 has asked its workers (the last iteration's at once), and reports stay in order."""
+    events: list[tuple[str, int]] = []
+    gather, append = Round.gather, reporting.History.append
+
+    def asking(self: Round, *args: Any, **kwargs: Any) -> Any:
+        events.append(("ask", self.iteration))  # the round's requests go out at the start of its gather
+        return gather(self, *args, **kwargs)
+
+    def publishing(self: reporting.History, report: master_pb2.IterationReport) -> None:
+        events.append(("publish", report.iteration))
+        append(self, report)
+
+    monkeypatch.setattr(Round, "gather", asking)
+    monkeypatch.setattr(reporting.History, "append", publishing)
+    async with asyncio.timeout(TIMEOUT), running_master(2) as master:
+        ids = await master.wait_workers(2)
+        info, reports = await master.run(job_spec("uncoded", {"n": 2}, worker_ids=ids, iterations=5))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert [r.iteration for r in reports] == [1, 2, 3, 4, 5]
+    assert [t for kind, t in events if kind == "publish"] == [1, 2, 3, 4, 5]
+    for t in range(1, 5):
+        assert events.index(("ask", t + 1)) < events.index(("publish", t)), events
+    assert events[-1] == ("publish", 5)
 
 
 # ---- cancel: GetModel never runs ahead of its iteration number ------------------------------------
