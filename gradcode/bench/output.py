@@ -1,5 +1,5 @@
-"""What every benchmark shares: where results go, the machine's load, saving JSON beside a PNG, and waiting for a
-cluster's workers."""
+"""What every benchmark shares: where results go, the machine's load, saving JSON beside a PNG, waiting for a
+cluster's workers, and a job's medians and CPU."""
 
 from __future__ import annotations
 
@@ -7,20 +7,25 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient
 from gradcode.v1 import master_pb2
 
 __all__ = [
     "RESULTS",
     "SKIP_ITERATIONS",
+    "cluster_pids",
     "cpu_seconds",
     "free_port",
+    "job_medians",
     "load_average",
+    "run_with_cpu",
     "save",
     "steady_periods",
     "up_workers",
@@ -75,3 +80,45 @@ async def up_workers(client: GradcodeClient, count: int, timeout: float) -> list
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {len(up)} of {count} workers registered UP within {timeout:.0f} s")
         await asyncio.sleep(0.05)
+
+
+def cluster_pids(cluster: LocalCluster) -> list[int]:
+    """The master's process id, then the workers'."""
+    if cluster.master is None:
+        raise RuntimeError("the cluster has no master running")
+    return [cluster.master.process.pid, *(w.process.pid for w in cluster.workers)]
+
+
+async def run_with_cpu(
+    client: GradcodeClient, spec: master_pb2.JobSpec, pids: list[int]
+) -> tuple[list[master_pb2.IterationReport], float, float]:
+    """Run a job; its reports and the CPU seconds per iteration the master (``pids[0]``) and the workers (the
+    rest, together) used after the first :data:`SKIP_ITERATIONS` (job loading and warm-up left out)."""
+    steady: list[float] = []
+
+    def sample(report: master_pb2.IterationReport) -> None:
+        if report.iteration == SKIP_ITERATIONS:
+            steady.extend(cpu_seconds(pid) for pid in pids)
+
+    _, reports = await client.run(spec, sample)
+    used = [cpu_seconds(pid) - before for pid, before in zip(pids, steady, strict=True)]
+    counted = len(reports) - SKIP_ITERATIONS
+    return reports, used[0] / counted, sum(used[1:]) / counted
+
+
+def job_medians(reports: Sequence[master_pb2.IterationReport]) -> dict[str, float]:
+    """Medians of one job's reports after the first :data:`SKIP_ITERATIONS`."""
+    kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
+
+    def timing(pick: Callable[[Iterator[float]], float]) -> float:
+        return statistics.median(pick(t.seconds for t in r.timings) if r.timings else 0.0 for r in kept)
+
+    return {
+        "iterations": len(reports),
+        "wall_s": statistics.median(r.wall_seconds for r in kept),
+        "decode_s": statistics.median(r.decode_seconds for r in kept),
+        "first_s": timing(min),
+        "gather_s": timing(max),
+        "period_s": statistics.median(steady_periods([r.elapsed_seconds for r in reports])),
+        "used_workers": statistics.median(len(r.used_workers) for r in kept),
+    }

@@ -103,11 +103,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.bench.output import (
     RESULTS,
-    SKIP_ITERATIONS,
+    cluster_pids,
     cpu_seconds,
+    job_medians,
     load_average,
+    run_with_cpu,
     save,
-    steady_periods,
     up_workers,
 )
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
@@ -129,7 +130,7 @@ from gradcode.common.wire import (
     parse_chunk,
     row_definition,
 )
-from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = ["main", "run"]
 
@@ -965,48 +966,6 @@ def worker_compute_time(n: int, s: int, repeats: int, workload: Workload | None 
     return median_time(lambda: model.gradient(params, X, y), max(repeats, 20))
 
 
-def _pids(cluster: LocalCluster) -> list[int]:
-    """The master's process id, then the workers'."""
-    if cluster.master is None:
-        raise RuntimeError("the cluster has no master running")
-    return [cluster.master.process.pid, *(w.process.pid for w in cluster.workers)]
-
-
-async def _run_with_cpu(
-    client: GradcodeClient, spec: master_pb2.JobSpec, pids: list[int]
-) -> tuple[list[master_pb2.IterationReport], float, float]:
-    """Run a job; its reports and the CPU seconds per iteration the master (``pids[0]``) and the workers (the
-    rest, together) used after the first :data:`SKIP_ITERATIONS` (job loading and warm-up left out)."""
-    steady: list[float] = []
-
-    def sample(report: master_pb2.IterationReport) -> None:
-        if report.iteration == SKIP_ITERATIONS:
-            steady.extend(cpu_seconds(pid) for pid in pids)
-
-    _, reports = await client.run(spec, sample)
-    used = [cpu_seconds(pid) - before for pid, before in zip(pids, steady, strict=True)]
-    counted = len(reports) - SKIP_ITERATIONS
-    return reports, used[0] / counted, sum(used[1:]) / counted
-
-
-def _job_medians(reports: Sequence[master_pb2.IterationReport]) -> dict[str, float]:
-    """Medians of one job's reports after the first :data:`SKIP_ITERATIONS`."""
-    kept = [r for r in reports if r.iteration > SKIP_ITERATIONS]
-
-    def timing(pick: Callable[[Iterator[float]], float]) -> float:
-        return statistics.median(pick(t.seconds for t in r.timings) if r.timings else 0.0 for r in kept)
-
-    return {
-        "iterations": len(reports),
-        "wall_s": statistics.median(r.wall_seconds for r in kept),
-        "decode_s": statistics.median(r.decode_seconds for r in kept),
-        "first_s": timing(min),
-        "gather_s": timing(max),
-        "period_s": statistics.median(steady_periods([r.elapsed_seconds for r in reports])),
-        "used_workers": statistics.median(len(r.used_workers) for r in kept),
-    }
-
-
 async def _iteration_jobs(
     clusters: dict[str, LocalCluster], sizes: Sequence[int], iterations: int, rtt_calls: int, workload: Workload
 ) -> tuple[float, list[dict[str, Any]]]:
@@ -1029,8 +988,8 @@ async def _iteration_jobs(
                 )  # fmt: skip
                 for path, client in clients.items():
                     load = load_average()
-                    reports, cpu_master, cpu_workers = await _run_with_cpu(client, spec, _pids(clusters[path]))
-                    rows.append({"n": n, "scheme": scheme, "s": s, "path": path, **_job_medians(reports)})
+                    reports, cpu_master, cpu_workers = await run_with_cpu(client, spec, cluster_pids(clusters[path]))
+                    rows.append({"n": n, "scheme": scheme, "s": s, "path": path, **job_medians(reports)})
                     rows[-1].update(
                         {
                             "load_average": [load, load_average()],
