@@ -10,6 +10,7 @@
     gradcode jobs                      list the jobs a master holds and their states
     gradcode workers                   list the workers a master knows
     gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
+    gradcode bench wide [--quick]      n = 16, p = 1e5: gradcode against the floor of the same work
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -497,7 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHMARKS = {"training": "gradcode.bench.training", "transport": "gradcode.bench.transport"}
+BENCHMARKS = {
+    "training": "gradcode.bench.training",
+    "transport": "gradcode.bench.transport",
+    "wide": "gradcode.bench.wide",
+}
 """``gradcode bench NAME ARGS``: runs ``python -m MODULE ARGS``."""
 
 
