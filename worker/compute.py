@@ -21,6 +21,7 @@ score), so every message carries the coded training statistics too and is
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -268,8 +269,14 @@ class IterationComputation:
 
     def magnitude(self, row: int) -> float:
         r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error
-        certificate a bound even when the partial gradients cancel inside the message."""
+        certificate a bound even when the partial gradients cancel inside the message.
+
+        NaN (not sent) for a row of one partition: $|c| \|g\|$ is then the message's own norm, which the
+        receiver measures and its certificate uses in place of a missing magnitude (exactly, for one partition:
+        :func:`~gradcode.common.codes.numerics.certify_combination`), so this pass over the gradient is saved."""
         spec, n = self.job.rows[row], self.job.num_params
+        if len(spec.partitions) == 1:
+            return math.nan
         norms = [np.linalg.norm(self.partials[j][:n]) for j in spec.partitions]  # the gradient, not the statistics
         return float(np.abs(spec.coefficients) @ norms)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes import make_code
+from gradcode.common.codes.numerics import RowProfile, certify_combination, unit_roundoff
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
 from tests.worker.conftest import (
@@ -213,6 +214,31 @@ def test_bad_labels_refused_at_load() -> None:
         nan.add(c)
     with pytest.raises(JobSetupError, match="Partition 0 holds NaN or infinite values"):
         nan.finish()
+
+
+def test_a_row_of_one_partition_sends_no_magnitude_and_the_certificate_is_the_same_without_it() -> None:
+    """|b| ||g|| of a one-partition row is its message's norm: the worker does not compute it (NaN: not sent)
+    and the receiver's estimate rho ||m|| (rho = 1) certifies the same bound as the magnitude would. A row of
+    several partitions still sends it (cyclic)."""
+    theta = random_params()
+    for code in (make_code("uncoded", n=3), make_code("cyclic", n=3, s=1)):
+        partitions = make_partitions(code.k)
+        job = build_job(job_setup(code, 0), data_for(code, 0, partitions))
+        computation = job.start(theta)
+        for row in job.check_rows(code.static_assignment().rows[0]):
+            message, _ = computation.message(row)
+            if len(code.support(row)) > 1:
+                assert np.isfinite(computation.magnitude(row))
+                continue
+            assert np.isnan(computation.magnitude(row))
+            norm = float(np.linalg.norm(message[: job.num_params]))
+            weights = np.ones(1)
+            profile = RowProfile.of(weights, np.asarray(code.B)[[row]])
+            u = unit_roundoff(np.float64)
+            without = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[np.nan])
+            true = float(abs(code.coefficients(row)[0])) * norm
+            with_it = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[true])
+            assert without.bound == pytest.approx(with_it.bound, rel=1e-12)
 
 
 @pytest.mark.parametrize("with_statistics", [False, True])
