@@ -35,7 +35,7 @@ from gradcode.common.codes.base import Array, GradientCode, OnlineDecoder
 from gradcode.common.codes.registry import make_code
 from gradcode.common.data import Dataset, load_dataset, partition_indices
 from gradcode.common.models import Model, make_model
-from gradcode.common.serving import limit_blas_threads
+from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.optimizer import Optimizer, make_optimizer, mean_gradient
 
@@ -98,6 +98,7 @@ def _write_messages(
 
 def _worker(job: BareJob, worker: int, directory: str, length: int, conn: Connection) -> None:
     """One bare worker: on each wake-up, its messages from the model file into its slots, then one byte back."""
+    reuse_large_buffers()  # as gradcode's services: gradient-sized buffers are reused, not page-faulted afresh
     dataset, model, parts = job.data()
     code = job.code()
     partitions = _partitions(job, dataset, parts, worker)
@@ -135,6 +136,7 @@ class BarePool:
         self._conns: list[Connection] = []
         self._processes = []
         limit_blas_threads()  # here, and in the workers it spawns: one thread each, as gradcode's processes
+        reuse_large_buffers()
         for worker in range(job.n):
             here, there = context.Pipe()
             process = context.Process(target=_worker, args=(job, worker, str(path), self.length, there), daemon=True)
