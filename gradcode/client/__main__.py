@@ -11,6 +11,7 @@
     gradcode workers                   list the workers a master knows
     gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
     gradcode bench wide [--quick]      n = 16, p = 1e5: gradcode against the floor of the same work
+    gradcode bench chaos [--quick]     verified jobs while workers are frozen and killed
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -499,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCHMARKS = {
+    "chaos": "gradcode.bench.chaos",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",
     "wide": "gradcode.bench.wide",
@@ -507,8 +509,9 @@ BENCHMARKS = {
 
 
 def _bench(args: argparse.Namespace) -> int:
-    importlib.import_module(BENCHMARKS[args.benchmark]).main(args.bench_args)
-    return 0
+    """The benchmark's own exit status (chaos: 1 when a job failed or an iteration was inexact)."""
+    status = importlib.import_module(BENCHMARKS[args.benchmark]).main(args.bench_args)
+    return int(status or 0)
 
 
 SERVICES = {"master": "gradcode.master.__main__", "worker": "gradcode.worker.__main__"}
