@@ -147,8 +147,8 @@ class JobRunner:
         self._outbox: deque[_Outgoing] = deque()
         """Committed iterations whose reports are not published yet (an evaluation ahead of them runs)."""
         self._flushing = asyncio.Lock()
-        self._publishing: set[asyncio.Task[bool]] = set()
-        """Publishes running beside the next round (:meth:`_publish_beside`); kept until the loop sees them done."""
+        self._publishing: asyncio.Task[bool] | None = None
+        """The publish running beside the next round (:meth:`_publish_beside`), kept until the loop sees it done."""
         self._stopped = asyncio.Event()
         """Set when a report has ended the job (its last iteration, or a reached target)."""
         self._gathering: asyncio.Task[Any] | None = None
@@ -318,22 +318,26 @@ class JobRunner:
 
     def _publish_beside(self) -> None:
         """Publish the committed reports once the next round has asked its workers (a task: it runs at the round's
-        first wait), so the next iteration never waits for the history file and the watchers. The failure of an
-        earlier one is raised here, into the loop, as a publish in the loop itself would have raised it."""
-        for done in [task for task in self._publishing if task.done()]:
-            self._publishing.discard(done)
-            done.result()
-        task = asyncio.get_running_loop().create_task(self._flush(), name=f"job-{self.job_id}-publish")
-        self._publishing.add(task)
+        first wait), so the next iteration never waits for the history file and the watchers. One still running
+        publishes this report too (it flushes to the end of the outbox). The failure of an earlier one is raised
+        here, into the loop, as a publish in the loop itself would have raised it."""
+        previous = self._publishing
+        if previous is not None and not previous.done():
+            return
+        if previous is not None:
+            previous.result()
+        self._publishing = asyncio.get_running_loop().create_task(self._flush(), name=f"job-{self.job_id}-publish")
 
     async def _publishes_done(self) -> None:
-        """Wait for the publishes still running beside the loop (on the way out); log the failure of any."""
+        """Wait for the publish still running beside the loop (on the way out); log its failure."""
+        task, self._publishing = self._publishing, None
+        if task is None:
+            return
         with contextlib.suppress(asyncio.CancelledError):
-            results = await asyncio.shield(asyncio.gather(*self._publishing, return_exceptions=True))
-            for result in results:
-                if isinstance(result, Exception):
-                    log.error("job %s: publishing a report failed: %s", self.job_id, result)
-        self._publishing.clear()
+            try:
+                await asyncio.shield(task)
+            except Exception as exc:
+                log.error("job %s: publishing a report failed: %s", self.job_id, exc)
 
     async def _flush(self) -> bool:
         """Publish the reports at the head of the outbox whose evaluation is done, in iteration order.
