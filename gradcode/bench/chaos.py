@@ -53,11 +53,15 @@ class Tally:
     failed_jobs: list[str] = field(default_factory=list)
     iterations: int = 0
     inexact: int = 0
-    worst_error: float = 0.0
     job_errors: list[float] = field(default_factory=list)
+    """The worst verified relative error of each job that succeeded."""
     freezes: int = 0
     kills: int = 0
     replacements_failed: int = 0
+
+    @property
+    def worst_error(self) -> float:
+        return max(self.job_errors, default=0.0)
 
 
 def _inflict(cluster: LocalCluster, tally: Tally, stop: threading.Event, seed: int) -> None:
@@ -105,11 +109,9 @@ async def _jobs(cluster: LocalCluster, workers: int, seconds: float, max_jobs: i
                 except JobFailedError as exc:
                     tally.failed_jobs.append(str(exc))
                     continue
-                errors = [r.verify_error for r in reports]
                 tally.iterations += len(reports)
                 tally.inexact += sum(not r.exact for r in reports)
-                tally.job_errors.append(max(errors, default=0.0))
-                tally.worst_error = max([tally.worst_error, *errors])
+                tally.job_errors.append(max((r.verify_error for r in reports), default=0.0))
         finally:
             stop.set()
             chaos.join(2 * PAUSE[1] + START_TIMEOUT)
@@ -161,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{tally.iterations:>10} {len(tally.failed_jobs):>11} {tally.inexact:>7} {tally.worst_error:>11.1e}")
     for message in tally.failed_jobs[:5]:
         print(f"failed: {message}")
-    result = {**asdict(tally), "workers": args.workers, "quick": args.quick,
+    result = {**asdict(tally), "worst_error": tally.worst_error, "workers": args.workers, "quick": args.quick,
               "loadavg_before": load_before, "loadavg_after": load_after}  # fmt: skip
     save(result, args.out, "chaos", lambda path: _plot(tally, path, load))
     return 0 if not tally.failed_jobs and not tally.inexact else 1

@@ -34,7 +34,7 @@ from gradcode.client.sdk import code_params_for
 from gradcode.common.codes.base import Array, GradientCode, OnlineDecoder
 from gradcode.common.codes.registry import make_code
 from gradcode.common.data import Dataset, load_dataset, partition_indices
-from gradcode.common.models import Model, make_model
+from gradcode.common.models import Model, make_model, message_length
 from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.optimizer import Optimizer, make_optimizer, mean_gradient
@@ -80,9 +80,9 @@ def _mapped(path: Path, length: int) -> np.ndarray[Any, np.dtype[np.float64]]:
 Partitions = dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]
 
 
-def _partitions(job: BareJob, dataset: Dataset, parts: list[Any], worker: int) -> Partitions:
+def _partitions(code: GradientCode, dataset: Dataset, parts: list[Any], worker: int) -> Partitions:
     """Worker ``worker``'s partitions: features and labels by partition index."""
-    return {j: (dataset.X_train[parts[j]], dataset.y_train[parts[j]]) for j in job.code().partitions_of_worker(worker)}
+    return {j: (dataset.X_train[parts[j]], dataset.y_train[parts[j]]) for j in code.partitions_of_worker(worker)}
 
 
 def _write_messages(
@@ -101,7 +101,7 @@ def _worker(job: BareJob, worker: int, directory: str, length: int, conn: Connec
     reuse_large_buffers()  # as gradcode's services: gradient-sized buffers are reused, not page-faulted afresh
     dataset, model, parts = job.data()
     code = job.code()
-    partitions = _partitions(job, dataset, parts, worker)
+    partitions = _partitions(code, dataset, parts, worker)
     params = _mapped(Path(directory) / "model", model.num_params)
     slots = {row: _mapped(Path(directory) / f"row-{row}", length) for row in code.rows_for_worker(worker)}
     conn.send_bytes(_DONE)
@@ -117,9 +117,9 @@ class BarePool:
         self.job = job
         self.code = job.code()
         dataset, self.model, parts = job.data()
-        self._partitions = [_partitions(job, dataset, parts, w) for w in range(job.n)]
+        self._partitions = [_partitions(self.code, dataset, parts, w) for w in range(job.n)]
         self.num_train = dataset.num_train
-        self.length = self.model.num_params + 2  # the gradient, then the summed loss and score
+        self.length = message_length(self.model, statistics=True)
         self.optimizer: Optimizer | None = None
         """The last run's optimizer (its parameters where that run left them)."""
         root = DEFAULT_ROOT if DEFAULT_ROOT.is_dir() else None
