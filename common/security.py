@@ -13,9 +13,18 @@
   nothing) and the Worker methods of a worker that never registers (a ``--workers`` list) take the
   *worker call token* derived from the join secret. The health service is always open (probes);
   reflection is off by default when authentication is on.
+* Who a worker process is (:func:`new_process_secret`, :func:`hello_proof`, :func:`proves`): each worker
+  process makes a random secret at start and sends it, with the join secret, only to its master when it
+  registers; the master admits it (and mints or keeps its call token) only when the process answering
+  ``Worker.Hello`` at the advertised address proves it holds that secret, by an HMAC of a fresh nonce.
+  Hello tells anyone the proof of any nonce they choose, which helps nobody who lacks the secret: the
+  master checks the proof under the secret the *registering* process sent, with a nonce of its own.
+* :func:`refuse_if_exposed` — listening beyond loopback without TLS and a join secret is refused unless
+  ``--insecure`` (``GRADCODE_INSECURE``) says so.
 * :func:`add_security_arguments` / :func:`security_from_args` — the flags and their environment
   variables (``GRADCODE_TLS_CERT``, ``GRADCODE_TLS_KEY``, ``GRADCODE_TLS_CA``, ``GRADCODE_MTLS``,
-  ``GRADCODE_TOKEN``, ``GRADCODE_JOIN_SECRET``, ``GRADCODE_REFLECTION``, ``GRADCODE_TLS_SERVER_NAME``).
+  ``GRADCODE_TOKEN``, ``GRADCODE_JOIN_SECRET``, ``GRADCODE_REFLECTION``, ``GRADCODE_TLS_SERVER_NAME``,
+  ``GRADCODE_INSECURE``).
 * :func:`short` — at most a short prefix of any caller input, for error texts.
 
 Tokens travel as ``authorization: Bearer <token>`` metadata; over plaintext they are readable by
@@ -32,6 +41,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,9 +54,14 @@ __all__ = [
     "AUTH_METADATA_KEY",
     "AuthInterceptor",
     "CallToken",
+    "ExposedError",
     "Security",
     "add_security_arguments",
+    "hello_proof",
     "is_loopback",
+    "new_process_secret",
+    "proves",
+    "refuse_if_exposed",
     "security_from_args",
     "short",
     "warn_if_exposed",
@@ -62,6 +77,15 @@ MASTER_SERVICE = "/gradcode.v1.Master/"
 WORKER_SERVICE = "/gradcode.v1.Worker/"
 REGISTER_METHOD = MASTER_SERVICE + "RegisterWorker"
 HELLO_METHOD = WORKER_SERVICE + "Hello"
+_HELLO_PROOF_CONTEXT = b"gradcode/v1 hello proof\0"
+PROCESS_SECRET_BYTES = 32
+"""Length of the secret each worker process makes at start."""
+MIN_PROCESS_SECRET_BYTES, MAX_PROCESS_SECRET_BYTES = 16, 64
+"""Bounds on a process secret the master accepts."""
+NONCE_BYTES = 32
+"""Length of the master's Hello challenge."""
+MAX_NONCE_BYTES = 64
+"""Longest Hello challenge a worker answers."""
 
 
 def short(text: str, limit: int = 48) -> str:
@@ -79,6 +103,39 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def new_process_secret() -> bytes:
+    """A worker process's secret: :data:`PROCESS_SECRET_BYTES` random bytes, made once at its start."""
+    return secrets.token_bytes(PROCESS_SECRET_BYTES)
+
+
+def new_nonce() -> bytes:
+    """A fresh Hello challenge."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def hello_proof(secret: bytes, nonce: bytes) -> bytes:
+    """HMAC-SHA256 of ``nonce`` (after a fixed label) under a process ``secret``: what Hello answers.
+
+    Anyone may ask for the proof of any nonce; it reveals nothing of the secret (HMAC is a PRF), and only
+    a holder of the secret can compute the proof of a nonce it was not shown.
+    """
+    return hmac.new(secret, _HELLO_PROOF_CONTEXT + nonce, hashlib.sha256).digest()
+
+
+def proves(secret: bytes, nonce: bytes, proof: bytes) -> bool:
+    """``proof`` is :func:`hello_proof` of ``nonce`` under ``secret`` (constant-time comparison)."""
+    return bool(secret) and bool(nonce) and hmac.compare_digest(hello_proof(secret, nonce), proof)
+
+
+def check_process_secret(secret: bytes) -> None:
+    """ValueError unless ``secret`` has a length a worker process's secret may have."""
+    if not MIN_PROCESS_SECRET_BYTES <= len(secret) <= MAX_PROCESS_SECRET_BYTES:
+        raise ValueError(
+            f"The worker's process secret is {len(secret)} bytes; it must be {MIN_PROCESS_SECRET_BYTES} to "
+            f"{MAX_PROCESS_SECRET_BYTES} random bytes (a worker from an older gradcode sends none: upgrade it)."
+        )
 
 
 def _read(path: Path | None, what: str) -> bytes | None:
@@ -113,6 +170,8 @@ class Security:
     server_name: str | None = None
     """Name to verify in the servers' certificates instead of the host of the address (a cluster
     whose certificates name a single DNS name)."""
+    insecure: bool = False
+    """Listen beyond loopback without TLS or a join secret anyway (:func:`refuse_if_exposed`)."""
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -271,6 +330,30 @@ class Security:
         return f"{transport}, {'authentication: ' + ', '.join(auth) if auth else 'no authentication'}"
 
 
+class ExposedError(ValueError):
+    """A server would listen beyond loopback without TLS and a join secret, and ``--insecure`` was not given."""
+
+
+def refuse_if_exposed(host: str, security: Security) -> None:
+    """:class:`ExposedError` saying how to set security up when ``host`` is not loopback and ``security`` lacks
+    TLS or a join secret, unless ``security.insecure``: with either missing, anyone who reaches the port could
+    register as a worker and poison every model (or, on a worker, drive it)."""
+    if is_loopback(host) or security.insecure:
+        return
+    missing = [what for what, on in (("TLS", security.server_tls), ("a join secret", security.join_secret)) if not on]
+    if not missing:
+        return
+    raise ExposedError(
+        f"Refusing to listen on {host or 'all interfaces'} without {' and '.join(missing)}: anyone who reaches "
+        "this port could register as a worker and poison the model, or drive this node. Set security up: "
+        "`gradcode certs --out certs --host NAME` (every name and IP the nodes are reached at), then give the "
+        "master and every worker --tls-cert/--tls-key/--tls-ca (GRADCODE_TLS_CERT, GRADCODE_TLS_KEY, "
+        "GRADCODE_TLS_CA, and GRADCODE_MTLS=1 for mutual TLS) and the same --join-secret (GRADCODE_JOIN_SECRET), "
+        "and the master a client token (GRADCODE_TOKEN); see the README's Security section. Or listen on "
+        "127.0.0.1, or pass --insecure (GRADCODE_INSECURE=1) on a network you trust completely."
+    )
+
+
 def warn_if_exposed(host: str, security: Security, services: Sequence[str] = ()) -> None:
     """Log loudly when a server listens in plaintext (or without authentication) beyond loopback."""
     if is_loopback(host):
@@ -328,6 +411,10 @@ class CallToken:
         if token:
             self.value = token
         self._idle.set()
+
+    def revoke(self) -> None:
+        """Forget the token: its master no longer knows this process as the worker at its address."""
+        self.value = None
 
     async def settled(self) -> None:
         """Wait until no registration is in flight (each is bounded by its RPC timeout)."""
@@ -539,6 +626,9 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
         g.add_argument("--reflection", action=argparse.BooleanOptionalAction, default=None,
                        help="serve gRPC reflection (default: on without authentication, off with it) "
                        "[GRADCODE_REFLECTION]")  # fmt: skip
+        g.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=None,
+                       help="listen on a non-loopback address even without TLS and a join secret (refused "
+                       "otherwise): only on a network you trust completely [GRADCODE_INSECURE=1]")  # fmt: skip
 
 
 def security_from_args(args: argparse.Namespace) -> Security:
@@ -548,10 +638,13 @@ def security_from_args(args: argparse.Namespace) -> Security:
     reflection = getattr(args, "reflection", None)
     if reflection is None:
         reflection = _env_flag("GRADCODE_REFLECTION")
+    insecure = getattr(args, "insecure", None)
+    if insecure is None:
+        insecure = bool(_env_flag("GRADCODE_INSECURE"))
     security = Security(
         cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, mutual=mutual, tls=tls,
         token=getattr(args, "token", None), join_secret=getattr(args, "join_secret", None),
-        reflection=reflection, server_name=args.tls_server_name,
+        reflection=reflection, server_name=args.tls_server_name, insecure=insecure,
     )  # fmt: skip
     security.server_credentials()  # read every file now: a missing one is a usage error, not a crash later
     security.channel_credentials()

@@ -51,7 +51,7 @@ from gradcode.common.exceptions import (
 )
 from gradcode.common.link import LinkServer
 from gradcode.common.logs import set_log_context
-from gradcode.common.security import Security, short
+from gradcode.common.security import MAX_NONCE_BYTES, Security, hello_proof, new_process_secret, short
 from gradcode.common.session import serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
@@ -95,6 +95,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         max_jobs: int = MAX_JOBS,
         security: Security | None = None,
         instance_id: str = "",
+        process_secret: bytes | None = None,
         chunk_bytes: int | None = None,
         data_dir: Path | None = None,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
@@ -112,7 +113,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.security = security or Security()
         """How a tree parent reaches its children (TLS; their call tokens come in the job's ChildSpecs)."""
         self.instance_id = instance_id
-        """What Hello answers: the random id this process registered with."""
+        """What Hello answers: the random id this process registered with (a label)."""
+        self.process_secret = process_secret or new_process_secret()
+        """This process's secret, sent only to its master when it registers; Hello proves it holds it."""
         self.data_dir = data_dir
         """The only directory worker-local jobs read data files from (None: none)."""
         self.max_data_file_bytes = max_data_file_bytes
@@ -365,11 +368,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.EndJobReply()
 
     # ---- Hello ---------------------------------------------------------------------------------
+    @grpc_errors
     async def Hello(  # noqa: N802 - proto name
         self, request: worker_pb2.HelloRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.HelloReply:
-        """Which process answers at this address: the master admits a registration only where it matches."""
-        return worker_pb2.HelloReply(instance_id=self.instance_id)
+        """Which process answers at this address: the proof that it holds its process secret, for the master's
+        nonce (the master admits a registration only where the secret it was sent is proven)."""
+        if len(request.nonce) > MAX_NONCE_BYTES:
+            raise InvalidRequestError(f"Hello's nonce is {len(request.nonce)} bytes; at most {MAX_NONCE_BYTES}.")
+        proof = hello_proof(self.process_secret, request.nonce) if request.nonce else b""
+        return worker_pb2.HelloReply(instance_id=self.instance_id, proof=proof)
 
     def drain(self) -> None:
         """The node is shutting down: sessions take no new request, finish the running ones and end."""

@@ -166,12 +166,13 @@ async def test_token_without_tls_on_loopback_and_reflection_switch() -> None:
             assert "gradcode.v1.Master" in names
 
 
-async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCaptureFixture) -> None:
+async def test_plaintext_beyond_loopback_is_logged_loudly_when_allowed(caplog: pytest.LogCaptureFixture) -> None:
     from gradcode.common.serving import start_server
 
     for host, loud in (("127.0.0.1", False), ("0.0.0.0", True)):
         caplog.clear()
-        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"])
+        allowed = Security(insecure=True)  # beyond loopback it is refused without this (test_exposure.py)
+        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"], security=allowed)
         await handle.stop(None)
         assert any("LISTENING IN PLAINTEXT" in r.getMessage() for r in caplog.records) == loud, host
         assert any("No client token" in r.getMessage() for r in caplog.records) == loud, host
