@@ -628,7 +628,7 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
                        "[GRADCODE_REFLECTION]")  # fmt: skip
         g.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=None,
                        help="listen on a non-loopback address even without TLS and a join secret (refused "
-                       "otherwise): only on a network you trust completely [GRADCODE_INSECURE=1]")  # fmt: skip
+                       "otherwise): only on a network you trust completely [GRADCODE_INSECURE]")  # fmt: skip
 
 
 def security_from_args(args: argparse.Namespace) -> Security:
