@@ -344,3 +344,92 @@ async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply
         token.registering()
         token.registered(None)  # a failed registration keeps the token
         assert await call("minted-0123456789abcdef") is admitted
+
+
+# ---- safe by default: plaintext without secrets listens on loopback only ---------------------------------------
+def test_listening_beyond_loopback_needs_tls_and_a_join_secret_or_an_explicit_insecure() -> None:
+    from gradcode.common.security import ExposedError, refuse_if_exposed
+
+    tls = {"cert": Path("node.pem"), "key": Path("node-key.pem")}  # only whether they are set matters here
+    allowed = [
+        ("127.0.0.1", Security()), ("localhost", Security()), ("::1", Security()), ("127.0.0.2", Security()),
+        ("0.0.0.0", Security(**tls, join_secret=JOIN)), ("10.1.2.3", Security(**tls, join_secret=JOIN, token=TOKEN)),
+        ("0.0.0.0", Security(insecure=True)), ("::", Security(join_secret=JOIN, insecure=True)),
+    ]  # fmt: skip
+    for host, security in allowed:
+        refuse_if_exposed(host, security)
+    refused = [
+        ("0.0.0.0", Security(), "without TLS and a join secret"),
+        ("", Security(), "on all interfaces without TLS and a join secret"),
+        ("::", Security(token=TOKEN), "without TLS and a join secret"),
+        ("worker-1.internal", Security(join_secret=JOIN, token=TOKEN), "without TLS:"),
+        ("10.1.2.3", Security(**tls), "without a join secret"),
+        ("10.1.2.3", Security(**tls, token=TOKEN, mutual=True, ca=Path("ca.pem")), "without a join secret"),
+    ]
+    for host, security, what in refused:
+        with pytest.raises(ExposedError, match=what) as info:
+            refuse_if_exposed(host, security)
+        assert "`gradcode certs" in str(info.value) and "--insecure (GRADCODE_INSECURE=1)" in str(info.value)
+
+
+async def test_a_server_never_binds_an_exposed_address_without_security() -> None:
+    from gradcode.common.security import ExposedError
+    from gradcode.common.serving import start_server
+
+    with pytest.raises(ExposedError, match=r"Refusing to listen on 0\.0\.0\.0"):
+        await start_server("0.0.0.0", 0, registrars=[], service_names=["gradcode.v1.Worker"])
+    node = WorkerNode("0.0.0.0", 0, grace=0.1)
+    with pytest.raises(ExposedError, match="without TLS and a join secret"):
+        await node.start()
+    await node.shutdown()
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_the_cli_refuses_exposed_plaintext_unless_told_insecure(
+    role: str, certs: CertificateSet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.master import __main__ as master_main
+    from gradcode.worker import __main__ as worker_main
+
+    parse = (master_main if role == "master" else worker_main).parse_arguments
+    for name in [n for n in __import__("os").environ if n.startswith("GRADCODE_")]:
+        monkeypatch.delenv(name)
+    for argv in (["--listen", "0.0.0.0:50099"], ["--listen", "[::]:50099", "--join-secret", JOIN]):
+        with pytest.raises(SystemExit) as exited:
+            parse(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "Refusing to listen" in err and "`gradcode certs" in err and "--insecure" in err
+    assert parse(["--listen", "0.0.0.0:50099", "--insecure"]).security.insecure
+    monkeypatch.setenv("GRADCODE_INSECURE", "1")
+    assert parse(["--listen", "0.0.0.0:50099"]).security.insecure
+    with pytest.raises(SystemExit):  # the flag wins over the variable
+        parse(["--listen", "0.0.0.0:50099", "--no-insecure"])
+    monkeypatch.setenv("GRADCODE_INSECURE", "maybe")
+    with pytest.raises(SystemExit):
+        parse(["--listen", "127.0.0.1:50099"])
+    assert "GRADCODE_INSECURE must be one of" in capsys.readouterr().err
+    monkeypatch.delenv("GRADCODE_INSECURE")
+    assert not parse(["--listen", "127.0.0.1:50099"]).security.insecure  # loopback needs nothing
+    tls = ["--tls-cert", str(certs.node), "--tls-key", str(certs.node_key), "--tls-ca", str(certs.ca)]
+    secured = parse(["--listen", "0.0.0.0:50099", *tls, "--join-secret", JOIN])
+    assert secured.security.server_tls and not secured.security.insecure
+    with pytest.raises(SystemExit):
+        parse(["--listen", "0.0.0.0:50099", *tls])
+    assert "without a join secret" in capsys.readouterr().err
+
+
+def test_the_refusal_is_a_usage_error_before_any_port_opens(tmp_path: Path) -> None:
+    """The real command: exit status 2 and the advice on stderr, nothing served."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADCODE_")}
+    commands = {"gradcode.master": ["--run-dir", str(tmp_path)], "gradcode.worker": []}
+    for module, extra in commands.items():
+        argv = [sys.executable, "-m", module, "--listen", "0.0.0.0:0", *extra]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "Refusing to listen on 0.0.0.0" in done.stderr and "gradcode certs" in done.stderr
+        assert "listening on" not in done.stdout

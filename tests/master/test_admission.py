@@ -4,6 +4,7 @@ lateness probes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import grpc
@@ -253,3 +254,42 @@ async def test_without_a_join_secret_no_call_token_is_issued() -> None:
             assert worker.call_token is None and worker.bearer is None
         finally:
             await pool.close()
+
+
+async def _restart_registration(worker: WorkerNode, master_address: str) -> None:
+    """Restart the worker's registration loop (same process, same secret) and wait for its first outcome."""
+    assert worker._registration is not None
+    worker._registration.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await worker._registration
+    worker.registered.clear()
+    failures = worker.registration_failures
+    worker._registration = asyncio.create_task(worker._register_forever(master_address))
+    while not worker.registered.is_set() and worker.registration_failures == failures:
+        await asyncio.sleep(0.02)
+
+
+async def test_the_same_process_keeps_its_token_and_one_displaced_from_its_address_drops_it() -> None:
+    """Re-registrations of one process (periodic, or a restarted registration loop) keep its call token. A
+    process whose advertised address now reaches another worker is refused (ALREADY_EXISTS) and drops its
+    token, and the worker answering there keeps its own."""
+    security = Security(join_secret="keep-join-secret-0123456789")
+    async with (
+        asyncio.timeout(TIMEOUT),
+        MasterNode(grace=0.1, security=security) as master,
+        WorkerNode(master_address=master.address, grace=0.1, security=security, reregister_seconds=0.1) as a,
+        WorkerNode(master_address=master.address, grace=0.1, security=security, reregister_seconds=0.1) as b,
+    ):
+        await asyncio.gather(a.registered.wait(), b.registered.wait())
+        assert a.call_token is not None and b.call_token is not None
+        token_a, token_b = a.call_token.value, b.call_token.value
+        await asyncio.sleep(0.5)  # a few periodic re-registrations
+        await _restart_registration(a, master.address)
+        assert a.registered.is_set() and a.registration_failures == 0
+        tokens = {w.address: w.call_token for w in master.pool.workers}
+        assert a.call_token.value == token_a == tokens[a.address] and token_b == tokens[b.address]
+        # a's advertised name now leads to b (a DNS name moved to another pod): a is no longer the worker there
+        a.advertise_address = b.address
+        await _restart_registration(a, master.address)
+        assert "ALREADY_EXISTS" in a.last_registration_error and a.call_token.value is None
+        assert b.call_token.value == token_b == {w.address: w.call_token for w in master.pool.workers}[b.address]
