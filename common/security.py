@@ -19,6 +19,9 @@
   ``Worker.Hello`` at the advertised address proves it holds that secret, by an HMAC of a fresh nonce.
   Hello tells anyone the proof of any nonce they choose, which helps nobody who lacks the secret: the
   master checks the proof under the secret the *registering* process sent, with a nonce of its own.
+* Job tokens (:func:`job_token`): what a tree parent is given to call a child, derived from the child's call
+  token and one job id. A child accepts it on Compute, Session and OpenLink only, and computes with it only
+  requests of that job (:data:`CALL_SCOPE`); job ids are never reused, so it dies with the job.
 * :func:`refuse_if_exposed` — listening beyond loopback without TLS and a join secret is refused unless
   ``--insecure`` (``GRADCODE_INSECURE``) says so.
 * :func:`add_security_arguments` / :func:`security_from_args` — the flags and their environment
@@ -35,6 +38,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
+import contextvars
 import functools
 import hashlib
 import hmac
@@ -52,13 +58,17 @@ import grpc
 
 __all__ = [
     "AUTH_METADATA_KEY",
+    "CALL_SCOPE",
     "AuthInterceptor",
     "CallToken",
     "ExposedError",
     "Security",
     "add_security_arguments",
+    "bearer_of",
     "hello_proof",
     "is_loopback",
+    "job_of",
+    "job_token",
     "new_process_secret",
     "proves",
     "refuse_if_exposed",
@@ -77,6 +87,10 @@ MASTER_SERVICE = "/gradcode.v1.Master/"
 WORKER_SERVICE = "/gradcode.v1.Worker/"
 REGISTER_METHOD = MASTER_SERVICE + "RegisterWorker"
 HELLO_METHOD = WORKER_SERVICE + "Hello"
+JOB_SCOPED_METHODS = tuple(WORKER_SERVICE + name for name in ("Compute", "Session", "OpenLink"))
+"""The Worker methods a job token opens (a tree parent's calls to its children): never LoadJob or EndJob."""
+_JOB_TOKEN_PREFIX = "job:"
+_JOB_TOKEN_CONTEXT = b"gradcode/v1 job token\0"
 _HELLO_PROOF_CONTEXT = b"gradcode/v1 hello proof\0"
 PROCESS_SECRET_BYTES = 32
 """Length of the secret each worker process makes at start."""
@@ -103,6 +117,34 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+CALL_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gradcode_call_scope", default=None)
+"""The one job the current call may compute (its bearer is a :func:`job_token`), or None: any job. Set by the
+worker's Compute, Session and link for their own task; the computations they start inherit it."""
+
+
+def job_token(call_token: str, job_id: str) -> str:
+    """The bearer a tree parent presents to a child for ``job_id``: the job id and an HMAC-SHA256 of it under the
+    child's ``call_token``. It opens only :data:`JOB_SCOPED_METHODS`, for that job's requests only."""
+    mac = hmac.new(call_token.encode(), _JOB_TOKEN_CONTEXT + job_id.encode(), hashlib.sha256).hexdigest()
+    return f"{_JOB_TOKEN_PREFIX}{base64.urlsafe_b64encode(job_id.encode()).decode()}.{mac}"
+
+
+def job_of(bearer: str | None) -> str | None:
+    """The job id a :func:`job_token` names (unchecked: the interceptor checked it), or None for any other bearer."""
+    if not bearer or not bearer.startswith(_JOB_TOKEN_PREFIX):
+        return None
+    encoded, _, _mac = bearer[len(_JOB_TOKEN_PREFIX) :].partition(".")
+    try:
+        return base64.urlsafe_b64decode(encoded.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def bearer_of(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The bearer token a call presented, if any."""
+    return _bearer(context.invocation_metadata())
 
 
 def new_process_secret() -> bytes:
@@ -304,8 +346,9 @@ class Security:
         """The server interceptor enforcing this configuration's tokens (None when no token is configured).
 
         With a join secret, a worker given ``call_token`` (one that registers with a master) answers
-        LoadJob/Compute/EndJob only with the token its master issued; without it, with the worker call
-        token derived from the join secret. Hello (changes nothing) always takes the derived token.
+        LoadJob/Compute/EndJob only with the token its master issued (and Compute, Session and OpenLink also
+        with a :func:`job_token` derived from it); without it, with the worker call token derived from the
+        join secret. Hello (changes nothing) always takes the derived token.
         """
         rules: dict[str, dict[str, Credential] | None] = {}
         if self.token is not None:
@@ -318,6 +361,9 @@ class Security:
             rules[REGISTER_METHOD] = {"join secret": self.join_secret}
             rules[WORKER_SERVICE] = issued or derived
             rules[HELLO_METHOD] = derived  # never waits on a registration: the master's admission check calls it
+            if call_token is not None:  # a tree parent's calls: one job's Computes only
+                for method in JOB_SCOPED_METHODS:
+                    rules[method] = {**issued, "job token its parent was given": JobToken(call_token)}
         if not rules:
             return None
         known = {name: secret for rule in rules.values() for name, secret in (rule or {}).items()}
@@ -424,8 +470,19 @@ class CallToken:
         return self.value is not None and _equal(presented, self.value)
 
 
-Credential = str | CallToken
-"""What a rule accepts: a fixed secret, or the current value of a :class:`CallToken`."""
+class JobToken:
+    """Accepts a :func:`job_token` derived from the current value of a :class:`CallToken`, for any job id."""
+
+    def __init__(self, call_token: CallToken) -> None:
+        self.call_token = call_token
+
+    def matches(self, presented: str) -> bool:
+        job_id, value = job_of(presented), self.call_token.value
+        return job_id is not None and value is not None and _equal(presented, job_token(value, job_id))
+
+
+Credential = str | CallToken | JobToken
+"""What a rule accepts: a fixed secret, the current value of a :class:`CallToken`, or a job token derived from it."""
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -491,7 +548,7 @@ def _equal(a: str, b: str) -> bool:
 
 def _any_matches(presented: str, credentials: Iterable[Credential]) -> bool:
     """``presented`` equals one of ``credentials`` (constant-time comparisons, every one made)."""
-    results = [c.matches(presented) if isinstance(c, CallToken) else _equal(presented, c) for c in credentials]
+    results = [_equal(presented, c) if isinstance(c, str) else c.matches(presented) for c in credentials]
     return any(results)
 
 

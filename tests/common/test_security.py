@@ -212,17 +212,38 @@ def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: Certificate
 
 
 async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(certs: CertificateSet) -> None:
-    """Parent ↔ child channels use TLS and the worker call token like master ↔ worker ones."""
+    """Parent ↔ child channels use TLS and a job token derived from the child's call token; after the job, the
+    tokens the parents were given open nothing that matters."""
     from tests.e2e.conftest import job_spec
 
     async with (
         asyncio.timeout(TIMEOUT),
-        secure_cluster(certs, 6) as (master, _workers),
+        secure_cluster(certs, 6) as (master, workers),
         GradcodeClient(master.address, security=client_security(certs)) as client,
     ):
         ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
         spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
-        info, reports = await client.run(spec, check=False)
+        given: list[tuple[str, str]] = []  # (child address, bearer) as the parents hold them
+
+        async def on_report(report: master_pb2.IterationReport) -> None:
+            for node in workers:
+                runtime = node.servicer.jobs.get(report.job_id)
+                if runtime is not None and runtime.parent is not None and not given:
+                    given.extend((address, str(bearer)) for (_, address, _), bearer in
+                                 zip(runtime.parent.children, runtime.parent._bearers, strict=True))  # fmt: skip
+
+        info, reports = await client.run(spec, on_report, check=False)
+        # What a parent kept of its children's tokens opens nothing once the job is over: no LoadJob, no EndJob,
+        # no Compute of another job.
+        assert given and all(bearer for _, bearer in given)
+        for address, bearer in given:
+            async with node_security(certs).channel(address, bearer=bearer) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+                setup = worker_pb2.JobSetup(job_id="planted", worker_id=0)
+                load = stub.LoadJob(iter([worker_pb2.LoadJobChunk(setup=setup)]))
+                end = stub.EndJob(worker_pb2.EndJobRequest(job_id=info.job_id))
+                other = stub.Compute(worker_pb2.ComputeRequest(job_id="planted", iteration=1)).read()
+                assert [await _status(c) for c in (load, end, other)] == [grpc.StatusCode.PERMISSION_DENIED] * 3
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)
 
@@ -311,6 +332,49 @@ async def test_each_registered_worker_answers_only_the_call_token_its_master_iss
                 assert fresh != token_a and {w.address: w.call_token for w in again.pool.workers}[a.address] == fresh
                 assert (await _worker_statuses(a.address, token_a))["EndJob"] == unknown  # the old token is dead
                 assert (await _worker_statuses(a.address, fresh))["EndJob"] == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_job_token_opens_one_jobs_computes_and_nothing_else() -> None:
+    """What a tree parent is given for a child (a job token): Compute, Session and OpenLink for that job's requests
+    only — never LoadJob or EndJob, never another job's request (on a Session or on a link), and nothing once the
+    child holds another call token."""
+    from gradcode.common.link import open_link
+    from gradcode.common.security import job_token
+    from gradcode.common.session import Session
+
+    security = Security(join_secret=JOIN)
+    async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.2, security=security) as master:
+        nodes = [WorkerNode(master_address=master.address, grace=0.2, security=security) for _ in range(2)]
+        async with nodes[0] as a, nodes[1] as b:
+            await asyncio.gather(a.registered.wait(), b.registered.wait())
+            assert a.call_token is not None and b.call_token is not None
+            token_a, token_b = a.call_token.value, b.call_token.value
+            assert token_a and token_b
+            ok, unknown, known = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+            missing = grpc.StatusCode.NOT_FOUND  # the call was let through: job "x" is simply not loaded
+            assert await _worker_statuses(a.address, job_token(token_a, "x")) == {
+                "LoadJob": known, "Compute": missing, "Session": missing, "EndJob": known, "Hello": known,
+                "OpenLink": ok,
+            }  # fmt: skip
+            assert await _worker_statuses(a.address, job_token(token_a, "another job")) == {
+                "LoadJob": known, "Compute": known, "Session": known, "EndJob": known, "Hello": known,
+                "OpenLink": ok,
+            }  # fmt: skip
+            for forged in (job_token(token_b, "x"), job_token("guessed-0123456789abcdef", "x"), "job:eA==.00"):
+                statuses = await _worker_statuses(a.address, forged)
+                assert set(statuses.values()) == {unknown}, (forged, statuses)
+            # a link opened with another job's token computes nothing of job "x"
+            async with Security().channel(a.address, bearer=job_token(token_a, "another job")) as channel:
+                linked = Session(await open_link(channel, a.address, Security(), 5.0))
+                try:
+                    with pytest.raises(CallError) as refused:
+                        async for _chunk in linked.compute(worker_pb2.ComputeRequest(job_id="x", iteration=1)):
+                            pass
+                    assert refused.value.code == known and "token is for job 'another job'" in str(refused.value)
+                finally:
+                    linked.close()
+            a.call_token.revoke()  # the child no longer holds that call token: every job token from it is dead
+            assert (await _worker_statuses(a.address, job_token(token_a, "x")))["Compute"] == unknown
 
 
 async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply() -> None:
