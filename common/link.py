@@ -39,7 +39,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from gradcode.common import metrics
-from gradcode.common.security import Security
+from gradcode.common.security import CALL_SCOPE, Security
 from gradcode.common.serving import parse_address
 from gradcode.common.session import CallError
 from gradcode.common.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
@@ -388,7 +388,8 @@ class LinkServer:
         self.serve = serve
         self.ssl_context = security.server_ssl_context()
         self.port = 0
-        self._tokens: dict[bytes, float] = {}
+        self._tokens: dict[bytes, tuple[float, str | None]] = {}
+        """Offered tokens: their expiry, and the one job their link may compute (None: any)."""
         self._server: asyncio.Server | None = None
         self._connections: dict[FrameProtocol, asyncio.Task[None]] = {}
 
@@ -401,16 +402,17 @@ class LinkServer:
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
-    def offer(self) -> worker_pb2.LinkOffer:
-        """A new one-time token for one caller (who reached us through the authenticated gRPC server)."""
+    def offer(self, scope: str | None = None) -> worker_pb2.LinkOffer:
+        """A new one-time token for one caller (who reached us through the authenticated gRPC server); its link
+        computes only job ``scope`` when one is given (:data:`~gradcode.common.security.CALL_SCOPE`)."""
         if self._server is None:
             raise RuntimeError("LinkServer.offer() before start()")
         now = time.monotonic()
-        self._tokens = {t: expiry for t, expiry in self._tokens.items() if expiry > now}
+        self._tokens = {t: offered for t, offered in self._tokens.items() if offered[0] > now}
         while len(self._tokens) >= MAX_PENDING_TOKENS:
             del self._tokens[next(iter(self._tokens))]  # the oldest
         token = secrets.token_bytes(TOKEN_BYTES)
-        self._tokens[token] = now + TOKEN_SECONDS
+        self._tokens[token] = (now + TOKEN_SECONDS, scope)
         return worker_pb2.LinkOffer(port=self.port, token=token, tls=self.ssl_context is not None)
 
     def _accepted(self, protocol: FrameProtocol) -> None:
@@ -418,22 +420,23 @@ class LinkServer:
         self._connections[protocol] = task
         task.add_done_callback(lambda _: self._connections.pop(protocol, None))
 
-    def _check(self, hello: bytes | memoryview) -> str | None:
-        """None when ``hello`` carries a token offered, unused and unexpired (it is used up); else why not."""
+    def _check(self, hello: bytes | memoryview) -> tuple[str | None, str | None]:
+        """(None, its scope) when ``hello`` carries a token offered, unused and unexpired (it is used up); else
+        (why not, None)."""
         if bytes(hello[: len(HELLO)]) != HELLO:
-            return "not a gradcode link hello"
+            return "not a gradcode link hello", None
         presented = bytes(hello[len(HELLO) :])
         now = time.monotonic()
-        for token, expiry in list(self._tokens.items()):
+        for token, (expiry, scope) in list(self._tokens.items()):
             if hmac.compare_digest(token, presented):
                 del self._tokens[token]
-                return None if expiry > now else "the token expired; ask Worker.OpenLink for a new one"
-        return "a token this worker did not offer, or already used"
+                return (None, scope) if expiry > now else ("the token expired; ask Worker.OpenLink for a new one", None)
+        return "a token this worker did not offer, or already used", None
 
     async def _run(self, protocol: FrameProtocol) -> None:
         try:
             hello = await asyncio.wait_for(protocol.receive_whole(), HANDSHAKE_SECONDS)
-            refused = self._check(hello)
+            refused, scope = self._check(hello)
             if refused is not None:
                 log.warning("Refused a link from %s: %s", _peer(protocol), refused)
                 await protocol.send(b"refused: " + refused.encode())
@@ -441,6 +444,7 @@ class LinkServer:
             protocol.allow(MAX_FRAME_BYTES)
             await protocol.send(ACCEPTED)
             metrics.LINKS_OPENED.inc()
+            CALL_SCOPE.set(scope)  # this link's task, and the computations it starts
             await self.serve(_requests(protocol), protocol.send)
         except (LinkClosedError, TimeoutError):
             pass

@@ -13,9 +13,21 @@
   nothing) and the Worker methods of a worker that never registers (a ``--workers`` list) take the
   *worker call token* derived from the join secret. The health service is always open (probes);
   reflection is off by default when authentication is on.
+* Who a worker process is (:func:`new_process_secret`, :func:`hello_proof`, :func:`proves`): each worker
+  process makes a random secret at start and sends it, with the join secret, only to its master when it
+  registers; the master admits it (and mints or keeps its call token) only when the process answering
+  ``Worker.Hello`` at the advertised address proves it holds that secret, by an HMAC of a fresh nonce.
+  Hello tells anyone the proof of any nonce they choose, which helps nobody who lacks the secret: the
+  master checks the proof under the secret the *registering* process sent, with a nonce of its own.
+* Job tokens (:func:`job_token`): what a tree parent is given to call a child, derived from the child's call
+  token and one job id. A child accepts it on Compute, Session and OpenLink only, and computes with it only
+  requests of that job (:data:`CALL_SCOPE`); job ids are never reused, so it dies with the job.
+* :func:`refuse_if_exposed` — listening beyond loopback without TLS and a join secret is refused unless
+  ``--insecure`` (``GRADCODE_INSECURE``) says so.
 * :func:`add_security_arguments` / :func:`security_from_args` — the flags and their environment
   variables (``GRADCODE_TLS_CERT``, ``GRADCODE_TLS_KEY``, ``GRADCODE_TLS_CA``, ``GRADCODE_MTLS``,
-  ``GRADCODE_TOKEN``, ``GRADCODE_JOIN_SECRET``, ``GRADCODE_REFLECTION``, ``GRADCODE_TLS_SERVER_NAME``).
+  ``GRADCODE_TOKEN``, ``GRADCODE_JOIN_SECRET``, ``GRADCODE_REFLECTION``, ``GRADCODE_TLS_SERVER_NAME``,
+  ``GRADCODE_INSECURE``).
 * :func:`short` — at most a short prefix of any caller input, for error texts.
 
 Tokens travel as ``authorization: Bearer <token>`` metadata; over plaintext they are readable by
@@ -26,12 +38,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
+import contextvars
 import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
 import os
+import secrets
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +58,20 @@ import grpc
 
 __all__ = [
     "AUTH_METADATA_KEY",
+    "CALL_SCOPE",
     "AuthInterceptor",
     "CallToken",
+    "ExposedError",
     "Security",
     "add_security_arguments",
+    "bearer_of",
+    "hello_proof",
     "is_loopback",
+    "job_of",
+    "job_token",
+    "new_process_secret",
+    "proves",
+    "refuse_if_exposed",
     "security_from_args",
     "short",
     "warn_if_exposed",
@@ -62,6 +87,19 @@ MASTER_SERVICE = "/gradcode.v1.Master/"
 WORKER_SERVICE = "/gradcode.v1.Worker/"
 REGISTER_METHOD = MASTER_SERVICE + "RegisterWorker"
 HELLO_METHOD = WORKER_SERVICE + "Hello"
+JOB_SCOPED_METHODS = tuple(WORKER_SERVICE + name for name in ("Compute", "Session", "OpenLink"))
+"""The Worker methods a job token opens (a tree parent's calls to its children): never LoadJob or EndJob."""
+_JOB_TOKEN_PREFIX = "job:"
+_JOB_TOKEN_CONTEXT = b"gradcode/v1 job token\0"
+_HELLO_PROOF_CONTEXT = b"gradcode/v1 hello proof\0"
+PROCESS_SECRET_BYTES = 32
+"""Length of the secret each worker process makes at start."""
+MIN_PROCESS_SECRET_BYTES, MAX_PROCESS_SECRET_BYTES = 16, 64
+"""Bounds on a process secret the master accepts."""
+NONCE_BYTES = 32
+"""Length of the master's Hello challenge."""
+MAX_NONCE_BYTES = 64
+"""Longest Hello challenge a worker answers."""
 
 
 def short(text: str, limit: int = 48) -> str:
@@ -79,6 +117,67 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+CALL_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gradcode_call_scope", default=None)
+"""The one job the current call may compute (its bearer is a :func:`job_token`), or None: any job. Set by the
+worker's Compute, Session and link for their own task; the computations they start inherit it."""
+
+
+def job_token(call_token: str, job_id: str) -> str:
+    """The bearer a tree parent presents to a child for ``job_id``: the job id and an HMAC-SHA256 of it under the
+    child's ``call_token``. It opens only :data:`JOB_SCOPED_METHODS`, for that job's requests only."""
+    mac = hmac.new(call_token.encode(), _JOB_TOKEN_CONTEXT + job_id.encode(), hashlib.sha256).hexdigest()
+    return f"{_JOB_TOKEN_PREFIX}{base64.urlsafe_b64encode(job_id.encode()).decode()}.{mac}"
+
+
+def job_of(bearer: str | None) -> str | None:
+    """The job id a :func:`job_token` names (unchecked: the interceptor checked it), or None for any other bearer."""
+    if not bearer or not bearer.startswith(_JOB_TOKEN_PREFIX):
+        return None
+    encoded, _, _mac = bearer[len(_JOB_TOKEN_PREFIX) :].partition(".")
+    try:
+        return base64.urlsafe_b64decode(encoded.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def bearer_of(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The bearer token a call presented, if any."""
+    return _bearer(context.invocation_metadata())
+
+
+def new_process_secret() -> bytes:
+    """A worker process's secret: :data:`PROCESS_SECRET_BYTES` random bytes, made once at its start."""
+    return secrets.token_bytes(PROCESS_SECRET_BYTES)
+
+
+def new_nonce() -> bytes:
+    """A fresh Hello challenge."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def hello_proof(secret: bytes, nonce: bytes) -> bytes:
+    """HMAC-SHA256 of ``nonce`` (after a fixed label) under a process ``secret``: what Hello answers.
+
+    Anyone may ask for the proof of any nonce; it reveals nothing of the secret (HMAC is a PRF), and only
+    a holder of the secret can compute the proof of a nonce it was not shown.
+    """
+    return hmac.new(secret, _HELLO_PROOF_CONTEXT + nonce, hashlib.sha256).digest()
+
+
+def proves(secret: bytes, nonce: bytes, proof: bytes) -> bool:
+    """``proof`` is :func:`hello_proof` of ``nonce`` under ``secret`` (constant-time comparison)."""
+    return bool(secret) and bool(nonce) and hmac.compare_digest(hello_proof(secret, nonce), proof)
+
+
+def check_process_secret(secret: bytes) -> None:
+    """ValueError unless ``secret`` has a length a worker process's secret may have."""
+    if not MIN_PROCESS_SECRET_BYTES <= len(secret) <= MAX_PROCESS_SECRET_BYTES:
+        raise ValueError(
+            f"The worker's process secret is {len(secret)} bytes; it must be {MIN_PROCESS_SECRET_BYTES} to "
+            f"{MAX_PROCESS_SECRET_BYTES} random bytes (a worker from an older gradcode sends none: upgrade it)."
+        )
 
 
 def _read(path: Path | None, what: str) -> bytes | None:
@@ -113,6 +212,8 @@ class Security:
     server_name: str | None = None
     """Name to verify in the servers' certificates instead of the host of the address (a cluster
     whose certificates name a single DNS name)."""
+    insecure: bool = False
+    """Listen beyond loopback without TLS or a join secret anyway (:func:`refuse_if_exposed`)."""
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -245,8 +346,9 @@ class Security:
         """The server interceptor enforcing this configuration's tokens (None when no token is configured).
 
         With a join secret, a worker given ``call_token`` (one that registers with a master) answers
-        LoadJob/Compute/EndJob only with the token its master issued; without it, with the worker call
-        token derived from the join secret. Hello (changes nothing) always takes the derived token.
+        LoadJob/Compute/EndJob only with the token its master issued (and Compute, Session and OpenLink also
+        with a :func:`job_token` derived from it); without it, with the worker call token derived from the
+        join secret. Hello (changes nothing) always takes the derived token.
         """
         rules: dict[str, dict[str, Credential] | None] = {}
         if self.token is not None:
@@ -259,6 +361,9 @@ class Security:
             rules[REGISTER_METHOD] = {"join secret": self.join_secret}
             rules[WORKER_SERVICE] = issued or derived
             rules[HELLO_METHOD] = derived  # never waits on a registration: the master's admission check calls it
+            if call_token is not None:  # a tree parent's calls: one job's Computes only
+                for method in JOB_SCOPED_METHODS:
+                    rules[method] = {**issued, "job token its parent was given": JobToken(call_token)}
         if not rules:
             return None
         known = {name: secret for rule in rules.values() for name, secret in (rule or {}).items()}
@@ -269,6 +374,30 @@ class Security:
         transport = ("mutual TLS" if self.mutual else "TLS") if self.server_tls else "plaintext"
         auth = [n for n, v in (("client token", self.token), ("join secret", self.join_secret)) if v]
         return f"{transport}, {'authentication: ' + ', '.join(auth) if auth else 'no authentication'}"
+
+
+class ExposedError(ValueError):
+    """A server would listen beyond loopback without TLS and a join secret, and ``--insecure`` was not given."""
+
+
+def refuse_if_exposed(host: str, security: Security) -> None:
+    """:class:`ExposedError` saying how to set security up when ``host`` is not loopback and ``security`` lacks
+    TLS or a join secret, unless ``security.insecure``: with either missing, anyone who reaches the port could
+    register as a worker and poison every model (or, on a worker, drive it)."""
+    if is_loopback(host) or security.insecure:
+        return
+    missing = [what for what, on in (("TLS", security.server_tls), ("a join secret", security.join_secret)) if not on]
+    if not missing:
+        return
+    raise ExposedError(
+        f"Refusing to listen on {host or 'all interfaces'} without {' and '.join(missing)}: anyone who reaches "
+        "this port could register as a worker and poison the model, or drive this node. Set security up: "
+        "`gradcode certs --out certs --host NAME` (every name and IP the nodes are reached at), then give the "
+        "master and every worker --tls-cert/--tls-key/--tls-ca (GRADCODE_TLS_CERT, GRADCODE_TLS_KEY, "
+        "GRADCODE_TLS_CA, and GRADCODE_MTLS=1 for mutual TLS) and the same --join-secret (GRADCODE_JOIN_SECRET), "
+        "and the master a client token (GRADCODE_TOKEN); see the README's Security section. Or listen on "
+        "127.0.0.1, or pass --insecure (GRADCODE_INSECURE=1) on a network you trust completely."
+    )
 
 
 def warn_if_exposed(host: str, security: Security, services: Sequence[str] = ()) -> None:
@@ -329,6 +458,10 @@ class CallToken:
             self.value = token
         self._idle.set()
 
+    def revoke(self) -> None:
+        """Forget the token: its master no longer knows this process as the worker at its address."""
+        self.value = None
+
     async def settled(self) -> None:
         """Wait until no registration is in flight (each is bounded by its RPC timeout)."""
         await self._idle.wait()
@@ -337,8 +470,19 @@ class CallToken:
         return self.value is not None and _equal(presented, self.value)
 
 
-Credential = str | CallToken
-"""What a rule accepts: a fixed secret, or the current value of a :class:`CallToken`."""
+class JobToken:
+    """Accepts a :func:`job_token` derived from the current value of a :class:`CallToken`, for any job id."""
+
+    def __init__(self, call_token: CallToken) -> None:
+        self.call_token = call_token
+
+    def matches(self, presented: str) -> bool:
+        job_id, value = job_of(presented), self.call_token.value
+        return job_id is not None and value is not None and _equal(presented, job_token(value, job_id))
+
+
+Credential = str | CallToken | JobToken
+"""What a rule accepts: a fixed secret, the current value of a :class:`CallToken`, or a job token derived from it."""
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -404,7 +548,7 @@ def _equal(a: str, b: str) -> bool:
 
 def _any_matches(presented: str, credentials: Iterable[Credential]) -> bool:
     """``presented`` equals one of ``credentials`` (constant-time comparisons, every one made)."""
-    results = [c.matches(presented) if isinstance(c, CallToken) else _equal(presented, c) for c in credentials]
+    results = [_equal(presented, c) if isinstance(c, str) else c.matches(presented) for c in credentials]
     return any(results)
 
 
@@ -539,6 +683,9 @@ def add_security_arguments(parser: argparse.ArgumentParser, *, role: str) -> Non
         g.add_argument("--reflection", action=argparse.BooleanOptionalAction, default=None,
                        help="serve gRPC reflection (default: on without authentication, off with it) "
                        "[GRADCODE_REFLECTION]")  # fmt: skip
+        g.add_argument("--insecure", action=argparse.BooleanOptionalAction, default=None,
+                       help="listen on a non-loopback address even without TLS and a join secret (refused "
+                       "otherwise): only on a network you trust completely [GRADCODE_INSECURE]")  # fmt: skip
 
 
 def security_from_args(args: argparse.Namespace) -> Security:
@@ -548,10 +695,13 @@ def security_from_args(args: argparse.Namespace) -> Security:
     reflection = getattr(args, "reflection", None)
     if reflection is None:
         reflection = _env_flag("GRADCODE_REFLECTION")
+    insecure = getattr(args, "insecure", None)
+    if insecure is None:
+        insecure = bool(_env_flag("GRADCODE_INSECURE"))
     security = Security(
         cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, mutual=mutual, tls=tls,
         token=getattr(args, "token", None), join_secret=getattr(args, "join_secret", None),
-        reflection=reflection, server_name=args.tls_server_name,
+        reflection=reflection, server_name=args.tls_server_name, insecure=insecure,
     )  # fmt: skip
     security.server_credentials()  # read every file now: a missing one is a usage error, not a crash later
     security.channel_credentials()

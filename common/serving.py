@@ -35,7 +35,7 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gradcode.common.security import CallToken, Security, warn_if_exposed
+from gradcode.common.security import CallToken, Security, refuse_if_exposed, warn_if_exposed
 from gradcode.common.wire import CHANNEL_OPTIONS
 
 __all__ = [
@@ -123,9 +123,12 @@ async def start_server(
     get a health status and are listed by reflection. ``security`` (default: plaintext, open) gives the
     TLS credentials, the authentication interceptor (health stays open) and whether reflection is served;
     ``call_token`` is the token a registering worker's master issues it (:meth:`Security.interceptor`).
-    Raises ``OSError`` when ``host:port`` cannot be bound (in use, or not an address of this machine).
+    Raises ``OSError`` when ``host:port`` cannot be bound (in use, or not an address of this machine), and
+    :class:`~gradcode.common.security.ExposedError` when ``host`` is not loopback and ``security`` has no TLS
+    or no join secret, unless it says ``insecure``.
     """
     security = security or Security()
+    refuse_if_exposed(host, security)
     auth = security.interceptor(call_token)
     interceptors = [auth, *interceptors] if auth is not None else list(interceptors)  # refused calls go no further
     # NOTE: SO_REUSEPORT off, so a second process on a taken port fails instead of silently sharing it.

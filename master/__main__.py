@@ -23,7 +23,7 @@ from gradcode.common.cli import (
     service_address,
     start_metrics,
 )
-from gradcode.common.security import add_security_arguments, security_from_args
+from gradcode.common.security import add_security_arguments, refuse_if_exposed, security_from_args
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
@@ -153,6 +153,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.worker_list = [worker_address(a) for a in args.workers.split(",") if a.strip()]
         args.security = security_from_args(args)
+        refuse_if_exposed(args.host, args.security)  # before any port (metrics too) is opened
         if args.checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be >= 1, not {args.checkpoint_every}.")
         if args.max_workers < 1:

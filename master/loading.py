@@ -33,6 +33,7 @@ import numpy as np
 from gradcode.common import metrics
 from gradcode.common.data import Dataset
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.security import job_token
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import code_spec, partition_chunks, row_definition
 from gradcode.master.pool import PoolWorker, WorkerPool
@@ -162,7 +163,7 @@ class WorkerLoader:
                             worker_pb2.ChildSpec(
                                 worker_id=c,
                                 address=self.workers[c].address,
-                                call_token=self.workers[c].call_token or "",
+                                call_token=self.child_bearer(c),
                             )
                             for c in children
                         ],
@@ -232,6 +233,12 @@ class WorkerLoader:
         self.pool.mark_seen(worker)
         return True
 
+    def child_bearer(self, c: int) -> str:
+        """What a parent presents to child ``c`` in this job: a job token derived from the child's call token (it
+        opens that job's Computes only, and dies with the job), or "" for a child without one."""
+        token = self.workers[c].call_token
+        return job_token(token, self.job_id) if token else ""
+
     def drop_stale_parents(self) -> list[int]:
         """Parents holding the job with a child's old call token: marked as lacking the job, so they are reloaded.
 
@@ -241,7 +248,7 @@ class WorkerLoader:
         stale = [
             p for p, given in self._given.items()
             if self.workers[p].has_job(self.job_id)
-            and any((self.workers[c].call_token or "") != token for c, token in given.items())
+            and any(self.child_bearer(c) != token for c, token in given.items())
         ]  # fmt: skip
         for p in stale:
             self.workers[p].jobs.discard(self.job_id)

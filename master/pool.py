@@ -6,20 +6,32 @@ periodically), and brings a DOWN one back UP. A worker that restarted holds no j
 Compute answers NOT_FOUND and the job runner reloads it. A worker whose call errors, disconnects or is
 killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
 gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP only if
-the process answering ``Worker.Hello`` there is the one that registered (a new process must register).
+the process answering ``Worker.Hello`` there proves it is the one that registered (a new process must
+register).
 A worker that comes back has lost its jobs; job runners see that through :meth:`PoolWorker.has_job`
 and reload it.
 
+Who a worker is: every worker process sends, with each registration, the random secret it made at
+start (:func:`gradcode.common.security.new_process_secret`); the instance id it also sends is a label
+that anyone may learn from ``Worker.Hello`` and proves nothing. The master challenges the address with
+a fresh nonce and admits the registration only if the process answering there returns the HMAC of the
+nonce under *that* secret (:func:`gradcode.common.security.proves`). So a registration naming another
+worker's address is refused (ALREADY_EXISTS) while that worker answers there, whatever else it knows
+(join secret, instance id, Hello's proofs of nonces of its choosing), and the worker keeps its place and
+its token.
+
 Call tokens: with a join secret, the master mints a random call token for every worker process it
-admits (a new worker, or a new process at a known address; a restarted master mints new ones as its
-workers re-register) and returns it in the registration reply; the master calls that worker with it,
-and gives it to the worker's tree parents. A periodic re-registration of the same process keeps its
-token, so calls and parents holding it are not disturbed.
+admits (a new worker, or a new process at a known address once that process proved it answers there,
+so the old one no longer does: its token is dropped; a restarted master mints new ones as its workers
+re-register) and returns it in the registration reply; the master calls that worker with it, and gives
+it to the worker's tree parents. A re-registration with the same process secret (periodic, or a
+restarted registration loop) keeps the token; a reply carries a token only to the holder of the secret
+it was minted for.
 
 Admission: a worker that registers is UP only after the master reached it at its advertised address
-and the process answering there (``Worker.Hello``) is the one that registered (same instance id), so
-an unreachable or foreign address is refused, and an address held by a live worker is never taken over
-by another process. Names and addresses are bounded, and so is the pool; :meth:`WorkerPool.remove`
+and the process answering there proved it holds the registration's secret, so an unreachable or
+foreign address is refused, and an address held by a live worker is never taken over by another
+process. Names, addresses and secrets are bounded, and so is the pool; :meth:`WorkerPool.remove`
 forgets a worker. :class:`LatenessWatch` turns "late for K iterations in a row" into a probe.
 """
 
@@ -27,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -46,7 +60,7 @@ from gradcode.common.exceptions import (
 )
 from gradcode.common.link import link_opener
 from gradcode.common.metrics import set_workers_up
-from gradcode.common.security import Security, short
+from gradcode.common.security import Security, check_process_secret, new_nonce, proves, short
 from gradcode.common.serving import format_address, parse_address
 from gradcode.common.session import Caller, ChunkStream
 from gradcode.common.wire import CHANNEL_OPTIONS
@@ -102,7 +116,7 @@ class RemovedWorkerError(PermissionDeniedError):
 
 
 MAX_REMOVED_REMEMBERED = 10_000
-"""Instance ids of removed workers remembered (so they cannot re-register); the oldest are forgotten."""
+"""Removed worker processes remembered (so they cannot re-register); the oldest are forgotten."""
 
 
 def worker_address(address: str) -> str:
@@ -138,7 +152,9 @@ class PoolWorker:
     jobs: set[str] = field(default_factory=set)
     """Jobs loaded on this worker since it last (re)started."""
     instance_id: str = ""
-    """The worker process's random id (from its registration; empty for a ``--workers`` address)."""
+    """The worker process's random id as it registered (a label; empty for a ``--workers`` address)."""
+    process_secret: bytes = field(default=b"", repr=False)
+    """The secret the registered process holds (empty for a ``--workers`` address): who it is."""
     machine_id: str = ""
     """The machine it runs on, as registered: workers with one id share cores (empty: unknown, a machine of its own)."""
     call_token: str | None = field(default=None, repr=False)
@@ -249,7 +265,7 @@ class WorkerPool:
         self._workers: dict[int, PoolWorker] = {}
         self._by_address: dict[str, int] = {}
         self._removed: OrderedDict[str, None] = OrderedDict()
-        """Instance ids of removed worker processes, oldest first: they may not register again."""
+        """Digests of the secrets of removed worker processes, oldest first: they may not register again."""
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task[None] | None = None
         for address in addresses:
@@ -263,12 +279,12 @@ class WorkerPool:
                 "(gradcode workers remove ID) or start the master with a larger --max-workers."
             )
 
-    def _add(self, address: str, name: str, instance_id: str = "") -> PoolWorker:
+    def _add(self, address: str, name: str, instance_id: str = "", secret: bytes = b"") -> PoolWorker:
         self._check_room()
         worker_id, self._next_id = self._next_id, self._next_id + 1  # ids are never reused
         worker = PoolWorker(
-            worker_id=worker_id, address=address, name=name, instance_id=instance_id, security=self.security,
-            links=self.links,
+            worker_id=worker_id, address=address, name=name, instance_id=instance_id, process_secret=secret,
+            security=self.security, links=self.links,
         )  # fmt: skip
         self._workers[worker_id] = worker
         self._by_address[address] = worker_id
@@ -279,15 +295,11 @@ class WorkerPool:
         """A new channel (no reconnect back-off) for admission and probes, with Hello's bearer."""
         return self.security.channel(address, bearer=self.security.worker_call_token, options=CHANNEL_OPTIONS)
 
-    async def hello(self, address: str, timeout: float = ADMISSION_TIMEOUT_SECONDS) -> str:
-        """The instance id of the worker process answering at ``address`` (fresh channel, ``timeout`` seconds)."""
-        async with self._fresh_channel(address) as channel:
-            return await _hello(channel, timeout)
-
-    async def _admit(self, address: str, instance_id: str) -> str:
-        """Reach ``address`` and check who answers; the instance id found there (see the module docstring)."""
+    async def _admit(self, address: str, secret: bytes) -> None:
+        """Reach ``address`` and check that the process answering there holds ``secret`` (module docstring)."""
         try:
-            answered = await self.hello(address)
+            async with self._fresh_channel(address) as channel:
+                answers = await _holds(channel, secret, ADMISSION_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 raise UnreachableWorkerError(
@@ -305,46 +317,60 @@ class WorkerPool:
                 f"{what}. If the worker listens on 0.0.0.0, runs in a container or behind NAT, start it with "
                 "--advertise HOST:PORT (GRADCODE_ADVERTISE) naming an address the master can reach."
             ) from None
-        if instance_id and answered != instance_id:
+        if not answers:
             raise AddressTakenError(
-                f"Another worker process answers at {address}; a worker is admitted only at an address where it "
-                "itself answers (give each worker its own --advertise HOST:PORT)."
+                f"Another worker process answers at {address}: it did not prove it holds this registration's "
+                "process secret, so the registration is refused and whoever is registered there keeps its place. "
+                "A worker is admitted only at an address where it itself answers (give each worker its own "
+                "--advertise HOST:PORT)."
             )
-        return answered
 
-    async def register(self, address: str, name: str = "", instance_id: str = "", machine_id: str = "") -> PoolWorker:
-        """Admit a worker, or bring a known address back UP as a restarted worker (it holds no job).
-
-        ValueError for a bad address, name, instance or machine id; :class:`UnreachableWorkerError` when the
-        master cannot reach it at ``address``; :class:`AddressTakenError` when another process answers
-        there; :class:`PoolFullError` when a new worker would exceed the pool's bound.
-        """
-        _check_label(name, instance_id, machine_id)
-        addr = worker_address(address)
-        if instance_id and instance_id in self._removed:
+    def _check_not_removed(self, secret: bytes) -> None:
+        if _secret_id(secret) in self._removed:
             raise RemovedWorkerError(
                 "This worker process was removed from the pool (gradcode workers remove); restart it to join again."
             )
-        worker_id = self._by_address.get(addr)
-        known = self._workers.get(worker_id) if worker_id is not None else None
-        fresh = known is not None and known.is_up and bool(instance_id) and known.instance_id == instance_id
-        if not fresh:  # a new worker, a restarted one, or one that was DOWN: reach it before it is UP
+
+    async def register(
+        self, address: str, name: str = "", instance_id: str = "", machine_id: str = "", *, secret: bytes
+    ) -> PoolWorker:
+        """Admit the worker process holding ``secret`` at ``address``, or bring a known address back UP.
+
+        The same secret at a known UP address is a re-registration: nothing changes, its token is kept.
+        Otherwise the process answering at ``address`` must prove it holds ``secret`` (module docstring);
+        a new process proven at a known address replaces the old one there (it holds no job, and a new
+        token is minted).
+
+        ValueError for a bad address, name, instance or machine id or secret; :class:`UnreachableWorkerError`
+        when the master cannot reach it at ``address``; :class:`AddressTakenError` when the process answering
+        there does not hold ``secret``; :class:`RemovedWorkerError` for a removed process;
+        :class:`PoolFullError` when a new worker would exceed the pool's bound.
+        """
+        _check_label(name, instance_id, machine_id)
+        check_process_secret(secret)
+        addr = worker_address(address)
+        self._check_not_removed(secret)
+        known = self._known(addr)
+        if known is None or not known.is_up or not _same(known.process_secret, secret):
+            # a new worker, a new process at a known address, or one that was DOWN: it proves who it is first
             if known is None:
                 self._check_room()
-            instance_id = await self._admit(addr, instance_id)
-            worker_id = self._by_address.get(addr)  # it may have registered concurrently while we waited
-        if worker_id is None:
-            worker = self._add(addr, name, instance_id)
+            await self._admit(addr, secret)
+            self._check_not_removed(secret)  # removed while we waited
+            known = self._known(addr)  # it may have registered (or been removed) concurrently while we waited
+        if known is None:
+            worker = self._add(addr, name, instance_id, secret)
             worker.issue_call_token()
             log.info("registered %s", worker.describe())
         else:
-            worker = self._workers[worker_id]
+            worker = known
             worker.name = name or worker.name
-            if worker.instance_id != instance_id:  # another process now answers there: the old one is gone
-                if worker.is_up and worker.instance_id:
+            worker.instance_id = instance_id
+            if not _same(worker.process_secret, secret):  # a new process proved it answers there: the old is gone
+                if worker.is_up and worker.process_secret:
                     self.mark_down(worker, "a new worker process registered at this address")
-                worker.instance_id = instance_id
-                worker.issue_call_token()
+                worker.process_secret = secret
+                worker.issue_call_token()  # the old process's token is dropped
             if not worker.is_up:  # it came back: a fresh channel, and it holds no job any more
                 worker.jobs.clear()
                 worker.reconnect()
@@ -357,18 +383,22 @@ class WorkerPool:
         await self._notify()
         return worker
 
+    def _known(self, address: str) -> PoolWorker | None:
+        worker_id = self._by_address.get(address)
+        return None if worker_id is None else self._workers.get(worker_id)
+
     async def remove(self, worker_id: int) -> PoolWorker:
         """Forget a worker: DOWN for good (jobs holding it see it failed), channel closed; KeyError if unknown.
 
-        The removed process cannot register again (its instance id is remembered); restarted, it can.
+        The removed process cannot register again (a digest of its secret is remembered); restarted, it can.
         """
         worker = self.get(worker_id)
         del self._workers[worker_id]
         if self._by_address.get(worker.address) == worker_id:
             del self._by_address[worker.address]
         self.mark_down(worker, "removed from the pool")
-        if worker.instance_id:  # the process keeps re-registering; it stays out until it restarts
-            self._removed[worker.instance_id] = None
+        if worker.process_secret:  # the process keeps re-registering; it stays out until it restarts
+            self._removed[_secret_id(worker.process_secret)] = None
             while len(self._removed) > MAX_REMOVED_REMEMBERED:
                 self._removed.popitem(last=False)
         channel = worker.detach()
@@ -433,10 +463,10 @@ class WorkerPool:
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
         """Ask a worker's health service over a fresh channel, then who answers (Worker.Hello); mark it UP
-        (it holds no job) only if it serves and is the process that registered.
+        (it holds no job) only if it serves and proves it is the process that registered.
 
         Another process at the address (the worker restarted) is not revived: it registers itself, and
-        is admitted with a new call token then. A ``--workers`` address (no instance id) needs SERVING only.
+        is admitted with a new call token then. A ``--workers`` address (no secret) needs SERVING only.
         """
         error, foreign = "", False
         async with self._fresh_channel(worker.address) as channel:
@@ -445,7 +475,7 @@ class WorkerPool:
                 reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
                 if reply.status != health_pb2.HealthCheckResponse.SERVING:
                     error = "health check: the worker is not serving (shutting down)"
-                elif worker.instance_id and await _hello(channel, timeout) != worker.instance_id:
+                elif worker.process_secret and not await _holds(channel, worker.process_secret, timeout):
                     error, foreign = (
                         "another worker process answers at this address (restarted?); it must register",
                         True,
@@ -494,11 +524,22 @@ class WorkerPool:
                 await channel.close(None)
 
 
-async def _hello(channel: grpc.aio.Channel, timeout: float) -> str:
-    """The instance id Worker.Hello answers on ``channel``."""
+async def _holds(channel: grpc.aio.Channel, secret: bytes, timeout: float) -> bool:
+    """The process answering Worker.Hello on ``channel`` proves it holds ``secret`` (a fresh nonce each time)."""
+    nonce = new_nonce()
     stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-    reply = await stub.Hello(worker_pb2.HelloRequest(), timeout=timeout)
-    return str(reply.instance_id)
+    reply = await stub.Hello(worker_pb2.HelloRequest(nonce=nonce), timeout=timeout)
+    return proves(secret, nonce, reply.proof)
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    """Two process secrets are equal (constant time; an empty one, a ``--workers`` address, equals none)."""
+    return bool(a) and hmac.compare_digest(a, b)
+
+
+def _secret_id(secret: bytes) -> str:
+    """What the pool remembers of a removed process's secret."""
+    return hashlib.sha256(secret).hexdigest()
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()

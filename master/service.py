@@ -115,7 +115,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.RegisterWorkerReply:
         try:
-            worker = await self.pool.register(request.address, request.name, request.instance_id, request.machine_id)
+            worker = await self.pool.register(
+                request.address, request.name, request.instance_id, request.machine_id, secret=request.process_secret
+            )
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         except RequestError as exc:  # unreachable, address taken, pool full, removed: the pool says which

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.models import make_model, message_length
+from gradcode.common.security import hello_proof, new_process_secret
 from gradcode.common.session import serve_session
 from gradcode.common.wire import message_chunks, struct_from_dict
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -66,6 +67,8 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
         self.value = value
         self.num_params = 0
         self.computes = 0
+        self.process_secret = new_process_secret()
+        """What it registers with (RegisterWorkerRequest.process_secret), and proves in Hello."""
 
     async def LoadJob(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], context: Any) -> Any:  # noqa: N802
         async for chunk in request_iterator:
@@ -102,4 +105,4 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.EndJobReply()
 
     async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
-        return worker_pb2.HelloReply()
+        return worker_pb2.HelloReply(proof=hello_proof(self.process_secret, request.nonce))

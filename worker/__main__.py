@@ -22,7 +22,7 @@ from gradcode.common.cli import (
     service_address,
     start_metrics,
 )
-from gradcode.common.security import add_security_arguments, security_from_args
+from gradcode.common.security import add_security_arguments, refuse_if_exposed, security_from_args
 from gradcode.common.serving import install_shutdown_signals, parse_address
 from gradcode.common.wire import MAX_MESSAGE_BYTES
 
@@ -148,6 +148,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
             )
         args.link_port = link_port(args.link_port)
         args.security = security_from_args(args)
+        refuse_if_exposed(args.host, args.security)  # before any port (metrics, link too) is opened
     except ValueError as exc:
         parser.error(str(exc))
     check_data_arguments(parser, args)

@@ -15,10 +15,15 @@ advertised address), retrying with exponential backoff until the master answers,
 every ``reregister_seconds`` so a restarted master relearns it. The master must therefore treat a
 re-registration of the same address as the same worker.
 
+Each registration also carries this process's secret (made at start, held by the servicer, whose
+``Worker.Hello`` proves it holds it): the master admits the registration only where the process
+answering at the advertised address proves that secret, and answers a token only to its holder.
+
 With a join secret, the registration reply carries the call token the master issued this process;
 from then on LoadJob/Compute/EndJob answer only that token (:class:`~gradcode.common.security.CallToken`),
 and a later reply's token (a restarted master's) replaces it. Before the first registration they
-answer nobody.
+answer nobody, nor after the master refused a registration because another process answers at this
+worker's address (ALREADY_EXISTS) or this process was removed (PERMISSION_DENIED): its token is revoked.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ def default_machine_id() -> str:
     except OSError:
         return ""
 
+
+_REVOKING = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED)
+"""Refusals of a registration after which this process's call token is dropped: another process answers at
+its address, or it was removed from the pool."""
 
 REGISTER_TIMEOUT_SECONDS = 5.0
 """Timeout of one RegisterWorker call (it includes the master's reachability check of this worker)."""
@@ -185,8 +194,9 @@ class WorkerNode(ServiceNode):
         async with channel:
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
             request = master_pb2.RegisterWorkerRequest(
-                address=self.advertised, name=self.name, instance_id=self.instance_id, machine_id=self.machine_id
-            )
+                address=self.advertised, name=self.name, instance_id=self.instance_id, machine_id=self.machine_id,
+                process_secret=self.servicer.process_secret,
+            )  # fmt: skip
             while True:
                 if self.call_token is not None:
                     self.call_token.registering()
@@ -197,6 +207,8 @@ class WorkerNode(ServiceNode):
                     failures += 1
                     self.registration_failures += 1
                     self.last_registration_error = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() in _REVOKING and self.call_token is not None:
+                        self.call_token.revoke()  # the master no longer knows this process as the worker here
                     level = logging.WARNING if failures in (1, 10) or failures % 100 == 0 else logging.DEBUG
                     logger.log(
                         level, "registering with master %s failed (%d): %s: %s; retrying in %.1f s",

@@ -47,11 +47,21 @@ from gradcode.common.exceptions import (
     InvalidRequestError,
     JobSetupError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
 )
 from gradcode.common.link import LinkServer
 from gradcode.common.logs import set_log_context
-from gradcode.common.security import Security, short
+from gradcode.common.security import (
+    CALL_SCOPE,
+    MAX_NONCE_BYTES,
+    Security,
+    bearer_of,
+    hello_proof,
+    job_of,
+    new_process_secret,
+    short,
+)
 from gradcode.common.session import serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
@@ -95,6 +105,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         max_jobs: int = MAX_JOBS,
         security: Security | None = None,
         instance_id: str = "",
+        process_secret: bytes | None = None,
         chunk_bytes: int | None = None,
         data_dir: Path | None = None,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
@@ -112,7 +123,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.security = security or Security()
         """How a tree parent reaches its children (TLS; their call tokens come in the job's ChildSpecs)."""
         self.instance_id = instance_id
-        """What Hello answers: the random id this process registered with."""
+        """What Hello answers: the random id this process registered with (a label)."""
+        self.process_secret = process_secret or new_process_secret()
+        """This process's secret, sent only to its master when it registers; Hello proves it holds it."""
         self.data_dir = data_dir
         """The only directory worker-local jobs read data files from (None: none)."""
         self.max_data_file_bytes = max_data_file_bytes
@@ -228,6 +241,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[Serialized]:
         """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_pieces`); register the servicer
         with :func:`add_worker_service`, whose Compute sends them as they are."""
+        CALL_SCOPE.set(job_of(bearer_of(context)))  # this call's task only
         try:
             async for chunk in self._compute(request):
                 yield chunk
@@ -242,6 +256,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
         Compute would answer it, its chunks tagged with its ``request_id``, then its status."""
+        CALL_SCOPE.set(job_of(bearer_of(context)))  # this call's task, and the computations it starts
         await self.serve_session(requests, context.write)
 
     async def serve_session(
@@ -257,12 +272,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """A port and a one-time token for a Session over plain TCP (:mod:`gradcode.common.link`)."""
         if self.link is None or self.closing.is_set():
             raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
-        return self.link.offer()
+        return self.link.offer(scope=job_of(bearer_of(context)))  # a link opened with a job token: that job only
 
     async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
+        scope = CALL_SCOPE.get()
+        if scope is not None and request.job_id != scope:
+            raise PermissionDeniedError(
+                f"This call's job token is for job {short(scope)}, not {short(request.job_id)}: a tree parent's "
+                "token opens the Computes of its own job only."
+            )
         runtime = self._runtime(request.job_id)
         job = runtime.job
         if request.worker_id != job.worker_id:
@@ -365,11 +386,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.EndJobReply()
 
     # ---- Hello ---------------------------------------------------------------------------------
+    @grpc_errors
     async def Hello(  # noqa: N802 - proto name
         self, request: worker_pb2.HelloRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.HelloReply:
-        """Which process answers at this address: the master admits a registration only where it matches."""
-        return worker_pb2.HelloReply(instance_id=self.instance_id)
+        """Which process answers at this address: the proof that it holds its process secret, for the master's
+        nonce (the master admits a registration only where the secret it was sent is proven)."""
+        if len(request.nonce) > MAX_NONCE_BYTES:
+            raise InvalidRequestError(f"Hello's nonce is {len(request.nonce)} bytes; at most {MAX_NONCE_BYTES}.")
+        proof = hello_proof(self.process_secret, request.nonce) if request.nonce else b""
+        return worker_pb2.HelloReply(instance_id=self.instance_id, proof=proof)
 
     def drain(self) -> None:
         """The node is shutting down: sessions take no new request, finish the running ones and end."""

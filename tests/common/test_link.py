@@ -198,7 +198,7 @@ async def test_only_an_offered_unused_unexpired_token_opens_a_link() -> None:
             assert b"not a gradcode link hello" in await _raw_hello(port, b"GET / HTTP/1.1\r\n\r\n")
 
             expired = server.offer()
-            server._tokens[expired.token] = 0.0  # its minute is over
+            server._tokens[expired.token] = (0.0, None)  # its minute is over
             assert b"the token expired" in await _raw_hello(port, link.HELLO + expired.token)
 
             # before the hello is accepted, no frame longer than a hello is taken (no allocation on a stranger's word)

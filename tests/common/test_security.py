@@ -166,12 +166,13 @@ async def test_token_without_tls_on_loopback_and_reflection_switch() -> None:
             assert "gradcode.v1.Master" in names
 
 
-async def test_plaintext_beyond_loopback_is_logged_loudly(caplog: pytest.LogCaptureFixture) -> None:
+async def test_plaintext_beyond_loopback_is_logged_loudly_when_allowed(caplog: pytest.LogCaptureFixture) -> None:
     from gradcode.common.serving import start_server
 
     for host, loud in (("127.0.0.1", False), ("0.0.0.0", True)):
         caplog.clear()
-        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"])
+        allowed = Security(insecure=True)  # beyond loopback it is refused without this (test_exposure.py)
+        handle = await start_server(host, 0, registrars=[], service_names=["gradcode.v1.Master"], security=allowed)
         await handle.stop(None)
         assert any("LISTENING IN PLAINTEXT" in r.getMessage() for r in caplog.records) == loud, host
         assert any("No client token" in r.getMessage() for r in caplog.records) == loud, host
@@ -211,17 +212,38 @@ def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: Certificate
 
 
 async def test_a_tree_job_runs_with_parents_calling_children_over_mutual_tls(certs: CertificateSet) -> None:
-    """Parent ↔ child channels use TLS and the worker call token like master ↔ worker ones."""
+    """Parent ↔ child channels use TLS and a job token derived from the child's call token; after the job, the
+    tokens the parents were given open nothing that matters."""
     from tests.e2e.conftest import job_spec
 
     async with (
         asyncio.timeout(TIMEOUT),
-        secure_cluster(certs, 6) as (master, _workers),
+        secure_cluster(certs, 6) as (master, workers),
         GradcodeClient(master.address, security=client_security(certs)) as client,
     ):
         ids = sorted(w.worker_id for w in await wait_up(client._stub, 6))
         spec = job_spec("coded_reduce", {"n": 2, "s": 1, "L": 2}, iterations=3, worker_ids=ids, verify=True)
-        info, reports = await client.run(spec, check=False)
+        given: list[tuple[str, str]] = []  # (child address, bearer) as the parents hold them
+
+        async def on_report(report: master_pb2.IterationReport) -> None:
+            for node in workers:
+                runtime = node.servicer.jobs.get(report.job_id)
+                if runtime is not None and runtime.parent is not None and not given:
+                    given.extend((address, str(bearer)) for (_, address, _), bearer in
+                                 zip(runtime.parent.children, runtime.parent._bearers, strict=True))  # fmt: skip
+
+        info, reports = await client.run(spec, on_report, check=False)
+        # What a parent kept of its children's tokens opens nothing once the job is over: no LoadJob, no EndJob,
+        # no Compute of another job.
+        assert given and all(bearer for _, bearer in given)
+        for address, bearer in given:
+            async with node_security(certs).channel(address, bearer=bearer) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+                setup = worker_pb2.JobSetup(job_id="planted", worker_id=0)
+                load = stub.LoadJob(iter([worker_pb2.LoadJobChunk(setup=setup)]))
+                end = stub.EndJob(worker_pb2.EndJobRequest(job_id=info.job_id))
+                other = stub.Compute(worker_pb2.ComputeRequest(job_id="planted", iteration=1)).read()
+                assert [await _status(c) for c in (load, end, other)] == [grpc.StatusCode.PERMISSION_DENIED] * 3
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and not r.failed_workers and r.verify_error < 1e-9 for r in reports)
 
@@ -312,6 +334,49 @@ async def test_each_registered_worker_answers_only_the_call_token_its_master_iss
                 assert (await _worker_statuses(a.address, fresh))["EndJob"] == grpc.StatusCode.NOT_FOUND
 
 
+async def test_a_job_token_opens_one_jobs_computes_and_nothing_else() -> None:
+    """What a tree parent is given for a child (a job token): Compute, Session and OpenLink for that job's requests
+    only — never LoadJob or EndJob, never another job's request (on a Session or on a link), and nothing once the
+    child holds another call token."""
+    from gradcode.common.link import open_link
+    from gradcode.common.security import job_token
+    from gradcode.common.session import Session
+
+    security = Security(join_secret=JOIN)
+    async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.2, security=security) as master:
+        nodes = [WorkerNode(master_address=master.address, grace=0.2, security=security) for _ in range(2)]
+        async with nodes[0] as a, nodes[1] as b:
+            await asyncio.gather(a.registered.wait(), b.registered.wait())
+            assert a.call_token is not None and b.call_token is not None
+            token_a, token_b = a.call_token.value, b.call_token.value
+            assert token_a and token_b
+            ok, unknown, known = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED
+            missing = grpc.StatusCode.NOT_FOUND  # the call was let through: job "x" is simply not loaded
+            assert await _worker_statuses(a.address, job_token(token_a, "x")) == {
+                "LoadJob": known, "Compute": missing, "Session": missing, "EndJob": known, "Hello": known,
+                "OpenLink": ok,
+            }  # fmt: skip
+            assert await _worker_statuses(a.address, job_token(token_a, "another job")) == {
+                "LoadJob": known, "Compute": known, "Session": known, "EndJob": known, "Hello": known,
+                "OpenLink": ok,
+            }  # fmt: skip
+            for forged in (job_token(token_b, "x"), job_token("guessed-0123456789abcdef", "x"), "job:eA==.00"):
+                statuses = await _worker_statuses(a.address, forged)
+                assert set(statuses.values()) == {unknown}, (forged, statuses)
+            # a link opened with another job's token computes nothing of job "x"
+            async with Security().channel(a.address, bearer=job_token(token_a, "another job")) as channel:
+                linked = Session(await open_link(channel, a.address, Security(), 5.0))
+                try:
+                    with pytest.raises(CallError) as refused:
+                        async for _chunk in linked.compute(worker_pb2.ComputeRequest(job_id="x", iteration=1)):
+                            pass
+                    assert refused.value.code == known and "token is for job 'another job'" in str(refused.value)
+                finally:
+                    linked.close()
+            a.call_token.revoke()  # the child no longer holds that call token: every job token from it is dead
+            assert (await _worker_statuses(a.address, job_token(token_a, "x")))["Compute"] == unknown
+
+
 async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply() -> None:
     """The master may use a token it minted before its RegisterWorker reply arrived: such a call waits."""
     from collections import namedtuple
@@ -343,3 +408,92 @@ async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply
         token.registering()
         token.registered(None)  # a failed registration keeps the token
         assert await call("minted-0123456789abcdef") is admitted
+
+
+# ---- safe by default: plaintext without secrets listens on loopback only ---------------------------------------
+def test_listening_beyond_loopback_needs_tls_and_a_join_secret_or_an_explicit_insecure() -> None:
+    from gradcode.common.security import ExposedError, refuse_if_exposed
+
+    tls = {"cert": Path("node.pem"), "key": Path("node-key.pem")}  # only whether they are set matters here
+    allowed = [
+        ("127.0.0.1", Security()), ("localhost", Security()), ("::1", Security()), ("127.0.0.2", Security()),
+        ("0.0.0.0", Security(**tls, join_secret=JOIN)), ("10.1.2.3", Security(**tls, join_secret=JOIN, token=TOKEN)),
+        ("0.0.0.0", Security(insecure=True)), ("::", Security(join_secret=JOIN, insecure=True)),
+    ]  # fmt: skip
+    for host, security in allowed:
+        refuse_if_exposed(host, security)
+    refused = [
+        ("0.0.0.0", Security(), "without TLS and a join secret"),
+        ("", Security(), "on all interfaces without TLS and a join secret"),
+        ("::", Security(token=TOKEN), "without TLS and a join secret"),
+        ("worker-1.internal", Security(join_secret=JOIN, token=TOKEN), "without TLS:"),
+        ("10.1.2.3", Security(**tls), "without a join secret"),
+        ("10.1.2.3", Security(**tls, token=TOKEN, mutual=True, ca=Path("ca.pem")), "without a join secret"),
+    ]
+    for host, security, what in refused:
+        with pytest.raises(ExposedError, match=what) as info:
+            refuse_if_exposed(host, security)
+        assert "`gradcode certs" in str(info.value) and "--insecure (GRADCODE_INSECURE=1)" in str(info.value)
+
+
+async def test_a_server_never_binds_an_exposed_address_without_security() -> None:
+    from gradcode.common.security import ExposedError
+    from gradcode.common.serving import start_server
+
+    with pytest.raises(ExposedError, match=r"Refusing to listen on 0\.0\.0\.0"):
+        await start_server("0.0.0.0", 0, registrars=[], service_names=["gradcode.v1.Worker"])
+    node = WorkerNode("0.0.0.0", 0, grace=0.1)
+    with pytest.raises(ExposedError, match="without TLS and a join secret"):
+        await node.start()
+    await node.shutdown()
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_the_cli_refuses_exposed_plaintext_unless_told_insecure(
+    role: str, certs: CertificateSet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.master import __main__ as master_main
+    from gradcode.worker import __main__ as worker_main
+
+    parse = (master_main if role == "master" else worker_main).parse_arguments
+    for name in [n for n in __import__("os").environ if n.startswith("GRADCODE_")]:
+        monkeypatch.delenv(name)
+    for argv in (["--listen", "0.0.0.0:50099"], ["--listen", "[::]:50099", "--join-secret", JOIN]):
+        with pytest.raises(SystemExit) as exited:
+            parse(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "Refusing to listen" in err and "`gradcode certs" in err and "--insecure" in err
+    assert parse(["--listen", "0.0.0.0:50099", "--insecure"]).security.insecure
+    monkeypatch.setenv("GRADCODE_INSECURE", "1")
+    assert parse(["--listen", "0.0.0.0:50099"]).security.insecure
+    with pytest.raises(SystemExit):  # the flag wins over the variable
+        parse(["--listen", "0.0.0.0:50099", "--no-insecure"])
+    monkeypatch.setenv("GRADCODE_INSECURE", "maybe")
+    with pytest.raises(SystemExit):
+        parse(["--listen", "127.0.0.1:50099"])
+    assert "GRADCODE_INSECURE must be one of" in capsys.readouterr().err
+    monkeypatch.delenv("GRADCODE_INSECURE")
+    assert not parse(["--listen", "127.0.0.1:50099"]).security.insecure  # loopback needs nothing
+    tls = ["--tls-cert", str(certs.node), "--tls-key", str(certs.node_key), "--tls-ca", str(certs.ca)]
+    secured = parse(["--listen", "0.0.0.0:50099", *tls, "--join-secret", JOIN])
+    assert secured.security.server_tls and not secured.security.insecure
+    with pytest.raises(SystemExit):
+        parse(["--listen", "0.0.0.0:50099", *tls])
+    assert "without a join secret" in capsys.readouterr().err
+
+
+def test_the_refusal_is_a_usage_error_before_any_port_opens(tmp_path: Path) -> None:
+    """The real command: exit status 2 and the advice on stderr, nothing served."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADCODE_")}
+    commands = {"gradcode.master": ["--run-dir", str(tmp_path)], "gradcode.worker": []}
+    for module, extra in commands.items():
+        argv = [sys.executable, "-m", module, "--listen", "0.0.0.0:0", *extra]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "Refusing to listen on 0.0.0.0" in done.stderr and "gradcode certs" in done.stderr
+        assert "listening on" not in done.stdout

@@ -289,7 +289,10 @@ async def test_master_refuses_bad_gradient_chunks_and_fails_the_job_naming_the_w
     )
     try:
         async with asyncio.timeout(120), master_stub(cluster2.master_address) as stub:
-            reply = await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address, name="hostile"))
+            request = master_pb2.RegisterWorkerRequest(
+                address=handle.address, name="hostile", process_secret=hostile.process_secret
+            )
+            reply = await stub.RegisterWorker(request)
             spec = job_spec(
                 "uncoded",
                 {"n": 1},

@@ -45,7 +45,10 @@ async def _with_hostile(cluster: Cluster) -> tuple[HostileWorker, ServingHandle,
         service_names=["gradcode.v1.Worker"],
     )
     async with master_stub(cluster.master_address) as stub:
-        reply = await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address, name="hostile"))
+        request = master_pb2.RegisterWorkerRequest(
+            address=handle.address, name="hostile", process_secret=hostile.process_secret
+        )
+        reply = await stub.RegisterWorker(request)
     ids = list(cluster.ids)
     ids.insert(HOSTILE_INDEX, reply.worker_id)
     return hostile, handle, ids

@@ -21,7 +21,7 @@ import pytest
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.codes.registry import make_code
-from gradcode.common.security import Security
+from gradcode.common.security import Security, new_process_secret
 from gradcode.common.wire import tensor_from_array
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec
@@ -66,11 +66,18 @@ async def test_registration_refusals_leave_the_pool_clean(cluster: Cluster) -> N
     async with asyncio.timeout(120), grpc.aio.insecure_channel(cluster.master_address) as channel:
         stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
         real = cluster.addresses[0]
+        secret = new_process_secret()
         cases = {
-            "40 MB name": master_pb2.RegisterWorkerRequest(address=real, name="n" * (40 << 20)),
-            "bogus address": master_pb2.RegisterWorkerRequest(address=f"127.0.0.1:{free_port()}", name="bogus"),
-            "the master's own address": master_pb2.RegisterWorkerRequest(address=cluster.master_address),
-            "a real worker's address": master_pb2.RegisterWorkerRequest(address=real, name="thief", instance_id="x"),
+            "40 MB name": master_pb2.RegisterWorkerRequest(address=real, name="n" * (40 << 20), process_secret=secret),
+            "bogus address": master_pb2.RegisterWorkerRequest(
+                address=f"127.0.0.1:{free_port()}", name="bogus", process_secret=secret
+            ),
+            "the master's own address": master_pb2.RegisterWorkerRequest(
+                address=cluster.master_address, process_secret=secret
+            ),
+            "a real worker's address": master_pb2.RegisterWorkerRequest(
+                address=real, name="thief", instance_id="x", process_secret=secret
+            ),
         }
         seen = {case: await status(stub.RegisterWorker(request)) for case, request in cases.items()}
         assert {case: code for case, (code, _) in seen.items()} == {

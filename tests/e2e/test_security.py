@@ -23,8 +23,8 @@ import pytest
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.security import Security
-from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
+from gradcode.common.security import Security, new_process_secret
+from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode, default_machine_id
 
 from .conftest import START_TIMEOUT, job_spec
@@ -238,3 +238,95 @@ def test_the_cli_makes_certificates_lists_and_removes_workers_over_mutual_tls(
         assert f" UP    {default_machine_id()[:8] or '-':<8}  " in listing  # the machine it registered
         tls = Security(cert=files.client, key=files.client_key, ca=files.ca, mutual=True)
         assert is_serving(master, 5.0, tls) and not is_serving(master, 2.0, Security())  # the probe needs TLS too
+
+
+async def thefts(certs: CertificateSet, master: str, victim: str) -> list[str]:
+    """A holder of the certificates and the join secret asks the master to register it at ``victim``'s address,
+    with and without the instance id Hello tells it, with no process secret and with one of its own; returns
+    each outcome (the status, or the call token a reply carried)."""
+    thief = Security(cert=certs.node, key=certs.node_key, ca=certs.ca, mutual=True, join_secret=JOIN)
+    async with thief.channel(victim, bearer=thief.worker_call_token) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        told = (await stub.Hello(worker_pb2.HelloRequest(nonce=b"n" * 32))).instance_id
+    assert told, "Hello tells anyone holding the join secret the victim's instance id"
+    seen = []
+    async with thief.channel(master, bearer=JOIN) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+        for label, instance_id in (("no instance id", ""), ("Hello's instance id", told)):
+            for secret_label, secret in (("no secret", b""), ("its own secret", new_process_secret())):
+                request = master_pb2.RegisterWorkerRequest(
+                    address=victim, name="thief", instance_id=instance_id, process_secret=secret
+                )
+                try:
+                    reply = await stub.RegisterWorker(request, timeout=30)
+                    outcome = f"OK, call token {reply.call_token!r}"
+                except grpc.aio.AioRpcError as exc:
+                    outcome = exc.code().name
+                seen.append(f"{label}, {secret_label}: {outcome}")
+    return seen
+
+
+def test_the_join_secret_registers_no_one_at_an_honest_workers_address_and_restarts_still_join(
+    certs: CertificateSet, tmp_path: Path
+) -> None:
+    """Token theft (issue 25): mid-job, a holder of the join secret (and the certificates) registers at an honest
+    worker's address in every way it can; each is refused, no reply carries a token, the worker keeps its place
+    and token and the job is undisturbed. Then the worker is SIGKILLed and a new process at its freed address
+    registers (with a new token) and the next job runs on it."""
+    with LocalCluster(WORKERS, run_dir=tmp_path, env=server_env(certs)) as cluster:
+        attempts: list[str] = []
+
+        async def scenario() -> tuple[list[Any], list[list[master_pb2.WorkerInfo]]]:
+            async with client(certs, cluster.master_address) as c:
+                before = sorted(await wait_up(c, WORKERS), key=lambda w: w.worker_id)
+                victim = before[0]
+                spec = job_spec(
+                    "cyclic", {"n": WORKERS, "s": 1}, iterations=8, worker_ids=[w.worker_id for w in before],
+                    verify=True,
+                )  # fmt: skip
+
+                async def on_report(report: master_pb2.IterationReport) -> None:
+                    if report.iteration == 2:  # mid-job
+                        attempts.extend(await thefts(certs, cluster.master_address, victim.address))
+
+                first = await c.run(spec, on_report, check=False)
+                after_attack = sorted(await c.list_workers(), key=lambda w: w.worker_id)
+                # the victim dies; a new process takes its freed port and registers
+                next(p for p in cluster.workers if p.address == victim.address).kill()
+                port = victim.address.rpartition(":")[2]
+                argv = [sys.executable, "-m", "gradcode.worker", "--listen", f"127.0.0.1:{port}", "--master",
+                        cluster.master_address, "--name", "successor"]  # fmt: skip
+                env = service_env(server_env(certs))
+                successor = ServiceProcess(argv, log_path=tmp_path / "successor.log", env=env)
+                cluster.workers.append(successor)  # stopped with the cluster
+                assert successor.wait_ready(START_TIMEOUT) == victim.address
+                deadline = time.monotonic() + START_TIMEOUT
+                while True:
+                    last = sorted(await c.list_workers(), key=lambda w: w.worker_id)
+                    if any(w.name == "successor" and w.state == master_pb2.WORKER_STATE_UP for w in last):
+                        break
+                    assert time.monotonic() < deadline, "the new process at the freed address never came UP"
+                    await asyncio.sleep(0.1)
+                second = await c.run(spec, check=False)
+                return [first, second], [before, after_attack, last]
+
+        runs, (before, after_attack, last) = asyncio.run(asyncio.wait_for(scenario(), 240))
+        logs = "".join(p.log_path.read_text() for p in cluster.workers[:WORKERS])
+    assert attempts == [
+        "no instance id, no secret: INVALID_ARGUMENT",
+        "no instance id, its own secret: ALREADY_EXISTS",
+        "Hello's instance id, no secret: INVALID_ARGUMENT",
+        "Hello's instance id, its own secret: ALREADY_EXISTS",
+    ]
+    for info, reports in runs:
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert len(reports) == 8 and all(r.exact and r.verify_error <= 1e-9 for r in reports)
+        assert all(not r.failed_workers for r in reports), [list(r.failed_workers) for r in reports]
+    # the victim kept its place (id, address, name, UP); the successor took the same pool entry
+    places = [(w.worker_id, w.address) for w in before]
+    assert [(w.worker_id, w.address, w.name, w.state) for w in after_attack] == [
+        (w.worker_id, w.address, w.name, master_pb2.WORKER_STATE_UP) for w in before
+    ]
+    assert [(w.worker_id, w.address) for w in last] == places and last[0].name == "successor"
+    assert all(w.state == master_pb2.WORKER_STATE_UP for w in last)
+    assert "refused" not in logs  # no worker was ever called with a token it did not hold

@@ -1,13 +1,16 @@
-"""Pool hygiene: a registered worker is UP only where it answers; bounded labels and pool; removal; lateness probes."""
+"""Pool hygiene: a registered worker is UP only where it proves it answers; bounded labels and pool; removal;
+lateness probes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import grpc
 import pytest
 
+from gradcode.common.security import Security, new_process_secret
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.node import MasterNode
 from gradcode.master.pool import (
@@ -22,13 +25,14 @@ from gradcode.worker.node import WorkerNode, default_machine_id
 from tests.helpers import free_port
 
 TIMEOUT = 60.0
+SECRET = new_process_secret()
 
 
 async def test_an_unreachable_address_is_refused_with_advice_about_advertise() -> None:
     pool = WorkerPool()
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(UnreachableWorkerError, match="--advertise HOST:PORT"):
-        await pool.register(address, "ghost", "abc")
+        await pool.register(address, "ghost", "abc", secret=SECRET)
     assert pool.workers == []
     await pool.close()
 
@@ -37,22 +41,47 @@ async def test_the_master_itself_is_not_a_worker() -> None:
     """A worker that advertised an address where the master (not a worker) answers is refused."""
     async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.1) as master:
         with pytest.raises(UnreachableWorkerError, match="Something other than a gradcode worker answers"):
-            await master.pool.register(master.address, "confused", "abc")
+            await master.pool.register(master.address, "confused", "abc", secret=SECRET)
         assert master.pool.workers == []
 
 
 async def test_an_address_held_by_a_live_worker_is_not_taken_over_and_a_restart_is() -> None:
+    """Knowing what Hello tells (the instance id, proofs of chosen nonces) does not let another process
+    register at a live worker's address; a new process that proves it answers there does."""
+    security = Security(join_secret="admission-join-secret-0123456789")
+    async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1, security=security) as worker:
+        pool = WorkerPool(security=security)
+        try:
+            first = await pool.register(
+                worker.address, "real", worker.instance_id, secret=worker.servicer.process_secret
+            )
+            token = first.call_token
+            for instance_id in (worker.instance_id, "another-instance"):  # the id Hello tells anyone, or another
+                with pytest.raises(AddressTakenError, match="did not prove it holds"):
+                    await pool.register(worker.address, "impostor", instance_id, secret=new_process_secret())
+            assert [(w.name, w.is_up, w.call_token) for w in pool.workers] == [("real", True, token)]
+            # the same process again (a periodic re-registration): nothing changes
+            again = await pool.register(
+                worker.address, "real", worker.instance_id, secret=worker.servicer.process_secret
+            )
+            assert again is first and again.is_up and again.call_token == token
+            # a new process at the same address (a restart) proves its own secret there, so it is admitted
+            worker.servicer.process_secret = restarted = new_process_secret()
+            again = await pool.register(worker.address, "real", "restarted", secret=restarted)
+            assert again is first and again.is_up and again.instance_id == "restarted"
+            assert again.call_token not in (None, token)
+        finally:
+            await pool.close()
+
+
+async def test_a_registration_without_a_process_secret_is_refused_before_anything_else() -> None:
     async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as worker:
         pool = WorkerPool()
         try:
-            first = await pool.register(worker.address, "real", worker.instance_id)
-            with pytest.raises(AddressTakenError, match="Another worker process answers"):
-                await pool.register(worker.address, "impostor", "another-instance")
-            assert [(w.name, w.is_up) for w in pool.workers] == [("real", True)]
-            # a new process at the same address (a restart) answers with its own id, so it is admitted
-            worker.servicer.instance_id = "restarted"
-            again = await pool.register(worker.address, "real", "restarted")
-            assert again is first and again.is_up and again.instance_id == "restarted"
+            for secret in (b"", b"s" * 15, b"s" * 65):
+                with pytest.raises(ValueError, match="upgrade it"):
+                    await pool.register(worker.address, "old", worker.instance_id, secret=secret)
+            assert pool.workers == []
         finally:
             await pool.close()
 
@@ -62,21 +91,21 @@ async def test_labels_and_pool_size_are_bounded_and_workers_can_be_removed() -> 
         pool = WorkerPool(max_workers=1)
         try:
             with pytest.raises(ValueError, match="at most 128 printable characters"):
-                await pool.register(a.address, "n" * 40_000_000, a.instance_id)
+                await pool.register(a.address, "n" * 40_000_000, a.instance_id, secret=SECRET)
             with pytest.raises(ValueError, match="longer than 255 characters"):
-                await pool.register("h" * 1000 + ":1", "x", a.instance_id)
+                await pool.register("h" * 1000 + ":1", "x", a.instance_id, secret=SECRET)
             with pytest.raises(ValueError, match=r"machine id .* at most 64 printable characters"):
-                await pool.register(a.address, "a", a.instance_id, "m" * 65)
-            worker = await pool.register(a.address, "a", a.instance_id)
+                await pool.register(a.address, "a", a.instance_id, "m" * 65, secret=SECRET)
+            worker = await pool.register(a.address, "a", a.instance_id, secret=a.servicer.process_secret)
             with pytest.raises(PoolFullError, match="gradcode workers remove"):
-                await pool.register(b.address, "b", b.instance_id)
+                await pool.register(b.address, "b", b.instance_id, secret=b.servicer.process_secret)
             removed = await pool.remove(worker.worker_id)
             with pytest.raises(RemovedWorkerError, match="restart it to join again"):
-                await pool.register(a.address, "a", a.instance_id)  # the removed process stays out
+                await pool.register(a.address, "a", a.instance_id, secret=a.servicer.process_secret)  # stays out
             assert not removed.is_up and removed.last_error == "removed from the pool" and pool.workers == []
             with pytest.raises(KeyError, match="Unknown worker id"):
                 await pool.remove(worker.worker_id)
-            newer = await pool.register(b.address, "b", b.instance_id)
+            newer = await pool.register(b.address, "b", b.instance_id, secret=b.servicer.process_secret)
             assert newer.worker_id == worker.worker_id + 1  # ids are never reused
         finally:
             await pool.close()
@@ -91,9 +120,14 @@ async def test_register_and_remove_over_grpc() -> None:
     ):
         stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=f"127.0.0.1:{free_port()}"))
+            await stub.RegisterWorker(
+                master_pb2.RegisterWorkerRequest(address=f"127.0.0.1:{free_port()}", process_secret=SECRET)
+            )
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "--advertise" in (info.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # a worker of an older gradcode sends no secret
+            await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=f"127.0.0.1:{free_port()}"))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "upgrade" in (info.value.details() or "")
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address="a:1", name="n" * 10_000))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -163,34 +197,31 @@ async def test_a_hung_reload_runs_beside_the_iterations_and_wakes_the_runner_whe
 
 
 async def test_a_worker_that_refuses_the_masters_credential_is_told_about_the_join_secret() -> None:
-    from gradcode.common.security import Security
-
     worker_side = Security(join_secret="worker-side-secret-0123456789")
     async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1, security=worker_side) as worker:
         pool = WorkerPool(security=Security(join_secret="master-side-secret-0123456789"))
         try:
             with pytest.raises(UnreachableWorkerError, match="the same join secret"):
-                await pool.register(worker.address, "w", worker.instance_id)
+                await pool.register(worker.address, "w", worker.instance_id, secret=worker.servicer.process_secret)
             assert pool.workers == []
         finally:
             await pool.close()
 
 
 async def test_a_probe_revives_only_the_process_that_registered_and_a_new_one_gets_a_new_token() -> None:
-    """A DOWN worker answering the probe is UP again only if Hello names the registered process; a new
-    process at the address stays DOWN until it registers, and is then issued a new call token."""
-    from gradcode.common.security import Security
-
+    """A DOWN worker answering the probe is UP again only if Hello proves the registered process's secret; a
+    new process at the address stays DOWN until it registers, and is then issued a new call token."""
     security = Security(join_secret="probe-join-secret-0123456789")
     pool = WorkerPool(security=security)
     try:
         async with asyncio.timeout(TIMEOUT):
             async with WorkerNode(grace=0.1, security=security) as first:
                 address = first.address
-                worker = await pool.register(address, "w", first.instance_id)
+                mine = first.servicer.process_secret
+                worker = await pool.register(address, "w", first.instance_id, secret=mine)
                 token = worker.call_token
                 assert token is not None and worker.is_up
-                assert (await pool.register(address, "w", first.instance_id)).call_token == token  # periodic: kept
+                assert (await pool.register(address, "w", first.instance_id, secret=mine)).call_token == token
                 pool.mark_down(worker, "Compute failed")
                 assert await pool.probe(worker) and worker.is_up and worker.call_token == token  # the same process
                 pool.mark_down(worker, "Compute failed")
@@ -202,11 +233,14 @@ async def test_a_probe_revives_only_the_process_that_registered_and_a_new_one_ge
                     assert not worker.is_up and "another worker process answers" in worker.last_error
                 await pool.probe_down()
                 assert not worker.is_up
-                again = await pool.register(address, "w", second.instance_id)
+                # the old process's id and secret are no good there any more (and its token stays dropped)
+                with pytest.raises(AddressTakenError):
+                    await pool.register(address, "w", first.instance_id, secret=mine)
+                again = await pool.register(address, "w", second.instance_id, secret=second.servicer.process_secret)
                 assert again is worker and worker.is_up and worker.instance_id == second.instance_id
                 assert worker.call_token not in (None, token)
                 # and an UP worker whose address now answers with another process is marked DOWN by a probe
-                second.servicer.instance_id = "someone-else"
+                second.servicer.process_secret = new_process_secret()
                 assert not await pool.probe(worker) and not worker.is_up
     finally:
         await pool.close()
@@ -216,7 +250,46 @@ async def test_without_a_join_secret_no_call_token_is_issued() -> None:
     async with asyncio.timeout(TIMEOUT), WorkerNode(grace=0.1) as node:
         pool = WorkerPool()
         try:
-            worker = await pool.register(node.address, "w", node.instance_id)
+            worker = await pool.register(node.address, "w", node.instance_id, secret=node.servicer.process_secret)
             assert worker.call_token is None and worker.bearer is None
         finally:
             await pool.close()
+
+
+async def _restart_registration(worker: WorkerNode, master_address: str) -> None:
+    """Restart the worker's registration loop (same process, same secret) and wait for its first outcome."""
+    assert worker._registration is not None
+    worker._registration.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await worker._registration
+    worker.registered.clear()
+    failures = worker.registration_failures
+    worker._registration = asyncio.create_task(worker._register_forever(master_address))
+    while not worker.registered.is_set() and worker.registration_failures == failures:
+        await asyncio.sleep(0.02)
+
+
+async def test_the_same_process_keeps_its_token_and_one_displaced_from_its_address_drops_it() -> None:
+    """Re-registrations of one process (periodic, or a restarted registration loop) keep its call token. A
+    process whose advertised address now reaches another worker is refused (ALREADY_EXISTS) and drops its
+    token, and the worker answering there keeps its own."""
+    security = Security(join_secret="keep-join-secret-0123456789")
+    async with (
+        asyncio.timeout(TIMEOUT),
+        MasterNode(grace=0.1, security=security) as master,
+        WorkerNode(master_address=master.address, grace=0.1, security=security, reregister_seconds=0.1) as a,
+        WorkerNode(master_address=master.address, grace=0.1, security=security, reregister_seconds=0.1) as b,
+    ):
+        await asyncio.gather(a.registered.wait(), b.registered.wait())
+        assert a.call_token is not None and b.call_token is not None
+        token_a, token_b = a.call_token.value, b.call_token.value
+        await asyncio.sleep(0.5)  # a few periodic re-registrations
+        await _restart_registration(a, master.address)
+        assert a.registered.is_set() and a.registration_failures == 0
+        tokens = {w.address: w.call_token for w in master.pool.workers}
+        assert a.call_token.value == token_a == tokens[a.address] and token_b == tokens[b.address]
+        # a's advertised name now leads to b (a DNS name moved to another pod): a is no longer the worker there
+        a.advertise_address = b.address
+        await _restart_registration(a, master.address)
+        assert "ALREADY_EXISTS" in a.last_registration_error and a.call_token.value is None
+        assert b.call_token.value == token_b == {w.address: w.call_token for w in master.pool.workers}[b.address]

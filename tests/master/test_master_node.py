@@ -24,6 +24,7 @@ import pytest
 from gradcode.common.data import load_dataset
 from gradcode.common.models import Model, make_model
 from gradcode.common.round import Round
+from gradcode.common.security import hello_proof, new_process_secret
 from gradcode.common.serving import ServingHandle, start_server
 from gradcode.common.wire import MessageAssembler, array_from_tensor, message_chunks, struct_from_dict
 from gradcode.master import reporting, service
@@ -102,6 +103,7 @@ class TrueGradientWorker(worker_pb2_grpc.WorkerServicer):
     def __init__(self, *, approximate: bool, scale: float = 1.0) -> None:
         self.approximate = approximate
         self.scale = scale
+        self.process_secret = new_process_secret()
         self.setup = worker_pb2.JobSetup()
         self.model: Model | None = None
         self.data: dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = {}
@@ -143,7 +145,7 @@ class TrueGradientWorker(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.EndJobReply()
 
     async def Hello(self, request: worker_pb2.HelloRequest, context: Any) -> Any:  # noqa: N802 - admission check
-        return worker_pb2.HelloReply()
+        return worker_pb2.HelloReply(proof=hello_proof(self.process_secret, request.nonce))
 
 
 @contextlib.asynccontextmanager
@@ -174,7 +176,8 @@ async def test_messages_a_parent_decoded_approximately_make_the_iteration_inexac
 ) -> None:
     worker = TrueGradientWorker(approximate=approximate, scale=scale)
     async with asyncio.timeout(TIMEOUT), running_master() as master, serving(worker) as handle:
-        reply = await master.stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address))
+        request = master_pb2.RegisterWorkerRequest(address=handle.address, process_secret=worker.process_secret)
+        reply = await master.stub.RegisterWorker(request)
         spec = job_spec("uncoded", {"n": 1}, worker_ids=[reply.worker_id], verify=True)
         info, reports = await master.run(spec)
         assert master.node.pool.get(reply.worker_id).caller.serves_sessions is False  # type: ignore[union-attr]  # it has only Compute: it got calls

@@ -34,16 +34,18 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("address", "name", "instance_id", "machine_id")
+    __slots__ = ("address", "name", "instance_id", "machine_id", "process_secret")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SECRET_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
     instance_id: str
     machine_id: str
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., instance_id: _Optional[str] = ..., machine_id: _Optional[str] = ...) -> None: ...
+    process_secret: bytes
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., instance_id: _Optional[str] = ..., machine_id: _Optional[str] = ..., process_secret: _Optional[bytes] = ...) -> None: ...
 
 class RemoveWorkerRequest(_message.Message):
     __slots__ = ("worker_id",)

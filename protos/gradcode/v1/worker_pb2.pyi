@@ -8,8 +8,10 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("nonce",)
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    def __init__(self, nonce: _Optional[bytes] = ...) -> None: ...
 
 class OpenLinkRequest(_message.Message):
     __slots__ = ()
@@ -26,10 +28,12 @@ class LinkOffer(_message.Message):
     def __init__(self, port: _Optional[int] = ..., token: _Optional[bytes] = ..., tls: _Optional[bool] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("instance_id",)
+    __slots__ = ("instance_id", "proof")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
-    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+    proof: bytes
+    def __init__(self, instance_id: _Optional[str] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class RowDefinition(_message.Message):
     __slots__ = ("row", "partitions", "coefficients_real", "coefficients_imag")

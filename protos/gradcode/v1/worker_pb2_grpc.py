@@ -117,7 +117,9 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Hello(self, request, context):
-        """Who answers at this address: the master's admission check before a registered worker is UP.
+        """Who answers at this address: the master's admission check before a registered worker is UP, and
+        its probe of a DOWN one. The reply proves the process holds the secret it registered with
+        (RegisterWorkerRequest.process_secret) without revealing it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
