@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs unde
     y_all = np.load(data_dir / "y_train.npy")
     index = np.load(data_dir / f"partition_{rank}.npy")
     X, y = np.ascontiguousarray(X_all[index]), np.ascontiguousarray(y_all[index])
-    model = make_model("logistic", num_features=workload["num_features"])
+    model = make_model(workload["model"], num_features=workload["num_features"])
     skip = int(workload["skip_iterations"])
     buffer = np.zeros(COMMAND_BYTES, dtype=np.uint8)
     while True:
