@@ -10,7 +10,7 @@ one that claims to be exact fails the job. Meanwhile, every 0.5–2 s, a random 
 
 Prints the jobs, iterations, failed jobs, iterations reported inexact, the worst verified relative error,
 the freezes and kills, with ``/proc/loadavg`` before and after, and saves ``chaos.json`` and ``chaos.png``
-(the worst verified error of each job) in ``bench/results/`` (or ``--out``). ``--quick`` is a smoke run of
+(the worst verified error of each job) in ``docs/results/`` (or ``--out``). ``--quick`` is a smoke run of
 a few jobs. Exit status 0 when every job succeeded and every iteration was exact, else 1.
 """
 

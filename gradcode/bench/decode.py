@@ -21,7 +21,7 @@ Combine, for p in {1e5, 1e6} complex128 coordinates and several f: ``Decoding.co
 a_i m_i, real part) against a plain numpy copy of the same message bytes measured in the same run;
 ``ratio`` = copy time / combine time, i.e. combine's share of the machine's copy bandwidth.
 
-Prints a table and saves ``decode.json`` and ``decode.png`` in ``bench/results/`` (or ``--out``).
+Prints a table and saves ``decode.json`` and ``decode.png`` in ``docs/results/`` (or ``--out``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ change in the machine's load hits them alike. The figure of a job is the median 
 its iterations after the first; the table quotes the median over rounds, its ratio to ``off``, how
 many consistency relations were checked per iteration, and the 1-minute ``/proc/loadavg`` read
 before each of those jobs (median). Saves ``integrity.json`` and ``integrity.png`` in
-``bench/results/`` (or ``--out``). ``--quick`` is a smoke run.
+``docs/results/`` (or ``--out``). ``--quick`` is a smoke run.
 
 What to expect: ``off`` decodes from the first n - s = 4 answers; ``detect`` waits for a fifth (one
 relation); ``locate`` on honest messages stops there too when that relation involves every message

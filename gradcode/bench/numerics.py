@@ -13,7 +13,7 @@ gradients: equal magnitudes, and magnitudes spread log-uniformly over six orders
 workers' own ``encode``; the true error is against the correctly rounded sum (``math.fsum``); the
 certified bound is :meth:`Decoding.certify` from the message norms. A configuration a guard refuses
 shows the error the guard measured or certified, so the table says *why*. Prints a table and saves
-``bench/results/numerics.json`` and ``bench/results/numerics.png``, with ``/proc/loadavg``.
+``numerics.json`` and ``numerics.png`` in ``docs/results/`` (or ``--out``), with ``/proc/loadavg``.
 """
 
 from __future__ import annotations

@@ -31,8 +31,11 @@ __all__ = [
     "up_workers",
 ]
 
-RESULTS = Path(__file__).resolve().parent / "results"
-"""Default output directory: the committed results of this project's development machine."""
+_CHECKOUT = Path(__file__).resolve().parents[2]
+RESULTS = _CHECKOUT / "docs" / "results" if (_CHECKOUT / "pyproject.toml").is_file() else Path("gradcode-results")
+"""Default output directory (``--out``): in a checkout ``docs/results`` at its root, beside the committed results
+of this project's development machine, outside the import package; where gradcode is installed from a wheel,
+``gradcode-results`` in the current directory."""
 SKIP_ITERATIONS = 2
 """First iterations of a job left out of its medians (connection and cache warm-up)."""
 

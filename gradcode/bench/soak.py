@@ -10,7 +10,7 @@ slow) for ``--minutes``. After every job the master's resident memory is read fr
 
 Prints the resident memory at each tenth of the run and the growth per 100 jobs over the first and
 the second half (a master that levels off grows much less in the second half), and saves
-``soak.json`` and ``soak.png`` in ``bench/results/`` (or ``--out``) with ``/proc/loadavg`` before
+``soak.json`` and ``soak.png`` in ``docs/results/`` (or ``--out``) with ``/proc/loadavg`` before
 and after. ``--quick`` is a smoke run of a few jobs.
 """
 

@@ -42,7 +42,7 @@ and the rounds repeat (A, B, …, A, B, …); figures are medians over rounds. `
 recorded before and after every run. A short ``verify`` job per scheme (the master checks every
 decoded gradient against the centralized one) shows the gradients stay exact.
 
-Prints the tables and saves ``training.json`` and ``training.png`` in ``bench/results/`` (or ``--out``).
+Prints the tables and saves ``training.json`` and ``training.png`` in ``docs/results/`` (or ``--out``).
 The allreduce baseline needs torch (``pip install 'gradcode[bench]'``, pinned to the CPU build).
 """
 

@@ -70,7 +70,7 @@ need: ``one`` = one Compute's transport time at p = 1e5 on that path from the st
 ``master`` = every model sent (n × 8p bytes) and every used message received through the master at that
 rate, which one master process must move one after the other.
 
-Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
+Prints the tables and saves ``transport.json`` and ``transport.png`` in ``docs/results/`` (or
 ``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
 """
 

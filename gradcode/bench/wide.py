@@ -21,7 +21,7 @@ Figures are medians over rounds of each job's median period (iteration start to 
 ``overhead`` is the issue's measure: the period less one worker's gradient computed alone (hot caches); one
 transfer is the bare one-worker job's overhead (the model down and the message up through shared memory, the
 decode and the step). The 1-minute ``/proc/loadavg`` is read before every job. Prints the table and saves
-``wide.json`` and ``wide.png`` in ``bench/results/`` (or ``--out``).
+``wide.json`` and ``wide.png`` in ``docs/results/`` (or ``--out``).
 """
 
 from __future__ import annotations
