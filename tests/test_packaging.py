@@ -117,3 +117,13 @@ def test_a_checkout_imports_its_own_folders() -> None:
         str(ROOT / "common" / "round.py"),
         str(ROOT / "protos" / "gradcode" / "v1" / "worker_pb2_grpc.py"),
     ]
+
+
+@pytest.mark.parametrize("name", sorted(set(SETUPTOOLS["package-dir"]) - {"gradcode"}))
+def test_a_mapped_folder_refuses_its_folder_name(name: str) -> None:
+    """``import common.round`` at a checkout's root would load a second copy of every class beside
+    ``gradcode.common.round``'s; the folder refuses any name but its package's."""
+    folder_name = SETUPTOOLS["package-dir"][name].replace("/", ".")
+    refused = subprocess.run([sys.executable, "-c", f"import {folder_name}"], cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert f"ImportError: import {name}, not {folder_name}" in refused.stderr
