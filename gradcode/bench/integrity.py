@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import add_out_argument, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="jobs per (straggler model, policy)")
     parser.add_argument("--iterations", type=int, default=15, help="iterations per job")
     parser.add_argument("--quick", action="store_true", help="one round of 3 iterations: a smoke run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for integrity.json and integrity.png")
+    add_out_argument(parser, "integrity")
     args = parser.parse_args(argv)
     rounds, iterations = (1, 3) if args.quick else (args.rounds, args.iterations)
     run(rounds=rounds, iterations=iterations, out=args.out)

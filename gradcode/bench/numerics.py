@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import add_out_argument, load_average, save
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--straggler-fraction", type=float, default=0.25)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(parser, "numerics")
     args = parser.parse_args(argv)
     load_before = load_average()
     results = measure(args.sizes, args.straggler_fraction)

@@ -68,6 +68,7 @@ import numpy as np
 from gradcode.bench.output import (
     RESULTS,
     SKIP_ITERATIONS,
+    add_out_argument,
     free_port,
     load_average,
     save,
@@ -711,7 +712,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gradcode.bench.training", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small workload and few runs: a smoke run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for training.json and training.png")
+    add_out_argument(parser, "training")
     args = parser.parse_args(argv)
     run(quick=args.quick, out=args.out)
 

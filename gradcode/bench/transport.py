@@ -103,6 +103,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.bench.output import (
     RESULTS,
+    add_out_argument,
     cluster_pids,
     cpu_seconds,
     job_medians,
@@ -1412,7 +1413,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gradcode.bench.transport", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for transport.json and transport.png")
+    add_out_argument(parser, "transport")
     args = parser.parse_args(argv)
     # This process plays the master: the same settings as python -m gradcode.master. Without the BLAS limit,
     # OpenBLAS threads spinning after each norm used 5.5 ms of CPU per p = 1e5 Compute instead of 1.5 ms,
