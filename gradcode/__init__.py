@@ -86,7 +86,8 @@ def _checkout_folders() -> dict[str, Path]:
         return {}  # installed: the wheel or the editable tree holds the subpackages
     import tomllib
 
-    mapping: dict[str, str] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    mapping: dict[str, str] = project.get("tool", {}).get("setuptools", {}).get("package-dir", {})
     return {name: root / folder for name, folder in mapping.items() if name != __name__}
 
 
