@@ -10,7 +10,7 @@ one that claims to be exact fails the job. Meanwhile, every 0.5–2 s, a random 
 
 Prints the jobs, iterations, failed jobs, iterations reported inexact, the worst verified relative error,
 the freezes and kills, with ``/proc/loadavg`` before and after, and saves ``chaos.json`` and ``chaos.png``
-(the worst verified error of each job) in ``bench/results/`` (or ``--out``). ``--quick`` is a smoke run of
+(the worst verified error of each job) in ``docs/results/`` (or ``--out``). ``--quick`` is a smoke run of
 a few jobs. Exit status 0 when every job succeeded and every iteration was exact, else 1.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gradcode.bench.output import RESULTS, load_average, save, up_workers
+from gradcode.bench.output import add_out_argument, load_average, save, up_workers
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.exceptions import JobFailedError
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0, help="how long to run jobs")
     parser.add_argument("--workers", type=int, default=8, help=f"worker processes (at least {N})")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few jobs")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for chaos.json and chaos.png")
+    add_out_argument(parser, "chaos")
     args = parser.parse_args(argv)
     if args.workers < N:
         parser.error(f"--workers must be at least {N} (the jobs have n = {N}), not {args.workers}.")

@@ -21,7 +21,7 @@ Combine, for p in {1e5, 1e6} complex128 coordinates and several f: ``Decoding.co
 a_i m_i, real part) against a plain numpy copy of the same message bytes measured in the same run;
 ``ratio`` = copy time / combine time, i.e. combine's share of the machine's copy bandwidth.
 
-Prints a table and saves ``decode.json`` and ``decode.png`` in ``bench/results/`` (or ``--out``).
+Prints a table and saves ``decode.json`` and ``decode.png`` in ``docs/results/`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, save
+from gradcode.bench.output import RESULTS, add_out_argument, save
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
@@ -240,7 +240,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gradcode.bench.decode", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run of a few seconds")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for decode.json and decode.png")
+    add_out_argument(parser, "decode")
     args = parser.parse_args(argv)
     run(quick=args.quick, out=args.out)
 

@@ -10,7 +10,7 @@ change in the machine's load hits them alike. The figure of a job is the median 
 its iterations after the first; the table quotes the median over rounds, its ratio to ``off``, how
 many consistency relations were checked per iteration, and the 1-minute ``/proc/loadavg`` read
 before each of those jobs (median). Saves ``integrity.json`` and ``integrity.png`` in
-``bench/results/`` (or ``--out``). ``--quick`` is a smoke run.
+``docs/results/`` (or ``--out``). ``--quick`` is a smoke run.
 
 What to expect: ``off`` decodes from the first n - s = 4 answers; ``detect`` waits for a fifth (one
 relation); ``locate`` on honest messages stops there too when that relation involves every message
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import add_out_argument, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="jobs per (straggler model, policy)")
     parser.add_argument("--iterations", type=int, default=15, help="iterations per job")
     parser.add_argument("--quick", action="store_true", help="one round of 3 iterations: a smoke run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for integrity.json and integrity.png")
+    add_out_argument(parser, "integrity")
     args = parser.parse_args(argv)
     rounds, iterations = (1, 3) if args.quick else (args.rounds, args.iterations)
     run(rounds=rounds, iterations=iterations, out=args.out)

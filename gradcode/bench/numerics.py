@@ -13,7 +13,7 @@ gradients: equal magnitudes, and magnitudes spread log-uniformly over six orders
 workers' own ``encode``; the true error is against the correctly rounded sum (``math.fsum``); the
 certified bound is :meth:`Decoding.certify` from the message norms. A configuration a guard refuses
 shows the error the guard measured or certified, so the table says *why*. Prints a table and saves
-``bench/results/numerics.json`` and ``bench/results/numerics.png``, with ``/proc/loadavg``.
+``numerics.json`` and ``numerics.png`` in ``docs/results/`` (or ``--out``), with ``/proc/loadavg``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, save
+from gradcode.bench.output import add_out_argument, load_average, save
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--straggler-fraction", type=float, default=0.25)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(parser, "numerics")
     args = parser.parse_args(argv)
     load_before = load_average()
     results = measure(args.sizes, args.straggler_fraction)

@@ -3,6 +3,7 @@ cluster's workers, and a job's medians and CPU."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -20,6 +21,7 @@ from gradcode.v1 import master_pb2
 __all__ = [
     "RESULTS",
     "SKIP_ITERATIONS",
+    "add_out_argument",
     "cluster_pids",
     "cpu_seconds",
     "free_port",
@@ -31,8 +33,20 @@ __all__ = [
     "up_workers",
 ]
 
-RESULTS = Path(__file__).resolve().parent / "results"
-"""Default output directory: the committed results of this project's development machine."""
+_CHECKOUT = Path(__file__).resolve().parents[2]
+RESULTS = _CHECKOUT / "docs" / "results" if (_CHECKOUT / "pyproject.toml").is_file() else Path("gradcode-results")
+"""Default output directory (``--out``): in a checkout ``docs/results`` at its root, beside the committed results
+of this project's development machine, outside the import package; where gradcode is installed from a wheel,
+``gradcode-results`` in the current directory."""
+
+
+def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
+    """The ``--out`` option every benchmark has: where ``name.json`` and ``name.png`` go."""
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help=f"directory for {name}.json and {name}.png (default: {RESULTS})"
+    )
+
+
 SKIP_ITERATIONS = 2
 """First iterations of a job left out of its medians (connection and cache warm-up)."""
 

@@ -10,7 +10,7 @@ slow) for ``--minutes``. After every job the master's resident memory is read fr
 
 Prints the resident memory at each tenth of the run and the growth per 100 jobs over the first and
 the second half (a master that levels off grows much less in the second half), and saves
-``soak.json`` and ``soak.png`` in ``bench/results/`` (or ``--out``) with ``/proc/loadavg`` before
+``soak.json`` and ``soak.png`` in ``docs/results/`` (or ``--out``) with ``/proc/loadavg`` before
 and after. ``--quick`` is a smoke run of a few jobs.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gradcode.bench.output import RESULTS, free_port, load_average, save
+from gradcode.bench.output import add_out_argument, free_port, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few jobs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(parser, "soak")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error(f"--workers must be at least 2 (cyclic with s = 1), not {args.workers}.")

@@ -49,7 +49,7 @@ so it is a lower bound no system on this machine reaches.
 configuration (the master checks every decoded gradient against the centralized one) shows the gradients
 stay exact under the same delays.
 
-Prints the tables and saves ``training.json`` and ``training.png`` in ``bench/results/`` (or ``--out``).
+Prints the tables and saves ``training.json`` and ``training.png`` in ``docs/results/`` (or ``--out``).
 The gloo baseline needs torch (``pip install 'gradcode[bench]'``, pinned to the CPU build); the MPI one
 Open MPI and mpi4py (``apt-get install openmpi-bin libopenmpi-dev`` and ``pip install 'gradcode[mpi]'``).
 """
@@ -82,6 +82,7 @@ from gradcode.bench.mpi_allreduce import RESULT_MARK
 from gradcode.bench.output import (
     RESULTS,
     SKIP_ITERATIONS,
+    add_out_argument,
     free_port,
     load_average,
     save,
@@ -1100,7 +1101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--backups", action="store_true", help="also run each coded scheme with every worker asked alike"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for training.json and training.png")
+    add_out_argument(parser, "training")
     args = parser.parse_args(argv)
     run(quick=args.quick, seeds=args.seeds, grid=args.grid, backups=args.backups, out=args.out)
 

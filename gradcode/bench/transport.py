@@ -70,7 +70,7 @@ need: ``one`` = one Compute's transport time at p = 1e5 on that path from the st
 ``master`` = every model sent (n × 8p bytes) and every used message received through the master at that
 rate, which one master process must move one after the other.
 
-Prints the tables and saves ``transport.json`` and ``transport.png`` in ``bench/results/`` (or
+Prints the tables and saves ``transport.json`` and ``transport.png`` in ``docs/results/`` (or
 ``--out``). ``--quick`` is a smoke run of a few seconds with small sizes.
 """
 
@@ -103,6 +103,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.bench.output import (
     RESULTS,
+    add_out_argument,
     cluster_pids,
     cpu_seconds,
     job_medians,
@@ -1412,7 +1413,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gradcode.bench.transport", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for transport.json and transport.png")
+    add_out_argument(parser, "transport")
     args = parser.parse_args(argv)
     # This process plays the master: the same settings as python -m gradcode.master. Without the BLAS limit,
     # OpenBLAS threads spinning after each norm used 5.5 ms of CPU per p = 1e5 Compute instead of 1.5 ms,

@@ -21,7 +21,7 @@ Figures are medians over rounds of each job's median period (iteration start to 
 ``overhead`` is the issue's measure: the period less one worker's gradient computed alone (hot caches); one
 transfer is the bare one-worker job's overhead (the model down and the message up through shared memory, the
 decode and the step). The 1-minute ``/proc/loadavg`` is read before every job. Prints the table and saves
-``wide.json`` and ``wide.png`` in ``bench/results/`` (or ``--out``).
+``wide.json`` and ``wide.png`` in ``docs/results/`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from gradcode.bench.floor import BareJob, BarePool
 from gradcode.bench.output import (
     RESULTS,
     SKIP_ITERATIONS,
+    add_out_argument,
     cluster_pids,
     job_medians,
     load_average,
@@ -249,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--iterations", type=int, default=200, help="iterations per job")
     parser.add_argument("--quick", action="store_true", help="n = 4, one round of 10 iterations: a smoke run")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for wide.json and wide.png")
+    add_out_argument(parser, "wide")
     args = parser.parse_args(argv)
     if args.quick:
         run(n=4, rounds=1, iterations=10, out=args.out)
