@@ -1,9 +1,10 @@
 """A worker sending well-formed wrong gradients, caught by the code's own redundancy (issue 10), without verify mode.
 
 A real master and five real worker processes, plus one hostile worker (in this process, on loopback)
-that answers every Compute with CRC-valid chunks of 1e3 everywhere: n = 6, s = 2 (cyclic). Under
-``detect`` the affected iterations are labelled (not exact) and the worker named; under ``locate`` the
-job ends exactly like an honest (centralized) run and the worker is quarantined.
+that answers every Compute with CRC-valid chunks of 1e3 everywhere (cyclic, n = 6). Under ``detect``
+(s = 2) the affected iterations are labelled (not exact) and the worker named; under ``locate`` (s = 3:
+three relations, so no two other workers colluding could have framed it) the job ends exactly like an
+honest (centralized) run and the worker is quarantined.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(clu
     bad = ids[HOSTILE_INDEX]
     iterations, lr = 8, 0.5
     try:
-        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+        spec = job_spec("cyclic", {"n": 6, "s": 3}, iterations=iterations, learning_rate=lr, worker_ids=ids,
                         integrity="locate")  # fmt: skip
         async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
             info, reports = await run_job(cluster5.master_address, spec)
