@@ -37,9 +37,9 @@ from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 from gradcode.common.codes.consistency import (
     ConsistencyReport,
     check_consistency,
-    coverable_rows,
     decode_excluding,
     parity_checks,
+    uncheckable,
 )
 from gradcode.common.round import Integrity, Round
 
@@ -243,13 +243,6 @@ def _consistent(verdict: Verdict, timed_out: bool) -> Integrity:
         f"most {verdict.lie_bound:.2g} to the gradient)",
         lie_bound=verdict.lie_bound,
     )
-
-
-def uncheckable(code: GradientCode) -> tuple[int, ...]:
-    """Workers of ``code``'s static assignment with a row no surplus can ever check (module docstring)."""
-    coverable = set(coverable_rows(code))
-    owner = code.static_assignment().owner
-    return tuple(sorted({owner[r] for r in range(len(np.asarray(code.B))) if r not in coverable and r in owner}))
 
 
 def _checks(count: int) -> str:

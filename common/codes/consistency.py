@@ -50,6 +50,7 @@ __all__ = [
     "coverable_rows",
     "decode_excluding",
     "parity_checks",
+    "uncheckable",
 ]
 
 Array = npt.NDArray[Any]
@@ -233,6 +234,15 @@ def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, magnitudes: Ar
         leak = np.where(residual > 0, residual * per_partition[None, :], 0.0).sum(axis=1)
     result: Array = np.maximum(combine + encode + leak, np.finfo(np.float64).tiny)
     return result
+
+
+def uncheckable(code: GradientCode) -> tuple[int, ...]:
+    """Workers of ``code``'s static assignment with a row no surplus can ever check (:func:`coverable_rows`):
+    under ``--integrity detect|locate`` a decode that uses such a row is never exact."""
+    coverable = set(coverable_rows(code))
+    owner = code.static_assignment().owner
+    rows = range(np.asarray(code.B).shape[0])
+    return tuple(sorted({owner[r] for r in rows if r not in coverable and r in owner}))
 
 
 class _Explanations:

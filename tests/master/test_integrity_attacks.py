@@ -10,18 +10,25 @@ workers collude.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+from gradcode.client.__main__ import _summary, main
 from gradcode.common.codes import GradientCode, make_code
-from gradcode.common.codes.consistency import check_consistency
+from gradcode.common.codes.consistency import check_consistency, uncheckable
 from gradcode.common.codes.numerics import relative_error
+from gradcode.common.models import TrainingMetrics
 from gradcode.common.round import Round, Source
 from gradcode.common.wire import message_chunks
-from gradcode.master.integrity import QUARANTINE_AFTER, IntegrityPolicy, uncheckable
+from gradcode.master.integrity import QUARANTINE_AFTER, IntegrityPolicy
+from gradcode.master.reporting import iteration_report
+from gradcode.master.spec import JobSpecError, plan_job
+from gradcode.v1 import master_pb2
 from tests.common.test_round import _FakeStream
+from tests.master.test_job_spec import spec
 
 P = 24
 Lie = Callable[[np.ndarray, dict[int, np.ndarray], int, np.random.Generator], np.ndarray]
@@ -269,3 +276,43 @@ async def test_honest_messages_whose_partials_cancel_raise_no_alarm() -> None:
     await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
     policy.judge(round_, code.static_assignment())
     assert round_.integrity.trusted and not round_.integrity.suspects, round_.integrity
+
+
+# ---- what the reports and the CLI say ------------------------------------------------------------------
+async def test_an_unchecked_iteration_is_reported_and_counted() -> None:
+    code = make_code("cyclic", n=6, s=2)
+    rng = np.random.default_rng(8)
+    g = rng.standard_normal((code.k, P))
+    delays = {0: 0.0, 1: 0.001, 2: 0.002, 3: 0.003, 4: 30.0, 5: 30.0}
+    round_, _ = await one_round(IntegrityPolicy("detect", code), code, messages(code, g), delays, timeout=0.2)
+    decoded = round_.decode()
+    pool_ids = [10 + w for w in range(code.n)]
+    report = iteration_report(
+        "j", 1, round_, decoded, asked=list(range(code.n)), pool_ids=pool_ids, wall_seconds=0.1,
+        elapsed_seconds=0.1, verify_error=-1.0, training=TrainingMetrics(decoded.vector, 0.0, 0.0, math.nan, math.nan),
+    )  # fmt: skip
+    assert not report.exact and sorted(report.unchecked_workers) == [10, 11, 12, 13]
+    assert "unchecked" in report.integrity
+    exact = master_pb2.IterationReport(iteration=2, wall_seconds=0.1, exact=True, error_bound=1e-15, verify_error=-1)
+    line = _summary("cyclic", [report, exact])
+    assert "1 of 2 iterations not exact, 1 of them unchecked" in line and "APPROXIMATE" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("uncoded", {"n": 4}), ("ignore_stragglers", {"n": 4, "s": 1}), ("partial_stragglers", {"n": 4, "s": 1})],
+)
+def test_integrity_on_a_scheme_with_rows_no_surplus_checks_is_refused(name: str, params: dict) -> None:
+    code = make_code(name, **params)
+    assert uncheckable(code)
+    plan_job(spec(name, params, integrity="off"))  # fine without checks
+    for policy in ("detect", "locate"):
+        with pytest.raises(JobSpecError, match="no surplus message can ever check them"):
+            plan_job(spec(name, params, integrity=policy))
+
+
+def test_gradcode_codes_says_which_schemes_integrity_cannot_cover(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["codes", "--n", "6", "--s", "2"]) == 0
+    out = capsys.readouterr().out
+    notes = out[out.index("Integrity checks") :]
+    assert "uncoded:" in notes and "partial_stragglers: 6 of its 12 rows" in notes and "cyclic" not in notes
