@@ -139,6 +139,10 @@ class Integrity:
     """Workers whose rows the decode used and no relation covers (a checking policy then calls it not exact)."""
     lie_bound: float = 0.0
     """Absolute error an undetected lie of one worker could add to the decode (added to its certificate)."""
+    singled_out: int | None = None
+    """The worker the checks singled out (the decode leaves it out when the others decode)."""
+    quarantined: tuple[int, ...] = ()
+    """Workers the policy quarantined in this round."""
 
 
 @dataclass(frozen=True)

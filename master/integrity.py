@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -148,8 +148,30 @@ class IntegrityPolicy:
         """Check ``round_``'s messages, set its :attr:`~Round.integrity` and decode around a culprit.
 
         Returns the workers to quarantine now (under ``locate``, singled out for the
-        :data:`QUARANTINE_AFTER`-th time); the caller marks them DOWN.
+        :data:`QUARANTINE_AFTER`-th time; in a tree, also the nodes their parents quarantined); the caller
+        marks them DOWN. Nodes a tree parent singled out are named among the suspects, never the parent.
         """
+        quarantine = self._judge(round_, assignment)
+        named = {c: m.worker_id for m in round_.messages.values() for c in m.children_singled_out}
+        by_parents = sorted(
+            {c for m in round_.messages.values() for c in m.children_quarantined} - set(self.quarantined)
+        )
+        if not named and not by_parents:
+            return quarantine
+        integrity = round_.integrity
+        note = integrity.note + "".join(
+            f"; {self.describe(parent)} singled out its child {self.describe(child)} and decoded without it"
+            for child, parent in sorted(named.items())
+        )
+        for child in by_parents:
+            self.quarantined[child] = "quarantined by its tree parent: its messages broke the code's relations"
+            note += f"; {self.describe(child)} quarantined by its parent"
+        suspects = tuple(sorted(set(integrity.suspects) | set(named)))
+        round_.integrity = replace(integrity, suspects=suspects, note=note)
+        return quarantine + by_parents
+
+    def _judge(self, round_: Round, assignment: Assignment) -> list[int]:
+        """:meth:`judge` of this round's own messages."""
         if not self.checking or not round_.decodable:
             round_.integrity = Integrity(note="off" if not self.checking else "not decodable")
             return []
@@ -173,6 +195,8 @@ class IntegrityPolicy:
             round_.integrity = Integrity(report.checks, tuple(suspects), trusted=False, note=note)
             return []
         culprit = report.located
+        flagged = any(m.approximate or m.children_singled_out for m in round_.messages.values() if
+                      assignment.owner[m.row] == culprit)  # fmt: skip
         decoded_around = round_.exclude([culprit])
         rest = assess(self.code, round_, assignment, leave_out=culprit) if decoded_around else None
         cleared = self.policy == "locate" and rest is not None and rest.report.consistent
@@ -184,7 +208,9 @@ class IntegrityPolicy:
             + ("" if rest is None or rest.report.consistent else ", but the others are not consistent either")
         )
         quarantine = []
-        if report.accomplices:
+        if flagged:
+            note += "; its own message says its children's decode was not clean, so it is not held against it"
+        elif report.accomplices:
             pair = report.accomplices[0]
             note += (
                 f"; workers {self.describe(pair[0])} and {self.describe(pair[1])} colluding would explain it as "
@@ -200,13 +226,16 @@ class IntegrityPolicy:
                 quarantine.append(culprit)
                 note += f"; quarantined (singled out in iterations {offences})"
         log.warning("Iteration %d: consistency %s.", t, note)
-        round_.integrity = Integrity(report.checks, (culprit,), trusted=cleared, note=note)
+        round_.integrity = Integrity(
+            report.checks, (culprit,), trusted=cleared, note=note, singled_out=culprit, quarantined=tuple(quarantine)
+        )
         return quarantine
 
 
 def assess(code: GradientCode, round_: Round, assignment: Assignment, *, leave_out: int | None = None) -> Verdict:
     """Check ``round_``'s messages (without worker ``leave_out``'s) and bound what they prove of its decoding."""
-    messages = {r: m for r, m in round_.messages.items() if m.worker_id != leave_out}
+    owner = assignment.owner  # the code's worker (a tree parent's child position), not the message's sender id
+    messages = {r: m for r, m in round_.messages.items() if leave_out is None or owner[r] != leave_out}
     report = check_consistency(
         code,
         {r: m.vector for r, m in messages.items()},
