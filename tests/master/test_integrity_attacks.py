@@ -316,3 +316,36 @@ def test_gradcode_codes_says_which_schemes_integrity_cannot_cover(capsys: pytest
     out = capsys.readouterr().out
     notes = out[out.index("Integrity checks") :]
     assert "uncoded:" in notes and "partial_stragglers: 6 of its 12 rows" in notes and "cyclic" not in notes
+
+
+async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around_but_never_quarantined() -> None:
+    """Issue 24: a lying leaf got its honest parent located and quarantined. A tree parent that could not clear
+    its children's decode says so (approximate, or the children it singled out); the receiver decodes around its
+    message but holds nothing against it."""
+    code = make_code("cyclic", n=6, s=3)
+    rng = np.random.default_rng(12)
+    policy = IntegrityPolicy("locate", code)
+    rows_of = code.static_assignment().rows
+    for t in range(1, QUARANTINE_AFTER + 2):
+        g = rng.standard_normal((code.k, P))
+        honest = messages(code, g)
+        srcs = []
+        for w in range(code.n):
+            flagged = w == 2
+            vector = 1.5 * honest[w] if flagged else honest[w]
+            chunks = list(
+                message_chunks(
+                    vector, job_id="j", iteration=t, worker_id=w, row=w, approximate=flagged,
+                    children_singled_out=(17,) if flagged else (),
+                )
+            )  # fmt: skip
+            stream = _FakeStream(chunks, 0.001 * w)
+            srcs.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream))  # type: ignore[misc]
+        round_ = Round(code.decoder(), job_id="j", iteration=t, length=P)
+        await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
+        quarantined = policy.judge(round_, code.static_assignment())
+        decoded = round_.decode()
+        assert quarantined == [] and 2 not in decoded.used_workers and decoded.exact, round_.integrity
+        assert 17 in round_.integrity.suspects and "singled out its child 17" in round_.integrity.note
+        assert "not held against it" in round_.integrity.note
+    assert policy.quarantined == {} and policy.offences == {}
