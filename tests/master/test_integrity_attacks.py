@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -112,7 +113,7 @@ async def one_round(
     timeout: float = 10.0,
     dtype: np.dtype | None = None,
 ) -> tuple[Round, list[int]]:
-    dtypes = (np.dtype("<c16"),) if code.is_complex else (np.dtype("<f8"),)
+    dtypes = (np.dtype("<c16"),) if code.is_complex else (np.dtype(dtype or "<f8"),)
     round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P, dtypes=dtypes)
     assignment = code.static_assignment()
     await round_.gather(
@@ -129,20 +130,26 @@ def lied(code: GradientCode, honest: dict[int, np.ndarray], liar: int, lie: Lie,
     return sent
 
 
+@pytest.mark.parametrize("dtype", ["<f8", "<f4"])
 @pytest.mark.parametrize("policy_name", ["detect", "locate"])
 @pytest.mark.parametrize(("name", "params"), SCHEMES, ids=[f"{n}{p}" for n, p in SCHEMES])
-async def test_one_liar_of_any_shape_is_never_reported_exact(name: str, params: dict, policy_name: str) -> None:
+async def test_one_liar_of_any_shape_is_never_reported_exact(
+    name: str, params: dict, policy_name: str, dtype: str
+) -> None:
     code = make_code(name, **params)
-    rng = np.random.default_rng(abs(hash((name, policy_name))) % 2**32)
+    if code.is_complex and dtype == "<f4":
+        pytest.skip("complex codes send complex128")
+    rng = np.random.default_rng(zlib.crc32(f"{name} {policy_name} {dtype}".encode()))
     reported_exact = 0
     for lie_name, lie in LIES.items():
         for trial in range(2):
             g = rng.standard_normal((code.k, P))
-            honest = messages(code, g)
+            honest = {r: m.astype(dtype) if not code.is_complex else m for r, m in messages(code, g).items()}
             liar = int(rng.integers(code.n))
             delays = {w: float(rng.uniform(0, 0.004)) for w in range(code.n)}
             policy = IntegrityPolicy(policy_name, code)
-            round_, quarantined = await one_round(policy, code, lied(code, honest, liar, lie, rng), delays)
+            sent = {r: m.astype(honest[r].dtype) for r, m in lied(code, honest, liar, lie, rng).items()}
+            round_, quarantined = await one_round(policy, code, sent, delays, dtype=np.dtype(dtype))
             assert quarantined == []
             decoded = round_.decode()
             true = relative_error(decoded.vector, g.sum(axis=0))
