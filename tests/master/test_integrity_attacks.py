@@ -356,3 +356,21 @@ async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around
         assert 17 in round_.integrity.suspects and "singled out its child 17" in round_.integrity.note
         assert "not held against it" in round_.integrity.note
     assert policy.quarantined == {} and policy.offences == {}
+
+
+async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_the_parent() -> None:
+    code = make_code("cyclic", n=6, s=2)
+    g = np.random.default_rng(13).standard_normal((code.k, P))
+    honest = messages(code, g)
+    srcs = []
+    for w in range(code.n):
+        extra = {"children_singled_out": (17,), "children_quarantined": (17,)} if w == 1 else {}
+        chunks = list(message_chunks(honest[w], job_id="j", iteration=0, worker_id=w, row=w, **extra))
+        stream = _FakeStream(chunks, 0.001 * w)
+        srcs.append(Source(w, (w,), lambda stream=stream: stream))  # type: ignore[misc]
+    policy = IntegrityPolicy("locate", code)
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=P)
+    await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
+    assert policy.judge(round_, code.static_assignment()) == [17]
+    assert set(policy.quarantined) == {17} and "by its tree parent" in policy.quarantined[17]
+    assert round_.integrity.suspects == (17,) and round_.decode().exact
