@@ -374,3 +374,20 @@ async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_th
     assert policy.judge(round_, code.static_assignment()) == [17]
     assert set(policy.quarantined) == {17} and "by its tree parent" in policy.quarantined[17]
     assert round_.integrity.suspects == (17,) and round_.decode().exact
+
+
+@pytest.mark.parametrize("policy_name", ["detect", "locate"])
+@pytest.mark.parametrize(("name", "params"), SCHEMES, ids=[f"{n}{p}" for n, p in SCHEMES])
+async def test_honest_rounds_stay_exact_and_quiet(name: str, params: dict, policy_name: str) -> None:
+    """The price of soundness is not paid by honest workers: with every worker answering (partial gradients over
+    four orders of magnitude), no alarm, and every decode of a checkable scheme is exact."""
+    code = make_code(name, **params)
+    rng = np.random.default_rng(zlib.crc32(f"honest {name} {policy_name}".encode()))
+    for _ in range(5):
+        g = rng.standard_normal((code.k, P)) * 10.0 ** rng.uniform(0, 4, size=(code.k, 1))
+        delays = {w: float(rng.uniform(0, 0.003)) for w in range(code.n)}
+        round_, _ = await one_round(IntegrityPolicy(policy_name, code), code, messages(code, g), delays)
+        decoded = round_.decode()
+        assert not round_.integrity.suspects, round_.integrity
+        assert decoded.exact == (not uncheckable(code)), round_.integrity
+        assert relative_error(decoded.vector, g.sum(axis=0)) <= decoded.error_bound
