@@ -127,13 +127,22 @@ class Integrity:
 
     ``checks`` counts the independent linear relations checked (0: none); ``suspects`` are the workers
     whose messages broke them; ``trusted`` is False when a violation remains that the decode could not
-    be cleared of (the decode is then not exact); ``note`` says it in words for reports and logs.
+    be cleared of, or when the decode used rows no relation checks (the decode is then not exact);
+    ``note`` says it in words for reports and logs.
     """
 
     checks: int = 0
     suspects: tuple[int, ...] = ()
     trusted: bool = True
     note: str = "not checked"
+    unchecked: tuple[int, ...] = ()
+    """Workers whose rows the decode used and no relation covers (a checking policy then calls it not exact)."""
+    lie_bound: float = 0.0
+    """Absolute error an undetected lie of one worker could add to the decode (added to its certificate)."""
+    singled_out: int | None = None
+    """The worker the checks singled out (the decode leaves it out when the others decode)."""
+    quarantined: tuple[int, ...] = ()
+    """Workers the policy quarantined in this round."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +315,9 @@ class Round:
         started = time.perf_counter()
         vector = self.combine()
         bound, absolute = self.certify(vector)
+        if self.integrity.lie_bound > 0:  # what the checks could have missed counts as error too
+            absolute += self.integrity.lie_bound
+            bound = relative_bound(absolute, float(np.linalg.norm(vector[: self.certified_length])))
         seconds = self.gather_decode_seconds + time.perf_counter() - started
         exact = (
             self.decoding.exact and bound <= self.tolerance and not self.approximate_messages and self.integrity.trusted

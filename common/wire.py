@@ -334,6 +334,8 @@ def message_chunk_pieces(
     approximate: bool = False,
     decode_error: float = 0.0,
     children_lost: Sequence[int] = (),
+    children_singled_out: Sequence[int] = (),
+    children_quarantined: Sequence[int] = (),
     chunk_bytes: int | None = None,
     magnitude: float = math.nan,
     shared: Callable[[Array], bool] | None = None,
@@ -345,7 +347,8 @@ def message_chunk_pieces(
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
     its certified absolute error bound on that part; ``children_lost`` names its children that lost the
-    job (answered NOT_FOUND); ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
+    job (answered NOT_FOUND); ``children_singled_out`` / ``children_quarantined`` the children its consistency
+    checks singled out / quarantined; ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
     data is two pieces, its fields and a view of the payload (never copied here); protobuf serializes only the
     small fields.
 
@@ -388,6 +391,8 @@ def message_chunk_pieces(
             meta.trailer.approximate = approximate
             meta.trailer.decode_error = decode_error
             meta.trailer.children_lost.extend(children_lost)
+            meta.trailer.children_singled_out.extend(children_singled_out)
+            meta.trailer.children_quarantined.extend(children_quarantined)
             if math.isfinite(magnitude):
                 meta.trailer.magnitude = magnitude
             if final and request_id:
@@ -571,6 +576,10 @@ class CompletedMessage:
     """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
     children_lost: tuple[int, ...] = ()
     """The sender's (a tree parent's) children that lost the job: the master reloads them."""
+    children_singled_out: tuple[int, ...] = ()
+    """The sender's (a tree parent's) children its consistency checks singled out: its decoded part leaves them out."""
+    children_quarantined: tuple[int, ...] = ()
+    """Of those, the children it quarantined (asks no more in this job)."""
     magnitude: float = math.nan
     r"""The sender's $\sum_j |b_j| \|g_j\|$ (a leaf's, from its trailer; NaN when not sent): makes the
     decode's error certificate rigorous for this message."""
@@ -684,6 +693,8 @@ class MessageAssembler:
             norm=math.sqrt(self._squares),
             decode_error=chunk.trailer.decode_error,
             children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
+            children_singled_out=tuple(int(c) for c in chunk.trailer.children_singled_out),
+            children_quarantined=tuple(int(c) for c in chunk.trailer.children_quarantined),
             magnitude=magnitude,
         )
         self._done.add(chunk.row)

@@ -370,7 +370,7 @@ class JobRunner:
                     f"(held-out accuracy evaluated every {self.plan.evaluate_every})"
                     if reached
                     else f"completed {report.iteration} iterations"
-                )
+                ) + self._inexact_summary(report)
                 self.state, self.message = report.state, report.message
                 self._stopped.set()
                 self._end_gather()
@@ -378,6 +378,17 @@ class JobRunner:
                 self._ended()
                 return True
             return self.done
+
+    def _inexact_summary(self, last: master_pb2.IterationReport) -> str:
+        """``"; K not exact (J unchecked ...)"`` over this run's reports and ``last`` (empty when all were exact): a
+        user who asked for integrity is never told "completed" alone about gradients nobody checked."""
+        reports = {r.iteration: r for r in self.history} | {last.iteration: last}
+        inexact = [r for r in reports.values() if not r.exact]
+        if not inexact:
+            return ""
+        unchecked = sum(1 for r in inexact if r.unchecked_workers)
+        detail = f", {unchecked} of them unchecked by the consistency checks" if unchecked else ""
+        return f"; {len(inexact)} of {len(reports)} iterations not exact{detail}"
 
     async def _drain(self) -> bool:
         """On the way out (cancel or failure): publish what was committed, evaluations included; never raises.

@@ -169,6 +169,7 @@ class WorkerLoader:
                         ],
                         wait_seconds=topology.wait_seconds(w, plan.spec.iteration_deadline_seconds),
                         no_links=not self.workers[w].links,  # the master's --link reaches the whole tree
+                        integrity=plan.integrity,
                     )
                 )
         if self.shared is not None and not setup.HasField("parent") and (topology is None or w < code.n):

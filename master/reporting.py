@@ -120,6 +120,7 @@ def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
         "promoted_workers": sorted(pool_ids[w] for w in round_.promoted),
         "consistency_checks": integrity.checks,
         "suspect_workers": sorted(pool_ids[w] for w in integrity.suspects),
+        "unchecked_workers": sorted(pool_ids[w] for w in integrity.unchecked),
         "integrity": integrity.note,
     }
 

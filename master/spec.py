@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import GradientCode
+from gradcode.common.codes.consistency import uncheckable
 from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
@@ -148,7 +149,7 @@ def plan_job(
     _check_optimizer_and_loop(spec, model)
     initial_params = _initial_params(spec, model)
     _check_stragglers(spec, num_workers)
-    _check_integrity(spec)
+    _check_integrity(spec, code)
     _check_backup_priority(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
@@ -382,9 +383,20 @@ BACKUP_PRIORITIES = ("low", "normal")
 DEFAULT_BACKUP_PRIORITY = "low"
 
 
-def _check_integrity(spec: master_pb2.JobSpec) -> None:
-    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`)."""
+def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
+    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`);
+    a checking policy is refused for a code with rows no surplus can ever check (every decode would be unchecked,
+    never exact)."""
     _check_choice(spec, "integrity", "consistency policy", INTEGRITY_POLICIES, DEFAULT_INTEGRITY)
+    never = uncheckable(code) if spec.integrity != "off" else ()
+    if never:
+        who = "every worker's rows" if len(never) == code.n else f"the rows of workers {list(never)}"
+        raise JobSpecError(
+            f"JobSpec.integrity {spec.integrity!r} cannot check {code!r}: {who} take part in no relation of the "
+            "code, so no surplus message can ever check them and no iteration could be called exact. Use "
+            "integrity 'off', or a scheme whose rows all overlap (cyclic, fractional, binary, reed_solomon, "
+            "clustered, coded_reduce with s >= 1; `gradcode codes` lists them)."
+        )
 
 
 def _check_backup_priority(spec: master_pb2.JobSpec) -> None:

@@ -19,6 +19,14 @@ when the job is loaded), and when a decoding is nevertheless not exact (flagged 
 certified error bound above the job's tolerance, or built on a child's message that was itself
 approximate) the parent's messages are marked approximate.
 Only the job's message dtype is accepted from children (plus complex128 for a complex child code).
+
+Integrity: under the job's consistency policy (``ParentRole.integrity``) the parent runs the master's
+:class:`~gradcode.master.integrity.IntegrityPolicy` on its own round, so it checks its children's surplus
+messages exactly as the master checks its own: it waits for the surplus that checks every child it uses,
+decodes around a child the checks single out and names it in its messages' trailer
+(``children_singled_out``), quarantines a repeat offender (asks it no more; ``children_quarantined``), and
+marks its messages approximate when its decode is not exact (a violation it could not clear, or children
+left unchecked). The master names the leaf, never the parent.
 """
 
 from __future__ import annotations
@@ -34,10 +42,11 @@ from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.link import link_opener
-from gradcode.common.round import Round, Source, decode_tolerance
+from gradcode.common.round import Round, Source, WorkerFailure, decode_tolerance
 from gradcode.common.security import Security
 from gradcode.common.session import Caller
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
+from gradcode.master.integrity import INTEGRITY_POLICIES, IntegrityPolicy
 from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "children_lost"]
@@ -124,6 +133,15 @@ class ParentRunner:
         self.child_dtypes: tuple[np.dtype[Any], ...] = (
             (dtype, COMPLEX128) if self.code.is_complex and dtype != COMPLEX128 else (dtype,)
         )
+        policy = role.integrity or "off"
+        if policy not in INTEGRITY_POLICIES:
+            raise ValueError(f"ParentRole.integrity {policy!r} is not a consistency policy; valid ones are "
+                             f"{list(INTEGRITY_POLICIES)}.")  # fmt: skip
+        addresses = dict(enumerate(role.children))
+        self.integrity = IntegrityPolicy(
+            policy, self.code, describe=lambda i: f"child {addresses[i].worker_id} at {addresses[i].address}"
+        )
+        """The job's consistency policy on this parent's children (positions in the child code)."""
         self.security = security or Security()
         """TLS (and, for a child without a call token, the join-derived token) for the channels to the children."""
         self._channels: list[ChildChannel] | None = None
@@ -159,7 +177,9 @@ class ParentRunner:
         Raises ChildrenUnavailableError when the children that answered are not decodable, and
         ComputeCancelledError when the runner is (or gets) closed.
         """
-        sources = [self._source(child, request) for child in self._open()]
+        quarantined = self.integrity.quarantined
+        channels = self._open()
+        sources = [self._source(child, request) for i, child in enumerate(channels) if i not in quarantined]
         dtype = self.child_dtypes[0]
         round_ = Round(
             self.code.decoder(self.assignment),
@@ -170,14 +190,24 @@ class ParentRunner:
             certified_length=self.certified_length,
             tolerance=decode_tolerance(dtype),
         )
-        await round_.gather(sources, timeout=self.wait_seconds)
+        for i, reason in quarantined.items():
+            round_.fail(channels[i].worker_id, WorkerFailure.worker_down(reason))
+        await round_.gather(sources, timeout=self.wait_seconds, enough=self.integrity.enough(round_, self.assignment))
         if self._closed:  # closed while gathering: the failures are our own doing, and nobody wants the sum
             raise ComputeCancelledError(
                 f"The tree parent of job {self.job_id!r} was closed during iteration {request.iteration}."
             )
         if not round_.decodable:
             raise ChildrenUnavailableError(self._describe_failure(round_), children_lost=children_lost(round_))
+        self.integrity.judge(round_, self.assignment)
         return round_
+
+    def verdict(self, round_: Round) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The children (job worker indices) the checks of ``round_`` singled out, and those quarantined now."""
+        ids = [worker_id for worker_id, _, _ in self.children]
+        integrity = round_.integrity
+        singled_out = () if integrity.singled_out is None else (ids[integrity.singled_out],)
+        return singled_out, tuple(ids[i] for i in integrity.quarantined)
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
         head = worker_pb2.ComputeRequest(

@@ -112,6 +112,10 @@ class Message:
     """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
     children_lost: tuple[int, ...] = ()
     """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
+    children_singled_out: tuple[int, ...] = ()
+    """A parent's children its consistency checks singled out (its decoded part leaves them out)."""
+    children_quarantined: tuple[int, ...] = ()
+    """Of those, the children the parent quarantined."""
     magnitude: float = math.nan
     r"""A leaf's $\sum_j |b_j| \|g_j\|$ (:meth:`IterationComputation.magnitude`); NaN for a parent's message."""
 
@@ -310,11 +314,17 @@ class JobRuntime:
             decoded.error_bound,
         )  # fmt: skip
         lost = children_lost(gathered)
+        singled_out, quarantined = parent.verdict(gathered)
         out = []
         for row in rows:
             total = own[row] + decoded.vector  # promotes to the wider dtype of the two
             vector = total.astype(job.row_dtype(row), copy=False)
-            out.append(Message(row, vector, seconds, delay, not decoded.exact, decoded.absolute_error, lost))
+            out.append(
+                Message(
+                    row, vector, seconds, delay, not decoded.exact, decoded.absolute_error, lost,
+                    children_singled_out=singled_out, children_quarantined=quarantined,
+                )
+            )  # fmt: skip
         return out
 
 

@@ -11,7 +11,17 @@ tell the suspects apart).
 Rounding makes honest syndromes small, not zero. Each relation $t$ gets the threshold of
 :func:`~gradcode.common.codes.numerics.certify_combination` applied to the combination $y_t$ (its
 combine, the workers' encode errors and the residual $y_t B_R \ne 0$ of a numerically computed null
-vector), times :data:`SYNDROME_SAFETY`; a relation over its threshold is a violation.
+vector; the encode errors from the magnitudes $\sum_j |b_j| \|g_j\|$ the workers report, so partial
+gradients that cancel inside an honest message raise no alarm), times :data:`SYNDROME_SAFETY`; a
+relation over its threshold is a violation.
+
+What a check proves is measured in gradient space (:meth:`ConsistencyReport.lie_bounds`): if worker
+$w$ alone lied, by $\Delta$ on its rows $S$, then $Y_{:,S} \Delta = Z - Z_{honest}$, so each relation
+bounds $\|y_{t,S} \Delta\| \le \|Z_t\| + h_t$ ($h_t$ the honest rounding bound). When the decoding
+weights $a_S$ are a combination $x^\top Y_{:,S}$ of the relations, the lie moves the decoded gradient
+by $a_S^\top \Delta = x^\top Y_{:,S} \Delta$, at most $\sum_t |x_t| (\|Z_t\| + h_t)$: a bound that a
+receiver adds to the certificate, whatever the lie's shape. When $a_S$ is not such a combination, a
+lie along the rest passes every relation: the worker's rows are *unchecked*.
 
 Functions, all pure (no waiting, no policy): :func:`check_consistency` checks the messages in hand and
 names suspects; :func:`decode_excluding` decodes from the messages of the other workers. The policies
@@ -22,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +43,15 @@ from gradcode.common.codes.numerics import _gamma, row_shape, unit_roundoff
 if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
-__all__ = ["SYNDROME_SAFETY", "ConsistencyReport", "check_consistency", "decode_excluding", "parity_checks"]
+__all__ = [
+    "SYNDROME_SAFETY",
+    "ConsistencyReport",
+    "check_consistency",
+    "coverable_rows",
+    "decode_excluding",
+    "parity_checks",
+    "uncheckable",
+]
 
 Array = npt.NDArray[Any]
 
@@ -41,6 +59,9 @@ SYNDROME_SAFETY = 2.0
 """Factor on the rounding bound of each relation before a syndrome counts as a violation."""
 NULL_SPACE_TOLERANCE = 1e-9
 """Singular values of the equilibrated received rows below this (relative) span the left null space."""
+COVERAGE_TOLERANCE = 1e-9
+"""Decoding weights of a worker are a combination of the relations when the least-squares residual is below
+this, relative to their norm (a larger one: the worker's rows are unchecked)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +72,13 @@ class ConsistencyReport:
         checks: independent linear relations the received rows satisfy (0: no surplus, nothing checked).
         consistent: no relation is violated beyond rounding.
         worst_violation: largest syndrome norm over its rounding threshold (at most 1 when consistent).
-        suspects: workers whose messages alone explain every violation (empty when consistent, or when
-            no single worker does: several faults, or too little surplus to tell).
+        suspects: workers whose messages alone explain every violation, or whose rows span every relation
+            (then they could be the one as well); empty when consistent or when no single worker does.
         located: the one suspect when exactly one worker explains the violations and the relations
             tell it apart from every other worker; otherwise None.
+        accomplices: when ``located`` is set, pairs of *other* workers that together explain the
+            violations as well (two colluders could frame ``located``): then the evidence does not single
+            it out against two liars.
     """
 
     checks: int
@@ -62,6 +86,48 @@ class ConsistencyReport:
     worst_violation: float
     suspects: tuple[int, ...] = ()
     located: int | None = None
+    accomplices: tuple[tuple[int, int], ...] = ()
+    rows: tuple[int, ...] = ()
+    """The received rows, in the order of the columns of :attr:`relations`."""
+    relations: Array = field(default_factory=lambda: np.zeros((0, 0)), compare=False, repr=False)
+    """$Y$: one relation per row over the received rows."""
+    margins: Array = field(default_factory=lambda: np.zeros(0), compare=False, repr=False)
+    r"""Per relation $\|Z_t\| + h_t$: what it bounds $\|y_{t,S} \Delta\|$ by for a single liar's $\Delta$."""
+    owners: tuple[int, ...] = ()
+    """The worker that sent each received row."""
+
+    def lie_bounds(self, weights: Mapping[int, complex]) -> dict[int, float]:
+        r"""Per worker whose rows ``weights`` (row → decoding weight) use: the largest error (Euclidean norm)
+        a lie of that worker alone could add to the decoded gradient and still pass every relation
+        (``inf``: the worker's rows are unchecked; module docstring)."""
+        index = {r: i for i, r in enumerate(self.rows)}
+        by_worker: dict[int, list[int]] = {}
+        for row, weight in weights.items():
+            if weight != 0:
+                by_worker.setdefault(self.owners[index[row]], []).append(row)
+        bounds: dict[int, float] = {}
+        for worker in sorted(by_worker):
+            mine = [i for i, owner in enumerate(self.owners) if owner == worker]
+            a = np.array([weights.get(self.rows[i], 0.0) for i in mine])
+            bounds[worker] = _lie_bound(self.relations[:, mine], a, self.margins)
+        return bounds
+
+
+def _lie_bound(relations: Array, weights: Array, margins: Array) -> float:
+    r"""$\min \sum_t |x_t| m_t$ over $x$ with $Y^\top x = a$ (least-squares $x$; ``inf`` when none exists)."""
+    scale = float(np.linalg.norm(weights))
+    if scale == 0:
+        return 0.0
+    if relations.shape[0] == 0:
+        return math.inf
+    # Weighted least squares: x = D u with D = 1/margins, minimise ||u|| (a proxy for sum |x_t| m_t).
+    weighting = 1.0 / np.maximum(margins, np.finfo(np.float64).tiny)
+    scaled = relations.T * weighting[None, :]
+    u, *_ = np.linalg.lstsq(scaled, weights, rcond=None)
+    if float(np.linalg.norm(scaled @ u - weights)) > COVERAGE_TOLERANCE * scale:
+        return math.inf
+    x = weighting * u
+    return float(np.abs(x) @ margins)
 
 
 def parity_checks(b_received: Array) -> Array:
@@ -84,11 +150,14 @@ def check_consistency(
     *,
     assignment: Assignment | None = None,
     dtype: npt.DTypeLike | None = None,
+    magnitudes: Mapping[int, float] | None = None,
 ) -> ConsistencyReport:
     r"""Check the received ``messages`` (row id → vector) against the relations of the code's rows.
 
     ``assignment`` says which worker sent which row (default: the code's static assignment); suspects
     are named by worker. ``dtype`` is the precision the messages were computed in (default: theirs).
+    ``magnitudes`` (row → $\sum_j |b_j| \|g_j\|$ as the worker reported it; NaN or missing: estimated from
+    the message's norm) bound each worker's own rounding.
     Cost: an SVD of the $|R| \times k$ received rows and $O(d\,|R|\,p)$ for $d$ relations on
     $p$-coordinate messages.
     """
@@ -104,29 +173,58 @@ def check_consistency(
         raise ValueError(f"Argument 'messages' must hold vectors of one shape; got shapes {sorted(shapes)}.")
     b_r = np.asarray(code.B)[rows]
     checks = parity_checks(b_r)
+    row_owners = tuple(owners[r] for r in rows)
     if checks.shape[0] == 0:
-        return ConsistencyReport(0, True, 0.0)
+        return ConsistencyReport(0, True, 0.0, rows=tuple(rows), relations=checks, owners=row_owners)
     stacked = np.stack([np.reshape(messages[r], -1) for r in rows])
     u = unit_roundoff(stacked.dtype if dtype is None else dtype)
-    syndromes = np.linalg.norm(checks @ stacked, axis=1)
-    thresholds = SYNDROME_SAFETY * _rounding_thresholds(checks, b_r, np.linalg.norm(stacked, axis=1), u)
-    ratios = syndromes / thresholds
+    norms = np.linalg.norm(stacked, axis=1)
+    reported = np.array([math.nan if magnitudes is None else magnitudes.get(r, math.nan) for r in rows], dtype=float)
+    honest = _rounding_thresholds(checks, b_r, norms, reported, u)
+    syndromes = checks @ stacked
+    syndrome_norms = np.linalg.norm(syndromes, axis=1)
+    thresholds = SYNDROME_SAFETY * honest
+    ratios = syndrome_norms / thresholds
     worst = float(ratios.max())
-    if worst <= 1.0:
-        return ConsistencyReport(checks.shape[0], True, worst)
-    suspects = _explaining_workers(checks, checks @ stacked, thresholds, rows, owners)
-    located = suspects[0] if len(suspects) == 1 else None
-    return ConsistencyReport(checks.shape[0], False, worst, suspects, located)
+    suspects: tuple[int, ...] = ()
+    located = None
+    accomplices: tuple[tuple[int, int], ...] = ()
+    if worst > 1.0:
+        explain = _Explanations(checks, syndromes, thresholds, rows, owners)
+        suspects = explain.singles()
+        located = suspects[0] if len(suspects) == 1 else None
+        accomplices = explain.pairs(excluding=located) if located is not None else ()
+    return ConsistencyReport(
+        checks.shape[0], worst <= 1.0, worst, suspects, located, accomplices,
+        rows=tuple(rows), relations=checks, margins=syndrome_norms + honest, owners=row_owners,
+    )  # fmt: skip
 
 
-def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, u: float) -> Array:
-    """Per relation, the bound on an honest syndrome (the certificate's three terms for weights ``y_t``)."""
+def coverable_rows(code: GradientCode) -> tuple[int, ...]:
+    """The rows of ``code`` some relation among all its rows involves: the only rows a check can ever cover.
+
+    A row outside (every row of an uncoded scheme, partial_stragglers' naive rows) is never checked, whatever
+    surplus arrives.
+    """
+    b = np.asarray(code.B)
+    checks = np.abs(parity_checks(b))
+    if checks.size == 0:
+        return ()
+    involved = checks.max(axis=0) > COVERAGE_TOLERANCE * checks.max()
+    return tuple(int(r) for r in np.flatnonzero(involved))
+
+
+def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, magnitudes: Array, u: float) -> Array:
+    r"""Per relation, the bound on an honest syndrome (the certificate's three terms for weights ``y_t``).
+
+    ``magnitudes`` are the workers' reported $\sum_j |b_j| \|g_j\|$ (NaN: estimated from the norm, as the
+    certificate does)."""
     magnitude, support, spread = row_shape(b_r)
     complex_arithmetic = bool(np.iscomplexobj(b_r) or np.iscomplexobj(checks))
     scale = math.sqrt(2.0) if complex_arithmetic else 1.0
     extra = 2 if complex_arithmetic else 0
     y = np.abs(checks)
-    inside = spread * norms
+    inside = np.where(np.isnan(magnitudes), spread * norms, np.maximum(np.nan_to_num(magnitudes), norms))
     combine = scale * float(_gamma(len(norms) + extra, u)) * (y @ norms)
     encode = scale * (y @ (_gamma(support + extra, u) * inside))
     wide = np.clongdouble if complex_arithmetic else np.longdouble
@@ -138,35 +236,97 @@ def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, u: float) -> A
     return result
 
 
-def _explaining_workers(
-    checks: Array, syndromes: Array, thresholds: Array, rows: Sequence[int], owners: Mapping[int, int]
-) -> tuple[int, ...]:
-    """Workers whose rows alone explain the syndromes, and whose relations tell them from the others.
+def uncheckable(code: GradientCode) -> tuple[int, ...]:
+    """Workers of ``code``'s static assignment with a row no surplus can ever check (:func:`coverable_rows`):
+    under ``--integrity detect|locate`` a decode that uses such a row is never exact."""
+    coverable = set(coverable_rows(code))
+    owner = code.static_assignment().owner
+    rows = range(np.asarray(code.B).shape[0])
+    return tuple(sorted({owner[r] for r in rows if r not in coverable and r in owner}))
 
-    For worker $w$ with received rows $S$: project the syndromes off the span of $Y_{:,S}$; $w$ explains
-    them when what is left is within the rounding thresholds. A worker whose columns span every
-    relation explains anything and is not a suspect (too little surplus to single it out).
+
+class _Explanations:
+    """Which workers' rows alone explain the syndromes (within the rounding thresholds).
+
+    For a set of workers with received rows $S$: project the syndromes off the span of $Y_{:,S}$; the set
+    explains them when what is left is within the thresholds. A set whose columns span every relation
+    explains anything (too little surplus to tell).
     """
-    d = checks.shape[0]
-    # Z = R^H Q^H with Q orthonormal (p x d): projections of Z and of the d x d factor R^H leave residuals
-    # of equal norm, so the loop below never touches the p coordinates (and, unlike a Gram matrix,
-    # loses no precision).
-    r_factor: Array = np.asarray(np.linalg.qr(syndromes.conj().T, mode="r"))
-    compact = r_factor.conj().T
-    noise = float(np.linalg.norm(thresholds))
-    by_worker: dict[int, list[int]] = {}
-    for index, row in enumerate(rows):
-        by_worker.setdefault(owners[row], []).append(index)
-    suspects = []
-    for worker, indices in sorted(by_worker.items()):
-        q, sigma, _ = np.linalg.svd(checks[:, indices], full_matrices=False)
-        rank = int(np.sum(sigma > NULL_SPACE_TOLERANCE * float(np.abs(checks).max())))
-        if rank == 0 or rank >= d:
-            continue
+
+    def __init__(
+        self, checks: Array, syndromes: Array, thresholds: Array, rows: Sequence[int], owners: Mapping[int, int]
+    ) -> None:
+        self.checks = checks
+        # Z = R^H Q^H with Q orthonormal (p x d): projections of Z and of the d x d factor R^H leave residuals
+        # of equal norm, so nothing below touches the p coordinates (and, unlike a Gram matrix, loses no
+        # precision).
+        r_factor: Array = np.asarray(np.linalg.qr(syndromes.conj().T, mode="r"))
+        self.compact = r_factor.conj().T
+        self.noise = float(np.linalg.norm(thresholds))
+        self.by_worker: dict[int, list[int]] = {}
+        for index, row in enumerate(rows):
+            self.by_worker.setdefault(owners[row], []).append(index)
+
+    def _explains(self, indices: list[int]) -> bool | None:
+        """True/False; None when the columns span every relation (explain anything, tell nothing)."""
+        d = self.checks.shape[0]
+        q, sigma, _ = np.linalg.svd(self.checks[:, indices], full_matrices=False)
+        rank = int(np.sum(sigma > NULL_SPACE_TOLERANCE * float(np.abs(self.checks).max())))
+        if rank == 0:
+            return False
+        if rank >= d:
+            return None
         q = q[:, :rank]
-        if float(np.linalg.norm(compact - q @ (q.conj().T @ compact))) <= noise:
-            suspects.append(worker)
-    return tuple(suspects)
+        return float(np.linalg.norm(self.compact - q @ (q.conj().T @ self.compact))) <= self.noise
+
+    def singles(self) -> tuple[int, ...]:
+        """Workers whose rows alone explain the syndromes (or span every relation: then they might be the one)."""
+        return tuple(w for w, indices in sorted(self.by_worker.items()) if self._explains(indices) is not False)
+
+    def pairs(self, *, excluding: int | None) -> tuple[tuple[int, int], ...]:
+        """Pairs of workers (neither of them ``excluding``) that together explain the syndromes, or span them."""
+        workers = [w for w in sorted(self.by_worker) if w != excluding]
+        if all(len(self.by_worker[w]) == 1 for w in workers):
+            return self._single_row_pairs(workers)
+        found = []
+        for i, a in enumerate(workers):
+            for b in workers[i + 1 :]:
+                if self._explains(self.by_worker[a] + self.by_worker[b]) is not False:
+                    found.append((a, b))
+                    if len(found) >= 8:  # enough to say that two explanations fit
+                        return tuple(found)
+        return tuple(found)
+
+    def _single_row_pairs(self, workers: list[int]) -> tuple[tuple[int, int], ...]:
+        r""":meth:`pairs` when every worker sent one row: per worker $a$, $Z$ off $\hat y_a$, then off every
+        $\hat y_b$'s component orthogonal to $\hat y_a$ at once (explicit residuals: their norms are far below
+        $\|Z\|$ when a pair explains, where a difference of squared norms would lose them to rounding)."""
+        if len(workers) < 2:
+            return ()
+        columns = self.checks[:, [self.by_worker[w][0] for w in workers]]
+        lengths = np.linalg.norm(columns, axis=0)
+        live = lengths > NULL_SPACE_TOLERANCE * float(np.abs(self.checks).max())
+        unit = columns / np.where(live, lengths, 1.0)[None, :]
+        z = self.compact
+        found: list[tuple[int, int]] = []
+        for i in np.flatnonzero(live[:-1]).tolist():
+            a = unit[:, i]
+            off_a = z - np.outer(a, a.conj() @ z)
+            rest = unit[:, i + 1 :]
+            rest = rest - np.outer(a, a.conj() @ rest)
+            norms = np.linalg.norm(rest, axis=0)
+            spans = norms > 1e-8
+            e = rest / np.where(spans, norms, 1.0)[None, :]
+            coefficients = e.conj().T @ off_a  # (others, d')
+            residual = off_a[None, :, :] - np.where(spans, 1.0, 0.0)[:, None, None] * (
+                e.T[:, :, None] * coefficients[:, None, :]
+            )
+            fits = np.linalg.norm(residual.reshape(residual.shape[0], -1), axis=1) <= self.noise
+            for j in np.flatnonzero(fits & live[i + 1 :]).tolist():
+                found.append((workers[i], workers[i + 1 + j]))
+                if len(found) >= 8:  # enough to say that two explanations fit
+                    return tuple(found)
+        return tuple(found)
 
 
 def decode_excluding(

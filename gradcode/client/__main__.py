@@ -42,7 +42,8 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
 from gradcode.common.codes.compare import format_table, scheme_rows
-from gradcode.common.codes.registry import available_codes, code_parameters
+from gradcode.common.codes.consistency import coverable_rows, uncheckable
+from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
 from gradcode.common.models import available_models, make_model, save_params
 from gradcode.common.plugins import model_dtype
 from gradcode.common.security import add_security_arguments, security_from_args
@@ -205,17 +206,25 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
         return f"{label}: no iteration finished"
     times = [r.wall_seconds for r in reports]
     last = reports[-1]
-    exact = all(r.exact for r in reports)
+    inexact = [r for r in reports if not r.exact]
+    unchecked = sum(1 for r in inexact if r.unchecked_workers)
     verified = [r.verify_error for r in reports if r.verify_error >= 0]
     check = f", worst verified error {max(verified):.1e}" if verified else ""
     bounds = [r.error_bound for r in reports if r.error_bound >= 0]
     certified = f", worst certified error {max(bounds):.1e}" if bounds else ""
     suspects = sorted({w for r in reports for w in r.suspect_workers})
     flagged = f", consistency checks flagged workers {suspects}" if suspects else ""
+    counted = (
+        f" ({len(inexact)} of {len(reports)} iterations not exact"
+        + (f", {unchecked} of them unchecked by the integrity checks" if unchecked else "")
+        + ")"
+        if inexact
+        else ""
+    )
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
-        f"{'exact' if exact else 'APPROXIMATE'} gradients{check}{certified}{flagged}"
+        f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
     )
 
 
@@ -415,7 +424,26 @@ def _codes(args: argparse.Namespace) -> int:
         print(f"{args.scheme} parameters: {', '.join(code_parameters(args.scheme))}")
         return 0
     print(format_table(scheme_rows(args.n, args.s), args.n, args.s))
+    print(_integrity_notes(args.n, args.s))
     return 0
+
+
+def _integrity_notes(n: int, s: int) -> str:
+    """Which schemes have rows no surplus can ever check: ``--integrity detect|locate`` refuses them."""
+    notes = []
+    for name in available_codes():
+        try:
+            code = code_class(name).for_stragglers(n, s) if name != "uncoded" else make_code(name, n=n)
+        except ValueError:
+            continue
+        never = uncheckable(code)
+        if never:
+            rows = np.asarray(code.B).shape[0]
+            uncovered = rows - len(coverable_rows(code))
+            who = "every worker" if len(never) == code.n else f"workers {list(never)}"
+            notes.append(f"  {name}: {uncovered} of its {rows} rows ({who}) are in no relation of the code")
+    head = "Integrity checks (--integrity detect|locate) cannot cover these (a job asking for them is refused):"
+    return "\n".join(["", head, *notes]) if notes else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,10 @@
 """A worker sending well-formed wrong gradients, caught by the code's own redundancy (issue 10), without verify mode.
 
 A real master and five real worker processes, plus one hostile worker (in this process, on loopback)
-that answers every Compute with CRC-valid chunks of 1e3 everywhere: n = 6, s = 2 (cyclic). Under
-``detect`` the affected iterations are labelled (not exact) and the worker named; under ``locate`` the
-job ends exactly like an honest (centralized) run and the worker is quarantined.
+that answers every Compute with CRC-valid chunks of 1e3 everywhere (cyclic, n = 6). Under ``detect``
+(s = 2) the affected iterations are labelled (not exact) and the worker named; under ``locate`` (s = 3:
+three relations, so no two other workers colluding could have framed it) the job ends exactly like an
+honest (centralized) run and the worker is quarantined.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from gradcode.client.__main__ import _summary
 from gradcode.common.serving import ServingHandle, start_server
 from gradcode.common.wire import array_from_tensor
 from gradcode.master.integrity import QUARANTINE_AFTER
 from gradcode.v1 import master_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.e2e.test_training import centralized_gd
-from tests.helpers import HostileWorker
+from tests.helpers import HostileWorker, fixed_delay
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +87,7 @@ async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(clu
     bad = ids[HOSTILE_INDEX]
     iterations, lr = 8, 0.5
     try:
-        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+        spec = job_spec("cyclic", {"n": 6, "s": 3}, iterations=iterations, learning_rate=lr, worker_ids=ids,
                         integrity="locate")  # fmt: skip
         async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
             info, reports = await run_job(cluster5.master_address, spec)
@@ -106,3 +108,30 @@ async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(clu
     assert "quarantined" in workers[bad].last_error and info.job_id in workers[bad].last_error
     params, _ = centralized_gd(iterations, lr)
     np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-9, atol=1e-12)
+
+
+async def test_two_slow_honest_workers_leave_the_liar_unchecked_and_every_iteration_labelled(cluster5: Cluster) -> None:
+    """Issue 24: with two honest workers persistently slower than the iteration deadline, detect decoded from the
+    minimal set at the deadline, checked nothing and reported every iteration exact while the liar's values were
+    used. Now every iteration is labelled (unchecked), and the job's final message and the CLI count them."""
+    cluster5.ensure_all_up()
+    hostile, handle, ids = await _with_hostile(cluster5)
+    iterations = 3
+    try:
+        spec = job_spec(
+            "cyclic", {"n": 6, "s": 2}, iterations=iterations, worker_ids=ids, integrity="detect",
+            iteration_deadline_seconds=1.0, straggler=fixed_delay(5.0, workers=[4, 5]),
+        )  # fmt: skip
+        async with asyncio.timeout(180):
+            info, reports = await run_job(cluster5.master_address, spec)
+    finally:
+        await handle.stop(0)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert hostile.computes >= 1 and [r.iteration for r in reports] == list(range(1, iterations + 1))
+    slow = {ids[4], ids[5]}
+    for r in reports:
+        assert not r.exact and not slow & set(r.used_workers), (r.iteration, r.integrity)
+        assert r.unchecked_workers and "unchecked" in r.integrity, (r.iteration, r.integrity)
+    assert f"{iterations} of {iterations} iterations not exact, {iterations} of them unchecked" in info.message
+    line = _summary("cyclic", reports)
+    assert f"{iterations} of {iterations} iterations not exact" in line

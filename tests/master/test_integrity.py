@@ -148,7 +148,9 @@ async def test_detect_on_honest_messages_is_consistent_and_exact() -> None:
 
 
 async def test_locate_decodes_around_the_culprit_and_quarantines_a_repeat_offender() -> None:
-    code = make_code("cyclic", n=6, s=2)
+    """s = 3: three relations, so no pair of other workers explains the violations (two colluders could not
+    have framed worker 2); with s = 2 see ``test_locate_quarantines_nobody_when_two_colluders_would_explain_it``."""
+    code = make_code("cyclic", n=6, s=3)
     policy = IntegrityPolicy("locate", code)
     for t in range(1, QUARANTINE_AFTER + 1):
         g = partials(code, 10 + t)

@@ -58,16 +58,18 @@ class ChildSpec(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class ParentRole(_message.Message):
-    __slots__ = ("child_code", "children", "wait_seconds", "no_links")
+    __slots__ = ("child_code", "children", "wait_seconds", "no_links", "integrity")
     CHILD_CODE_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NO_LINKS_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     child_code: _common_pb2.CodeSpec
     children: _containers.RepeatedCompositeFieldContainer[ChildSpec]
     wait_seconds: float
     no_links: bool
-    def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ..., no_links: _Optional[bool] = ...) -> None: ...
+    integrity: str
+    def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ..., no_links: _Optional[bool] = ..., integrity: _Optional[str] = ...) -> None: ...
 
 class JobSetup(_message.Message):
     __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data", "shared_memory")
@@ -219,7 +221,7 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude")
+    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined")
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,8 @@ class MessageTrailer(_message.Message):
     DECODE_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_LOST_FIELD_NUMBER: _ClassVar[int]
     MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_SINGLED_OUT_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     crc32c: int
     compute_seconds: float
     straggle_seconds: float
@@ -234,7 +238,9 @@ class MessageTrailer(_message.Message):
     decode_error: float
     children_lost: _containers.RepeatedScalarFieldContainer[int]
     magnitude: float
-    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ...) -> None: ...
+    children_singled_out: _containers.RepeatedScalarFieldContainer[int]
+    children_quarantined: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status", "started")

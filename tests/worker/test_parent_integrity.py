@@ -1,0 +1,148 @@
+"""Issue 24: a tree parent checks its own children (the same Round and IntegrityPolicy as the master).
+
+Real worker servers on loopback: a parent over three children (cyclic n = 3, s = 2: every child holds every
+partition, two relations), one of them a hostile worker sending well-formed, CRC-valid wrong values. Before,
+parents ran no checks: the lie went up inside the parent's message, and the master blamed the parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gradcode.common.codes import make_code
+from gradcode.common.serving import start_server
+from gradcode.common.wire import CHANNEL_OPTIONS, struct_from_dict
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from tests.helpers import HostileWorker
+from tests.worker.conftest import (
+    data_for,
+    job_setup,
+    load_chunks,
+    make_partitions,
+    partition_data,
+    random_params,
+    serve_worker,
+    softmax_model,
+    stop_worker,
+)
+from tests.worker.test_service import _assert_close, _compute, _load, _request
+
+HOSTILE = 1
+"""The hostile child's position (worker id HOSTILE + 1)."""
+
+
+@pytest.mark.parametrize("policy", ["off", "detect", "locate"])
+async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str) -> None:
+    async with asyncio.timeout(30):
+        child_code = make_code("cyclic", n=3, s=2)
+        partitions = make_partitions(4, seed=24)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(4))
+        hostile = HostileWorker(value=1e3)
+        hostile_handle = await start_server(
+            "127.0.0.1", 0,
+            registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(hostile, server)],
+            service_names=["gradcode.v1.Worker"],
+        )  # fmt: skip
+        honest = {i: await serve_worker() for i in range(3) if i != HOSTILE}
+        addresses = {i: (honest[i].address if i in honest else hostile_handle.address) for i in range(3)}
+        parent = await serve_worker()
+        try:
+            for i in range(3):
+                async with grpc.aio.insecure_channel(addresses[i]) as channel:
+                    setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+                    await _load(
+                        worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions))
+                    )
+            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
+            del setup.rows[:]
+            setup.rows.add(row=0, partitions=[3], coefficients_real=[1.0])
+            setup.parent.child_code.name = "cyclic"
+            setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": 3, "s": 2}))
+            setup.parent.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=addresses[i]) for i in range(3))
+            setup.parent.wait_seconds = 5.0
+            setup.parent.integrity = policy
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
+                named = 0
+                for t in range(4):
+                    messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta, iteration=t))
+                    trailer = trailers[0].trailer
+                    if policy == "off":  # nothing checked: whatever it decoded, it cannot tell
+                        assert list(trailer.children_singled_out) == []
+                        continue
+                    if policy == "detect":  # labels (stops at the first violation, maybe before it can locate)
+                        assert set(trailer.children_singled_out) <= {HOSTILE + 1}
+                        if not trailer.approximate:  # the two honest children came first and checked each other
+                            _assert_close(messages[0], full)
+                        continue
+                    # The hostile child answers at once, so it is (almost) always in hand; when the two others came
+                    # first, they check each other and the parent need not wait for it.
+                    assert list(trailer.children_singled_out) in ([HOSTILE + 1], []), t
+                    named += len(trailer.children_singled_out)
+                    assert list(trailer.children_quarantined) == []  # two siblings could have framed it
+                    _assert_close(messages[0], full)  # decoded without the liar, and vouched for
+                    assert not trailer.approximate
+                assert policy != "locate" or named >= 1
+        finally:
+            await stop_worker(parent)
+            for served in honest.values():
+                await stop_worker(served)
+            await hostile_handle.stop(0)
+
+
+async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks_it_no_more() -> None:
+    """Four children (cyclic n = 4, s = 3: three relations, no two siblings could frame the liar): singled out in
+    QUARANTINE_AFTER iterations, the child is quarantined (named in the trailer once) and never asked again."""
+    async with asyncio.timeout(30):
+        child_code = make_code("cyclic", n=4, s=3)
+        partitions = make_partitions(5, seed=25)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(5))
+        hostile = HostileWorker(value=-7.0)
+        hostile_handle = await start_server(
+            "127.0.0.1", 0,
+            registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(hostile, server)],
+            service_names=["gradcode.v1.Worker"],
+        )  # fmt: skip
+        honest = {i: await serve_worker() for i in range(4) if i != HOSTILE}
+        addresses = {i: (honest[i].address if i in honest else hostile_handle.address) for i in range(4)}
+        parent = await serve_worker()
+        try:
+            for i in range(4):
+                async with grpc.aio.insecure_channel(addresses[i]) as channel:
+                    setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+                    await _load(
+                        worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions))
+                    )
+            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
+            del setup.rows[:]
+            setup.rows.add(row=0, partitions=[4], coefficients_real=[1.0])
+            setup.parent.child_code.name = "cyclic"
+            setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": 4, "s": 3}))
+            setup.parent.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=addresses[i]) for i in range(4))
+            setup.parent.wait_seconds = 5.0
+            setup.parent.integrity = "locate"
+            quarantined_at = None
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                await _load(stub, load_chunks(setup, partition_data(4, *partitions[4])))
+                for t in range(8):
+                    messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta, iteration=t))
+                    trailer = trailers[0].trailer
+                    _assert_close(messages[0], full)
+                    assert not trailer.approximate
+                    if list(trailer.children_quarantined):
+                        assert list(trailer.children_quarantined) == [HOSTILE + 1] and quarantined_at is None
+                        quarantined_at, computes = t, hostile.computes
+            assert quarantined_at is not None
+            assert hostile.computes == computes  # never asked after its quarantine
+        finally:
+            await stop_worker(parent)
+            for served in honest.values():
+                await stop_worker(served)
+            await hostile_handle.stop(0)
