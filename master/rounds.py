@@ -168,7 +168,7 @@ class RoundPolicy:
         """Start, in the background, a LoadJob for each of these workers that is UP and lacks the job."""
         workers, job_id = self.loader.workers, self.plan.job_id
         for w in indices:
-            if workers[w].is_up and not workers[w].has_job(job_id):
+            if workers[w].is_up and not workers[w].has_job(job_id) and self.loader.may_load(w):
                 self.loads.start(w, functools.partial(self.loader.load, w))
 
     async def run(self, t: int, assignment: Assignment, point: Array, *, started: float, job_started: float) -> Round:
