@@ -184,13 +184,22 @@ class PoolWorker:
         """One Compute on this worker (:class:`~gradcode.common.session.Caller`: on its Session, opened with the
         channel): ``head``, the worker's own fields, followed by ``body``, the iteration's model fields serialized
         once for every worker. The chunks' payloads stay views into the bytes gRPC delivered."""
+        return self._caller().compute(head, body)
+
+    def compute_call(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
+        """The same Compute as :meth:`compute`, as a call of its own (:meth:`~gradcode.common.session.Caller.call`):
+        a request asked again after it went unanswered on the worker's Session or link."""
+        return self._caller().call(head, body)
+
+    def _caller(self) -> Caller:
+        """This worker's :class:`~gradcode.common.session.Caller`, opening the channel if needed."""
         _ = self.stub  # opens the channel if needed
         if self.caller is None:
             channel = self.channel
             assert channel is not None
             link = link_opener(channel, self.address, self.security) if self.links else None
             self.caller = Caller(channel, self.describe(), link, self.lost_job)
-        return self.caller.compute(head, body)
+        return self.caller
 
     def lost_job(self, job_id: str) -> None:
         """The worker answered NOT_FOUND for ``job_id`` (it restarted, or a parent's child did): the job's next
