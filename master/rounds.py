@@ -391,6 +391,8 @@ class RoundPolicy:
         if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
             worker.lost_job(self.plan.job_id)
             return False
+        if failure.status is grpc.StatusCode.ABORTED:  # this job's request was abandoned (the job replaced on the
+            return False  # worker by a reload, say): about the job, not the worker, which the next gather asks again
         if (
             self.plan.topology is not None
             and failure.status is grpc.StatusCode.UNAVAILABLE
