@@ -242,6 +242,10 @@ class Round:
         self.stragglers: list[int] = []
         self.backups: set[int] = set()
         self.promoted: set[int] = set()
+        self.reasked: set[int] = set()
+        """Workers asked again in this round because nothing came from them (:meth:`gather`'s ``reask_after``)."""
+        self._join: Callable[[Source], None] | None = None
+        """Adds a source to the gather under way (None: no gather is)."""
         self.decoding: Decoding | None = None
         self.excluded: set[int] = set()
         """Workers whose messages the decoding leaves out (:meth:`exclude`)."""
@@ -324,6 +328,14 @@ class Round:
         )
         return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
 
+    def join(self, source: Source) -> bool:
+        """Ask ``source`` too, in the gather under way (a worker that became able to answer meanwhile: reloaded
+        after it lost the job, say); False when no gather is under way (ask it in the next one)."""
+        if self._join is None:
+            return False
+        self._join(source)
+        return True
+
     def _shared_reader(self, source: Source) -> Callable[[int, np.dtype[Any], int], Array] | None:
         if not source.shared or self.shared is None:
             return None
@@ -354,6 +366,8 @@ class Round:
         timeout: float | None = None,
         enough: Callable[[], bool] | None = None,
         promote_after: float | None = None,
+        reask_after: Callable[[int], float | None] | None = None,
+        on_failure: Callable[[int, WorkerFailure], None] | None = None,
     ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
 
@@ -371,6 +385,15 @@ class Round:
         still out has begun, nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after
         the round started, a round still not decodable promotes every backup still out (more than ``s`` expected
         workers may hang, or one that began may never finish).
+
+        ``reask_after(worker)`` (the owner's policy; None: never) is how long an expected worker may stay silent: one
+        from which nothing at all has come that long after it was asked, while the round is not decodable, has its
+        call cancelled and its source opened again, once per gather (:attr:`reasked`): a request lost on its way
+        or stuck in a worker then costs that bound, not the iteration. Backups are silent by design and never are.
+
+        ``on_failure(worker, failure)`` hears of each failure as it comes, so the owner can act on it within the
+        gather (reload a worker that lost the job, then :meth:`join` it) instead of after it; a worker that
+        joins and answers has its failure taken back.
         """
         queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
@@ -378,6 +401,10 @@ class Round:
         failures: dict[int, WorkerFailure] = {}
         started = time.perf_counter()
         self.timed_out = False
+        heard: set[int] = set()
+        """Workers from which something (a chunk, the end, a failure) came in this gather."""
+        reask_at: dict[int, float] = {}
+        """When each expected worker, silent until then, is asked again (once)."""
 
         def fail(worker_id: int, exc: BaseException) -> None:
             if worker_id in streams:  # a refused message: the worker stops, its session forgets it
@@ -386,6 +413,7 @@ class Round:
 
         def receive(worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
             """One item of a worker's stream: a chunk, None at its end, or the exception that ended it."""
+            heard.add(worker_id)
             if isinstance(item, BaseException):
                 fail(worker_id, item)
                 return
@@ -425,6 +453,7 @@ class Round:
             try:
                 stream = source.open()
             except Exception as exc:
+                heard.add(worker_id)
                 queue.put_nowait((worker_id, exc))
                 return
             streams[worker_id] = stream
@@ -437,10 +466,39 @@ class Round:
         def finish(worker_id: int) -> None:
             self.finished[worker_id] = time.perf_counter() - self.started
             self.failed.pop(worker_id, None)
+            failures.pop(worker_id, None)  # (one that joined again after failing)
 
-        for source in sources:
+        def ask(source: Source) -> None:
             start(source)
-        pending = {source.worker_id for source in sources}
+            by_id[source.worker_id] = source
+            pending.add(source.worker_id)
+            bound = None if reask_after is None or source.backup else reask_after(source.worker_id)
+            if bound is not None:
+                reask_at[source.worker_id] = time.perf_counter() + bound
+
+        def join(source: Source) -> None:
+            """Ask one more source (:meth:`join`), unless it is asked already or has answered."""
+            w = source.worker_id
+            if w not in pending and w not in self.finished:
+                heard.discard(w)
+                ask(source)
+
+        def reask(now: float) -> None:
+            """Cancel and reopen the calls of the expected workers silent past their bound (once each)."""
+            for worker_id in [w for w, at in reask_at.items() if at <= now]:
+                del reask_at[worker_id]
+                if worker_id not in pending or worker_id in heard:
+                    continue
+                self.reasked.add(worker_id)
+                old_stream, old_task = streams.pop(worker_id, None), tasks.pop(worker_id, None)
+                _cancel_late([] if old_stream is None else [old_stream], [] if old_task is None else [old_task])
+                _let_finish([] if old_task is None else [old_task])
+                start(by_id[worker_id])
+
+        by_id: dict[int, Source] = {}
+        pending: set[int] = set()
+        for source in sources:
+            ask(source)
         deadline = None if timeout is None else started + timeout
         decoder = self.decoder
         backups = {source.worker_id for source in sources if source.backup}
@@ -458,19 +516,25 @@ class Round:
             """The worker said its computation began."""
             return isinstance(stream := streams.get(worker_id), SessionCompute) and stream.started
 
+        self._join = join
         try:
             while pending and not done():
                 now = time.perf_counter()
                 if hedge_at is not None and now >= hedge_at:
                     self._promote(sorted(pending & backups), streams)
                     hedge_at = None
+                if reask_at:
+                    if decoder.decodable:  # gathering surplus (``enough``): nobody is needed any more
+                        reask_at.clear()
+                    elif queue.empty():
+                        reask(now)
                 if deadline is not None and now >= deadline:
                     self.timed_out = True
                     break
                 if not queue.empty():  # items that came together: no timer to arm for each
                     worker_id, item = queue.get_nowait()
                 else:
-                    wake = min((t for t in (deadline, hedge_at) if t is not None), default=None)
+                    wake = min((t for t in (deadline, hedge_at, *reask_at.values()) if t is not None), default=None)
                     try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
                         async with asyncio.timeout(None if wake is None else wake - now):
                             worker_id, item = await queue.get()
@@ -486,7 +550,9 @@ class Round:
                     finish(worker_id)
                 else:
                     pending.discard(worker_id)
-                    failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
+                    failures[worker_id] = self.failed[worker_id] = failure = WorkerFailure.from_exception(item)
+                    if on_failure is not None:
+                        on_failure(worker_id, failure)
                 if worker_id in out and not isinstance(item, CompletedMessage):
                     out.discard(worker_id)
                     # After the first promotion, again only when an expected worker failed (it may have been
@@ -501,14 +567,14 @@ class Round:
                 self.decoding = decoder.decoding()
                 self.gather_decode_seconds += time.perf_counter() - t0
         finally:
+            self._join = None
             while not queue.empty():  # a refusal already here when the round became decodable is a fact all the same
                 worker_id, item = queue.get_nowait()
                 if isinstance(item, BaseException) and worker_id in pending:
                     pending.discard(worker_id)
                     failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
-            rows_of = {s.worker_id: s.rows for s in sources}
             for w in list(pending):
-                if all(r in self.messages for r in rows_of[w]):  # delivered everything; end-of-stream not seen yet
+                if all(r in self.messages for r in by_id[w].rows):  # delivered everything; end-of-stream not seen yet
                     pending.discard(w)
                     finish(w)
             self.late = sorted(pending)

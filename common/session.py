@@ -367,6 +367,15 @@ class Caller:
             return self._session.compute(head, body)
         return _FirstCompute(self, self._session.compute(head, body), head, body)
 
+    def call(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
+        """One Compute as a call of its own on the channel (a new HTTP/2 stream), off the session and the link: how a
+        request that went unanswered on them is asked again. ``head`` is not changed."""
+        request = worker_pb2.ComputeRequest()
+        request.CopyFrom(head)
+        request.ClearField("request_id")  # a call, not a Session request: no in-band status
+        request.report_start = False
+        return self._compute_call(request.SerializeToString() + body)  # type: ignore[no-any-return]
+
     async def _dial(self) -> None:
         assert self._link is not None
         try:

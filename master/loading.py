@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,10 +41,23 @@ from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 
-__all__ = ["END_JOB_TIMEOUT_SECONDS", "LOAD_TIMEOUT_SECONDS", "PartitionBytes", "WorkerLoader"]
+__all__ = [
+    "END_JOB_TIMEOUT_SECONDS",
+    "JOB_REFUSALS",
+    "LOAD_TIMEOUT_SECONDS",
+    "REFUSED_RETRY_SECONDS",
+    "PartitionBytes",
+    "WorkerLoader",
+]
+
+log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_SECONDS = 120.0
 END_JOB_TIMEOUT_SECONDS = 2.0
+JOB_REFUSALS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""A worker's LoadJob refusals about the job, not about the worker: they never mark it DOWN for other jobs."""
+REFUSED_RETRY_SECONDS = 1.0
+"""How long a worker that refused a job for lack of room (RESOURCE_EXHAUSTED) is left before it is asked again."""
 
 
 class PartitionBytes:
@@ -99,8 +113,10 @@ class WorkerLoader:
         self.bytes_sent = 0
         """Serialized bytes of every LoadJob chunk sent for this job (all workers, reloads included)."""
         self.refusals: dict[int, str] = {}
-        """Worker-local data a worker refused (INVALID_ARGUMENT: not there, another copy, no such plugin), by
-        worker index: the worker is healthy, it just cannot serve this job."""
+        """The job a worker refused (INVALID_ARGUMENT: worker-local data not there, another copy, no such plugin;
+        more data than its per-job cap), by worker index: the worker is healthy, it just cannot serve this job."""
+        self._retry_at: dict[int, float] = {}
+        """When a worker that refused the job for lack of room (RESOURCE_EXHAUSTED) may be asked again."""
 
     @property
     def job_id(self) -> str:
@@ -215,7 +231,14 @@ class WorkerLoader:
         metrics.LOAD_BYTES_SENT.inc(size)
 
     async def load(self, w: int) -> bool:
-        """LoadJob worker ``w``; on failure mark it DOWN and return False (the job goes on)."""
+        """LoadJob worker ``w``; False when it failed (the job goes on).
+
+        A refusal about this job alone (:data:`JOB_REFUSALS`) leaves the worker UP for every other job: one it
+        cannot serve (INVALID_ARGUMENT) fails this job at set-up (:meth:`load_all`), one that may pass later
+        (RESOURCE_EXHAUSTED: the worker's memory or job count is taken by other jobs) is retried after
+        :data:`REFUSED_RETRY_SECONDS` (:meth:`may_load`). Any other failure (the worker unreachable, timed out,
+        restarted) marks it DOWN.
+        """
         worker = self.workers[w]
         if not worker.is_up:
             return False
@@ -223,11 +246,16 @@ class WorkerLoader:
         try:
             reply = await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
-            if self.plan.local is not None and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            why = f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 self.refusals[w] = exc.details() or ""
-                return False
-            self.pool.mark_down(worker, f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}")
+            elif exc.code() in JOB_REFUSALS:
+                log.info("%s refused %s; retrying in %g s", worker.describe(), why, REFUSED_RETRY_SECONDS)
+                self._retry_at[w] = time.monotonic() + REFUSED_RETRY_SECONDS
+            else:
+                self.pool.mark_down(worker, why)
             return False
+        self._retry_at.pop(w, None)
         if reply.shared_memory:
             self.shared_workers.add(w)
         worker.jobs.add(self.job_id)
@@ -239,6 +267,11 @@ class WorkerLoader:
         opens that job's Computes only, and dies with the job), or "" for a child without one."""
         token = self.workers[c].call_token
         return job_token(token, self.job_id) if token else ""
+
+    def may_load(self, w: int) -> bool:
+        """Worker ``w`` may be asked to load the job now: it did not refuse the job, nor just refuse it for lack of
+        room."""
+        return w not in self.refusals and time.monotonic() >= self._retry_at.get(w, 0.0)
 
     def drop_stale_parents(self) -> list[int]:
         """Parents holding the job with a child's old call token: marked as lacking the job, so they are reloaded.
@@ -258,8 +291,9 @@ class WorkerLoader:
     async def load_all(self) -> None:
         """Load every worker that is UP and does not hold the job yet.
 
-        JobFailedError when a worker refused the job's worker-local data: every worker needs it, so the job
-        fails at once with the worker's reason instead of running short of workers.
+        JobFailedError when a worker refused the job (INVALID_ARGUMENT: its worker-local data, or its size):
+        every worker needs it, so the job fails at once with the worker's reason instead of running short of
+        workers.
         """
         await asyncio.gather(
             *(
@@ -272,7 +306,8 @@ class WorkerLoader:
             w, reason = min(self.refusals.items())
             ids = sorted(self.workers[i].worker_id for i in self.refusals)
             first = self.workers[w].worker_id
-            raise JobFailedError(f"Worker(s) {ids} cannot load this job's worker-local data; worker {first}: {reason}")
+            what = "this job's worker-local data" if self.plan.local is not None else "this job"
+            raise JobFailedError(f"Worker(s) {ids} cannot load {what}; worker {first}: {reason}")
 
     async def end(self) -> None:
         """EndJob on every worker that holds the job (best effort), and free the partition bytes and the

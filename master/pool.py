@@ -4,7 +4,8 @@ Workers join from a fixed address list (``--workers``) and/or by calling Registe
 start; registering an address that is already known is the same worker (workers re-register
 periodically), and brings a DOWN one back UP. A worker that restarted holds no job any more: its
 Compute answers NOT_FOUND and the job runner reloads it. A worker whose call errors, disconnects or is
-killed is marked DOWN with the reason; a background monitor probes DOWN workers with the standard
+killed is marked DOWN with the reason, and so is an idle one (holding no job) whose periodic health probe fails;
+a background monitor probes DOWN workers with the standard
 gRPC health service over a *fresh* channel (no reconnect back-off) and brings them back UP only if
 the process answering ``Worker.Hello`` there proves it is the one that registered (a new process must
 register).
@@ -69,6 +70,8 @@ from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 __all__ = [
     "ADMISSION_TIMEOUT_SECONDS",
     "HEALTH_PROBE_SECONDS",
+    "IDLE_PROBE_SECONDS",
+    "IDLE_PROBE_TIMEOUT_SECONDS",
     "MAX_ADDRESS_CHARS",
     "MAX_NAME_CHARS",
     "MAX_WORKERS",
@@ -89,6 +92,11 @@ WorkerState = int
 
 HEALTH_PROBE_SECONDS = 0.5
 """Period of the health probe of DOWN workers, and the timeout of each probe."""
+IDLE_PROBE_SECONDS = 1.0
+"""Period of the health probe of UP workers that hold no job (a job's own calls watch the others)."""
+IDLE_PROBE_TIMEOUT_SECONDS = 2.0
+"""How long an idle worker's health probe may take before it is DOWN: a killed worker's probe fails at once (its
+port refuses), a frozen one's after this, so a dead idle worker is DOWN within about 3 s, before a job counts it."""
 
 ADMISSION_TIMEOUT_SECONDS = 3.0
 """How long the master waits for a registering worker to answer Worker.Hello at its advertised address."""
@@ -192,13 +200,22 @@ class PoolWorker:
         """One Compute on this worker (:class:`~gradcode.common.session.Caller`: on its Session, opened with the
         channel): ``head``, the worker's own fields, followed by ``body``, the iteration's model fields serialized
         once for every worker. The chunks' payloads stay views into the bytes gRPC delivered."""
+        return self._caller().compute(head, body)
+
+    def compute_call(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
+        """The same Compute as :meth:`compute`, as a call of its own (:meth:`~gradcode.common.session.Caller.call`):
+        a request asked again after it went unanswered on the worker's Session or link."""
+        return self._caller().call(head, body)
+
+    def _caller(self) -> Caller:
+        """This worker's :class:`~gradcode.common.session.Caller`, opening the channel if needed."""
         _ = self.stub  # opens the channel if needed
         if self.caller is None:
             channel = self.channel
             assert channel is not None
             link = link_opener(channel, self.address, self.security) if self.links else None
             self.caller = Caller(channel, self.describe(), link, self.lost_job)
-        return self.caller.compute(head, body)
+        return self.caller
 
     def lost_job(self, job_id: str) -> None:
         """The worker answered NOT_FOUND for ``job_id`` (it restarted, or a parent's child did): the job's next
@@ -267,7 +284,7 @@ class WorkerPool:
         self._removed: OrderedDict[str, None] = OrderedDict()
         """Digests of the secrets of removed worker processes, oldest first: they may not register again."""
         self._changed = asyncio.Condition()
-        self._monitor: asyncio.Task[None] | None = None
+        self._monitors: list[asyncio.Task[None]] = []
         for address in addresses:
             self._add(worker_address(address), name="")
 
@@ -501,23 +518,41 @@ class WorkerPool:
         if down:
             await asyncio.gather(*(self.probe(w) for w in down), return_exceptions=True)
 
+    async def probe_idle(self, timeout: float = IDLE_PROBE_TIMEOUT_SECONDS) -> None:
+        """Probe every UP worker that holds no job once, concurrently: one killed or frozen while idle is DOWN
+        before the next job would count it among its workers (a worker that holds a job is watched by the job's
+        calls and :class:`~gradcode.master.liveness.LatenessWatch`)."""
+        idle = [w for w in self.workers if w.is_up and not w.jobs]
+        if idle:
+            await asyncio.gather(*(self.probe(w, timeout) for w in idle), return_exceptions=True)
+
     async def _monitor_loop(self) -> None:
         while True:
             await self.probe_down()
             await asyncio.sleep(HEALTH_PROBE_SECONDS)
 
+    async def _idle_loop(self) -> None:
+        while True:
+            await self.probe_idle()
+            await asyncio.sleep(IDLE_PROBE_SECONDS)
+
     def start_monitor(self) -> None:
-        """Start probing DOWN workers in the background (idempotent)."""
-        if self._monitor is None:
-            self._monitor = asyncio.get_running_loop().create_task(self._monitor_loop(), name="pool-health-monitor")
+        """Start probing DOWN and idle workers in the background (idempotent)."""
+        if not self._monitors:
+            loop = asyncio.get_running_loop()
+            self._monitors = [
+                loop.create_task(self._monitor_loop(), name="pool-health-monitor"),
+                loop.create_task(self._idle_loop(), name="pool-idle-monitor"),
+            ]
 
     async def close(self) -> None:
-        """Stop the monitor and close every channel."""
-        if self._monitor is not None:
-            self._monitor.cancel()
+        """Stop the monitors and close every channel."""
+        monitors, self._monitors = self._monitors, []
+        for task in monitors:
+            task.cancel()
+        for task in monitors:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
-            self._monitor = None
+                await task
         for worker in self.workers:
             channel = worker.detach()
             if channel is not None:

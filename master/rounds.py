@@ -27,18 +27,19 @@ Dynamic codes are asked alike: they place each iteration from what every worker 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 
 from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.models import message_length
-from gradcode.common.round import Round, Source, WorkerFailure
+from gradcode.common.round import ChunkStream, Round, Source, WorkerFailure
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import dtype_from_wire, model_request_bytes
 from gradcode.master.integrity import IntegrityPolicy
@@ -48,8 +49,9 @@ from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.master.reporting import failure_report
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
+from gradcode.worker.straggling import StragglerEmulation
 
-__all__ = ["Primaries", "RoundPolicy"]
+__all__ = ["AnswerTimes", "Primaries", "RoundPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,50 @@ class Primaries:
         return self.HEDGE_FACTOR * statistics.median(self._seconds)
 
 
+class AnswerTimes:
+    """How long each worker took to answer lately, and from it how long it may stay silent before it is asked again.
+
+    A worker that sends nothing at all for :meth:`bound` seconds after it was asked has its request cancelled and
+    asked again as a Compute call of its own (:meth:`Round.gather`'s ``reask_after``, :meth:`PoolWorker.compute_call`):
+    a request lost on the worker's Session or link, or stuck in the worker, then costs this bound, not the whole
+    iteration deadline (issue 25: a reloaded worker that never answered failed cyclic n = 8, s = 2 jobs whose two other
+    missing workers were down). The bound is :data:`FACTOR` times the worker's median answer time (all workers'
+    before it has :data:`MIN_SAMPLES` of its own), at least :data:`FLOOR_SECONDS`, plus the delay the job's
+    straggler emulation gives it this iteration (an emulated straggler is slow, not lost).
+    """
+
+    HISTORY = 16
+    MIN_SAMPLES = 3
+    FACTOR = 4.0
+    FLOOR_SECONDS = 2.0
+
+    def __init__(self, straggler: StragglerEmulation | None = None) -> None:
+        self.straggler = straggler
+        self._seconds: dict[int, collections.deque[float]] = {}
+
+    def answered(self, round_: Round) -> None:
+        """Record the answer times of a decodable round (not of workers asked again: their time is the bound's)."""
+        for w, seconds in round_.finished.items():
+            if w not in round_.reasked:
+                self._seconds.setdefault(w, collections.deque(maxlen=self.HISTORY)).append(seconds)
+
+    def bound(self, w: int, iteration: int) -> float | None:
+        """Seconds worker ``w`` may stay silent in ``iteration``; None before any worker has a history."""
+        own = self._seconds.get(w)
+        if own is not None and len(own) >= self.MIN_SAMPLES:
+            typical = statistics.median(own)
+        else:
+            everyone = [t for times in self._seconds.values() for t in times]
+            if len(everyone) < self.MIN_SAMPLES:
+                return None
+            typical = statistics.median(everyone)
+        delay = 0.0
+        if self.straggler is not None:
+            with contextlib.suppress(ValueError):  # the worker refuses such a model; nothing to wait for
+                delay = self.straggler.delay(w, iteration)
+        return max(self.FLOOR_SECONDS, self.FACTOR * typical) + delay
+
+
 def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     """The indices of ``workers`` whose machine (a known machine id) runs another of them: where they share cores,
     even a backup's low-priority work takes memory bandwidth and cache from the others' (with five live workers
@@ -153,6 +199,10 @@ class RoundPolicy:
         )
         self.primaries = Primaries(plan.code) if backups else None
         """Whom each round expects to decode from (None: every worker is asked alike)."""
+        self.answer_times = AnswerTimes(StragglerEmulation(plan.spec.straggler))
+        """When a silent worker is asked again within the round."""
+        self._joining: Callable[[int], None] | None = None
+        """Asks a worker in the round under way (:meth:`run`) once its reload is done; None between rounds."""
 
     @property
     def plan(self) -> JobPlan:
@@ -168,8 +218,16 @@ class RoundPolicy:
         """Start, in the background, a LoadJob for each of these workers that is UP and lacks the job."""
         workers, job_id = self.loader.workers, self.plan.job_id
         for w in indices:
-            if workers[w].is_up and not workers[w].has_job(job_id):
-                self.loads.start(w, functools.partial(self.loader.load, w))
+            if workers[w].is_up and not workers[w].has_job(job_id) and self.loader.may_load(w):
+                self.loads.start(w, functools.partial(self._load_and_join, w))
+
+    async def _load_and_join(self, w: int) -> bool:
+        """Load worker ``w``; once loaded, it joins the round under way, if any (a gather waiting for a slow or
+        silent worker must not keep one that is ready out of the iteration)."""
+        loaded = await self.loader.load(w)
+        if loaded and self._joining is not None:
+            self._joining(w)
+        return loaded
 
     async def run(self, t: int, assignment: Assignment, point: Array, *, started: float, job_started: float) -> Round:
         """Gather iteration ``t`` (begun at ``started``, the model at ``point``) until decodable; JobFailedError
@@ -188,16 +246,42 @@ class RoundPolicy:
             tolerance=plan.tolerance,
             shared=shared,
         )
+        spent: set[int] = set()
+        """Parents that answered this iteration that their children are not decodable (not asked again)."""
+        quarantined = self.integrity.quarantined
+        if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
+            self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
+            self._reload(range(code.n, plan.num_workers))
+
+        def join(w: int) -> None:
+            """Ask worker ``w`` (just loaded) in the gather under way, if the round still needs it."""
+            needed = w < code.n and assignment.rows[w] and w not in round_.finished
+            if needed and w not in spent and w not in quarantined and workers[w].has_job(plan.job_id):
+                round_.join(self._source(w, t, assignment.rows[w], model, backups=set(), deferred=False))
+
+        self._joining = join
+        try:
+            return await self._until_decodable(round_, t, assignment, model, spent, job_started=job_started)
+        finally:
+            self._joining = None
+
+    async def _until_decodable(
+        self,
+        round_: Round,
+        t: int,
+        assignment: Assignment,
+        model: _ModelRequest,
+        spent: set[int],
+        *,
+        job_started: float,
+    ) -> Round:
+        """:meth:`run`'s gathers, retries and reloads until the round is decodable; JobFailedError at the deadline."""
+        plan, code, workers = self.plan, self.plan.code, self.loader.workers
         enough = self.integrity.enough(round_, assignment)
         quarantined = self.integrity.quarantined
         deadline = round_.started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
-        spent: set[int] = set()
-        """Parents that answered this iteration that their children are not decodable (not asked again)."""
         asked = False
-        if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
-            self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
-            self._reload(range(code.n, plan.num_workers))
         while True:
             for w in needed:
                 if w in quarantined:
@@ -225,7 +309,10 @@ class RoundPolicy:
                 sources = [
                     self._source(w, t, assignment.rows[w], model, backups=backups, deferred=w in deferred) for w in ask
                 ]
-                failures = await round_.gather(sources, timeout=remaining, enough=enough, promote_after=hedge)
+                failures = await round_.gather(
+                    sources, timeout=remaining, enough=enough, promote_after=hedge,
+                    reask_after=functools.partial(self.answer_times.bound, iteration=t), on_failure=self._lost,
+                )  # fmt: skip
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 self._reload_lost(round_, failures.values())
@@ -238,6 +325,10 @@ class RoundPolicy:
                     )
                     if self.primaries is not None:
                         self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
+                    self.answer_times.answered(round_)
+                    if round_.reasked:
+                        log.info("iteration %d: asked %s again after silence", t,
+                                 ", ".join(workers[w].describe() for w in sorted(round_.reasked)))  # fmt: skip
                     for w in self.integrity.judge(round_, assignment):
                         self.pool.mark_down(workers[w], f"{quarantined[w]} (job {plan.job_id!r})")
                     return round_
@@ -253,6 +344,13 @@ class RoundPolicy:
                 )  # fmt: skip
             if not ask:
                 await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
+
+    def _lost(self, w: int, failure: WorkerFailure) -> None:
+        """A worker that lost the job (it restarted: NOT_FOUND) is reloaded at once, within the gather, and joins it
+        once loaded (:meth:`_load_and_join`)."""
+        if failure.status is grpc.StatusCode.NOT_FOUND:
+            self.loader.workers[w].lost_job(self.plan.job_id)
+            self._reload([w])
 
     def _reload_lost(self, round_: Round, failures: Iterable[WorkerFailure]) -> None:
         """Reload the tree nodes the parents say lost the job (in their messages, or their errors)."""
@@ -277,9 +375,15 @@ class RoundPolicy:
         )  # fmt: skip
         body, shared = model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
-        return Source(
-            worker_id=w, rows=tuple(rows), open=lambda: worker.compute(head, body), shared=shared, backup=backup
-        )
+        opened = 0
+
+        def open_() -> ChunkStream:
+            """On the worker's Session (or link); asked again after silence, as a call of its own."""
+            nonlocal opened
+            opened += 1
+            return worker.compute(head, body) if opened == 1 else worker.compute_call(head, body)
+
+        return Source(worker_id=w, rows=tuple(rows), open=open_, shared=shared, backup=backup)
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
@@ -287,6 +391,8 @@ class RoundPolicy:
         if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
             worker.lost_job(self.plan.job_id)
             return False
+        if failure.status is grpc.StatusCode.ABORTED:  # this job's request was abandoned (the job replaced on the
+            return False  # worker by a reload, say): about the job, not the worker, which the next gather asks again
         if (
             self.plan.topology is not None
             and failure.status is grpc.StatusCode.UNAVAILABLE

@@ -59,7 +59,7 @@ MAX_JOB_BYTES = 8 * 1024**3
 
 
 class JobTooLargeError(JobSetupError):
-    """The job's data would exceed the bytes this worker allows it (RESOURCE_EXHAUSTED, not INVALID_ARGUMENT)."""
+    """The job's data would exceed the bytes this worker allows one job (the per-job cap)."""
 
 
 class CancelFlag(Protocol):
@@ -310,11 +310,15 @@ class JobBuilder:
         max_bytes: int = MAX_JOB_BYTES,
         data_dir: Path | None = None,
         max_file_bytes: int = MAX_DATA_FILE_BYTES,
+        reserve: Callable[[int], None] | None = None,
     ) -> None:
         if not setup.job_id:
             raise JobSetupError("JobSetup.job_id is empty; give the job a name.")
         self.setup = setup
         self.max_bytes = max_bytes
+        self.reserve = reserve
+        """Told each partition's declared bytes before its buffer is allocated (the worker's budget across jobs);
+        it raises to refuse them."""
         spec = setup.model
         try:
             self.model = make_model(
@@ -396,6 +400,8 @@ class JobBuilder:
                 f"{self.setup.job_id!r} to {self._bytes_declared + size} bytes, over this worker's limit of "
                 f"{self.max_bytes} bytes."
             )
+        if self.reserve is not None:
+            self.reserve(size)
         self._bytes_declared += size
         buffer = _PartitionBuffer(
             num_samples=num_samples,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -130,23 +131,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """The only directory worker-local jobs read data files from (None: none)."""
         self.max_data_file_bytes = max_data_file_bytes
         self._loading: dict[int, int] = {}
-        """Bytes budgeted to the LoadJob streams under way, by stream."""
-        self._budget_bound: dict[int, bool] = {}
-        """Whether the worker-wide budget (not the per-job cap) bounds a LoadJob stream under way."""
+        """Bytes the LoadJob streams under way have declared so far (their partitions' sizes), by stream."""
+        self._reserving = threading.Lock()
+        """Guards :attr:`_loading`: a worker-local load declares its partitions from a thread."""
         self.closing = asyncio.Event()
         """Set by :meth:`drain`: Sessions stop taking requests."""
         self.link: LinkServer | None = None
         """This worker's link listener, which OpenLink offers (None: this worker serves no link)."""
 
-    def _budget(self, replacing: str) -> tuple[int, int]:
-        """(bytes still free for one more job, other jobs held or loading) under the worker-wide limits.
+    def _others(self, replacing: str) -> int:
+        """Jobs held or loading besides ``replacing``: what a new LoadJob counts against ``max_jobs``."""
+        return sum(1 for job_id in self.jobs if job_id != replacing) + len(self._loading)
 
-        Loads under way count with the bytes they may still receive, so concurrent LoadJobs cannot
-        together exceed the budget or the job count.
+    def _reserve(self, stream: int, replacing: str, size: int) -> None:
+        """Reserve ``size`` more bytes of the worker-wide budget for the LoadJob ``stream`` (the size a partition
+        declares, before its data is accepted); :class:`_OverBudgetError` if the jobs held and the loads under way
+        would then exceed it.
+
+        A load reserves what it declares, never the per-job cap: concurrent loads of small jobs fit together
+        as their data does (each reserving the cap made the third of three concurrent loads refused at 0 bytes).
         """
-        held = sum(r.job.bytes_received for job_id, r in self.jobs.items() if job_id != replacing)
-        others = sum(1 for job_id in self.jobs if job_id != replacing) + len(self._loading)
-        return self.max_total_bytes - held - sum(self._loading.values()), others
+        with self._reserving:
+            held = sum(r.job.bytes_received for job_id, r in list(self.jobs.items()) if job_id != replacing)
+            loading = sum(self._loading.values())
+            if held + loading + size > self.max_total_bytes:
+                raise _OverBudgetError(
+                    f"{size} more bytes for job {short(replacing)} would bring this worker to "
+                    f"{held + loading + size} bytes ({held} held by other jobs, {loading} by loads under way)"
+                )
+            self._loading[stream] = self._loading.get(stream, 0) + size
 
     # ---- LoadJob -------------------------------------------------------------------------------
     @grpc_errors
@@ -156,17 +169,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         stream = id(request_iterator)
         try:
             runtime = await self._receive(request_iterator, stream)
-        except JobTooLargeError as exc:
-            if self._budget_bound.pop(stream, False):  # the worker-wide budget, not the per-job cap, was hit
-                raise ResourceExhaustedError(
-                    f"LoadJob refused: {exc} (all jobs on this worker may hold {self.max_total_bytes} bytes together)"
-                ) from None
-            raise InvalidRequestError(f"LoadJob refused: {exc}") from None
-        except ValueError as exc:  # JobSetupError and the validators of models, codes and delay models
+        except _OverBudgetError as exc:  # the worker-wide budget, not the per-job cap, was hit: try again later
+            raise ResourceExhaustedError(
+                f"LoadJob refused: {exc}, over the {self.max_total_bytes} bytes all jobs on this worker may hold "
+                "together; retry once other jobs end."
+            ) from None
+        except ValueError as exc:  # JobSetupError (the per-job cap too) and the validators of models, codes, delays
             raise InvalidRequestError(f"LoadJob refused: {exc}") from None
         finally:
-            self._loading.pop(stream, None)
-            self._budget_bound.pop(stream, None)
+            with self._reserving:
+                self._loading.pop(stream, None)
         job = runtime.job
         old = self.jobs.get(job.job_id)
         self.jobs[job.job_id] = runtime
@@ -185,9 +197,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], stream: int) -> JobRuntime:
         """The job a LoadJob stream carries: one setup chunk first, then the partition data.
 
-        The job is held to the tighter of the per-job cap and what the worker-wide budget leaves; loads
-        under way count with the bytes they may still receive (``_loading``), so concurrent LoadJobs
-        cannot together exceed the budget or the job count.
+        The job is held to the per-job cap, and each partition's declared size is reserved from the worker-wide
+        budget before its data is accepted (:meth:`_reserve`); loads under way count with what they declared
+        (``_loading``), so concurrent LoadJobs cannot together exceed the budget or the job count.
         """
         builder: JobBuilder | None = None
         index = 0
@@ -200,17 +212,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         "carries exactly one setup, first."
                     )
                 set_log_context(job_id=chunk.setup.job_id)  # this call's task only
-                free, others = self._budget(chunk.setup.job_id)
+                others = self._others(chunk.setup.job_id)
                 if others >= self.max_jobs:
                     raise ResourceExhaustedError(
                         f"LoadJob refused: this worker already holds {others} jobs, its limit; end one (EndJob) first."
                     )
-                self._budget_bound[stream] = free < self.max_job_bytes
-                limit = max(0, min(self.max_job_bytes, free))
-                self._loading[stream] = limit
+                with self._reserving:
+                    self._loading[stream] = 0
                 builder = JobBuilder(
-                    chunk.setup, max_bytes=limit, data_dir=self.data_dir, max_file_bytes=self.max_data_file_bytes
-                )
+                    chunk.setup, max_bytes=self.max_job_bytes, data_dir=self.data_dir,
+                    max_file_bytes=self.max_data_file_bytes,
+                    reserve=functools.partial(self._reserve, stream, chunk.setup.job_id),
+                )  # fmt: skip
             elif kind == "data":
                 if builder is None:
                     raise JobSetupError(
@@ -408,6 +421,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.jobs.clear()
         for runtime in runtimes:
             await runtime.retire()
+
+
+class _OverBudgetError(JobTooLargeError):
+    """A load's declared data does not fit in what the worker-wide budget leaves (RESOURCE_EXHAUSTED)."""
 
 
 class _HandlerRecorder:

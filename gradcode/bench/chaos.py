@@ -3,10 +3,12 @@
     python -m gradcode.bench.chaos [--minutes 5] [--workers 8] [--quick] [--out DIR]
 
 A master and ``--workers`` worker processes on loopback run small jobs back to back (softmax regression on
-the digits data, n = 6, s = 2, 30 iterations each, the schemes in turn: cyclic, fractional, Reed–Solomon,
-binary) with verify on: every iteration's decoded gradient is compared with the centralized one, and a wrong
-one that claims to be exact fails the job. Meanwhile, every 0.5–2 s, a random live worker is either frozen
-(SIGSTOP for 0.5–2 s, then SIGCONT) or killed (SIGKILL) and replaced by a new worker process.
+the digits data, 30 iterations each, the schemes in turn: cyclic, fractional, Reed–Solomon and binary with
+n = 6, s = 2, and a CodedReduce tree of six nodes, n = 2, s = 1, L = 2) with verify on: every iteration's
+decoded gradient is compared with the centralized one, and a wrong one that claims to be exact fails the job.
+Meanwhile, every 0.5–2 s, a random live worker is either frozen (SIGSTOP for 0.5–2 s, then SIGCONT) or killed
+(SIGKILL) and restarted at its address (a new process, which registers and is reloaded by the jobs that held
+it; on a new port if its old one is taken). One worker at a time is frozen or down: at most the s of every job.
 
 Prints the jobs, iterations, failed jobs, iterations reported inexact, the worst verified relative error,
 the freezes and kills, with ``/proc/loadavg`` before and after, and saves ``chaos.json`` and ``chaos.png``
@@ -37,8 +39,10 @@ from gradcode.common.exceptions import JobFailedError
 
 __all__ = ["main"]
 
-SCHEMES = ("cyclic", "fractional", "reed_solomon", "binary")
+SCHEMES = ("cyclic", "fractional", "reed_solomon", "binary", "tree")
 N, S = 6, 2
+TREE = {"n": 2, "s": 1, "L": 2}
+"""The tree's code (``coded_reduce``): two first-layer nodes with two children each, six workers in all."""
 JOB_ITERATIONS = 30
 START_TIMEOUT = 60.0
 PAUSE = (0.5, 2.0)
@@ -83,9 +87,13 @@ def _inflict(cluster: LocalCluster, tally: Tally, stop: threading.Event, seed: i
         victim.stop()  # already dead: this only closes its log and output pipe
         tally.kills += 1
         cluster.workers.remove(victim)
-        try:
-            cluster.add_worker().wait_ready(START_TIMEOUT)
-        except RuntimeError:
+        for listen in (victim.address, None):  # its old address, else a new port
+            try:
+                cluster.add_worker(listen=listen).wait_ready(START_TIMEOUT)
+                break
+            except RuntimeError:
+                cluster.workers.pop().stop()
+        else:
             tally.replacements_failed += 1
 
 
@@ -99,9 +107,11 @@ async def _jobs(cluster: LocalCluster, workers: int, seconds: float, max_jobs: i
         try:
             started = time.monotonic()
             while time.monotonic() - started < seconds and tally.jobs < max_jobs:
+                scheme = SCHEMES[tally.jobs % len(SCHEMES)]
+                code = {"scheme": "coded_reduce", "code_params": TREE} if scheme == "tree" else {"scheme": scheme}
                 spec = build_job_spec(
-                    scheme=SCHEMES[tally.jobs % len(SCHEMES)], n=N, s=S, iterations=JOB_ITERATIONS, verify=True,
-                    seed=tally.jobs, deadline_seconds=30.0, wait_for_workers_seconds=30.0,
+                    **code, n=N, s=S, iterations=JOB_ITERATIONS, verify=True, seed=tally.jobs, deadline_seconds=30.0,
+                    wait_for_workers_seconds=30.0,
                 )  # fmt: skip
                 tally.jobs += 1
                 try:
@@ -145,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < N:
         parser.error(f"--workers must be at least {N} (the jobs have n = {N}), not {args.workers}.")
-    seconds, max_jobs = (30.0, 4) if args.quick else (args.minutes * 60, 10**9)
+    seconds, max_jobs = (45.0, len(SCHEMES)) if args.quick else (args.minutes * 60, 10**9)
     tally = Tally()
     load_before = load_average()
     with (
@@ -156,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_after = load_average()
     load = f"load {load_before[0]:.1f} -> {load_after[0]:.1f}"
     print(
-        f"{tally.jobs} jobs ({', '.join(SCHEMES)}; n = {N}, s = {S}, {JOB_ITERATIONS} iterations, verified) on"
+        f"{tally.jobs} jobs ({', '.join(SCHEMES)}; n = {N}, s = {S}, the tree {TREE}; {JOB_ITERATIONS} iterations,"
+        " verified) on"
         f" {args.workers} workers, {tally.freezes} freezes and {tally.kills} kills; {load}"
     )
     print(f"{'iterations':>10} {'failed jobs':>11} {'inexact':>7} {'worst error':>11}")

@@ -182,11 +182,15 @@ class LocalCluster:
                 time.sleep(0.5 * (attempt + 1))
         raise RuntimeError(f"The master could not be restarted at {address}; see {self.run_dir / 'logs'}.")
 
-    def add_worker(self, master_address: str | None = None, log_path: Path | None = None) -> ServiceProcess:
-        """Start one more worker that registers with the master (also used to bring one back)."""
+    def add_worker(
+        self, master_address: str | None = None, log_path: Path | None = None, listen: str | None = None
+    ) -> ServiceProcess:
+        """Start one more worker that registers with the master (also used to bring one back, at its old
+        ``listen`` address if given)."""
         master_address = master_address or self.master_address
         log_path = log_path or self.run_dir / "logs" / f"worker-{len(self.workers)}.log"
-        argv = [sys.executable, "-m", "gradcode.worker", "--listen", f"{self.host}:0", "--master", master_address]
+        listen = listen or f"{self.host}:0"
+        argv = [sys.executable, "-m", "gradcode.worker", "--listen", listen, "--master", master_address]
         extra = self.worker_args(len(self.workers)) if self.worker_args is not None else ()
         worker = ServiceProcess([*argv, "--name", log_path.stem, *extra], log_path=log_path, env=self.env)
         self.workers.append(worker)

@@ -378,3 +378,57 @@ async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None
     assert round_.backups == {1, 3, 5} and not round_.promoted and round_.stragglers == [0, 4]
     for session in sessions:
         session.close()
+
+
+async def test_a_silent_worker_is_asked_again_once_after_its_bound() -> None:
+    """``reask_after``: a source from which nothing came within its bound is cancelled and opened again (once);
+    the second attempt's message decodes the round long before the timeout."""
+    code = make_code("ignore_stragglers", n=3, s=0)  # needs all three
+    g = np.random.default_rng(3).standard_normal((3, 20))
+    attempts: list[_FakeStream] = []
+
+    def open_silent_first() -> _FakeStream:
+        chunks = list(message_chunks(g[2], job_id="j", iteration=0, worker_id=2, row=2))
+        attempts.append(_FakeStream(chunks, 3600.0 if not attempts else 0.0))  # the first never answers
+        return attempts[-1]
+
+    sources = [
+        Source(
+            w,
+            (w,),
+            lambda w=w: _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), 0.0),
+        )  # type: ignore[misc]
+        for w in range(2)
+    ]
+    sources.append(Source(2, (2,), open_silent_first))
+    result = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    async with asyncio.timeout(5.0):
+        await result.gather(sources, timeout=30.0, reask_after=lambda w: 0.1)
+    assert result.decodable and result.reasked == {2} and len(attempts) == 2
+    assert attempts[0].cancelled and not attempts[1].cancelled
+    np.testing.assert_allclose(result.combine(), g.sum(axis=0))
+
+
+async def test_a_worker_joins_the_gather_under_way_and_its_failure_is_taken_back() -> None:
+    """``on_failure`` hears a failure at once; a source joined then (:meth:`Round.join`) is asked in the same
+    gather, which another worker's silence keeps open, and its answer clears its failure."""
+    code = make_code("ignore_stragglers", n=4, s=1)  # any 3 of 4
+    g = np.random.default_rng(4).standard_normal((4, 20))
+
+    def stream(w: int, delay: float = 0.0, fail: bool = False) -> _FakeStream:
+        return _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delay, fail=fail)
+
+    result = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    heard: list[int] = []
+
+    def on_failure(w: int, failure: object) -> None:
+        heard.append(w)
+        assert result.join(Source(w, (w,), lambda: stream(w)))
+
+    sources = [Source(0, (0,), lambda: stream(0)), Source(1, (1,), lambda: stream(1, fail=True))]
+    sources += [Source(2, (2,), lambda: stream(2, delay=3600.0)), Source(3, (3,), lambda: stream(3, delay=0.05))]
+    async with asyncio.timeout(5.0):
+        failures = await result.gather(sources, timeout=30.0, on_failure=on_failure)
+    assert heard == [1] and result.decodable and sorted(result.used_workers) == [0, 1, 3]
+    assert failures == {} and 1 not in result.failed and result.late == [2]
+    assert not result.join(Source(1, (1,), lambda: stream(1)))  # no gather under way

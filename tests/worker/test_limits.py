@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import grpc
@@ -127,3 +128,59 @@ async def test_a_refused_load_is_answered_once_the_client_has_sent_its_stream() 
             assert list(servicer.jobs) == ["held"]
     finally:
         await stop_worker(served)
+
+
+async def _held_loads(
+    servicer: WorkerServicer, count: int, *, hold_after: int
+) -> tuple[list[grpc.StatusCode], set[str]]:
+    """``count`` LoadJobs at once, each holding its stream after ``hold_after`` chunks until all are that far (or
+    a refusal is read to its end instead); their statuses, and the jobs the worker then holds."""
+    release = asyncio.Event()
+    served = await serve_worker(servicer)
+
+    async def held(job_id: str) -> Any:
+        parts = chunks(job_id)
+        for chunk in parts[:hold_after]:
+            yield chunk
+        await release.wait()
+        for chunk in parts[hold_after:]:
+            yield chunk
+
+    async def one(stub: worker_pb2_grpc.WorkerStub, job_id: str) -> grpc.StatusCode:
+        try:
+            await stub.LoadJob(held(job_id))
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
+
+    try:
+        async with asyncio.timeout(TIMEOUT), grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as ch:
+            stub = worker_pb2_grpc.WorkerStub(ch)  # type: ignore[no-untyped-call]
+            calls = [asyncio.ensure_future(one(stub, f"job-{i}")) for i in range(count)]
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    while len(servicer._loading) < count:
+                        await asyncio.sleep(0.01)
+            release.set()
+            codes = list(await asyncio.gather(*calls))
+            assert not servicer._loading
+            return codes, set(servicer.jobs)
+    finally:
+        await stop_worker(served)
+
+
+async def test_concurrent_loads_reserve_what_they_declare_not_the_per_job_cap() -> None:
+    # Issue 25: each load under way reserved the whole per-job cap, so with the default flags (8 GiB per job,
+    # 16 GiB in all) the third of three concurrent loads of a few kilobytes was refused "over this worker's
+    # limit of 0 bytes".
+    servicer = WorkerServicer(max_job_bytes=8 * JOB_BYTES, max_total_bytes=16 * JOB_BYTES)
+    codes, held = await _held_loads(servicer, 6, hold_after=1)  # every setup in before any data
+    assert codes == [grpc.StatusCode.OK] * 6
+    assert held == {f"job-{i}" for i in range(6)}
+
+
+async def test_concurrent_loads_together_stay_within_the_budget() -> None:
+    servicer = WorkerServicer(max_total_bytes=int(2.5 * JOB_BYTES))
+    codes, held = await _held_loads(servicer, 3, hold_after=2)  # every partition declared before any load ends
+    assert sorted(codes, key=lambda c: c.name) == [grpc.StatusCode.OK] * 2 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert len(held) == 2

@@ -1,0 +1,61 @@
+"""Idle workers are health-checked: one killed or frozen while it holds no job is DOWN within a few seconds.
+
+Issue 25: an idle worker that was killed stayed listed UP indefinitely, and the next job counted it among its
+workers (against the stragglers its code tolerates). The master now probes every UP worker that holds no job
+(:meth:`gradcode.master.pool.WorkerPool.probe_idle`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gradcode.master.pool import HEALTH_PROBE_SECONDS, IDLE_PROBE_SECONDS, IDLE_PROBE_TIMEOUT_SECONDS
+from gradcode.v1 import master_pb2
+from tests.e2e.conftest import Cluster, job_spec, run_job, start_cluster
+
+pytestmark = pytest.mark.e2e
+
+BOUND = IDLE_PROBE_SECONDS + IDLE_PROBE_TIMEOUT_SECONDS + 2.0
+"""Seconds within which a dead idle worker must be listed DOWN (a probe period and timeout, plus slack for load)."""
+
+
+def state_of(cluster: Cluster, index: int) -> int:
+    return next(w.state for w in cluster.list_workers() if w.worker_id == cluster.ids[index])
+
+
+def seconds_until(cluster: Cluster, index: int, state: int, limit: float) -> float:
+    """Seconds until the master lists worker process ``index`` in ``state``; AssertionError after ``limit``."""
+    started = time.monotonic()
+    while state_of(cluster, index) != state:
+        assert time.monotonic() - started < limit, f"worker {index} not {master_pb2.WorkerState.Name(state)}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_a_killed_idle_worker_is_down_within_seconds_and_not_counted_by_the_next_job(tmp_path: Path) -> None:
+    with start_cluster(2, tmp_path) as cluster:
+        time.sleep(IDLE_PROBE_SECONDS + 0.5)  # the idle probes of live workers leave them UP
+        assert state_of(cluster, 0) == state_of(cluster, 1) == master_pb2.WORKER_STATE_UP
+        cluster.kill(0)
+        waited = seconds_until(cluster, 0, master_pb2.WORKER_STATE_DOWN, 3 * BOUND)
+        assert waited <= BOUND, f"a killed idle worker took {waited:.1f} s to be DOWN (bound {BOUND:g} s)"
+        info, reports = await run_job(cluster.master_address, job_spec("uncoded", {"n": 1}, iterations=3))
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert {w for r in reports for w in r.used_workers} == {cluster.ids[1]}
+
+
+async def test_a_frozen_idle_worker_is_down_within_seconds_and_up_once_it_answers(tmp_path: Path) -> None:
+    with start_cluster(1, tmp_path) as cluster:
+        pid = cluster.processes[0].process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            waited = seconds_until(cluster, 0, master_pb2.WORKER_STATE_DOWN, 3 * BOUND)
+            assert waited <= BOUND, f"a frozen idle worker took {waited:.1f} s to be DOWN (bound {BOUND:g} s)"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        seconds_until(cluster, 0, master_pb2.WORKER_STATE_UP, 10 * HEALTH_PROBE_SECONDS + BOUND)
