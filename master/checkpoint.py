@@ -7,8 +7,10 @@ count) and the :class:`~gradcode.common.codes.base.Observation` the next assignm
 uses. The master keeps no other random state: every draw is a pure function of the spec's seeds.
 
 The file is ``<state_dir>/<job_id>.ckpt.npz``: numpy arrays (no pickles) plus a JSON header. It is
-written to a temporary file in the same directory, fsynced, renamed over the old one and the
-directory fsynced, so a crash at any moment leaves either the old checkpoint or the new one, whole.
+written to a temporary file in the same directory (``.<job_id>.<random>.tmp``), fsynced, renamed over
+the old one and the directory fsynced, so a crash at any moment leaves either the old checkpoint or the
+new one, whole. A master killed mid-write leaves its temporary file behind; the next master on that
+state directory removes it at start (:func:`remove_interrupted_writes`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,19 @@ from gradcode.common.codes.base import Observation
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.v1 import master_pb2
 
-__all__ = ["CHECKPOINT_SUFFIX", "FORMAT", "Checkpoint", "CheckpointError", "checkpoint_path", "saved_checkpoints"]
+__all__ = [
+    "CHECKPOINT_SUFFIX",
+    "FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "checkpoint_path",
+    "remove_interrupted_writes",
+    "saved_checkpoints",
+]
 
 CHECKPOINT_SUFFIX = ".ckpt.npz"
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
+"""A checkpoint being written is ``<state_dir>/.<job_id>.<random>.tmp`` until it is renamed into place."""
 FORMAT = "gradcode-checkpoint-1"
 """The header's ``format``; a file with another format is refused."""
 _RESUMABLE = ("running", "cancelled", "failed")
@@ -133,7 +145,7 @@ class Checkpoint:
         state_dir.mkdir(parents=True, exist_ok=True)
         final = checkpoint_path(state_dir, self.job_id)
         data = self.to_bytes()
-        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f".{self.job_id}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f"{_TEMP_PREFIX}{self.job_id}.", suffix=_TEMP_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -151,12 +163,15 @@ class Checkpoint:
         return final
 
     @classmethod
-    def load(cls, path: Path) -> Checkpoint:
+    def load(cls, path: Path, *, source: str | None = None) -> Checkpoint:
+        """Read ``path``; ``source`` names it in the errors (default: its path, for the master's own log; a
+        client is told a ``source`` that names no server path)."""
+        source = source or f"Checkpoint {str(path)!r}"
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
-            raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {exc.strerror or exc}.") from None
-        return cls.from_bytes(data, source=f"Checkpoint {str(path)!r}")
+            raise CheckpointError(f"{source} cannot be read: {exc.strerror or type(exc).__name__}.") from None
+        return cls.from_bytes(data, source=source)
 
 
 def checkpoint_path(state_dir: Path, job_id: str) -> Path:
@@ -168,3 +183,19 @@ def saved_checkpoints(state_dir: Path) -> list[Path]:
     if not Path(state_dir).is_dir():
         return []
     return sorted(Path(state_dir).glob(f"*{CHECKPOINT_SUFFIX}"))
+
+
+def remove_interrupted_writes(state_dir: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes a killed master never finished; returns them.
+
+    Only a master starting on ``state_dir`` calls this: no write of its own is under way yet, and two masters
+    never share a state directory.
+    """
+    if not Path(state_dir).is_dir():
+        return []
+    removed = []
+    for path in sorted(Path(state_dir).glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}")):
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed

@@ -33,7 +33,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import weighted_sum
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES, file_error
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES, error_reason, file_error
 from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
 from gradcode.common.models import Model, make_model, message_length
@@ -452,7 +452,7 @@ class JobBuilder:
                 raise JobSetupError(
                     f"Dataset 'file' {local.path[:64]!r} refused on this worker: {file_error(exc)}."
                 ) from None
-            raise JobSetupError(f"Dataset {local.dataset[:64]!r} refused on this worker: {exc}") from None
+            raise JobSetupError(f"Dataset {local.dataset[:64]!r} refused on this worker: {error_reason(exc)}") from None
         for p, (X, y) in loaded.items():
             buffer = self._buffers[p]
             buffer.features[...] = X
