@@ -57,7 +57,7 @@ from gradcode.master.checkpoint import (
     saved_checkpoints,
 )
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
-from gradcode.master.limits import MAX_DATA_FILE_BYTES
+from gradcode.master.limits import MAX_DATA_FILE_BYTES, check_free_form
 from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import history_path
 from gradcode.master.spec import JobPlan, plan_job
@@ -150,6 +150,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def CreateJob(  # noqa: N802
         self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
+        check_free_form(request)  # sizes first: the checks below read every field
         try:
             check_spec_numbers(request)
         except SpecCheckError as exc:

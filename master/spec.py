@@ -139,6 +139,7 @@ def plan_job(
     caps before anything is built. Loads (or generates) the dataset, so callers on an event loop should
     run it in a thread.
     """
+    limits.check_free_form(spec)
     spec = master_pb2.JobSpec.FromString(spec.SerializeToString())  # normalised in place below
     _check_job_id(spec)
     code, topology = _plan_code(spec)
