@@ -19,6 +19,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
+from gradcode.common.data import npz_declared_arrays
+from gradcode.master.limits import MAX_MODEL_BYTES, MAX_SPEC_BYTES, MAX_WORKERS
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.v1 import master_pb2
 
@@ -34,6 +37,7 @@ __all__ = [
     "FORMAT",
     "Checkpoint",
     "CheckpointError",
+    "check_declared_sizes",
     "checkpoint_path",
     "remove_interrupted_writes",
     "saved_checkpoints",
@@ -99,7 +103,11 @@ class Checkpoint:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "checkpoint") -> Checkpoint:
-        """Parse a checkpoint file's contents; CheckpointError says what is wrong with it."""
+        """Parse a checkpoint file's contents; CheckpointError says what is wrong with it.
+
+        Its arrays are checked from their headers first (:func:`check_declared_sizes`): nothing is decompressed
+        before the sizes it declares are known to fit a job's limits."""
+        check_declared_sizes(data, source=source)
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 header = json.loads(str(npz["header"]))
@@ -172,6 +180,50 @@ class Checkpoint:
         except OSError as exc:
             raise CheckpointError(f"{source} cannot be read: {exc.strerror or type(exc).__name__}.") from None
         return cls.from_bytes(data, source=source)
+
+
+MAX_HEADER_BYTES = 1 << 20
+"""Declared bytes of a checkpoint's JSON header (as numpy's unicode array: 4 bytes a character); a real one holds
+a few hundred characters and the straggling flags of at most MAX_WORKERS workers."""
+MAX_OPTIMIZER_ARRAYS = 4
+"""``optimizer.*`` arrays a checkpoint may hold (gd keeps one, Nesterov two)."""
+
+
+def _array_limits(name: str) -> int | None:
+    """The most bytes a checkpoint's array ``name`` may declare (None: no checkpoint holds such an array)."""
+    if name == "header":
+        return MAX_HEADER_BYTES
+    if name == "spec":
+        return MAX_SPEC_BYTES
+    if name == "observation.speed":
+        return MAX_WORKERS * 8
+    if name.startswith("optimizer."):
+        return MAX_MODEL_BYTES
+    return None
+
+
+def check_declared_sizes(data: bytes, *, source: str = "checkpoint") -> None:
+    """Refuse a checkpoint whose arrays' headers declare more than a job may hold, before any is decompressed.
+
+    The data-file path's header check (:func:`gradcode.common.data.npz_declared_arrays`) read on the checkpoint:
+    a member no checkpoint has, or one declaring more than its limit (the spec :data:`MAX_SPEC_BYTES`, each
+    optimizer array :data:`MAX_MODEL_BYTES`, the header :data:`MAX_HEADER_BYTES`, the observation
+    ``MAX_WORKERS`` speeds), is a CheckpointError saying so: a few compressed megabytes cannot expand into
+    gigabytes of the master's memory.
+    """
+    try:
+        declared = npz_declared_arrays(io.BytesIO(data), max_arrays=3 + MAX_OPTIMIZER_ARRAYS)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{source} is not a readable gradcode checkpoint: {exc}") from None
+    for name, array in declared.items():
+        limit = _array_limits(name)
+        if limit is None:
+            raise CheckpointError(f"{source} holds an array {name[:64]!r} that no gradcode checkpoint has.")
+        if array.nbytes > limit:
+            raise CheckpointError(
+                f"{source} declares its array {name!r} of {array.nbytes} bytes; a checkpoint's {name!r} may have at "
+                f"most {limit} bytes (checked from its headers, before decompressing)."
+            )
 
 
 def checkpoint_path(state_dir: Path, job_id: str) -> Path:

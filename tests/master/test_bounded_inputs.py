@@ -5,14 +5,19 @@ each refusal is INVALID_ARGUMENT saying the limit, and the master keeps serving.
 from __future__ import annotations
 
 import asyncio
+import io
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 
 from gradcode.master import limits
+from gradcode.master.checkpoint import Checkpoint, CheckpointError
+from gradcode.master.optimizer import make_optimizer
 from gradcode.master.spec import plan_job
 from gradcode.v1 import master_pb2
 from tests.master.test_master_node import TIMEOUT, job_spec, running_master
@@ -99,5 +104,57 @@ async def test_create_job_refuses_every_oversized_field_with_its_limit_and_keeps
             assert what in details and limit in details, (case, details)
             assert len(details) < 400, (case, len(details))  # the field's content is never echoed
         assert not master.node.servicer.jobs  # none was kept
+        info, _ = await master.run(job_spec("uncoded", {"n": 2}, job_id="after"))
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+
+
+def _checkpoint_with(member: str, shape: tuple[int, ...], dtype: str = "<f8") -> bytes:
+    """A real checkpoint whose ``member`` is replaced by one whose .npy header declares ``shape`` of ``dtype``,
+    followed by a mebibyte of zeros: deflated, the whole file stays small however much the header declares."""
+    spec = job_spec("uncoded", {"n": 2}, job_id="bomb", iterations=9)
+    real = Checkpoint(spec, 1, make_optimizer("gd", np.zeros(650), learning_rate=0.5), None).to_bytes()
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": dtype, "fortran_order": False, "shape": shape})
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(real)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in source.namelist():
+            if name != f"{member}.npy":
+                archive.writestr(name, source.read(name))
+        archive.writestr(f"{member}.npy", header.getvalue() + bytes(1 << 20))
+    return out.getvalue()
+
+
+CHECKPOINT_BOMBS = [
+    ("1.6 GB parameters", "optimizer.params", (200_000_000,), "<f8", "'optimizer.params' of 1600000000 bytes"),
+    ("1 GB spec", "spec", (1 << 30,), "|u1", "'spec' of 1073741824 bytes"),
+    ("4 GB header", "header", (1000,), "<U1000000", "'header' of 4000000000 bytes"),
+    ("an array of no checkpoint", "payload", (10,), "<f8", "array 'payload' that no gradcode checkpoint has"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "member", "shape", "dtype", "what"), CHECKPOINT_BOMBS, ids=[case[0] for case in CHECKPOINT_BOMBS]
+)
+def test_a_checkpoint_is_checked_from_its_headers_before_anything_is_decompressed(
+    case: str, member: str, shape: tuple[int, ...], dtype: str, what: str
+) -> None:
+    bomb = _checkpoint_with(member, shape, dtype)
+    assert len(bomb) < 2 << 20
+    with pytest.raises(CheckpointError) as refused:
+        Checkpoint.from_bytes(bomb, source="The checkpoint sent")
+    assert what in str(refused.value), str(refused.value)
+
+
+async def test_resume_job_refuses_a_checkpoint_bomb_from_its_headers_and_keeps_serving() -> None:
+    """The issue's 1.55 MB checkpoint made the master decompress (RSS +1.5 GB) before refusing it."""
+    async with asyncio.timeout(TIMEOUT), running_master(2) as master:
+        for case, member, shape, dtype, what in CHECKPOINT_BOMBS:
+            request = master_pb2.ResumeJobRequest(checkpoint=_checkpoint_with(member, shape, dtype))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await master.stub.ResumeJob(request)
+            details = refused.value.details() or ""
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (case, details)
+            assert details.startswith("The checkpoint sent") and what in details, (case, details)
+        assert not master.node.servicer.jobs
         info, _ = await master.run(job_spec("uncoded", {"n": 2}, job_id="after"))
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
