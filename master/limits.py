@@ -15,6 +15,7 @@ from gradcode.common.codes.registry import code_class
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import JobSpecError
 from gradcode.common.security import short
+from gradcode.common.wire import MAX_ITERATIONS
 from gradcode.v1 import master_pb2
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "check_free_form",
 ]
 
-MAX_ITERATIONS = 1_000_000
 MAX_WORKERS = 1024
 """Worker processes one job may use (a tree job counts every node, n + n^2 + ... + n^L)."""
 MAX_PARTITIONS = 65_536

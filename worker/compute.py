@@ -38,7 +38,7 @@ from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
 from gradcode.common.models import Model, make_model, message_length
 from gradcode.common.plugins import PluginError, model_dtype
-from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
+from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MAX_ITERATIONS, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -181,6 +181,23 @@ class WorkerJob:
         if len(set(rows)) != len(rows):
             raise ValueError(f"Rows {list(rows)} name a row twice; ask for each row once.")
         return tuple(int(r) for r in rows)
+
+    @property
+    def iterations(self) -> int:
+        """The last iteration this job may compute: its JobSetup's length, else the wire's MAX_ITERATIONS."""
+        return int(self.setup.iterations) or MAX_ITERATIONS
+
+    def check_iteration(self, iteration: int) -> int:
+        """``iteration`` if the job reaches it; else ValueError saying the job's length.
+
+        An iteration beyond the job's end would become the newest one started, and every real one after it would
+        be refused as older."""
+        if iteration > self.iterations:
+            raise ValueError(
+                f"iteration {iteration} is beyond job {self.job_id!r}'s last iteration, {self.iterations} "
+                "(JobSetup.iterations); iterations are numbered from 1 to the job's length."
+            )
+        return iteration
 
     @property
     def row_ids(self) -> list[int]:
@@ -327,6 +344,10 @@ class JobBuilder:
             raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None
         if not setup.rows:
             raise JobSetupError(f"JobSetup for job {setup.job_id!r} has no rows; a worker needs at least one.")
+        if setup.iterations > MAX_ITERATIONS:
+            raise JobSetupError(
+                f"JobSetup.iterations is {setup.iterations}; a job may run at most {MAX_ITERATIONS} iterations."
+            )
         self.rows: dict[int, RowSpec] = {}
         for definition in setup.rows:
             row = RowSpec.from_wire(definition)

@@ -52,7 +52,7 @@ from gradcode.common.exceptions import (
 from gradcode.common.link import LinkServer
 from gradcode.common.logs import set_log_context
 from gradcode.common.security import Security, short
-from gradcode.common.session import serve_session, started_chunk, status_chunk
+from gradcode.common.session import SessionProtocolError, serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
     Serialized,
@@ -241,8 +241,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
         """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
-        Compute would answer it, its chunks tagged with its ``request_id``, then its status."""
-        await self.serve_session(requests, context.write)
+        Compute would answer it, its chunks tagged with its ``request_id``, then its status. A message that is not
+        a ComputeRequest ends the stream with INVALID_ARGUMENT."""
+        try:
+            await self.serve_session(requests, context.write)
+        except SessionProtocolError as exc:
+            logger.info("refusing a Session: %s", exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def serve_session(
         self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
@@ -273,6 +278,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         iteration = int(request.iteration)
         shared = runtime.shared if request.HasField("shared_model") else None
         try:
+            job.check_iteration(iteration)  # before anything records it as the newest
             if request.HasField("shared_model"):
                 if shared is None:
                     raise ValueError(
