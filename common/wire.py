@@ -54,6 +54,7 @@ __all__ = [
     "FLOAT64",
     "MAX_CHUNK_BYTES",
     "MAX_ITERATIONS",
+    "MAX_JOB_ID_CHARS",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
     "SESSION_METHOD",
@@ -88,6 +89,9 @@ __all__ = [
 ]
 
 MAX_ITERATIONS = 1_000_000
+"""Most iterations a job may run (JobSpec.iterations); iteration numbers on the wire never exceed it."""
+MAX_JOB_ID_CHARS = 128
+"""Longest job id a request may name (the master's own ids are at most 64 characters)."""
 """Most iterations a job may run (JobSpec.iterations); iteration numbers on the wire never exceed it."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest single gRPC message accepted (models are sent whole; gradients are chunked)."""

@@ -38,7 +38,7 @@ from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
 from gradcode.common.models import Model, make_model, message_length
 from gradcode.common.plugins import PluginError, model_dtype
-from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MAX_ITERATIONS, MESSAGE_DTYPES
+from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MAX_ITERATIONS, MAX_JOB_ID_CHARS, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -330,6 +330,10 @@ class JobBuilder:
     ) -> None:
         if not setup.job_id:
             raise JobSetupError("JobSetup.job_id is empty; give the job a name.")
+        if len(setup.job_id) > MAX_JOB_ID_CHARS:
+            raise JobSetupError(
+                f"JobSetup.job_id has {len(setup.job_id)} characters; a job id may have at most {MAX_JOB_ID_CHARS}."
+            )
         self.setup = setup
         self.max_bytes = max_bytes
         spec = setup.model

@@ -21,6 +21,7 @@ from gradcode.common.session import MAX_SESSION_REQUESTS, Session
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
     MAX_ITERATIONS,
+    MAX_JOB_ID_CHARS,
     MAX_MESSAGE_BYTES,
     SESSION_METHOD,
     model_request_bytes,
@@ -114,6 +115,19 @@ async def test_a_job_loaded_without_its_length_is_bounded_by_the_wire_limit(chan
         with pytest.raises(grpc.aio.AioRpcError) as load:
             await stub.LoadJob(_iterate(load_chunks(refused, data_for(CYCLIC, 0, make_partitions(3)))))
         assert load.value.code() is INVALID and f"at most {MAX_ITERATIONS} iterations" in (load.value.details() or "")
+
+
+async def test_a_job_id_longer_than_the_wire_limit_is_refused_before_it_is_kept(
+    node: WorkerNode, channel: grpc.aio.Channel
+) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        stub: Any = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        setup = job_setup(CYCLIC, 0, job_id="j" * (1 << 20))
+        with pytest.raises(grpc.aio.AioRpcError) as load:
+            await stub.LoadJob(_iterate(load_chunks(setup, data_for(CYCLIC, 0, make_partitions(3)))))
+        details = load.value.details() or ""
+        assert load.value.code() is INVALID and f"a job id may have at most {MAX_JOB_ID_CHARS}" in details
+        assert len(details) < 300 and not node.servicer.jobs
 
 
 async def _iterate(items: list[worker_pb2.LoadJobChunk]) -> AsyncIterator[worker_pb2.LoadJobChunk]:
