@@ -236,6 +236,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 f"Job {short(checkpoint.job_id)} {checkpoint.state} after {checkpoint.iteration} of "
                 f"{checkpoint.spec.iterations} iterations; there is nothing to resume."
             )
+        try:
+            check_spec_numbers(checkpoint.spec)  # a checkpoint sent may come from anywhere: as CreateJob checks
+        except SpecCheckError as exc:
+            raise InvalidRequestError(f"The checkpoint's job cannot be planned here: {exc}") from None
         spec = master_pb2.JobSpec()
         spec.CopyFrom(checkpoint.spec)
         spec.ClearField("worker_ids")  # they named the old master's pool

@@ -12,12 +12,15 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
   cancels the call, the sleep is cancelled and the compute thread stops at its next partition, so
   the worker starts the next iteration fresh. A Compute for a later iteration of the same job also
   stops any older one still running (it can no longer be used), and a Compute for an iteration older
-  than the newest one seen is refused (ABORTED). EndJob, a replacing LoadJob or a newer iteration
+  than the newest one seen is refused (ABORTED), one beyond the job's length (JobSetup.iterations) is refused
+  (INVALID_ARGUMENT). EndJob, a replacing LoadJob or a newer iteration
   wake an abandoned call from its straggler sleep at once.
 * ``Session`` (bidirectional): many Computes on one long-lived stream, what the master and tree parents
   use (:mod:`gradcode.common.session`): each request runs as ``Compute`` would, its chunks tagged with
-  its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does.
-  When the node shuts down its sessions take no new request, finish the running ones and end.
+  its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does (the
+  request ends CANCELLED). Every request gets a status, a malformed one a precise refusal; a message that is
+  not a ComputeRequest ends the call INVALID_ARGUMENT. When the node shuts down its sessions take no new
+  request, finish the running ones and end.
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,

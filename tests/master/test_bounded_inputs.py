@@ -155,6 +155,16 @@ async def test_resume_job_refuses_a_checkpoint_bomb_from_its_headers_and_keeps_s
             details = refused.value.details() or ""
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (case, details)
             assert details.startswith("The checkpoint sent") and what in details, (case, details)
+        forged = job_spec("uncoded", {"n": 2}, job_id="forged", iterations=9)
+        forgeries = [({"weight": float("nan")}, "JobSpec.extra.weight is nan"), ({"n": "x" * (1 << 20)}, "extra has")]
+        for extra, what in forgeries:
+            forged.extra.Clear()
+            forged.extra.update(extra)  # a forged spec is refused as CreateJob refuses it
+            data = Checkpoint(forged, 1, make_optimizer("gd", np.zeros(650), learning_rate=0.5), None).to_bytes()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await master.stub.ResumeJob(master_pb2.ResumeJobRequest(checkpoint=data))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert what in (refused.value.details() or ""), refused.value.details()
         assert not master.node.servicer.jobs
         info, _ = await master.run(job_spec("uncoded", {"n": 2}, job_id="after"))
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
