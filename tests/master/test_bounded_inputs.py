@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 
+from gradcode.common.datafile import error_reason
 from gradcode.master import limits
 from gradcode.master.checkpoint import Checkpoint, CheckpointError
 from gradcode.master.optimizer import make_optimizer
@@ -168,3 +169,10 @@ async def test_resume_job_refuses_a_checkpoint_bomb_from_its_headers_and_keeps_s
         assert not master.node.servicer.jobs
         info, _ = await master.run(job_spec("uncoded", {"n": 2}, job_id="after"))
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+
+
+def test_a_dataset_or_plugin_os_error_is_told_without_its_server_path() -> None:
+    secret = "/srv/gradcode/private/data.npz"
+    reason = error_reason(FileNotFoundError(2, "No such file or directory", secret))
+    assert reason == "FileNotFoundError: No such file or directory" and secret not in reason
+    assert error_reason(ValueError("needs 3 classes")) == "needs 3 classes"
