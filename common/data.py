@@ -24,10 +24,10 @@ import functools
 import math
 import os
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,11 +39,13 @@ __all__ = [
     "DATASET_NAMES",
     "DataTable",
     "Dataset",
+    "DeclaredArray",
     "check_data",
     "check_num_features",
     "generate",
     "infer_task",
     "load_dataset",
+    "npz_declared_arrays",
     "open_data_file",
     "partition_indices",
     "signed_labels",
@@ -612,21 +614,51 @@ MAX_FILE_ARRAY_BYTES = 1 << 30
 before anything is decompressed, so a small compressed file cannot expand into gigabytes."""
 
 
-def _npz_declared_bytes(file: Path) -> int:
-    """float64 bytes of the 'X' and 'y' an .npz declares in its .npy headers, without decompressing the data."""
-    total = 0
-    with zipfile.ZipFile(file) as archive:
-        for member in ("X.npy", "y.npy"):
-            if member not in archive.namelist():
+@dataclass(frozen=True)
+class DeclaredArray:
+    """What an .npz member's .npy header says it holds: the array it decompresses into."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def npz_declared_arrays(
+    source: str | os.PathLike[str] | IO[bytes], *, names: Collection[str] | None = None, max_arrays: int | None = None
+) -> dict[str, DeclaredArray]:
+    """The arrays an .npz declares in its members' .npy headers, by name (as ``np.load`` keys them), read without
+    decompressing any array's data: how far a small compressed file would expand is known before it does.
+
+    Only ``names`` are read when given; more than ``max_arrays`` members is a ValueError before any is read. A
+    header that cannot be read raises ValueError, EOFError, OSError or zipfile.BadZipFile. Both the data files
+    (:func:`open_data_file`) and the master's checkpoints (:mod:`gradcode.master.checkpoint`) are checked with it.
+    """
+    declared = {}
+    with zipfile.ZipFile(source) as archive:
+        members = archive.namelist()
+        if max_arrays is not None and len(members) > max_arrays:
+            raise ValueError(f"it holds {len(members)} members; at most {max_arrays} are expected")
+        for member in members:
+            name = member.removesuffix(".npy")
+            if names is not None and name not in names:
                 continue
             with archive.open(member) as stream:
                 version = np.lib.format.read_magic(stream)
                 if version == (1, 0):
-                    shape, _, _ = np.lib.format.read_array_header_1_0(stream)
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
                 else:
-                    shape, _, _ = np.lib.format.read_array_header_2_0(stream)
-            total += math.prod(int(d) for d in shape) * 8
-    return total
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+            declared[name] = DeclaredArray(tuple(int(d) for d in shape), np.dtype(dtype))
+    return declared
+
+
+def _npz_declared_bytes(file: Path) -> int:
+    """float64 bytes of the 'X' and 'y' an .npz declares in its .npy headers, without decompressing the data."""
+    arrays = npz_declared_arrays(file, names=("X", "y"))
+    return sum(math.prod(array.shape) * 8 for array in arrays.values())
 
 
 def _read_npz(file: Path) -> tuple[FloatArray, FloatArray]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gradcode.common.exceptions import JobSpecError
 
-__all__ = ["DATA_DIR_ENV", "DATA_FILE_SUFFIXES", "MAX_DATA_FILE_BYTES", "data_file", "file_error"]
+__all__ = ["DATA_DIR_ENV", "DATA_FILE_SUFFIXES", "MAX_DATA_FILE_BYTES", "data_file", "error_reason", "file_error"]
 
 DATA_DIR_ENV = "GRADCODE_DATA_DIR"
 MAX_DATA_FILE_BYTES = 2 << 30
@@ -130,3 +130,11 @@ def file_error(exc: Exception) -> str:
     if isinstance(exc, OSError):
         return "it cannot be read"
     return "it is not a .npz archive with numeric arrays 'X' and 'y', nor a numeric .csv with the label last"
+
+
+def error_reason(exc: BaseException) -> str:
+    """A dataset's (or plugin's) error for a client, without the server path an OSError carries in its text: its
+    ``strerror`` (``No such file or directory``) instead of ``[Errno 2] No such file or directory: '/srv/...'``."""
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or 'it cannot be read'}"
+    return str(exc)

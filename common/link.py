@@ -36,12 +36,11 @@ from typing import Any
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from gradcode.common import metrics
 from gradcode.common.security import CALL_SCOPE, Security
 from gradcode.common.serving import parse_address
-from gradcode.common.session import CallError
+from gradcode.common.session import CallError, SessionProtocolError, status_chunk
 from gradcode.common.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
@@ -445,7 +444,11 @@ class LinkServer:
             await protocol.send(ACCEPTED)
             metrics.LINKS_OPENED.inc()
             CALL_SCOPE.set(scope)  # this link's task, and the computations it starts
-            await self.serve(_requests(protocol), protocol.send)
+            try:
+                await self.serve(_requests(protocol), protocol.send)
+            except SessionProtocolError as exc:  # told in band, as the status of request 0 (the stream's own)
+                log.warning("Closing the link from %s: %s", _peer(protocol), exc)
+                await protocol.send(status_chunk(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
         except (LinkClosedError, TimeoutError):
             pass
         finally:
@@ -465,18 +468,14 @@ class LinkServer:
 
 
 async def _requests(protocol: FrameProtocol) -> AsyncIterator[worker_pb2.ComputeRequest]:
-    """The ComputeRequests a caller sends on a link, until it closes; a frame that is not one closes the link."""
+    """The ComputeRequests a caller sends on a link, until it closes; a frame that is not one raises DecodeError
+    (the Session ends with INVALID_ARGUMENT, then the link closes)."""
     while True:
         try:
             frame = await protocol.receive_whole()
         except LinkClosedError:
             return
-        try:
-            yield worker_pb2.ComputeRequest.FromString(frame)  # type: ignore[arg-type]  # upb parses any buffer
-        except DecodeError:
-            log.warning("Closing the link from %s: a frame is not a ComputeRequest", _peer(protocol))
-            protocol.close()
-            return
+        yield worker_pb2.ComputeRequest.FromString(frame)  # type: ignore[arg-type]  # upb parses any buffer
 
 
 def _peer(protocol: FrameProtocol) -> Any:

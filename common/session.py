@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gradcode.common.status import status_code
 from gradcode.common.wire import (
@@ -43,12 +44,15 @@ from gradcode.common.wire import (
 from gradcode.v1 import worker_pb2
 
 __all__ = [
+    "MAX_SESSION_REQUESTS",
     "CallError",
     "Caller",
     "ChunkStream",
     "Session",
     "SessionCompute",
+    "SessionProtocolError",
     "SessionStream",
+    "control_problem",
     "serve_session",
     "started_chunk",
     "status_chunk",
@@ -438,6 +442,32 @@ class _FirstCompute:
         return self.inner.cancel()
 
 
+MAX_SESSION_REQUESTS = 1024
+"""Requests one Session may have running at once; one more is refused (RESOURCE_EXHAUSTED) until some end. A
+master asks each worker for at most a few requests per job it holds (a worker holds at most 16 by default)."""
+_ENDED_REMEMBERED = 1024
+"""Ids of a Session's requests that ended lately, remembered to tell a late cancel (a race with the end, ignored)
+from one naming no request, and to refuse an id used again."""
+
+
+class SessionProtocolError(ValueError):
+    """The caller broke the Session stream itself (a message that is not a ComputeRequest): it ends with
+    INVALID_ARGUMENT saying so; the worker keeps serving its other streams."""
+
+
+def control_problem(request: worker_pb2.ComputeRequest) -> str | None:
+    """What is wrong with a cancel or promote request (None: nothing): it names a request by a non-zero id and
+    carries nothing else."""
+    if request.request_id == 0:
+        return "names request id 0; name the running request to cancel or promote by its request_id"
+    if request.cancel and request.promote:
+        return "sets both cancel and promote; send one of them"
+    minimal = worker_pb2.ComputeRequest(request_id=request.request_id, cancel=request.cancel, promote=request.promote)
+    if request.ByteSize() != minimal.ByteSize():
+        return "carries fields of a computation; a cancel or promote sets only request_id and cancel or promote"
+    return None
+
+
 Computation = Callable[[worker_pb2.ComputeRequest], AsyncIterator[Serialized]]
 """A worker's Compute: the serialized chunks answering one request, tagged with its ``request_id``, the last
 one carrying its OK status (:func:`status_chunk`, or a message's last chunk with ``status`` set); it raises a
@@ -455,14 +485,38 @@ async def serve_session(
     status, go out through one writer (``write`` is the stream's ``context.write``). A ``promote`` request is
     passed to ``promote`` as the running request it names.
 
+    Every request is answered by a status for its ``request_id``: a computation's own (its last chunk), CANCELLED
+    for a computation the caller cancelled, or a refusal of a malformed request (INVALID_ARGUMENT: id 0 or used
+    before, a cancel or promote that is not one (:func:`control_problem`) or names no request of the stream;
+    RESOURCE_EXHAUSTED beyond :data:`MAX_SESSION_REQUESTS` running). A cancel or promote of a request that ended
+    lately is a race with its end, not an error: its status is already on its way, so nothing more is sent.
+
     Returns when the caller closes its side (every computation still running is cancelled then), or once
     ``closing`` is set (the worker is shutting down: new requests are no longer read, the running ones finish
-    and are sent, and the stream ends; the caller sees UNAVAILABLE and its next session is refused).
+    and are sent, and the stream ends; the caller sees UNAVAILABLE and its next session is refused). Raises
+    :class:`SessionProtocolError` when ``requests`` fails (a message that is not a ComputeRequest): every
+    computation is cancelled, and the stream's owner ends it with that refusal.
     """
     outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
     running: dict[int, tuple[asyncio.Task[None], worker_pb2.ComputeRequest]] = {}
     """The running requests and their tasks, by id."""
+    ended: collections.OrderedDict[int, None] = collections.OrderedDict()
+    """Ids of the requests that ended lately, oldest first."""
     loop = asyncio.get_running_loop()
+
+    def answer(request_id: int, code: grpc.StatusCode, message: str) -> None:
+        """End request ``request_id`` with ``code`` (cancelling its computation if it runs): its one status."""
+        cancelled = running.pop(request_id, None)
+        if cancelled is not None:
+            cancelled[0].cancel()  # its own chunks, and status, are not sent any more
+        remember(request_id)
+        outbox.put_nowait((None, status_chunk(request_id, code, message)))
+
+    def remember(request_id: int) -> None:
+        ended[request_id] = None
+        ended.move_to_end(request_id)
+        if len(ended) > _ENDED_REMEMBERED:
+            ended.popitem(last=False)
 
     async def run(request: worker_pb2.ComputeRequest) -> None:
         request_id = int(request.request_id)
@@ -478,7 +532,9 @@ async def serve_session(
             lost = getattr(exc, "children_lost", ())
             outbox.put_nowait((task, status_chunk(request_id, code, str(exc), lost)))
         finally:
-            running.pop(request_id, None)
+            if request_id in running and running[request_id][0] is task:
+                del running[request_id]
+                remember(request_id)
 
     async def send() -> None:
         while True:
@@ -491,25 +547,44 @@ async def serve_session(
     async def read() -> None:
         async for request in requests:
             request_id = int(request.request_id)
-            if request.cancel:
-                cancelled = running.pop(request_id, None)
-                if cancelled is not None:
-                    cancelled[0].cancel()
-            elif request.promote:
-                if promote is not None and request_id in running:
-                    promote(running[request_id][1])
-            elif request_id == 0 or request_id in running:
-                message = f"Session request id {request_id} is 0 or already running; give each request a new id."
+            if request.cancel or request.promote:
+                control(request, request_id)
+            elif request_id == 0 or request_id in running or request_id in ended:
+                message = f"Session request id {request_id} is 0 or already used; give each request a new id."
                 outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)))
+            elif len(running) >= MAX_SESSION_REQUESTS:
+                message = (
+                    f"Session request {request_id} refused: {MAX_SESSION_REQUESTS} requests already run on this "
+                    "session, its limit; wait for some to end, or cancel them."
+                )
+                outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)))
             else:
                 task = loop.create_task(run(request), name=f"session-request-{request_id}")
                 running[request_id] = (task, request)
+
+    def control(request: worker_pb2.ComputeRequest, request_id: int) -> None:
+        kind = "cancel" if request.cancel else "promote"
+        problem = control_problem(request)
+        if problem is not None:
+            answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, f"Session {kind} request {problem}.")
+        elif request_id in running:
+            if request.cancel:
+                answer(request_id, grpc.StatusCode.CANCELLED, f"Session request {request_id} cancelled by the caller.")
+            elif promote is not None:
+                promote(running[request_id][1])
+        elif request_id not in ended:
+            message = f"Session {kind} request names request {request_id}, which this session never ran."
+            answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)
 
     writer = loop.create_task(send(), name="session-writer")
     reader = loop.create_task(read(), name="session-reader")
     shutdown = loop.create_task(closing.wait(), name="session-closing")
     try:
         await asyncio.wait({reader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DecodeError):
+            raise SessionProtocolError(
+                "A Session message is not a ComputeRequest (its bytes do not parse); the session ends here."
+            )
         if shutdown.done():
             reader.cancel()
             await asyncio.gather(*(task for task, _ in running.values()), return_exceptions=True)

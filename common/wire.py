@@ -53,6 +53,8 @@ __all__ = [
     "FLOAT32",
     "FLOAT64",
     "MAX_CHUNK_BYTES",
+    "MAX_ITERATIONS",
+    "MAX_JOB_ID_CHARS",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
     "SESSION_METHOD",
@@ -86,6 +88,11 @@ __all__ = [
     "tensor_from_array",
 ]
 
+MAX_ITERATIONS = 1_000_000
+"""Most iterations a job may run (JobSpec.iterations); iteration numbers on the wire never exceed it."""
+MAX_JOB_ID_CHARS = 128
+"""Longest job id a request may name (the master's own ids are at most 64 characters)."""
+"""Most iterations a job may run (JobSpec.iterations); iteration numbers on the wire never exceed it."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest single gRPC message accepted (models are sent whole; gradients are chunked)."""
 DEFAULT_CHUNK_BYTES = 1 << 20

@@ -7,8 +7,10 @@ count) and the :class:`~gradcode.common.codes.base.Observation` the next assignm
 uses. The master keeps no other random state: every draw is a pure function of the spec's seeds.
 
 The file is ``<state_dir>/<job_id>.ckpt.npz``: numpy arrays (no pickles) plus a JSON header. It is
-written to a temporary file in the same directory, fsynced, renamed over the old one and the
-directory fsynced, so a crash at any moment leaves either the old checkpoint or the new one, whole.
+written to a temporary file in the same directory (``.<job_id>.<random>.tmp``), fsynced, renamed over
+the old one and the directory fsynced, so a crash at any moment leaves either the old checkpoint or the
+new one, whole. A master killed mid-write leaves its temporary file behind; the next master on that
+state directory removes it at start (:func:`remove_interrupted_writes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,25 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
+from gradcode.common.data import npz_declared_arrays
+from gradcode.master.limits import MAX_MODEL_BYTES, MAX_SPEC_BYTES, MAX_WORKERS
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.v1 import master_pb2
 
-__all__ = ["CHECKPOINT_SUFFIX", "FORMAT", "Checkpoint", "CheckpointError", "checkpoint_path", "saved_checkpoints"]
+__all__ = [
+    "CHECKPOINT_SUFFIX",
+    "FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "check_declared_sizes",
+    "checkpoint_path",
+    "remove_interrupted_writes",
+    "saved_checkpoints",
+]
 
 CHECKPOINT_SUFFIX = ".ckpt.npz"
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
+"""A checkpoint being written is ``<state_dir>/.<job_id>.<random>.tmp`` until it is renamed into place."""
 FORMAT = "gradcode-checkpoint-1"
 """The header's ``format``; a file with another format is refused."""
 _RESUMABLE = ("running", "cancelled", "failed")
@@ -87,7 +103,11 @@ class Checkpoint:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "checkpoint") -> Checkpoint:
-        """Parse a checkpoint file's contents; CheckpointError says what is wrong with it."""
+        """Parse a checkpoint file's contents; CheckpointError says what is wrong with it.
+
+        Its arrays are checked from their headers first (:func:`check_declared_sizes`): nothing is decompressed
+        before the sizes it declares are known to fit a job's limits."""
+        check_declared_sizes(data, source=source)
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 header = json.loads(str(npz["header"]))
@@ -133,7 +153,7 @@ class Checkpoint:
         state_dir.mkdir(parents=True, exist_ok=True)
         final = checkpoint_path(state_dir, self.job_id)
         data = self.to_bytes()
-        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f".{self.job_id}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f"{_TEMP_PREFIX}{self.job_id}.", suffix=_TEMP_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -151,12 +171,59 @@ class Checkpoint:
         return final
 
     @classmethod
-    def load(cls, path: Path) -> Checkpoint:
+    def load(cls, path: Path, *, source: str | None = None) -> Checkpoint:
+        """Read ``path``; ``source`` names it in the errors (default: its path, for the master's own log; a
+        client is told a ``source`` that names no server path)."""
+        source = source or f"Checkpoint {str(path)!r}"
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
-            raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {exc.strerror or exc}.") from None
-        return cls.from_bytes(data, source=f"Checkpoint {str(path)!r}")
+            raise CheckpointError(f"{source} cannot be read: {exc.strerror or type(exc).__name__}.") from None
+        return cls.from_bytes(data, source=source)
+
+
+MAX_HEADER_BYTES = 1 << 20
+"""Declared bytes of a checkpoint's JSON header (as numpy's unicode array: 4 bytes a character); a real one holds
+a few hundred characters and the straggling flags of at most MAX_WORKERS workers."""
+MAX_OPTIMIZER_ARRAYS = 4
+"""``optimizer.*`` arrays a checkpoint may hold (gd keeps one, Nesterov two)."""
+
+
+def _array_limits(name: str) -> int | None:
+    """The most bytes a checkpoint's array ``name`` may declare (None: no checkpoint holds such an array)."""
+    if name == "header":
+        return MAX_HEADER_BYTES
+    if name == "spec":
+        return MAX_SPEC_BYTES
+    if name == "observation.speed":
+        return MAX_WORKERS * 8
+    if name.startswith("optimizer."):
+        return MAX_MODEL_BYTES
+    return None
+
+
+def check_declared_sizes(data: bytes, *, source: str = "checkpoint") -> None:
+    """Refuse a checkpoint whose arrays' headers declare more than a job may hold, before any is decompressed.
+
+    The data-file path's header check (:func:`gradcode.common.data.npz_declared_arrays`) read on the checkpoint:
+    a member no checkpoint has, or one declaring more than its limit (the spec :data:`MAX_SPEC_BYTES`, each
+    optimizer array :data:`MAX_MODEL_BYTES`, the header :data:`MAX_HEADER_BYTES`, the observation
+    ``MAX_WORKERS`` speeds), is a CheckpointError saying so: a few compressed megabytes cannot expand into
+    gigabytes of the master's memory.
+    """
+    try:
+        declared = npz_declared_arrays(io.BytesIO(data), max_arrays=3 + MAX_OPTIMIZER_ARRAYS)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{source} is not a readable gradcode checkpoint: {exc}") from None
+    for name, array in declared.items():
+        limit = _array_limits(name)
+        if limit is None:
+            raise CheckpointError(f"{source} holds an array {name[:64]!r} that no gradcode checkpoint has.")
+        if array.nbytes > limit:
+            raise CheckpointError(
+                f"{source} declares its array {name!r} of {array.nbytes} bytes; a checkpoint's {name!r} may have at "
+                f"most {limit} bytes (checked from its headers, before decompressing)."
+            )
 
 
 def checkpoint_path(state_dir: Path, job_id: str) -> Path:
@@ -168,3 +235,19 @@ def saved_checkpoints(state_dir: Path) -> list[Path]:
     if not Path(state_dir).is_dir():
         return []
     return sorted(Path(state_dir).glob(f"*{CHECKPOINT_SUFFIX}"))
+
+
+def remove_interrupted_writes(state_dir: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes a killed master never finished; returns them.
+
+    Only a master starting on ``state_dir`` calls this: no write of its own is under way yet, and two masters
+    never share a state directory.
+    """
+    if not Path(state_dir).is_dir():
+        return []
+    removed = []
+    for path in sorted(Path(state_dir).glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}")):
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed

@@ -164,6 +164,7 @@ class WorkerLoader:
             straggler=plan.spec.straggler,
             message_dtype=plan.message_dtype,  # type: ignore[arg-type]
             append_statistics=True,  # the master learns loss and accuracy from the decode, not from the data
+            iterations=plan.spec.iterations,  # the worker refuses iterations beyond it
         )
         if topology is None:
             setup.rows.extend(row_definition(r, code.support(r), code.coefficients(r)) for r in code.rows_for_worker(w))

@@ -49,9 +49,15 @@ from gradcode.common.logs import log_context
 from gradcode.common.security import short
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.common.status import grpc_errors
-from gradcode.master.checkpoint import Checkpoint, CheckpointError, checkpoint_path, saved_checkpoints
+from gradcode.master.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checkpoint_path,
+    remove_interrupted_writes,
+    saved_checkpoints,
+)
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
-from gradcode.master.limits import MAX_DATA_FILE_BYTES
+from gradcode.master.limits import MAX_DATA_FILE_BYTES, check_free_form
 from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import history_path
 from gradcode.master.spec import JobPlan, plan_job
@@ -146,6 +152,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def CreateJob(  # noqa: N802
         self, request: master_pb2.JobSpec, context: grpc.aio.ServicerContext[Any, Any]
     ) -> master_pb2.JobInfo:
+        check_free_form(request)  # sizes first: the checks below read every field
         try:
             check_spec_numbers(request)
         except SpecCheckError as exc:
@@ -188,22 +195,29 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """ALREADY_EXISTS when ``job_id`` names a job held, evicted, or with a history or checkpoint on disk."""
         if job_id in self.jobs or job_id in self.evicted:
             raise AlreadyExistsError(f"Job {short(job_id)} already exists.")
-        saved = [
-            *([] if self.run_dir is None else [history_path(self.run_dir, job_id)]),
-            *([] if self.state_dir is None else [checkpoint_path(self.state_dir, job_id)]),
-        ]
-        for path in saved:
-            if path.exists():
+        saved = []
+        if self.run_dir is not None:
+            saved.append((history_path(self.run_dir, job_id), "run directory holds its history"))
+        if self.state_dir is not None:
+            saved.append((checkpoint_path(self.state_dir, job_id), "state directory holds its checkpoint"))
+        for path, what in saved:
+            if path.exists():  # the text names no server path: a client has no business knowing the master's disk
                 raise AlreadyExistsError(
-                    f"Job {short(job_id)} already exists: {path} holds its history; choose another job id, "
+                    f"Job {short(job_id)} already exists: the master's {what}; choose another job id, "
                     f"or continue that job with `gradcode resume {job_id}`."
                 )
 
     # ---- durable jobs ------------------------------------------------------------------------------
     async def resume_saved(self) -> list[str]:
-        """Resume every job whose checkpoint in the state directory says it was running; returns their ids."""
+        """Resume every job whose checkpoint in the state directory says it was running; returns their ids.
+
+        Called once, as the master starts: the temporary files of checkpoint writes a killed master left are
+        removed first."""
         if self.state_dir is None:
             return []
+        interrupted = remove_interrupted_writes(self.state_dir)
+        if interrupted:
+            log.info("removed %d temporary files of interrupted checkpoint writes", len(interrupted))
         resumed = []
         for path in saved_checkpoints(self.state_dir):
             try:
@@ -224,6 +238,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 f"Job {short(checkpoint.job_id)} {checkpoint.state} after {checkpoint.iteration} of "
                 f"{checkpoint.spec.iterations} iterations; there is nothing to resume."
             )
+        try:
+            check_spec_numbers(checkpoint.spec)  # a checkpoint sent may come from anywhere: as CreateJob checks
+        except SpecCheckError as exc:
+            raise InvalidRequestError(f"The checkpoint's job cannot be planned here: {exc}") from None
         spec = master_pb2.JobSpec()
         spec.CopyFrom(checkpoint.spec)
         spec.ClearField("worker_ids")  # they named the old master's pool
@@ -270,8 +288,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             path = checkpoint_path(self.state_dir, request.job_id)
             if not path.exists():
                 raise NotFoundError(f"No checkpoint of job {short(request.job_id)} in this master's state directory.")
+            source = f"The checkpoint of job {short(request.job_id)} in this master's state directory"
             try:
-                checkpoint = await asyncio.to_thread(Checkpoint.load, path)
+                checkpoint = await asyncio.to_thread(Checkpoint.load, path, source=source)
             except CheckpointError as exc:
                 raise FailedPreconditionError(str(exc)) from None
         held = self.jobs.get(checkpoint.job_id)
@@ -300,7 +319,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:
-            where = f" its history is in {history_path(self.run_dir, job_id)}" if self.run_dir is not None else ""
+            where = " its history is in the master's run directory" if self.run_dir is not None else ""
             raise NotFoundError(
                 f"Job {short(job_id)} finished and was evicted: the master keeps only the {self.max_finished_jobs} "
                 f"most recently finished jobs;{where or ' it kept no history (no run directory)'}."

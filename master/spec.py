@@ -28,7 +28,7 @@ from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from gradcode.common.datafile import data_file as file_in_data_dir
-from gradcode.common.datafile import file_error
+from gradcode.common.datafile import error_reason, file_error
 from gradcode.common.datasets import FILE_OPTIONS, DataSource, LocalDescription, describe
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
 from gradcode.common.models import Model, available_models, make_model
@@ -140,6 +140,7 @@ def plan_job(
     caps before anything is built. Loads (or generates) the dataset, so callers on an event loop should
     run it in a thread.
     """
+    limits.check_free_form(spec)
     spec = master_pb2.JobSpec.FromString(spec.SerializeToString())  # normalised in place below
     _check_job_id(spec)
     code, topology = _plan_code(spec)
@@ -246,7 +247,7 @@ def _plan_dataset(
     except (ValueError, OSError) as exc:
         if data_file is not None:  # never echo what the library quoted from the file
             raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
-        raise JobSpecError(f"Dataset {ds.name!r} refused: {exc}") from None
+        raise JobSpecError(f"Dataset {ds.name!r} refused: {error_reason(exc)}") from None
     except Exception as exc:  # e.g. csv.Error from a file that is not text
         if data_file is None:
             raise
@@ -283,7 +284,7 @@ def _plan_local_dataset(
     except Exception as exc:  # a plugin's or reader's error; a file's never echoes its content
         if ds.name == "file" and isinstance(exc, (ValueError, OSError)) and not isinstance(exc, PluginError):
             raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
-        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        reason = error_reason(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
         raise JobSpecError(f"Dataset {ds.name!r} (worker_local) refused: {reason}") from None
     dataset = local.dataset
     if not len(dataset.y_test):

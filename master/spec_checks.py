@@ -15,11 +15,11 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from gradcode.common.security import short
+from gradcode.common.wire import MAX_JOB_ID_CHARS
 from gradcode.v1 import master_pb2
 
 __all__ = ["MAX_JOB_ID_CHARS", "MAX_STRUCT_VALUES", "SpecCheckError", "check_job_id", "check_spec_numbers"]
 
-MAX_JOB_ID_CHARS = 128
 MAX_STRUCT_VALUES = 100_000
 """Numbers a Struct field (code.params, extra, straggler.params) may hold in all."""
 

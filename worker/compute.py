@@ -33,12 +33,12 @@ import numpy as np
 
 from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import weighted_sum
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES, file_error
+from gradcode.common.datafile import MAX_DATA_FILE_BYTES, error_reason, file_error
 from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
 from gradcode.common.models import Model, make_model, message_length
 from gradcode.common.plugins import PluginError, model_dtype
-from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MESSAGE_DTYPES
+from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MAX_ITERATIONS, MAX_JOB_ID_CHARS, MESSAGE_DTYPES
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -183,6 +183,23 @@ class WorkerJob:
         return tuple(int(r) for r in rows)
 
     @property
+    def iterations(self) -> int:
+        """The last iteration this job may compute: its JobSetup's length, else the wire's MAX_ITERATIONS."""
+        return int(self.setup.iterations) or MAX_ITERATIONS
+
+    def check_iteration(self, iteration: int) -> int:
+        """``iteration`` if the job reaches it; else ValueError saying the job's length.
+
+        An iteration beyond the job's end would become the newest one started, and every real one after it would
+        be refused as older."""
+        if iteration > self.iterations:
+            raise ValueError(
+                f"iteration {iteration} is beyond job {self.job_id!r}'s last iteration, {self.iterations} "
+                "(JobSetup.iterations); iterations are numbered from 1 to the job's length."
+            )
+        return iteration
+
+    @property
     def row_ids(self) -> list[int]:
         return sorted(self.rows)
 
@@ -314,6 +331,10 @@ class JobBuilder:
     ) -> None:
         if not setup.job_id:
             raise JobSetupError("JobSetup.job_id is empty; give the job a name.")
+        if len(setup.job_id) > MAX_JOB_ID_CHARS:
+            raise JobSetupError(
+                f"JobSetup.job_id has {len(setup.job_id)} characters; a job id may have at most {MAX_JOB_ID_CHARS}."
+            )
         self.setup = setup
         self.max_bytes = max_bytes
         self.reserve = reserve
@@ -331,6 +352,10 @@ class JobBuilder:
             raise JobSetupError(f"JobSetup.model is invalid: {exc}") from None
         if not setup.rows:
             raise JobSetupError(f"JobSetup for job {setup.job_id!r} has no rows; a worker needs at least one.")
+        if setup.iterations > MAX_ITERATIONS:
+            raise JobSetupError(
+                f"JobSetup.iterations is {setup.iterations}; a job may run at most {MAX_ITERATIONS} iterations."
+            )
         self.rows: dict[int, RowSpec] = {}
         for definition in setup.rows:
             row = RowSpec.from_wire(definition)
@@ -458,7 +483,7 @@ class JobBuilder:
                 raise JobSetupError(
                     f"Dataset 'file' {local.path[:64]!r} refused on this worker: {file_error(exc)}."
                 ) from None
-            raise JobSetupError(f"Dataset {local.dataset[:64]!r} refused on this worker: {exc}") from None
+            raise JobSetupError(f"Dataset {local.dataset[:64]!r} refused on this worker: {error_reason(exc)}") from None
         for p, (X, y) in loaded.items():
             buffer = self._buffers[p]
             buffer.features[...] = X

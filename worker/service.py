@@ -12,12 +12,15 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
   cancels the call, the sleep is cancelled and the compute thread stops at its next partition, so
   the worker starts the next iteration fresh. A Compute for a later iteration of the same job also
   stops any older one still running (it can no longer be used), and a Compute for an iteration older
-  than the newest one seen is refused (ABORTED). EndJob, a replacing LoadJob or a newer iteration
+  than the newest one seen is refused (ABORTED), one beyond the job's length (JobSetup.iterations) is refused
+  (INVALID_ARGUMENT). EndJob, a replacing LoadJob or a newer iteration
   wake an abandoned call from its straggler sleep at once.
 * ``Session`` (bidirectional): many Computes on one long-lived stream, what the master and tree parents
   use (:mod:`gradcode.common.session`): each request runs as ``Compute`` would, its chunks tagged with
-  its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does.
-  When the node shuts down its sessions take no new request, finish the running ones and end.
+  its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does (the
+  request ends CANCELLED). Every request gets a status, a malformed one a precise refusal; a message that is
+  not a ComputeRequest ends the call INVALID_ARGUMENT. When the node shuts down its sessions take no new
+  request, finish the running ones and end.
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,
@@ -63,7 +66,7 @@ from gradcode.common.security import (
     new_process_secret,
     short,
 )
-from gradcode.common.session import serve_session, started_chunk, status_chunk
+from gradcode.common.session import SessionProtocolError, serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
     Serialized,
@@ -268,9 +271,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
         """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
-        Compute would answer it, its chunks tagged with its ``request_id``, then its status."""
+        Compute would answer it, its chunks tagged with its ``request_id``, then its status. A message that is not
+        a ComputeRequest ends the stream with INVALID_ARGUMENT."""
         CALL_SCOPE.set(job_of(bearer_of(context)))  # this call's task, and the computations it starts
-        await self.serve_session(requests, context.write)
+        try:
+            await self.serve_session(requests, context.write)
+        except SessionProtocolError as exc:
+            logger.info("refusing a Session: %s", exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def serve_session(
         self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
@@ -307,6 +315,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         iteration = int(request.iteration)
         shared = runtime.shared if request.HasField("shared_model") else None
         try:
+            job.check_iteration(iteration)  # before anything records it as the newest
             if request.HasField("shared_model"):
                 if shared is None:
                     raise ValueError(

@@ -56,10 +56,24 @@ def test_checkpoint_save_replaces_the_file_whole_and_leaves_no_temporary_files(t
     assert Checkpoint.load(path).iteration == 2
 
 
+async def test_a_starting_master_removes_the_temporary_files_of_interrupted_checkpoint_writes(tmp_path: Path) -> None:
+    """A master SIGKILLed while writing a checkpoint leaves ``.<job_id>.<random>.tmp``; the next one removes it and
+    nothing else (the checkpoints, and files that are not its temporaries, stay)."""
+    state = tmp_path / "state"
+    kept = Checkpoint(job_spec("uncoded", {"n": 2}, job_id="kept"), 2, _nesterov_after(2), None, state="cancelled")
+    kept.save(state)
+    interrupted = state / ".killed.k2x8_9q.tmp"
+    interrupted.write_bytes(kept.to_bytes()[:1000])  # what a write cut short leaves
+    other = state / "notes.tmp"
+    other.write_text("not a checkpoint temporary")
+    async with asyncio.timeout(TIMEOUT), running_master(0, state_dir=state):
+        assert sorted(p.name for p in state.iterdir()) == ["kept.ckpt.npz", "notes.tmp"]
+
+
 def test_unreadable_checkpoints_are_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not a readable gradcode checkpoint"):
         Checkpoint.from_bytes(b"not an npz file")
-    with pytest.raises(CheckpointError, match="Cannot read checkpoint"):
+    with pytest.raises(CheckpointError, match="cannot be read: No such file"):
         Checkpoint.load(tmp_path / "missing.ckpt.npz")
     good = Checkpoint(job_spec("uncoded", {"n": 2}, job_id="x"), 1, _nesterov_after(1), None).to_bytes()
     with pytest.raises(CheckpointError, match="not a readable"):
@@ -117,8 +131,42 @@ async def test_job_ids_are_never_reused_for_another_history(tmp_path: Path) -> N
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, job_id="once"))
     assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert "once.jsonl holds its history" in (refused.value.details() or "")
+    assert "the master's run directory holds its history" in (refused.value.details() or "")
     assert "gradcode resume once" in (refused.value.details() or "")
+
+
+async def test_error_texts_name_no_server_path(tmp_path: Path) -> None:
+    """A client learns what is wrong, never where the master keeps its files: ALREADY_EXISTS from a history or a
+    checkpoint on disk, NOT_FOUND of an evicted job, an unreadable checkpoint in the state directory."""
+    options: dict[str, Any] = {"state_dir": tmp_path / "state", "run_dir": tmp_path / "runs"}
+    texts: list[tuple[grpc.StatusCode, str]] = []
+
+    async def refused(call: Any) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        texts.append((caught.value.code(), caught.value.details() or ""))
+
+    async with asyncio.timeout(TIMEOUT):
+        async with running_master(2, max_finished_jobs=0, **options) as master:
+            await master.stub.CreateJob(job_spec("uncoded", {"n": 2}, job_id="once"))
+            assert (await _final_checkpoint(checkpoint_path(tmp_path / "state", "once"))).state == "succeeded"
+            while "once" not in master.node.servicer.evicted:
+                await asyncio.sleep(0.02)
+            await refused(master.stub.GetJob(master_pb2.GetJobRequest(job_id="once")))  # evicted
+            checkpoint_path(tmp_path / "state", "torn").write_bytes(b"PK\x03\x04 cut short")
+            await refused(master.stub.ResumeJob(master_pb2.ResumeJobRequest(job_id="torn")))
+        async with running_master(2, run_dir=tmp_path / "runs") as master:  # the history alone
+            await refused(master.stub.CreateJob(job_spec("uncoded", {"n": 2}, job_id="once")))
+        async with running_master(2, state_dir=tmp_path / "state") as master:  # the checkpoint alone
+            await refused(master.stub.CreateJob(job_spec("uncoded", {"n": 2}, job_id="once")))
+    assert [code for code, _ in texts] == [
+        grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.ALREADY_EXISTS,
+    ]  # fmt: skip
+    assert "evicted" in texts[0][1] and "not a readable gradcode checkpoint" in texts[1][1]
+    assert "run directory holds its history" in texts[2][1] and "state directory holds its checkpoint" in texts[3][1]
+    for _, text in texts:
+        assert str(tmp_path) not in text and "/" not in text.replace("gradcode resume", ""), text
 
 
 async def test_resume_job_refusals_say_why(tmp_path: Path) -> None:

@@ -152,6 +152,7 @@ async def test_each_worker_receives_exactly_the_partitions_its_rows_need(code: s
         needed = sorted({j for r in rows for j in plan.code.support(r)})
         assert sorted(arrays) == needed == sorted(plan.code.partitions_of_worker(w))
         assert setup.num_partitions_sent == len(needed)
+        assert setup.iterations == plan.spec.iterations == 5  # the worker refuses iterations beyond it
         for r in setup.rows:
             np.testing.assert_array_equal(r.coefficients_real, plan.code.coefficients(r.row))
         for j, (X, y) in arrays.items():

@@ -72,7 +72,7 @@ class ParentRole(_message.Message):
     def __init__(self, child_code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., children: _Optional[_Iterable[_Union[ChildSpec, _Mapping]]] = ..., wait_seconds: _Optional[float] = ..., no_links: _Optional[bool] = ..., integrity: _Optional[str] = ...) -> None: ...
 
 class JobSetup(_message.Message):
-    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data", "shared_memory")
+    __slots__ = ("job_id", "worker_id", "model", "rows", "num_partitions_sent", "straggler", "parent", "message_dtype", "append_statistics", "local_data", "shared_memory", "iterations")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class JobSetup(_message.Message):
     APPEND_STATISTICS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_DATA_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     model: _common_pb2.ModelSpec
@@ -95,7 +96,8 @@ class JobSetup(_message.Message):
     append_statistics: bool
     local_data: LocalData
     shared_memory: SharedMemoryOffer
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemoryOffer, _Mapping]] = ...) -> None: ...
+    iterations: int
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemoryOffer, _Mapping]] = ..., iterations: _Optional[int] = ...) -> None: ...
 
 class SharedMemoryOffer(_message.Message):
     __slots__ = ("directory", "token")
