@@ -83,7 +83,7 @@ from gradcode.common.serving import BLAS_THREAD_VARIABLES
 from gradcode.common.wire import dict_from_struct
 from gradcode.master.spec import BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY
 
-__all__ = ["ALLREDUCE", "SCHEMES", "Workload", "main", "run"]
+__all__ = ["ALLREDUCE", "SCHEMES", "Delays", "Workload", "allreduce_rank", "main", "prepare_data", "run"]
 
 SCHEMES = ("uncoded", "fractional", "cyclic", "reed_solomon", "binary")
 ALLREDUCE = "allreduce"
@@ -121,7 +121,10 @@ class Workload:
     l2: float = 1e-4
     seed: int = 0
     learning_rate: float = 0.0
-    """Filled in from the data: 1/L."""
+    """Filled in from the data (1/L) when 0."""
+    model: str = "logistic"
+    dataset: str = "gaussian_mixture"
+    """The model and the generated dataset (bench.cluster reuses the baseline with CodedReduce's linear model)."""
 
     @property
     def num_train(self) -> int:
@@ -249,10 +252,14 @@ async def _verify(client: GradcodeClient, workload: Workload, scheme: str, itera
 
 
 # ---- the allreduce baseline (torch.distributed, gloo) ----------------------------------------------------------
-def _allreduce_rank(
-    rank: int, world: int, port: int, data_dir: str, workload: Workload, connection: Any
+def allreduce_rank(
+    rank: int, world: int, init_method: str, data_dir: str, workload: Workload, connection: Any
 ) -> None:  # pragma: no cover - runs in the baseline's processes
-    """One rank of the baseline: load its partition, then run the configurations rank 0 receives."""
+    """One rank of the baseline: load its partition, then run the configurations rank 0 receives.
+
+    ``init_method`` is torch.distributed's rendezvous (``tcp://HOST:PORT``, rank 0's host); ``connection`` (rank
+    0's only) has ``recv()`` (a command, None to stop) and ``send(result)``; the gloo interface is
+    ``GLOO_SOCKET_IFNAME`` (default ``lo``)."""
     for var in BLAS_THREAD_VARIABLES:
         os.environ[var] = "1"
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -264,13 +271,13 @@ def _allreduce_rank(
     from gradcode.master.optimizer import make_optimizer, mean_gradient
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     X_all = np.load(Path(data_dir) / "X_train.npy", mmap_mode="r")
     y_all = np.load(Path(data_dir) / "y_train.npy")
     index = np.load(Path(data_dir) / f"partition_{rank}.npy")
     X = np.ascontiguousarray(X_all[index])
     y = np.ascontiguousarray(y_all[index])
-    model = make_model("logistic", num_features=workload.num_features)
+    model = make_model(workload.model, num_features=workload.num_features)
     try:
         while True:
             box: list[Any] = [connection.recv() if rank == 0 else None]
@@ -313,11 +320,11 @@ class AllreducePool:
         self.n = workload.n
         context = multiprocessing.get_context("spawn")
         self._pipe, child = context.Pipe()
-        port = free_port()
+        init = f"tcp://127.0.0.1:{free_port()}"
         self._processes = [
             context.Process(
-                target=_allreduce_rank,
-                args=(rank, workload.n, port, str(data_dir), workload, child if rank == 0 else None),
+                target=allreduce_rank,
+                args=(rank, workload.n, init, str(data_dir), workload, child if rank == 0 else None),
                 daemon=True,
             )
             for rank in range(workload.n)
@@ -652,14 +659,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _prepare_data(workload: Workload, data_dir: Path) -> Workload:
-    """Generate the dataset once (as the master will), fix the step size, and write the baseline's partitions."""
+def prepare_data(workload: Workload, data_dir: Path) -> Workload:
+    """Generate the dataset once (as the master will), fix the step size (unless given), and write the baseline's
+    partitions."""
     dataset = load_dataset(
-        "gaussian_mixture", num_samples=workload.num_samples, num_features=workload.num_features,
+        workload.dataset, num_samples=workload.num_samples, num_features=workload.num_features,
         seed=workload.seed, test_fraction=workload.test_fraction,
     )  # fmt: skip
     X, y = dataset.X_train, dataset.y_train
-    workload = Workload(**{**asdict(workload), "learning_rate": step_size(X)})
+    if not workload.learning_rate:
+        workload = Workload(**{**asdict(workload), "learning_rate": step_size(X)})
     np.save(data_dir / "X_train.npy", X)
     np.save(data_dir / "y_train.npy", y)
     # The uncoded code's partitions: rank r holds exactly what gradcode's uncoded worker r holds.
@@ -676,7 +685,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-training-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        workload = _prepare_data(QUICK if quick else FULL, data_dir)
+        workload = prepare_data(QUICK if quick else FULL, data_dir)
         print(
             f"Workload: logistic regression, {workload.num_train} x {workload.num_features} Gaussian mixture, "
             f"n = {workload.n}, Nesterov, step {workload.learning_rate:.3g}; load {load_average()}",
