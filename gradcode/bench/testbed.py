@@ -67,6 +67,8 @@ BURST_SECONDS = 0.001
 MIN_BURST_BYTES = 16_384
 QUEUE_SECONDS = 0.02
 """Packets queue at most 20 ms at a link's rate before the filter drops them (TCP then backs off)."""
+SWITCH = "switch"
+"""The bridge's namespace is ``gcb-<owner pid>-switch`` (so no host may take that role)."""
 INTERFACE = "eth0"
 """Each host's one interface (in its own namespace; the bridge's port for it is ``p-<role>``)."""
 
@@ -199,15 +201,15 @@ def _remove_namespace(name: str) -> None:
     _run(["ip", "netns", "del", name], check=False)
 
 
-def cleanup(*, include_running: bool = False) -> dict[str, list[str]]:
-    """Remove the namespaces and cgroups of testbeds whose owner process is gone (and, with ``include_running``,
-    of running ones too); return what was removed."""
+def cleanup() -> dict[str, list[str]]:
+    """Remove the namespaces and cgroups (and the processes in them) of testbeds whose owner process is gone;
+    return what was removed and, under ``kept``, what belongs to a running owner."""
     found = leftovers()
     removed: dict[str, list[str]] = {"namespaces": [], "cgroups": [], "kept": []}
     for kind, names in found.items():
         for name in names:
             pid = _owner(name)
-            if pid is not None and pid != os.getpid() and _alive(pid) and not include_running:
+            if pid is not None and pid != os.getpid() and _alive(pid):
                 removed["kept"].append(name)
                 continue
             (_remove_cgroup if kind == "cgroups" else _remove_namespace)(name)
@@ -260,8 +262,8 @@ class Testbed:
 
     def __init__(self, hosts: Sequence[HostSpec], *, cpu_period_us: int = CPU_PERIOD_US) -> None:
         roles = [h.role for h in hosts]
-        if not hosts or len(set(roles)) != len(roles):
-            raise ValueError(f"hosts must be a non-empty list with distinct roles, not {roles}.")
+        if not hosts or len(set(roles)) != len(roles) or SWITCH in roles:
+            raise ValueError(f"hosts must be a non-empty list with distinct roles other than {SWITCH!r}, not {roles}.")
         if len(hosts) > SUBNET.num_addresses - 3:
             raise ValueError(f"at most {SUBNET.num_addresses - 3} hosts fit in {SUBNET}, not {len(hosts)}.")
         if not 1000 <= cpu_period_us <= 1_000_000:
@@ -269,7 +271,7 @@ class Testbed:
         self.specs = list(hosts)
         self.cpu_period_us = cpu_period_us
         self.tag = f"{PREFIX}{os.getpid()}"
-        self.switch = f"{self.tag}-switch"
+        self.switch = f"{self.tag}-{SWITCH}"
         self.hosts: dict[str, Host] = {}
         self._processes: list[subprocess.Popen[str]] = []
         self._previous_handlers: dict[int, object] = {}
@@ -279,6 +281,11 @@ class Testbed:
     def build(self) -> Testbed:
         """Make the switch and every host; on any failure, remove what was made and re-raise."""
         check_available()
+        if any(leftovers(owner=os.getpid()).values()):
+            raise RuntimeError(
+                f"this process already has a testbed ({leftovers(owner=os.getpid())}); close it first: the names "
+                f"{self.tag}-... are one testbed's"
+            )
         self._trap_signals()
         try:
             _run(["ip", "netns", "add", self.switch])

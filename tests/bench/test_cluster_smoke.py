@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from gradcode.bench import cluster
 from gradcode.bench import testbed as testbed_module  # (its classes are named Testbed...: not test classes)
 from gradcode.bench.cluster import EmulatedCluster
 from gradcode.bench.testbed import CPU_CGROUP, PREFIX, HostSpec, check_available, cleanup, leftovers
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.codes.registry import make_code
 from gradcode.v1 import master_pb2
 
 
@@ -71,6 +73,24 @@ def test_without_root_the_testbed_refuses_saying_so(monkeypatch: pytest.MonkeyPa
         testbed_module.Testbed(HOSTS).build()
 
 
+def test_the_command_refuses_without_root_with_status_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(testbed_module.os, "geteuid", lambda: 1000)
+    assert cluster.main(["--quick"]) == 2
+    assert "gradcode bench cluster: the emulated cluster needs root" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [6, 12, 24])
+def test_each_n_compares_a_tree_of_the_size_its_code_has(n: int) -> None:
+    systems = {s.scheme: s for s in cluster.systems_for(n)}
+    assert list(systems) == ["uncoded", "fractional", "binary", "coded_reduce", "allreduce"]
+    tree = systems["coded_reduce"]
+    code = make_code("coded_reduce", **tree.code_params)
+    assert tree.workers == code.tree.num_workers <= n and tree.first_layer == tree.code_params["n"]
+    assert all(s.workers == s.first_layer == n for name, s in systems.items() if name != "coded_reduce")
+
+
 def test_host_specs_refuse_what_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="rate_mbit must be > 0"):
         HostSpec("m", 0, 50)
@@ -80,6 +100,8 @@ def test_host_specs_refuse_what_cannot_be_built() -> None:
         HostSpec("a host", 10, 10)
     with pytest.raises(ValueError, match="distinct roles"):
         testbed_module.Testbed([HostSpec("m", 10, 10), HostSpec("m", 10, 10)])
+    with pytest.raises(ValueError, match="other than 'switch'"):
+        testbed_module.Testbed([HostSpec("switch", 10, 10)])
 
 
 @pytest.mark.e2e
@@ -94,6 +116,10 @@ def test_four_hosts_shape_their_links_run_a_tree_exactly_and_leave_nothing(tmp_p
         assert slow >= (size - burst) * 8 / (SLOW_MBIT * 1e6), slow
         assert fast >= (size - burst) * 8 / (FAST_MBIT * 1e6), fast
         assert fast < slow / 2, (fast, slow)
+
+        with pytest.raises(RuntimeError, match="already has a testbed"):
+            testbed_module.Testbed(HOSTS[:1]).build()  # would share (and on failure remove) the open one's names
+        assert len(leftovers(owner=os.getpid())["namespaces"]) == len(HOSTS) + 1
 
         with EmulatedCluster(testbed, tmp_path, workers_per_host=2) as cluster:
             reports, received = asyncio.run(_tree_job(cluster))
