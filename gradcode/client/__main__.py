@@ -12,6 +12,7 @@
     gradcode bench training [--quick]  gradcode vs a torch.distributed allreduce on Tandon et al.'s workload
     gradcode bench wide [--quick]      n = 16, p = 1e5: gradcode against the floor of the same work
     gradcode bench chaos [--quick]     verified jobs while workers are frozen and killed
+    gradcode bench cluster [--quick]   emulated hosts (root): flat codes, trees, allreduce on shaped links
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -529,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 BENCHMARKS = {
     "chaos": "gradcode.bench.chaos",
+    "cluster": "gradcode.bench.cluster",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",
     "wide": "gradcode.bench.wide",
