@@ -11,10 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from tests.e2e.conftest import START_TIMEOUT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
@@ -31,13 +34,18 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> CertificateSet:
     return make_certificates(tmp_path_factory.mktemp("certs"), ["127.0.0.1", "localhost"])
 
 
-@pytest.fixture(scope="module")
-def mtls_master(certs: CertificateSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    run_dir = tmp_path_factory.mktemp("mtls")
-    env = {
+def _pod_env(certs: CertificateSet) -> dict[str, str]:
+    """What a pod reads from the Secret gradcode-settings for mutual TLS (its own node certificate)."""
+    return {
         "GRADCODE_TLS_CERT": str(certs.node), "GRADCODE_TLS_KEY": str(certs.node_key),
         "GRADCODE_TLS_CA": str(certs.ca), "GRADCODE_MTLS": "1",
     }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mtls_master(certs: CertificateSet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    run_dir = tmp_path_factory.mktemp("mtls")
+    env = _pod_env(certs)
     argv = [sys.executable, "-m", "gradcode.master", "--listen", "127.0.0.1:0", "--run-dir", str(run_dir)]
     master = ServiceProcess(argv, log_path=run_dir / "master.log", env=service_env(env))
     try:
@@ -64,6 +72,27 @@ def test_a_refused_connection_says_what_to_check(certs: CertificateSet, mtls_mas
     assert nobody.returncode == 1
     assert nobody.stderr.startswith("gradcode: nothing answered at 127.0.0.1:9 (")
     assert "Check that a master runs there" in nobody.stderr and "the master answered" not in nobody.stderr
+
+
+def test_the_kubernetes_probes_pass_against_a_mutual_tls_master(certs: CertificateSet, mtls_master: str) -> None:
+    """The manifests' exec probes, run as the kubelet runs them in the master's pod (the Secret's settings in the
+    environment): they present the pod's certificate, where a certificate-less check gets "Socket closed"."""
+    (master,) = [
+        d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "master.yaml").read_text())
+        if d["kind"] == "StatefulSet"
+    ]  # fmt: skip
+    (container,) = master["spec"]["template"]["spec"]["containers"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        python, *rest = (part.replace("127.0.0.1:50050", mtls_master) for part in container[probe]["exec"]["command"])
+        assert python == "python"
+        env = service_env(_pod_env(certs))
+        for name in ("GRADCODE_TLS_SERVER_NAME", "GRADCODE_TLS", "GRADCODE_TOKEN"):
+            env.pop(name, None)
+        passed = subprocess.run([sys.executable, *rest], capture_output=True, text=True, timeout=60, env=env)
+        assert passed.returncode == 0 and passed.stdout.strip() == "SERVING", (probe, passed.stdout, passed.stderr)
+        plain = {k: v for k, v in env.items() if not k.startswith("GRADCODE_")}
+        refused = subprocess.run([sys.executable, *rest], capture_output=True, text=True, timeout=60, env=plain)
+        assert refused.returncode == 1, probe  # what a native grpc: probe (no client certificate) sees
 
 
 @pytest.fixture(scope="module")
