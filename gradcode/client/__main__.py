@@ -268,10 +268,14 @@ async def _explain_wait(client: GradcodeClient, info: master_pb2.JobInfo, progre
     spec, said = info.spec, -1
     await asyncio.sleep(1.0)
     while True:
-        job = await client.get_job(info.job_id)
+        try:
+            job = await client.get_job(info.job_id)
+            workers = [] if job.state != master_pb2.JOB_STATE_PENDING else await client.list_workers()
+        except grpc.aio.AioRpcError:
+            return  # a note, not the job: the watch itself reports what matters
         if job.state != master_pb2.JOB_STATE_PENDING:
             return
-        up = sum(w.state == master_pb2.WORKER_STATE_UP for w in await client.list_workers())
+        up = sum(w.state == master_pb2.WORKER_STATE_UP for w in workers)
         if up != said:
             said = up
             progress.write(

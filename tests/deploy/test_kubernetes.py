@@ -105,7 +105,9 @@ def _bytes(quantity: str) -> float:
 
 def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    manifests = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+    examples = {p.name for p in DEPLOY.glob("*.example.yaml")}
+    manifests = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"} - examples
+    assert examples == {"secrets.example.yaml", "client-job.example.yaml"}  # applied by hand, not by kustomize
     assert set(kustomization["resources"]) == manifests
 
 
@@ -188,6 +190,8 @@ def test_containers_are_probed_limited_scraped_and_unprivileged(statefulset: str
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     dockerfile_user = re.search(r"^USER (\d+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
     assert dockerfile_user is not None and int(dockerfile_user.group(1)) == security["runAsUser"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["data"]["mountPath"] == env["GRADCODE_DATA_DIR"]["value"] and mounts["data"]["readOnly"] is True
     secret_backed = {name for name, e in env.items() if "secretKeyRef" in e.get("valueFrom", {})}
     assert {env[name]["valueFrom"]["secretKeyRef"]["name"] for name in secret_backed} == {SECRET}
     role = statefulset.removeprefix("gradcode-")
@@ -197,7 +201,7 @@ def test_containers_are_probed_limited_scraped_and_unprivileged(statefulset: str
 
 @pytest.mark.parametrize(("statefulset", "main"), [("gradcode-master", master_main), ("gradcode-worker", worker_main)])
 def test_commands_and_environment_are_accepted_by_the_real_parsers(
-    statefulset: str, main: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    statefulset: str, main: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     container = _container(_resources()[f"StatefulSet/{statefulset}"])
     command = container["command"]
@@ -209,6 +213,8 @@ def test_commands_and_environment_are_accepted_by_the_real_parsers(
     assert not unknown, f"{statefulset} sets {sorted(unknown)}, which `{' '.join(command[:2])}` does not read"
 
     env = _expand(container, {"name": f"{statefulset}-0", "namespace": "fleet"})
+    assert env["GRADCODE_DATA_DIR"] == "/data"
+    env["GRADCODE_DATA_DIR"] = str(tmp_path)  # the mounted volume: a directory in the pod
     for name in [n for n in os.environ if n.startswith("GRADCODE_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():
@@ -261,3 +267,26 @@ def test_network_policies_let_through_what_the_services_use() -> None:
             rule for rule in policy["spec"]["ingress"] if rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
         ]
         assert "from" not in metrics_rule  # Prometheus may live in any namespace
+
+
+def test_the_client_job_runs_a_job_the_cli_accepts_with_the_services_security(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradcode.client.__main__ import _spec_from_args, build_parser
+
+    (job,) = _documents("client-job.example.yaml")
+    container = _pod_container(job["spec"]["template"])
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert container["image"] == f"gradcode:{kustomization['images'][0]['newTag']}"
+    assert container["command"][:2] == ["gradcode", "run"]
+    env = _expand(container, {"name": "gradcode-run-x", "namespace": "gradcode"})
+    for name in [n for n in os.environ if n.startswith("GRADCODE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.master == "gradcode-master:50050" and _spec_from_args(args).code.name == "binary"
+    secret_backed = {e["name"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert secret_backed == _security_variables("client")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    master_policy = _resources()["NetworkPolicy/gradcode-master"]
+    (grpc_rule,) = [r for r in master_policy["spec"]["ingress"] if "from" in r]
+    assert all(not peer["podSelector"].get("matchLabels", {}).items() - labels.items() for peer in grpc_rule["from"])
