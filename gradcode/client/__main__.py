@@ -42,7 +42,7 @@ from gradcode.client.errors import explain_rpc_error
 from gradcode.client.history import format_worker_table, plot_history, plot_workers, save_history, save_spec
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
-from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
+from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
 from gradcode.common.codes.compare import format_table, scheme_rows
 from gradcode.common.codes.registry import available_codes, code_parameters
 from gradcode.common.models import available_models, make_model, save_params
@@ -292,10 +292,12 @@ async def _follow(
     label: str,
     seen: list[master_pb2.IterationReport] | None = None,
     on_created: Callable[[master_pb2.JobInfo], None] | None = None,
+    patience: float = 0.0,
 ) -> list[master_pb2.IterationReport]:
     """Create the job and show its progress until it ends; return every report.
 
-    ``seen`` collects the reports as they arrive (what is left when the caller is interrupted).
+    ``seen`` collects the reports as they arrive (what is left when the caller is interrupted). With
+    ``patience`` > 0 the job is followed across restarts of the master (see GradcodeClient.follow).
     """
     seen = [] if seen is None else seen
     progress = Progress(label, spec.iterations)
@@ -309,11 +311,11 @@ async def _follow(
     def report(r: master_pb2.IterationReport) -> None:
         for task in waits:
             task.cancel()
-        seen.append(r)
+        keep_report(seen, r)
         progress.update(r)
 
     try:
-        await client.run(spec, on_report=report, on_created=created)
+        await client.run(spec, on_report=report, on_created=created, on_wait=progress.write, patience=patience)
     finally:
         for task in waits:
             task.cancel()
@@ -427,8 +429,12 @@ async def _run(args: argparse.Namespace) -> int:
 
     async with _client(args) as client:
         try:
-            await _follow(client, spec, args.scheme, reports, on_created=announce)
+            await _follow(client, spec, args.scheme, reports, on_created=announce, patience=args.reconnect)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us, then raises KeyboardInterrupt
+            if created:
+                _detached(args, created[0].job_id, reports, created[0].spec)
+            raise
+        except TimeoutError:  # the master did not come back: keep what was seen, say how to get back
             if created:
                 _detached(args, created[0].job_id, reports, created[0].spec)
             raise
@@ -462,12 +468,12 @@ async def _watch(args: argparse.Namespace) -> int:
         shown_from = start.iterations_done - args.tail if args.tail >= 0 else 0
         progress = Progress(start.job_id, total, print_lines=False)
         try:
-            async for r in client.watch(args.job_id):
-                reports.append(r)
+            async for r in client.follow(args.job_id, on_wait=progress.write, patience=args.reconnect):
+                keep_report(reports, r)
                 progress.update(r)
                 if r.iteration > shown_from:
                     progress.write(_report_line(r))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, TimeoutError):
             progress.close()
             _detached(args, args.job_id, reports, start.spec)
             raise
@@ -584,8 +590,18 @@ def _codes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_reconnect_argument(p: argparse.ArgumentParser) -> None:
+    """How long a command that follows a job waits for its master to come back (run, watch, resume)."""
+    p.add_argument(
+        "--reconnect", type=float, default=RESUME_PATIENCE_SECONDS, metavar="SECONDS",
+        help="when the master goes away (restarts), wait this long for it to come back and resume the job, "
+        "then follow it on (default: %(default)g; 0: give up at once)",
+    )  # fmt: skip
+
+
 def _add_watch_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of the commands that follow a job (watch, resume)."""
+    """Flags of the commands that follow an existing job (watch, resume)."""
+    _add_reconnect_argument(p)
     p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
     p.add_argument(
         "--tail", type=int, default=10, metavar="N",
@@ -625,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = client_command("run", "start a job on a running master and follow it")
     _add_job_arguments(run)
+    _add_reconnect_argument(run)
     run.set_defaults(handler=_run)
 
     for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
@@ -718,8 +735,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JobFailedError, ValueError, CommandError) as exc:
         print(f"gradcode: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # a local file the checks above did not foresee: one line, not a traceback
-        print(f"gradcode: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # a local file the checks above did not foresee, or TimeoutError: one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"gradcode: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

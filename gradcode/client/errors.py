@@ -52,7 +52,7 @@ def explain_rpc_error(exc: grpc.RpcError, address: str, security: Security) -> s
         hint = "give the master's client token with --token or GRADCODE_TOKEN."
         if security.token:
             hint = "check the token (--token or GRADCODE_TOKEN): the master did not accept it."
-        return f"the master at {address} refused the call ({details}); {hint}"
+        return f"the master at {address} refused the call: UNAUTHENTICATED ({details}); {hint}"
     return f"the master answered {code.name}: {details}"
 
 

@@ -1,20 +1,24 @@
 """The CLI against real masters as an operator meets it: what a refused connection says, what a job waiting for
-workers says, output in a log (not a terminal), `watch --tail`, `jobs --json`, `model --out` into a new folder."""
+workers says, output in a log (not a terminal), `watch --tail`, `jobs --json`, `model --out` into a new folder,
+the Kubernetes probes against a mutual-TLS master, and a run that outlives a restart of its master."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import yaml
 
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
+from gradcode.v1 import master_pb2, master_pb2_grpc
 from tests.e2e.conftest import START_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,3 +154,41 @@ def test_watch_tails_jobs_lists_as_json_and_model_creates_its_folder(one_worker:
     model = _gradcode("model", job_id, "--master", one_worker, "--out", str(target))
     assert model.returncode == 0, model.stderr
     assert np.load(target).ndim == 1
+
+
+def test_run_follows_its_job_across_a_master_restart(tmp_path: Path) -> None:
+    """SIGTERM stops the master and, with it, the job (resumable from its checkpoint); the restarted master
+    resumes it. `gradcode run` once printed JOB_STATE_CANCELLED, saved nothing and exited; now it waits for
+    the master and follows the job to its end, with one report per iteration."""
+    master_args = ["--state-dir", str(tmp_path / "state"), "--checkpoint-every", "2"]
+    with LocalCluster(2, run_dir=tmp_path / "cluster", master_args=master_args) as cluster:
+        master = cluster.master_address
+        argv = [
+            "run", "--master", master, "--n", "2", "--s", "1", "--iterations", "60", "--reconnect", "120",
+            "--straggler", "fixed", "--straggler-param", "delay_seconds=0.1", "--out", str(tmp_path / "run"),
+        ]  # fmt: skip
+        run = subprocess.Popen(
+            [sys.executable, "-m", "gradcode", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=service_env(),
+        )  # fmt: skip
+        try:
+            assert run.stdout is not None
+            job_id = run.stdout.readline().split()[1]
+            deadline = time.monotonic() + START_TIMEOUT
+            with grpc.insecure_channel(master) as channel:
+                stub = master_pb2_grpc.MasterStub(channel)
+                while stub.GetJob(master_pb2.GetJobRequest(job_id=job_id), timeout=10).iterations_done < 5:
+                    assert time.monotonic() < deadline, "the job made no progress"
+                    time.sleep(0.05)
+            cluster.master.stop()  # type: ignore[union-attr]  # SIGTERM: the job stops with the master
+            cluster.restart_master(START_TIMEOUT)
+            out, err = run.communicate(timeout=240)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    assert run.returncode == 0, out + err
+    assert "for the master to come back and resume job" in out, err
+    assert "binary: 60 iterations" in out
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [r["iteration"] for r in history] == list(range(1, 61))
