@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import numbers
 import typing
 from typing import Any, TypeVar
 
@@ -66,7 +67,7 @@ def _check_numbers(name: str, cls: type[GradientCode], params: dict[str, Any]) -
     hints = typing.get_type_hints(cls.__init__)
     for key, value in params.items():
         kind = hints.get(key)
-        if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if kind in (int, float) and not isinstance(value, numbers.Real):  # the class's own checks do the rest
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"Gradient code {name!r}: parameter {key!r} must be {what}, not {value!r}.")
 
