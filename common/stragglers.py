@@ -121,6 +121,9 @@ class FixedDelay(DelayModel):
       workers, drawn uniformly without replacement from ``workers`` (or from ``range(num_workers)``),
       are delayed — Figure 4's "we artificially add delays to s random workers in each iteration".
       The draw depends on ``(seed, iteration)`` only, so every worker agrees on who straggles.
+
+    ``count`` (default 1) belongs to the random mode; fixed mode refuses it rather than ignore it, since
+    there the delayed workers are ``workers`` (a count without a draw would not say which ones).
     """
 
     name = "fixed"
@@ -133,7 +136,7 @@ class FixedDelay(DelayModel):
         *,
         random_worker: bool | None = None,
         num_workers: int | None = None,
-        count: int = 1,
+        count: int | None = None,
         seed: int = 0,
         time_scale: float = 1.0,
     ) -> None:
@@ -161,7 +164,13 @@ class FixedDelay(DelayModel):
                     f"Argument 'workers' must name workers in [0, {self.num_workers}), not {list(self.workers)}."
                 )
         self._workers_set = frozenset(self.workers or ())
-        self.count = check_int("count", count, 0)
+        if count is not None and not self.every_iteration_random:
+            raise ValueError(
+                f"Argument 'count' ({count!r}) applies only with every_iteration_random=true (alias random_worker): "
+                "in fixed mode the delayed workers are 'workers' (all when omitted). Give random_worker=true and "
+                "num_workers to delay 'count' random workers in each iteration, or drop 'count'."
+            )
+        self.count = 1 if count is None else check_int("count", count, 0)
         self._last_choice: tuple[int, tuple[int, ...]] | None = None
         if self.every_iteration_random:
             if self.workers is None and self.num_workers is None:
@@ -209,7 +218,7 @@ class FixedDelay(DelayModel):
             "workers": None if self.workers is None else list(self.workers),
             "every_iteration_random": self.every_iteration_random,
             "num_workers": self.num_workers,
-            "count": self.count,
+            **({"count": self.count} if self.every_iteration_random else {}),
         }
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import numbers
+import typing
 from typing import Any, TypeVar
 
 from gradcode.common.codes.base import GradientCode
@@ -52,11 +54,22 @@ def make_code(name: str, **params: Any) -> GradientCode:
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"Gradient code {name!r} does not take parameter(s) {unknown}; it accepts {accepted}.")
+    _check_numbers(name, cls, params)
     try:
         inspect.signature(cls.__init__).bind(None, **params)
     except TypeError as exc:
         raise ValueError(f"Gradient code {name!r}: {exc}; it accepts {accepted}.") from None
     return cls(**params)
+
+
+def _check_numbers(name: str, cls: type[GradientCode], params: dict[str, Any]) -> None:
+    """Refuse a text value for a numeric parameter first, so ``n=abc`` is named rather than a missing ``s``."""
+    hints = typing.get_type_hints(cls.__init__)
+    for key, value in params.items():
+        kind = hints.get(key)
+        if kind in (int, float) and not isinstance(value, numbers.Real):  # the class's own checks do the rest
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"Gradient code {name!r}: parameter {key!r} must be {what}, not {value!r}.")
 
 
 BUILTIN_SCHEME_MODULES = (

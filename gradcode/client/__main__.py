@@ -39,18 +39,77 @@ from typing import Any
 import grpc
 import numpy as np
 
+from gradcode.client.errors import explain_rpc_error
 from gradcode.client.history import format_worker_table, plot_history, plot_workers, save_history, save_spec
 from gradcode.client.launch import LocalCluster
-from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
+from gradcode.client.progress import Progress
+from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
 from gradcode.common.codes.compare import format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
 from gradcode.common.models import available_models, make_model, save_params
 from gradcode.common.plugins import model_dtype
-from gradcode.common.security import add_security_arguments, security_from_args
+from gradcode.common.security import Security, add_security_arguments, security_from_args
+from gradcode.common.wire import dict_from_struct, message_to_dict
 from gradcode.v1 import master_pb2
 
 DEFAULT_MASTER = "127.0.0.1:50050"
+DEFAULT_SCHEME = "binary"
+"""The scheme of `gradcode run` and `gradcode demo`: a 0/1 code that is exact (certified to 1e-12 in float64)
+for every n and s < n a user may type, where cyclic repetition is refused for some (n = 16, s = 2)."""
+
+
+class CommandError(Exception):
+    """A local problem the command reports in one line (exit status 1): an output it cannot write."""
+
+
+def _scheme(text: str) -> str:
+    """``--scheme``: a registered scheme's name, or a usage error listing them."""
+    names = available_codes()
+    if text not in names:
+        raise argparse.ArgumentTypeError(
+            f"unknown scheme {text!r}; valid schemes: {', '.join(names)} (`gradcode codes --n N --s S` compares them)"
+        )
+    return text
+
+
+def _parameters_file(text: str) -> np.ndarray[Any, Any]:
+    """``--initial-parameters``: the array of a ``.npy`` file, read here so a bad file is a usage error."""
+    try:
+        values = np.load(Path(text), allow_pickle=False)
+    except OSError as exc:  # missing, a directory, unreadable
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # text (numpy reads it as a pickle it refuses to load), a damaged header
+        why = "" if "pickle" in str(exc) else f" ({exc})"
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a .npy array file{why}; write the parameters with numpy.save or `gradcode model`"
+        ) from None
+    if not isinstance(values, np.ndarray):
+        values.close()
+        raise argparse.ArgumentTypeError(f"{text} is a .npz archive; give a .npy file of one flat vector")
+    return values
+
+
+def _input_file(text: str) -> Path:
+    """A local file to read (``resume --checkpoint``): refused at parse time when it is not a readable file."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a directory' if path.is_dir() else 'no such file'}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: permission denied")
+    return path
+
+
+def _output_dir(directory: Path) -> Path:
+    """Create ``directory`` (and its parents) and check it is writable, before a job runs; its absolute path."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".gradcode-write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise CommandError(f"cannot write to {directory}: {exc.strerror or exc}") from None
+    return directory.resolve()
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -73,7 +132,10 @@ def _text_key_value(text: str) -> tuple[str, str]:
 
 def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gradient code")
-    g.add_argument("--scheme", default="cyclic", help=f"one of: {', '.join(available_codes())} (default: cyclic)")
+    g.add_argument(
+        "--scheme", type=_scheme, default=DEFAULT_SCHEME,
+        help=f"one of: {', '.join(available_codes())} (default: {DEFAULT_SCHEME}, exact for any n and s < n)",
+    )  # fmt: skip
     g.add_argument("--n", type=int, default=8, help="number of workers (default: 8)")
     g.add_argument("--s", type=int, default=2, help="stragglers to tolerate (default: 2)")
     g.add_argument(
@@ -121,23 +183,40 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--test-fraction", type=float, default=0.0,
         help="share of the dataset held out for the test accuracy, in [0, 1) (default 0: the master's default)",
     )  # fmt: skip
-    t.add_argument("--optimizer", default="nesterov", choices=["gd", "nesterov"])
-    t.add_argument("--learning-rate", type=float, default=0.5)
-    t.add_argument("--l2", type=float, default=1e-4)
-    t.add_argument("--iterations", type=int, default=60)
+    t.add_argument("--optimizer", default="nesterov", choices=["gd", "nesterov"], help="(default: %(default)s)")
+    t.add_argument("--learning-rate", type=float, default=0.5, help="step size (default: %(default)s)")
+    t.add_argument("--l2", type=float, default=1e-4, help="L2 regularisation weight (default: %(default)s)")
+    t.add_argument("--iterations", type=int, default=60, help="gradient steps (default: %(default)s)")
     t.add_argument("--target-accuracy", type=float, default=0.0, help="stop once test accuracy reaches this")
-    t.add_argument("--deadline", type=float, default=30.0, help="seconds an iteration may wait for a decodable set")
-    t.add_argument("--verify", action="store_true", help="check every decoded gradient against the centralized one")
-    t.add_argument("--seed", type=int, default=0)
-    e = p.add_argument_group("straggler emulation (experiments)")
-    e.add_argument("--straggler", default="none", help="none | fixed | shifted_exponential | pareto | gilbert_elliot")
-    e.add_argument("--straggler-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE")
     t.add_argument(
-        "--initial-parameters", type=Path, default=None, metavar="FILE.npy",
+        "--deadline", type=float, default=30.0,
+        help="seconds an iteration may wait for a decodable set (default: %(default)s)",
+    )  # fmt: skip
+    t.add_argument(
+        "--wait-for-workers", type=float, default=30.0, metavar="SECONDS",
+        help="how long the job may wait for the workers its code needs to register (default: %(default)s; "
+        "0: refuse at once when too few are up)",
+    )  # fmt: skip
+    t.add_argument("--verify", action="store_true", help="check every decoded gradient against the centralized one")
+    t.add_argument("--seed", type=int, default=0, help="seed of the data split, the model and the code (default: 0)")
+    e = p.add_argument_group("straggler emulation (experiments)")
+    e.add_argument(
+        "--straggler", default="none",
+        help="none | fixed | shifted_exponential | pareto | gilbert_elliot (default: none)",
+    )  # fmt: skip
+    e.add_argument(
+        "--straggler-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="a delay model parameter, e.g. delay_seconds=0.25; fixed takes count=K only with random_worker=true",
+    )  # fmt: skip
+    t.add_argument(
+        "--initial-parameters", type=_parameters_file, default=None, metavar="FILE.npy",
         help="start from these parameters (a flat vector, e.g. from `gradcode model`) instead of the model's own",
     )  # fmt: skip
     o = p.add_argument_group("output")
-    o.add_argument("--out", type=Path, default=Path("runs/latest"), help="where history and plots go")
+    o.add_argument(
+        "--out", type=Path, default=Path("runs/latest"),
+        help="directory for the history and plots, replaced by the next run (default: %(default)s)",
+    )  # fmt: skip
 
 
 def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.JobSpec:
@@ -165,10 +244,48 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "message_dtype": args.dtype,
         "integrity": args.integrity,
         "backup_priority": args.backup_priority,
-        "initial_parameters": None if args.initial_parameters is None else np.load(args.initial_parameters),
+        "initial_parameters": args.initial_parameters,
+        "wait_for_workers_seconds": args.wait_for_workers,
     }
     values.update(overrides)
     return build_job_spec(**values)
+
+
+def _workers_needed(spec: master_pb2.JobSpec) -> str:
+    """The code's worker count as the spec states it (``n``, or ``n1 + n2``), for a message; empty if unstated."""
+    params = dict_from_struct(spec.code.params)
+    if isinstance(params.get("n"), int):
+        return f", its code needs n = {params['n']}"
+    if isinstance(params.get("n1"), int) and isinstance(params.get("n2"), int):
+        return f", its code needs n1 + n2 = {params['n1'] + params['n2']}"
+    return ""
+
+
+async def _explain_wait(client: GradcodeClient, info: master_pb2.JobInfo, progress: Progress) -> None:
+    """While the job is pending, say what it waits for (the workers up versus those the code needs).
+
+    The master waits up to ``wait_for_workers_seconds`` for its workers to register; without this the
+    bar would sit silently at 0% for that long. Says it again whenever the number of workers up changes.
+    """
+    spec, said = info.spec, -1
+    await asyncio.sleep(1.0)
+    while True:
+        try:
+            job = await client.get_job(info.job_id)
+            workers = [] if job.state != master_pb2.JOB_STATE_PENDING else await client.list_workers()
+        except grpc.aio.AioRpcError:
+            return  # a note, not the job: the watch itself reports what matters
+        if job.state != master_pb2.JOB_STATE_PENDING:
+            return
+        up = sum(w.state == master_pb2.WORKER_STATE_UP for w in workers)
+        if up != said:
+            said = up
+            progress.write(
+                f"job {info.job_id} is pending ({job.message or 'not started'}): {up} worker(s) up at the master"
+                f"{_workers_needed(spec)}; it waits up to {spec.wait_for_workers_seconds:g} s for them "
+                "(--wait-for-workers sets how long)"
+            )
+        await asyncio.sleep(2.0)
 
 
 async def _follow(
@@ -177,28 +294,34 @@ async def _follow(
     label: str,
     seen: list[master_pb2.IterationReport] | None = None,
     on_created: Callable[[master_pb2.JobInfo], None] | None = None,
+    patience: float = 0.0,
 ) -> list[master_pb2.IterationReport]:
-    """Create the job and show a live progress bar until it ends; return every report.
+    """Create the job and show its progress until it ends; return every report.
 
-    ``seen`` collects the reports as they arrive (what is left when the caller is interrupted).
+    ``seen`` collects the reports as they arrive (what is left when the caller is interrupted). With
+    ``patience`` > 0 the job is followed across restarts of the master (see GradcodeClient.follow).
     """
-    from tqdm import tqdm
-
     seen = [] if seen is None else seen
-    with tqdm(total=spec.iterations, desc=label, unit="it", file=sys.stderr, dynamic_ncols=True) as bar:
-        accuracy = ["-"]  # the latest evaluated test accuracy (the master evaluates every evaluate_every)
+    progress = Progress(label, spec.iterations)
+    waits: list[asyncio.Task[None]] = []
 
-        def progress(r: master_pb2.IterationReport) -> None:
-            seen.append(r)
-            bar.update(1)
-            if not math.isnan(r.test_accuracy):
-                accuracy[0] = f"{r.test_accuracy:.3f}"
-            bar.set_postfix(
-                loss=f"{r.loss:.4f}", acc=accuracy[0],
-                it=f"{r.wall_seconds * 1e3:.0f}ms", late=len(r.late_workers) + len(r.failed_workers),
-            )  # fmt: skip
+    def created(info: master_pb2.JobInfo) -> None:
+        if on_created is not None:
+            on_created(info)
+        waits.append(asyncio.get_running_loop().create_task(_explain_wait(client, info, progress)))
 
-        await client.run(spec, on_report=progress, on_created=on_created)
+    def report(r: master_pb2.IterationReport) -> None:
+        for task in waits:
+            task.cancel()
+        keep_report(seen, r)
+        progress.update(r)
+
+    try:
+        await client.run(spec, on_report=report, on_created=created, on_wait=progress.write, patience=patience)
+    finally:
+        for task in waits:
+            task.cancel()
+        progress.close()
     return seen
 
 
@@ -222,15 +345,17 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
         if inexact
         else ""
     )
+    evaluated = [r.test_accuracy for r in reports if not math.isnan(r.test_accuracy)]
+    accuracy = f"test accuracy {evaluated[-1]:.3f}" if evaluated else "no test accuracy"
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
-        f"final loss {last.loss:.4f}, test accuracy {last.test_accuracy:.3f}, "
+        f"final loss {last.loss:.4f}, {accuracy}, "
         f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
     )
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    out: Path = args.out
+    out = _output_dir(args.out)  # absolute: the master child writes to the same place as we do
     straggler_params = {"delay_seconds": args.delay, "random_worker": True, "num_workers": args.n, "count": args.s}
     print(f"Starting a local master and {args.n} worker processes (logs in {out / 'logs'}) ...", flush=True)
     with LocalCluster(args.n, run_dir=out) as cluster:
@@ -257,18 +382,35 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def _save(
-    out: Path, reports: list[master_pb2.IterationReport], runs: dict[str, Any], spec: master_pb2.JobSpec | None = None
+    out: Path,
+    reports: list[master_pb2.IterationReport],
+    runs: dict[str, Any],
+    spec: master_pb2.JobSpec | None = None,
+    *,
+    plots: bool = True,
 ) -> None:
-    """Write the history as JSON and CSV, the spec, the loss/accuracy and per-worker plots, and say where."""
-    paths = [save_history(reports, out / "history.json"), save_history(reports, out / "history.csv")]
+    """Write the history as JSON and CSV, the spec, and (with ``plots``) the loss/accuracy and per-worker
+    plots; say where, with the directory's absolute path (``--out`` has a default a user may not know)."""
+    out = _output_dir(out)
+    files = [save_history(reports, out / "history.json"), save_history(reports, out / "history.csv")]
     if spec is not None:
-        paths.append(save_spec(spec, out / "spec.json"))
-    plots = [plot_history(runs, out / "history.png"), plot_workers(reports, out / "workers.png")]
-    print(f"History: {', '.join(map(str, paths))}; plots: {', '.join(map(str, plots))}", flush=True)
+        files.append(save_spec(spec, out / "spec.json"))
+    if plots:
+        files += [plot_history(runs, out / "history.png"), plot_workers(reports, out / "workers.png")]
+    print(f"Saved {', '.join(map(str, files))}", flush=True)
 
 
-def _detached(args: argparse.Namespace, job_id: str, reports: list[master_pb2.IterationReport]) -> None:
-    """Ctrl-C while following a job: say that it goes on and how to get back to it; keep what was seen."""
+def _detached(
+    args: argparse.Namespace,
+    job_id: str,
+    reports: list[master_pb2.IterationReport],
+    spec: master_pb2.JobSpec | None = None,
+) -> None:
+    """Ctrl-C while following a job: say that it goes on and how to get back to it; keep what was seen.
+
+    Saves the history and spec but no plots: drawing them (and importing matplotlib) would hold the
+    user for seconds after Ctrl-C; ``gradcode watch JOB --out DIR`` draws them for the whole job.
+    """
     master = f" --master {args.master}"
     print(
         f"\nDetached from job {job_id} after {len(reports)} iterations; it goes on on the master {args.master}.\n"
@@ -277,7 +419,7 @@ def _detached(args: argparse.Namespace, job_id: str, reports: list[master_pb2.It
         file=sys.stderr, flush=True,
     )  # fmt: skip
     if reports and args.out is not None:
-        _save(args.out, reports, {job_id: reports})
+        _save(args.out, reports, {job_id: reports}, spec, plots=False)
 
 
 def _client(args: argparse.Namespace) -> GradcodeClient:
@@ -287,6 +429,7 @@ def _client(args: argparse.Namespace) -> GradcodeClient:
 
 async def _run(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
+    _output_dir(args.out)  # before the job runs, not after
     created: list[master_pb2.JobInfo] = []
     reports: list[master_pb2.IterationReport] = []
 
@@ -296,10 +439,14 @@ async def _run(args: argparse.Namespace) -> int:
 
     async with _client(args) as client:
         try:
-            await _follow(client, spec, args.scheme, reports, on_created=announce)
+            await _follow(client, spec, args.scheme, reports, on_created=announce, patience=args.reconnect)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us, then raises KeyboardInterrupt
             if created:
-                _detached(args, created[0].job_id, reports)
+                _detached(args, created[0].job_id, reports, created[0].spec)
+            raise
+        except TimeoutError:  # the master did not come back: keep what was seen, say how to get back
+            if created:
+                _detached(args, created[0].job_id, reports, created[0].spec)
             raise
     print(_summary(args.scheme, reports))
     print(format_worker_table(reports))
@@ -307,23 +454,44 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_line(r: master_pb2.IterationReport) -> str:
+    """One iteration for `gradcode watch`; the test accuracy only where the master evaluated it."""
+    accuracy = "" if math.isnan(r.test_accuracy) else f" test acc {r.test_accuracy:.3f}"
+    late = f" late {list(r.late_workers)}" if r.late_workers else ""
+    failed = f" failed {list(r.failed_workers)}" if r.failed_workers else ""
+    return f"iteration {r.iteration}: loss {r.loss:.4f}{accuracy} {r.wall_seconds * 1e3:.1f} ms{late}{failed}"
+
+
 async def _watch(args: argparse.Namespace) -> int:
+    """Follow a job: the last ``--tail`` iterations of its history, then live ones, with a progress bar."""
+    if args.out is not None:
+        _output_dir(args.out)
     reports: list[master_pb2.IterationReport] = []
     async with _client(args) as client:
+        start = await client.get_job(args.job_id)
+        total = start.spec.iterations
+        print(
+            f"job {start.job_id}: {master_pb2.JobState.Name(start.state).removeprefix('JOB_STATE_')}, "
+            f"{start.iterations_done}/{total} iterations done",
+            flush=True,
+        )
+        shown_from = start.iterations_done - args.tail if args.tail >= 0 else 0
+        progress = Progress(start.job_id, total, print_lines=False)
         try:
-            async for r in client.watch(args.job_id):
-                reports.append(r)
-                print(
-                    f"iteration {r.iteration}: loss {r.loss:.4f} test acc {r.test_accuracy:.3f} "
-                    f"{r.wall_seconds * 1e3:.1f} ms used {list(r.used_workers)} late {list(r.late_workers)}",
-                    flush=True,
-                )
-        except asyncio.CancelledError:
-            _detached(args, args.job_id, reports)
+            async for r in client.follow(args.job_id, on_wait=progress.write, patience=args.reconnect):
+                keep_report(reports, r)
+                progress.update(r)
+                if r.iteration > shown_from:
+                    progress.write(_report_line(r))
+        except (asyncio.CancelledError, TimeoutError):
+            progress.close()
+            _detached(args, args.job_id, reports, start.spec)
             raise
+        progress.close()
         info = await client.get_job(args.job_id)
     print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)} {info.message}")
     if reports:
+        print(_summary(info.job_id, reports))
         print(format_worker_table(reports))
     if args.out is not None and reports:
         _save(args.out, reports, {info.job_id: reports}, info.spec)
@@ -344,6 +512,9 @@ async def _resume(args: argparse.Namespace) -> int:
 async def _jobs(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         reply = await client.list_jobs()
+    if args.json:
+        print(json.dumps(message_to_dict(reply), indent=1))
+        return 0
     print(f"{'job':<24} {'state':<10} {'iterations':>10}  message")
     for job in reply.jobs:
         state = master_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
@@ -354,6 +525,7 @@ async def _jobs(args: argparse.Namespace) -> int:
 
 
 async def _model(args: argparse.Namespace) -> int:
+    _output_dir(args.out.parent)
     async with _client(args) as client:
         params = await client.get_model(args.job_id)
         spec = (await client.get_job(args.job_id)).spec
@@ -447,6 +619,25 @@ def _integrity_notes(n: int, s: int) -> str:
     return "\n".join(["", head, *notes]) if notes else ""
 
 
+def _add_reconnect_argument(p: argparse.ArgumentParser) -> None:
+    """How long a command that follows a job waits for its master to come back (run, watch, resume)."""
+    p.add_argument(
+        "--reconnect", type=float, default=RESUME_PATIENCE_SECONDS, metavar="SECONDS",
+        help="when the master goes away (restarts), wait this long for it to come back and resume the job, "
+        "then follow it on (default: %(default)g; 0: give up at once)",
+    )  # fmt: skip
+
+
+def _add_watch_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of the commands that follow an existing job (watch, resume)."""
+    _add_reconnect_argument(p)
+    p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+    p.add_argument(
+        "--tail", type=int, default=10, metavar="N",
+        help="print the last N iterations of the history before the live ones (default: %(default)s; -1: all)",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradcode",
@@ -479,6 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = client_command("run", "start a job on a running master and follow it")
     _add_job_arguments(run)
+    _add_reconnect_argument(run)
     run.set_defaults(handler=_run)
 
     for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
@@ -486,19 +678,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job_id")
         p.set_defaults(handler=handler)
         if name == "watch":
-            p.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+            _add_watch_arguments(p)
     resume = client_command(
         "resume", "resume a job from its last checkpoint (the master's, or a checkpoint file) and follow it"
     )
     resume.add_argument("job_id", nargs="?", default="", help="the job (optional with --checkpoint)")
     resume.add_argument(
-        "--checkpoint", type=Path, default=None, metavar="FILE",
+        "--checkpoint", type=_input_file, default=None, metavar="FILE",
         help="a checkpoint file (<state_dir>/<job>.ckpt.npz, e.g. another master's) to resume from",
     )  # fmt: skip
     resume.add_argument("--detach", action="store_true", help="return once the job is resumed")
-    resume.add_argument("--out", type=Path, default=None, help="also save the history and plots here")
+    _add_watch_arguments(resume)
     resume.set_defaults(handler=_resume)
     jobs = client_command("jobs", "list the jobs a master holds and their states")
+    jobs.add_argument("--json", action="store_true", help="print the master's reply as JSON (for scripts)")
     jobs.set_defaults(handler=_jobs)
     model = client_command("model", "save a job's trained model: parameters as .npy (+ a torch state_dict .pt)")
     model.add_argument("job_id")
@@ -563,10 +756,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(asyncio.run(handler(args)))
         return int(handler(args))
     except grpc.aio.AioRpcError as exc:
-        print(f"gradcode: the master answered {exc.code().name}: {exc.details()}", file=sys.stderr)
+        security = security_from_args(args) if hasattr(args, "tls_ca") else Security()  # demo: its own master
+        print(f"gradcode: {explain_rpc_error(exc, getattr(args, 'master', 'the master'), security)}", file=sys.stderr)
         return 1
-    except (JobFailedError, ValueError, KeyError) as exc:
+    except KeyError as exc:  # str() of a KeyError is the repr of its message
+        print(f"gradcode: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    except (JobFailedError, ValueError, CommandError) as exc:
         print(f"gradcode: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a local file the checks above did not foresee, or TimeoutError: one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"gradcode: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from gradcode.v1 import master_pb2
 
 __all__ = [
     "WorkerRecord",
+    "continuous_elapsed",
     "format_worker_table",
     "plot_history",
     "plot_workers",
@@ -140,19 +142,53 @@ def _pyplot() -> Any:
     return plt
 
 
+def continuous_elapsed(reports: Sequence[master_pb2.IterationReport]) -> tuple[list[float], list[float]]:
+    """Each report's time since the job first started, and the times at which it was resumed.
+
+    A resumed job's ``elapsed_seconds`` starts again from 0 (they count from the start of the current run),
+    so plotted as they are a resumed job runs backwards. Here a report whose elapsed time is below its
+    predecessor's begins a new run, which continues from where the previous run's last report ended.
+    """
+    times: list[float] = []
+    resumes: list[float] = []
+    offset = previous = 0.0
+    for r in reports:
+        if times and r.elapsed_seconds < previous:
+            offset = times[-1]
+            resumes.append(offset)
+        previous = r.elapsed_seconds
+        times.append(offset + r.elapsed_seconds)
+    return times, resumes
+
+
 def plot_history(runs: dict[str, Sequence[master_pb2.IterationReport]], path: Path) -> Path:
-    """Loss and test accuracy against wall-clock time, one line per run, saved as PNG."""
+    """Loss and test accuracy against wall-clock time, one colour per run, saved as PNG.
+
+    The test accuracy is evaluated every few iterations (NaN in between), so only those points are drawn,
+    joined and marked; a resumed run's time continues across its resumes, each marked by a dotted line.
+    One legend, on the loss panel (the accuracy panel uses the same colours).
+    """
     plt = _pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for label, reports in runs.items():
-        t = [r.elapsed_seconds for r in reports]
-        ax_loss.plot(t, [r.loss for r in reports], label=label)
-        ax_acc.plot(t, [r.test_accuracy for r in reports], label=label)
+        t, resumes = continuous_elapsed(reports)
+        (line,) = ax_loss.plot(t, [r.loss for r in reports], label=label)
+        evaluated = [(ti, r.test_accuracy) for ti, r in zip(t, reports, strict=True) if not math.isnan(r.test_accuracy)]
+        if evaluated:
+            ax_acc.plot(*zip(*evaluated, strict=True), marker="o", markersize=4, color=line.get_color())
+        for i, at in enumerate(resumes):
+            for ax in (ax_loss, ax_acc):
+                ax.axvline(
+                    at,
+                    color=line.get_color(),
+                    linestyle=":",
+                    label=f"{label} resumed" if ax is ax_loss and not i else None,
+                )
     ax_loss.set(xlabel="wall-clock time (s)", ylabel="training loss", yscale="log", title="Loss")
-    ax_acc.set(xlabel="wall-clock time (s)", ylabel="test accuracy", title="Accuracy")
+    ax_acc.set(xlabel="wall-clock time (s)", ylabel="test accuracy", title="Test accuracy (where evaluated)")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
-        ax.legend()
+    ax_loss.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -171,7 +207,7 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
     records = worker_records(reports)
     labels = [str(r.worker_id) for r in records]
     x = list(range(len(records)))
-    fig, (ax_share, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_share, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     bottom = [0.0] * len(records)
     for name, color, counts in (
         ("used", "tab:green", [r.used for r in records]),
@@ -184,7 +220,7 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
         bottom = [b + s for b, s in zip(bottom, shares, strict=True)]
     ax_share.set(xlabel="worker", ylabel="share of iterations", title="How often each worker was late", ylim=(0, 1))
     ax_share.set_xticks(x, labels)
-    ax_share.legend(loc="lower right")
+    ax_share.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # beside the bars, not on them
     answered = [(i, t) for i, rec in enumerate(records) for t in rec.response_seconds]
     late = [(i, t) for i, rec in enumerate(records) for t in rec.late_by_at_least]
     if answered:
@@ -199,7 +235,6 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
         ax_time.legend(handles, names, loc="best")
     for ax in (ax_share, ax_time):
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -24,12 +24,18 @@ __all__ = ["LocalCluster", "ServiceProcess", "service_env"]
 _LISTENING = re.compile(r"(?:master|worker) listening on (\S+)")
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+"""The folder this ``gradcode`` package is imported from (a checkout, or site-packages)."""
+
+
 def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The current environment with numerical libraries limited to one thread each."""
+    """The current environment with numerical libraries limited to one thread each, and this ``gradcode`` first
+    on the import path, so the children run the same code as the parent whatever their working directory."""
     env = dict(os.environ)
     for var in BLAS_THREAD_VARIABLES:
         env[var] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env.update(extra or {})
     return env
 
@@ -50,8 +56,7 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env=env or service_env(),
-            cwd=Path(__file__).resolve().parent.parent,
-        )
+        )  # in the caller's working directory: relative paths in argv mean what the user meant
         self.address: str | None = None
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read_output, daemon=True)
@@ -130,7 +135,8 @@ class LocalCluster:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, not {num_workers}.")
         self.num_workers = num_workers
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
+        """Absolute, so the master child (told ``--run-dir``) and this process write to the same place."""
         self.host = host
         self.env = service_env(env)
         """Every process's environment (``env`` adds e.g. the GRADCODE_TLS_* and secret variables)."""

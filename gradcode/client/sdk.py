@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableSequence
 from types import TracebackType
 from typing import Any
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 
@@ -25,7 +27,42 @@ from gradcode.common.security import Security, security_from_env
 from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
-__all__ = ["GradcodeClient", "JobFailedError", "ReportCallback", "build_job_spec", "code_params_for"]
+__all__ = [
+    "GradcodeClient",
+    "JobFailedError",
+    "ReportCallback",
+    "build_job_spec",
+    "code_params_for",
+    "keep_report",
+    "stopped_with_master",
+]
+
+RESUMABLE_STOP = "stopped with the master (resumable"
+"""How the message of a job its master's shutdown stopped begins (the master keeps its checkpoint and, restarted
+on the same state directory, resumes it under the same id). A job without a checkpoint ends for good."""
+
+RESUME_PATIENCE_SECONDS = 300.0
+"""How long :meth:`GradcodeClient.follow` waits for a master to come back and resume a job, by default."""
+
+
+NOT_FOUND_GRACE_SECONDS = 20.0
+"""How long a restarted master may answer NOT_FOUND for a job before :meth:`GradcodeClient.follow` believes it."""
+
+
+def stopped_with_master(info: master_pb2.JobInfo) -> bool:
+    """The job ended because its master shut down, and its restarted master will resume it."""
+    return info.state == master_pb2.JOB_STATE_CANCELLED and info.message.startswith(RESUMABLE_STOP)
+
+
+def keep_report(reports: MutableSequence[master_pb2.IterationReport], report: master_pb2.IterationReport) -> None:
+    """Append ``report`` to a job's history, first dropping the reports of its iteration and later ones.
+
+    A resumed job goes on from its last checkpoint: it computes again the iterations after it, whose first
+    reports the resumed master drops from its history too.
+    """
+    while reports and reports[-1].iteration >= report.iteration:
+        reports.pop()
+    reports.append(report)
 
 
 def code_params_for(scheme: str, n: int, s: int) -> dict[str, Any]:
@@ -172,6 +209,71 @@ class GradcodeClient:
         async for report in self._stub.WatchJob(master_pb2.WatchJobRequest(job_id=job_id)):
             yield report
 
+    async def follow(
+        self,
+        job_id: str,
+        *,
+        on_wait: Callable[[str], None] | None = None,
+        patience: float = RESUME_PATIENCE_SECONDS,
+    ) -> AsyncIterator[master_pb2.IterationReport]:
+        """Like :meth:`watch`, across restarts of the master: each report once, until the job really ends.
+
+        When the master goes away (the stream breaks, UNAVAILABLE) or stops the job with itself (resumable
+        from its checkpoint), wait with back-off, up to ``patience`` seconds, for a master at the same
+        address to resume the job, then follow it on. ``on_wait`` hears why it waits. The resumed job
+        computes again the iterations after its checkpoint: their new reports come again (with an
+        iteration number at or below one already seen; :func:`keep_report` keeps a history right).
+        Raises ``TimeoutError`` when no master resumed the job in time; ``patience=0`` waits for nothing
+        (the master's going away raises its ``AioRpcError``, a job stopped with it ends the iteration).
+        """
+        sent: dict[int, bytes] = {}
+        while True:
+            try:
+                async for report in self.watch(job_id):
+                    key = report.SerializeToString(deterministic=True)
+                    if sent.get(report.iteration) == key:
+                        continue  # the replayed history of a job already followed
+                    for later in [i for i in sent if i > report.iteration]:
+                        del sent[later]
+                    sent[report.iteration] = key
+                    yield report
+                info = await self.get_job(job_id)
+                if not stopped_with_master(info) or patience <= 0:
+                    return
+                why = f"job {job_id} {info.message}"
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or patience <= 0:
+                    raise
+                why = f"lost the master at {self.address} ({exc.details()})"
+            if on_wait is not None:
+                on_wait(f"{why}; waiting up to {patience:g} s for the master to come back and resume job {job_id}")
+            await self._until_resumed(job_id, patience)
+
+    async def _until_resumed(self, job_id: str, patience: float) -> None:
+        """Poll (0.5 s doubling to 5 s) until the master answers for the job and no longer as stopped with it.
+
+        A restarted master serves before it has resumed its saved jobs, so NOT_FOUND is "not yet" for
+        :data:`NOT_FOUND_GRACE_SECONDS` after its first answer; after that the master came back without the
+        job (no state directory, or the checkpoint was refused) and the NOT_FOUND is raised.
+        """
+        deadline, delay = time.monotonic() + patience, 0.5
+        unknown_since: float | None = None
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 5.0)
+            try:
+                if not stopped_with_master(await self.get_job(job_id)):
+                    return  # resumed (or ended meanwhile): follow it again
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    unknown_since = time.monotonic() if unknown_since is None else unknown_since
+                    if time.monotonic() - unknown_since > NOT_FOUND_GRACE_SECONDS:
+                        raise
+                elif exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"No master at {self.address} resumed job {job_id} within {patience:g} s.")
+
     async def get_model(self, job_id: str) -> np.ndarray[Any, Any]:
         reply = await self._stub.GetModel(master_pb2.GetModelRequest(job_id=job_id))
         return np.array(array_from_tensor(reply.parameters))
@@ -208,11 +310,16 @@ class GradcodeClient:
         *,
         check: bool = True,
         on_created: Callable[[master_pb2.JobInfo], None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        patience: float = 0.0,
     ) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
         """Create a job, follow it to the end, and return its final info and every report.
 
         ``on_created`` sees the new job's info before the first report (to show its id);
         ``on_report`` sees each report as it arrives (a progress bar, or a test that kills a worker).
+        With ``patience`` > 0 the job is followed across restarts of the master (:meth:`follow`: up to
+        ``patience`` seconds for each, ``on_wait`` hearing why it waits); by default the master's going
+        away ends the call with its ``AioRpcError``.
         With ``check`` (the default) a job that ends FAILED or CANCELLED raises :class:`JobFailedError`
         with the master's message; ``check=False`` returns its info instead.
         """
@@ -220,8 +327,8 @@ class GradcodeClient:
         if on_created is not None:
             on_created(job)
         reports: list[master_pb2.IterationReport] = []
-        async for report in self.watch(job.job_id):
-            reports.append(report)
+        async for report in self.follow(job.job_id, on_wait=on_wait, patience=patience):
+            keep_report(reports, report)
             if on_report is not None:
                 result = on_report(report)
                 if inspect.isawaitable(result):

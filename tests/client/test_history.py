@@ -1,8 +1,14 @@
-"""Per-worker attribution of a job's reports: used, late, failed, and spare (a backup the round did not need)."""
+"""Per-worker attribution of a job's reports (used, late, failed, spare), and the plots drawn from them."""
 
 from __future__ import annotations
 
-from gradcode.client.history import format_worker_table, worker_records
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradcode.client.history import continuous_elapsed, format_worker_table, plot_history, plot_workers, worker_records
 from gradcode.v1 import master_pb2
 
 
@@ -23,3 +29,69 @@ def test_a_backup_the_round_did_not_need_is_spare_one_it_used_is_used_and_neithe
     table = format_worker_table(reports).splitlines()
     assert table[0].split() == ["worker", "used", "late", "failed", "spare", "median", "response"]
     assert table[2].split()[:5] == ["1", "0", "0", "(0%)", "1"] and table[2].split()[5] == "2"
+
+
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The figures the plotting functions save, drawn (so extents are known) before they are closed."""
+    from matplotlib.figure import Figure
+
+    figures: list[Any] = []
+    save = Figure.savefig
+
+    def keep(fig: Any, *args: Any, **kwargs: Any) -> None:
+        save(fig, *args, **kwargs)
+        figures.append(fig)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def _run(iterations: range, start: float = 0.0) -> list[master_pb2.IterationReport]:
+    """Reports with the test accuracy evaluated every 10 iterations (NaN between), 0.1 s apart from ``start``."""
+    timings = [master_pb2.WorkerTiming(worker_id=w, seconds=0.01) for w in (0, 1)]
+    reports = []
+    for k, i in enumerate(iterations):
+        accuracy = 0.5 + i / 100 if i % 10 == 0 else math.nan
+        reports.append(
+            master_pb2.IterationReport(
+                iteration=i,
+                loss=1.0 / i,
+                elapsed_seconds=start + 0.1 * (k + 1),
+                test_accuracy=accuracy,
+                used_workers=[0, 1],
+                late_workers=[2] if i % 3 else [],
+                timings=timings,
+            )
+        )
+    return reports
+
+
+def test_the_accuracy_panel_draws_the_evaluated_points_with_markers(tmp_path: Path, drawn: list[Any]) -> None:
+    plot_history({"binary": _run(range(1, 31))}, tmp_path / "h.png")
+    accuracy = drawn[0].axes[1]
+    points = [
+        (x, y) for line in accuracy.get_lines() if line.get_marker() not in ("None", "", None)
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True) if not math.isnan(y)
+    ]  # fmt: skip
+    assert [round(y, 2) for _, y in points] == [0.6, 0.7, 0.8]  # iterations 10, 20, 30, each visible
+
+
+def test_a_resumed_job_runs_forward_with_one_legend(tmp_path: Path, drawn: list[Any]) -> None:
+    """After a resume elapsed_seconds starts again at 0 (iteration 61 at 6.72 s, 62 at 0.25 s)."""
+    reports = _run(range(1, 26)) + _run(range(26, 41))  # the second part's elapsed time restarts
+    times, resumes = continuous_elapsed(reports)
+    assert times == sorted(times) and resumes == [pytest.approx(2.5)]
+    assert times[25] == pytest.approx(2.6)
+    plot_history({"job": reports}, tmp_path / "h.png")
+    loss = drawn[0].axes[0].get_lines()[0].get_xdata()
+    assert list(loss) == sorted(loss)
+    assert sum(ax.get_legend() is not None for ax in drawn[0].axes) == 1
+
+
+def test_the_workers_legend_covers_no_bar(tmp_path: Path, drawn: list[Any]) -> None:
+    plot_workers(_run(range(1, 31)), tmp_path / "w.png")
+    share = drawn[0].axes[0]
+    legend = share.get_legend().get_window_extent()
+    bars = [p.get_window_extent() for p in share.patches if p.get_height() > 0]
+    assert bars and not any(legend.overlaps(bar) for bar in bars)

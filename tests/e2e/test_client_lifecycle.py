@@ -81,6 +81,7 @@ def test_run_prints_the_id_detaches_on_ctrl_c_and_watch_reattaches(tmp_path: Pat
         assert f"gradcode watch {job_id} --master {master}" in err
         assert f"gradcode cancel {job_id} --master {master}" in err
         assert str(tmp_path / "run" / "history.json") in out  # says where what it saw went
+        assert json.loads((tmp_path / "run" / "spec.json").read_text())["job_id"] == job_id  # and what it ran
         seen = json.loads((tmp_path / "run" / "history.json").read_text())
         assert len(seen) >= 1
         assert [r["iteration"] for r in seen] == list(range(1, len(seen) + 1))  # ints, in order

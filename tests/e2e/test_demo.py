@@ -32,3 +32,21 @@ def test_demo_trains_exactly_and_beats_waiting_for_all(tmp_path: Path) -> None:
     assert all(r["exact"] and r["verify_error"] <= 1e-9 for r in history)
     assert (out / "history.csv").read_text().count("\n") == 13
     assert (out / "history.png").stat().st_size > 0
+
+
+def test_demo_writes_everything_under_out_relative_to_the_users_directory(tmp_path: Path) -> None:
+    """The master child once ran in the package folder: `--out ../x` split the output between two places,
+    and in the image (a read-only package folder, non-root) it died with PermissionError."""
+    here = tmp_path / "here"
+    here.mkdir()
+    argv = [sys.executable, "-m", "gradcode", "demo", "--n", "2", "--s", "1", "--iterations", "4", "--delay", "0.05"]
+    done = subprocess.run(
+        [*argv, "--out", "../x"], capture_output=True, text=True, timeout=180, cwd=here, env=service_env()
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "x"
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["master.log", "worker-0.log", "worker-1.log"]
+    assert len(list(out.glob("job-*.jsonl"))) == 2  # the master's records of both jobs, beside the client's files
+    assert (out / "history.json").is_file() and (out / "workers.png").is_file()
+    assert not any(here.iterdir())  # nothing in the working directory itself
+    assert f"Saved {out / 'history.json'}" in done.stdout  # the absolute path, not ../x
