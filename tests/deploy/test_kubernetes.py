@@ -195,8 +195,12 @@ def test_containers_are_probed_limited_scraped_and_unprivileged(statefulset: str
     secret_backed = {name for name, e in env.items() if "secretKeyRef" in e.get("valueFrom", {})}
     assert {env[name]["valueFrom"]["secretKeyRef"]["name"] for name in secret_backed} == {SECRET}
     role = statefulset.removeprefix("gradcode-")
-    # Every security setting the service, or its probe (a client in the same pod), reads can come from the Secret.
-    assert secret_backed == _security_variables(role) | (_security_variables("client") - {"GRADCODE_TOKEN"}), role
+    # Every security setting the service, or its probe (a client in the same pod), reads can come from the Secret,
+    # but GRADCODE_INSECURE: the manifests set it in plain sight (plaintext on the cluster network until the Secret
+    # exists, behind the NetworkPolicy), so that a reader sees what turns the default's refusal off.
+    wanted = _security_variables(role) | (_security_variables("client") - {"GRADCODE_TOKEN"})
+    assert secret_backed == wanted - {"GRADCODE_INSECURE"}, role
+    assert env["GRADCODE_INSECURE"]["value"] == "1"
 
 
 @pytest.mark.parametrize(("statefulset", "main"), [("gradcode-master", master_main), ("gradcode-worker", worker_main)])
