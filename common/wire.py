@@ -40,7 +40,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from gradcode.common.codes.base import Array
-from gradcode.common.codes.numerics import all_finite
+from gradcode.common.codes.numerics import all_finite, squared_norm
 from gradcode.common.exceptions import WireError
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -649,7 +649,7 @@ class MessageAssembler:
             piece = self._buffer[start : start + count]
             self._crc = google_crc32c.extend(self._crc, piece)
             normed = piece[: max(0, self.norm_length - start)]
-            squares = float(np.vdot(normed, normed).real)
+            squares = squared_norm(normed)
             if not (all_finite(normed, squares) and all_finite(piece[normed.size :])):
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
             self._squares += squares

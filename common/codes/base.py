@@ -35,6 +35,7 @@ from gradcode.common.codes.numerics import (
     RowProfile,
     certify_combination,
     equilibrated_decoding_weights,
+    underflow_unit,
     unit_roundoff,
     weighted_sum,
 )
@@ -140,14 +141,20 @@ class Decoding:
         *,
         dtype: npt.DTypeLike = np.float64,
         magnitudes: Mapping[int, float] | Sequence[float] | Array | None = None,
+        length: int = 0,
+        sender_errors: Sequence[float] | Array | None = None,
     ) -> ErrorCertificate:
         r"""Certified relative error of the gradient :meth:`combine` returned (numerics.certify_combination).
 
         ``message_norms`` are $\|m_i\|$ of the received messages (by row id, or in the order of
         :attr:`rows`), which a receiver can accumulate chunk by chunk; ``combined_norm`` is the norm
         of the combined vector; ``dtype`` the precision the messages were computed and sent in.
-        ``magnitudes`` ($\sum_j |b_{ij}| \|g_j\|$ per message, if the workers report them) make the
-        bound rigorous instead of estimated. ``O(f)`` after the first call on a decoding.
+        ``magnitudes`` ($\sum_j |b_{ij}| \|g_j\|$ per message, as the workers report them; NaN where one sent
+        none, which leaves a row of several partitions uncertified: infinite bound) make the bound rigorous;
+        ``None`` estimates them (a caller that formed the messages itself). ``length`` (coordinates certified,
+        0: not known) adds the underflow term; ``sender_errors`` (absolute, per row; 0: none) are errors the
+        senders certified for their own messages (leaves of several partitions, tree parents). ``O(f)`` after
+        the first call on a decoding.
         """
         return certify_combination(
             self.weights,
@@ -156,6 +163,9 @@ class Decoding:
             combined_norm,
             u=unit_roundoff(dtype),
             magnitudes=None if magnitudes is None else self._per_row(magnitudes, "magnitudes"),
+            length=length,
+            eta=underflow_unit(dtype),
+            sender_errors=None if sender_errors is None else self._per_row(sender_errors, "sender_errors"),
         )
 
     def combine_certified(

@@ -155,7 +155,8 @@ def test_recommended_schemes_certify_the_promise_or_refuse(name: str, n: int, s:
 def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel_inside_a_message() -> None:
     """The limit the estimate has: partial gradients of 1e8 that cancel to 1 inside one message leave
     a rounding error of ~1e-8 that rho * ||m|| cannot see. The workers' reported sum_j |b_j| ||g_j||
-    (``magnitudes``, NaN where a worker sent none) restores the bound."""
+    (``magnitudes``) restores the bound; where a worker sent none (NaN) the row cannot be certified (issue 24:
+    never silently estimated)."""
     code = make_code("fractional", n=6, s=2)  # each message sums three partitions
     assignment = code.static_assignment()
     decoding = code.decode(assignment.rows_of([0, 3]), assignment)
@@ -175,7 +176,7 @@ def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel
     reported = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=magnitudes)
     assert true <= reported.bound < 1e4 * true
     unknown = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=[math.nan] * len(norms))
-    assert unknown.bound == estimated.bound  # NaN: that row's worker sent none, so it is estimated
+    assert unknown.bound == math.inf  # NaN: that row's worker sent none, and a row of several partitions needs one
 
 
 @settings(max_examples=200, deadline=None)
