@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_DECODE_ERROR",
+    "GUARD_COHERENCE",
+    "GUARD_EXHAUSTIVE_SETS",
     "PROMISED_RELATIVE_ERROR",
     "SPAN_TOLERANCE",
     "ErrorCertificate",
@@ -53,6 +55,7 @@ __all__ = [
     "decode_error",
     "equilibrated_decoding_weights",
     "fresh_gaussian_gradients",
+    "guard_certificate",
     "measure_decodings",
     "message_rounding",
     "ones_in_span",
@@ -68,6 +71,7 @@ __all__ = [
     "weights_residual",
     "worst_combined_error",
     "worst_decode_error",
+    "worst_guard_certificate",
 ]
 
 Array = npt.NDArray[Any]
@@ -596,6 +600,81 @@ def certify_combination(
     combined_norm = float(combined_norm)
     amplification = weighted / combined_norm if combined_norm > 0 else math.inf
     return ErrorCertificate(relative_bound(absolute, combined_norm), absolute, amplification, u, magnitude)
+
+
+GUARD_COHERENCE = 0.5
+r"""The data a construction guard certifies for: partial gradients with $\|\sum_j g_j\| \ge$ this times
+$(\sum_j \|g_j\|^2)^{1/2}$. Independent directions of equal norms give 1 on average (and rarely below 1/2
+once $p \ge 16$: $\chi^2_p / p < 1/4$), aligned gradients more, one dominant partition about 1; partials that
+cancel in the sum are outside it, and only the per-decode certificate can speak for them."""
+
+GUARD_EXHAUSTIVE_SETS = 1024
+"""Up to this many survivor sets, a construction guard certifies every one of them."""
+
+
+def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) -> float:
+    r"""The largest relative bound :func:`certify_combination` can give this decoding on honest data of the guard's
+    class (:data:`GUARD_COHERENCE`): what a construction guard compares with its limit, so that a code it accepts
+    is one whose per-decode certificates stay within that limit (issue 24: "one guard, the certificate").
+
+    Every term of the certificate is linear in the partition norms $x_j = \|g_j\|$ once the message norms are
+    bounded by the magnitudes they are reported with ($\nu_i \le \mu_i = \sum_j |b_{ij}| x_j$):
+    $E \le \sum_j C_j x_j$ with
+    $C_j = \sum_i |a_i| |b_{ij}| (\gamma_f + \gamma_{w_i}) + \sum_l |r_l|\,|b_{i(l) j}| / |b_{i(l) l}|$
+    ($r$ the weights' residual, $i(l)$ the row that bounds partition $l$'s norm most tightly; the complex
+    constants as in :func:`certify_combination`). By Cauchy–Schwarz, $E \le \|C\|_2 (\sum_j x_j^2)^{1/2}
+    \le \|C\|_2 \|g\| / c$ for data of coherence $c$; the relative bound $E / (\|\hat g\| - E)$ is then
+    at most $\beta / (1 - \beta)$, $\beta = \|C\|_2 / c$. No sampling: a true upper bound over that class,
+    in float64 (``u``) for message dtypes no wider.
+    """
+    u = unit_roundoff(np.float64) if u is None else u
+    profile = RowProfile.of(np.asarray(weights), np.asarray(rows))
+    a = np.abs(np.asarray(weights))
+    f = len(a)
+    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
+    extra = 2 if profile.complex_arithmetic else 0
+    per_row = scale * a * (float(_gamma(f + extra, u)) + _gamma(profile.support + extra, u))
+    c = per_row @ profile.magnitude
+    residual = profile.residual
+    if np.any(residual > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.where(
+                profile.magnitude > 0, profile.magnitude.sum(axis=1)[:, None] / profile.magnitude, np.inf
+            )  # row i's bound on x_l costs sum_j |b_ij| / |b_il| (per unit of the largest x_j)
+            best = np.argmin(ratios, axis=0)
+            covered = np.isfinite(ratios[best, np.arange(ratios.shape[1])])
+        if not covered.all():
+            return math.inf
+        tight = profile.magnitude[best] / profile.magnitude[best, np.arange(len(best))][:, None]
+        c = c + residual @ tight
+    beta = float(np.linalg.norm(c)) / GUARD_COHERENCE
+    return beta / (1 - beta) if beta < 1 else math.inf
+
+
+def worst_guard_certificate(
+    b: Array,
+    f: int,
+    searched: Iterable[Sequence[int]],
+    weights: Callable[[Sequence[int], Array], Array],
+    *,
+    limit: float = math.inf,
+) -> float:
+    r"""A construction guard's number (issue 24, "one guard, the certificate"): the worst
+    :func:`guard_certificate` of the decoder's ``weights`` (of the row ids and the rows of ``b`` they pick) over
+    every set of ``f`` rows when there are at most :data:`GUARD_EXHAUSTIVE_SETS`, else over the ``searched``
+    ones (contiguous, searched-adversarial, seeded random: a search, not a proof). Stops at the first set
+    above ``limit``. :class:`~gradcode.common.exceptions.NumericallyUnsafeError` reports this number."""
+    n = b.shape[0]
+    sets = itertools.combinations(range(n), f) if math.comb(n, f) <= GUARD_EXHAUSTIVE_SETS else searched
+    worst = 0.0
+    for rows in sets:
+        chosen = b[list(rows)]
+        bound = guard_certificate(weights(rows, chosen), chosen)
+        if not bound <= worst:
+            worst = bound
+        if worst > limit:
+            break
+    return worst
 
 
 def relative_bound(absolute: float, combined_norm: float) -> float:

@@ -108,6 +108,7 @@ from gradcode.common.codes.numerics import (
     survivor_sets,
     weights_residual,
     worst_combined_error,
+    worst_guard_certificate,
 )
 from gradcode.common.codes.registry import register
 from gradcode.common.exceptions import NumericallyUnsafeError
@@ -286,8 +287,22 @@ class ReedSolomonCode(GradientCode):
         self._max_decode_error = float(max_decode_error)
         self._set_matrix(encoding_matrix(n, k, w))
         self._measured_error: float | None = None
+        self._certified_error: float | None = None
         if math.isfinite(self._max_decode_error):
             self._measured_error = self._measure_decode_error()
+            if self._measured_error <= self._max_decode_error:
+                self._certified_error = worst_guard_certificate(
+                    self.B, self.f, self.guard_survivor_sets(), self._guard_weights, limit=self._max_decode_error
+                )
+                if not self._certified_error <= self._max_decode_error:
+                    raise NumericallyUnsafeError(
+                        f"{self!r}: certifies relative error {self._certified_error:.3g} > max_decode_error="
+                        f"{self._max_decode_error:g} on honest partial gradients whose sum keeps half their joint "
+                        "norm (the guard's certificate, the bound honest decodes would carry); the complex "
+                        "Vandermonde decode is ill-conditioned at this size. Use the 'binary' scheme (0/1, exact), "
+                        "fewer workers or stragglers, or pass a larger max_decode_error explicitly.",
+                        measured_error=self._certified_error,
+                    )
             if not self._measured_error <= self._max_decode_error:
                 raise NumericallyUnsafeError(
                     f"{self!r}: measured worst relative decode error {self._measured_error:.3g} over contiguous "
@@ -342,6 +357,16 @@ class ReedSolomonCode(GradientCode):
         g = np.random.default_rng(0).standard_normal((self.k, _GUARD_COLUMNS))
         decodings = (Decoding(tuple(rows), decoding_weights(self.n, rows)) for rows in self.guard_survivor_sets())
         return worst_combined_error(self.B, decodings, itertools.repeat(g))
+
+    def _guard_weights(self, ids: Sequence[int], rows: Array) -> Array:
+        """The decoder's weights for the ``f`` rows ``ids`` (the closed form of :func:`decoding_weights`)."""
+        return decoding_weights(self.n, ids)
+
+    @property
+    def certified_decode_error(self) -> float | None:
+        """The guard's certificate (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`; None when
+        the guard was skipped)."""
+        return self._certified_error
 
     @cached_property
     def _reduced_span(self) -> tuple[Array, Array] | None:
