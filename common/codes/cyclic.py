@@ -46,7 +46,9 @@ accepted worst errors reach 1.0e-9 (the bound). At $n = 128$: $s \in \{1, 2, 3, 
 $s = 64$ at the fifth, $s = 16$ at the sixth. One draw costs about 0.2–0.25 s of CPU at $n = 128$
 (single-threaded BLAS; a multi-threaded BLAS on a loaded machine can be several times slower), so a
 construction takes between ~0.25 s and ~2 s. For bigger $n$, or when a bound must hold for every
-survivor set, use the ``binary`` or ``fractional`` scheme.
+survivor set, use the ``binary`` or ``fractional`` scheme. (Those are the measured guard's limits, before
+issue 24; the certificate below refuses more, e.g. $(32, 8)$ and $(64, 3)$ at 1e-9, and certifying every
+draw of a refused configuration takes seconds at $n \ge 64$: ``gradcode codes --accepted`` lists them.)
 
 One guard, the certificate (issues 10 and 24). Those limits are of the *measured* guard. A draw must also
 *certify* its limit: :func:`~gradcode.common.codes.numerics.worst_guard_certificate` is the largest bound the

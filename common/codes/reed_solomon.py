@@ -65,14 +65,16 @@ Numerics (guard rail)
     missing points are contiguous the weights grow like $\prod |1 - \alpha^{\cdot}|$ and the sum
     $\sum_i a_i m_i$ cancels catastrophically. At construction the worst relative decode error
     over the $n$ contiguous survivor sets and 8 seeded random ones is measured
-    ($O(n \cdot f \cdot s)$) and :class:`NumericallyUnsafeError` is raised above
-    ``max_decode_error`` (default :data:`DEFAULT_MAX_DECODE_ERROR` $= 10^{-9}$). Where it bites
-    for ``for_stragglers(n, s)`` ($k = n$, $w = s + 1$), scanning $n = 4..119$:
-    $s = \lfloor n/10 \rfloor$: accepted up to $n = 60$; $s = \lfloor n/5 \rfloor$: up to $n = 42$
-    ($n = 40$: $6.8 \cdot 10^{-10}$; $n = 45$: $4.2 \cdot 10^{-9}$; $n = 80$: $7.5 \cdot 10^{-3}$);
-    $s = \lfloor n/4 \rfloor$: up to 39; $s = \lfloor n/2 \rfloor$: up to 30. Fixed small $s$ lasts
-    longer: $s = 1$ is accepted at $n = 800$ ($6.5 \cdot 10^{-12}$), $s = 2$ up to $n = 400$,
-    $s = 3$ up to $n = 200$ (refused at 800 and 400). Past
+    ($O(n \cdot f \cdot s)$), and then certified (issue 24, "one guard, the certificate"):
+    :func:`~gradcode.common.codes.numerics.worst_guard_certificate` of the closed-form weights, the largest
+    bound the per-decode certificate can give an honest decode, over every survivor set when there are at
+    most 1024, else over the same sets. :class:`NumericallyUnsafeError` is raised when either exceeds
+    ``max_decode_error`` (default :data:`DEFAULT_MAX_DECODE_ERROR` $= 10^{-9}$), with the number that did
+    (:attr:`certified_decode_error` of an accepted code). The certificate bites first: for
+    ``for_stragglers(n, s)`` ($k = n$, $w = s + 1$), scanning $n = 4..60$ at the default bound:
+    $s = \lfloor n/10 \rfloor$: accepted up to $n = 40$; $s = \lfloor n/5 \rfloor$: up to 29;
+    $s = \lfloor n/4 \rfloor$: up to 27; $s = \lfloor n/2 \rfloor$: up to 22. Fixed small $s$:
+    ``gradcode codes --accepted`` ($s = 1$ is accepted at $n = 128$, $s = 2$ refused there). Past
     the limit use the ``binary`` scheme (0/1 matrix, exact). ``max_decode_error=math.inf``
     skips the measurement (timing experiments only).
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from gradcode.common.codes import GradientCode, make_code
+from gradcode.common.codes.compare import accepted_table
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
     PROMISED_RELATIVE_ERROR,
@@ -111,3 +113,13 @@ def test_a_refusal_reports_the_guard_certificate(n: int, s: int) -> None:
     assert info.value.measured_error is not None and info.value.measured_error > PROMISED_RELATIVE_ERROR
     relaxed = make_code("cyclic", n=n, s=s, max_certified_error=math.inf)
     assert relaxed.certified_decode_error <= DEFAULT_MAX_DECODE_ERROR  # type: ignore[attr-defined]
+
+
+def test_the_readmes_table_of_accepted_configurations_is_what_the_code_prints() -> None:
+    """The README's table is `gradcode codes --accepted`'s output, not a list kept by hand (n = 4 and 8 here; the
+    whole table takes minutes to build)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = [line for line in accepted_table([4, 8]).splitlines() if line.startswith("| `")]
+    assert len(rows) == 6
+    for row in rows:
+        assert row in readme, f"README.md lacks the line `gradcode codes --accepted` prints: {row}"
