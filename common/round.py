@@ -18,8 +18,10 @@ moment until ``enough()`` says so. :meth:`Round.decode` then combines the decoda
 Every decode carries an error certificate (:meth:`Decoding.certify
 <gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
 gradient from the decoding weights, the code's rows, the norms of the messages it combined (each
-accumulated while its chunks arrived) and the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the leaves send in
-their trailers (estimated for a message without one). The decode is ``exact`` only when that bound is
+accumulated in float64 while its chunks arrived), the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the senders report in
+their trailers (a message of several partitions without one cannot be certified: the decode is then not exact)
+and the errors senders certify for their own messages (a leaf summing several partitions, a tree parent:
+``decode_error``). The decode is ``exact`` only when that bound is
 within the round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
 tree parent.
 """
