@@ -18,8 +18,10 @@ moment until ``enough()`` says so. :meth:`Round.decode` then combines the decoda
 Every decode carries an error certificate (:meth:`Decoding.certify
 <gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
 gradient from the decoding weights, the code's rows, the norms of the messages it combined (each
-accumulated while its chunks arrived) and the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the leaves send in
-their trailers (estimated for a message without one). The decode is ``exact`` only when that bound is
+accumulated in float64 while its chunks arrived), the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the senders report in
+their trailers (a message of several partitions without one cannot be certified: the decode is then not exact)
+and the errors senders certify for their own messages (a leaf summing several partitions, a tree parent:
+``decode_error``). The decode is ``exact`` only when that bound is
 within the round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
 tree parent.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +56,7 @@ from gradcode.v1 import worker_pb2
 __all__ = [
     "EXACT_TOLERANCE",
     "FLOAT32_TOLERANCE",
+    "Certified",
     "ChunkStream",
     "Decoded",
     "Integrity",
@@ -162,6 +166,21 @@ class Decoded:
     rows: tuple[int, ...]
     decode_seconds: float
     """Online decoding while gathering plus the combine."""
+    magnitude: float = math.inf
+    r"""$\sum_i |a_i| \mu_i$, a bound on $\sum_j |c_j| \|g_j\|$ of the decoded combination (what a tree parent
+    reports up for it); ``inf`` when not known."""
+    norm: float = math.nan
+    """Euclidean norm of the gradient part of :attr:`vector`."""
+
+
+@dataclass(frozen=True)
+class Certified:
+    """What :meth:`Round.certify` found: relative and absolute bounds, the combination's magnitude and norm."""
+
+    bound: float
+    absolute: float
+    magnitude: float
+    norm: float
 
 
 Received = ReceivedChunk | worker_pb2.GradientChunk
@@ -294,11 +313,13 @@ class Round:
             raise ValueError("Nothing to combine: the gather did not reach a decodable set.")
         return self.decoding.combine({r: m.vector for r, m in self.messages.items()})
 
-    def certify(self, vector: Array) -> tuple[float, float]:
-        """Certified (relative, absolute) error of ``vector``'s gradient part, the decoding's combination.
+    def certify(self, vector: Array) -> Certified:
+        """Certified error of ``vector``'s gradient part, the decoding's combination (:class:`Certified`).
 
-        The absolute bound is the decoding's own certificate plus, for a message a tree parent sent,
-        its weight times the error bound the parent certified for its decoded part.
+        From each message's norm, its sender's reported magnitude (a message of several partitions without one
+        cannot be certified: the bound is then infinite) and, where the sender certified its message's error
+        itself (a leaf summing several partitions, a tree parent: ``decode_error``), that error in place of the
+        receiver's estimate of it.
         """
         if self.decoding is None:
             raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
@@ -307,10 +328,11 @@ class Round:
         combined = float(np.linalg.norm(vector[: self.certified_length]))
         dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
         magnitudes = [self.messages[r].magnitude for r in rows]
-        own = self.decoding.certify(norms, combined, dtype=dtype, magnitudes=magnitudes).absolute
-        inherited = float(np.abs(self.decoding.weights) @ [self.messages[r].decode_error for r in rows])
-        absolute = own + inherited
-        return relative_bound(absolute, combined), absolute
+        certificate = self.decoding.certify(
+            norms, combined, dtype=dtype, magnitudes=magnitudes, length=min(self.certified_length, self.length),
+            sender_errors=[self.messages[r].decode_error for r in rows],
+        )  # fmt: skip
+        return Certified(certificate.bound, certificate.absolute, certificate.magnitude, combined)
 
     def decode(self) -> Decoded:
         """:meth:`combine` and its certificate, timed, with what the decoding rests on."""
@@ -318,15 +340,19 @@ class Round:
             raise ValueError("Nothing to decode: the gather did not reach a decodable set.")
         started = time.perf_counter()
         vector = self.combine()
-        bound, absolute = self.certify(vector)
+        certified = self.certify(vector)
+        bound, absolute = certified.bound, certified.absolute
         if self.integrity.lie_bound > 0:  # what the checks could have missed counts as error too
             absolute += self.integrity.lie_bound
-            bound = relative_bound(absolute, float(np.linalg.norm(vector[: self.certified_length])))
+            bound = relative_bound(absolute, certified.norm)
         seconds = self.gather_decode_seconds + time.perf_counter() - started
         exact = (
             self.decoding.exact and bound <= self.tolerance and not self.approximate_messages and self.integrity.trusted
         )
-        return Decoded(vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds)
+        return Decoded(
+            vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds,
+            magnitude=certified.magnitude, norm=certified.norm,
+        )  # fmt: skip
 
     def join(self, source: Source) -> bool:
         """Ask ``source`` too, in the gather under way (a worker that became able to answer meanwhile: reloaded

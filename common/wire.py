@@ -40,7 +40,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from gradcode.common.codes.base import Array
-from gradcode.common.codes.numerics import all_finite
+from gradcode.common.codes.numerics import all_finite, squared_norm
 from gradcode.common.exceptions import WireError
 from gradcode.v1 import common_pb2, worker_pb2
 
@@ -352,10 +352,11 @@ def message_chunk_pieces(
     r"""One coded message as serialized GradientChunks: header on the first, CRC-32C trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
-    ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is
-    its certified absolute error bound on that part; ``children_lost`` names its children that lost the
+    ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is the
+    sender's certified absolute error bound on its message (a leaf's rounding of several partitions, a parent's
+    decode and own rounding; 0: the receiver bounds it); ``children_lost`` names its children that lost the
     job (answered NOT_FOUND); ``children_singled_out`` / ``children_quarantined`` the children its consistency
-    checks singled out / quarantined; ``magnitude`` is a leaf's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
+    checks singled out / quarantined; ``magnitude`` is the sender's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
     data is two pieces, its fields and a view of the payload (never copied here); protobuf serializes only the
     small fields.
 
@@ -580,7 +581,8 @@ class CompletedMessage:
     """Euclidean norm of the message's first ``norm_length`` elements (the gradient part), accumulated
     chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
     decode_error: float = 0.0
-    """A tree parent's certified absolute error bound on the decoded part of the message (0 for leaves)."""
+    """The sender's certified absolute error bound on its message (a leaf summing several partitions: its rounding;
+    a tree parent: its children's decode and its own rounding); 0: none sent, the receiver bounds it."""
     children_lost: tuple[int, ...] = ()
     """The sender's (a tree parent's) children that lost the job: the master reloads them."""
     children_singled_out: tuple[int, ...] = ()
@@ -665,7 +667,7 @@ class MessageAssembler:
             piece = self._buffer[start : start + count]
             self._crc = google_crc32c.extend(self._crc, piece)
             normed = piece[: max(0, self.norm_length - start)]
-            squares = float(np.vdot(normed, normed).real)
+            squares = squared_norm(normed)
             if not (all_finite(normed, squares) and all_finite(piece[normed.size :])):
                 raise WireError(f"Row {chunk.row} from {where} contains NaN or infinite values.")
             self._squares += squares

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gradcode.common.codes.base import Array
-from gradcode.common.codes.numerics import weighted_sum
+from gradcode.common.codes.numerics import message_rounding, squared_norm, weighted_sum
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES, error_reason, file_error
 from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
@@ -285,17 +285,28 @@ class IterationComputation:
         return out.astype(self.job.row_dtype(row), copy=False), seconds
 
     def magnitude(self, row: int) -> float:
-        r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`): what makes the receiver's error
-        certificate a bound even when the partial gradients cancel inside the message.
+        r"""$\sum_j |c_j| \|g_j\|$ of row ``row`` (after :meth:`message`) over the gradient elements (not the appended
+        statistics): what makes the receiver's error certificate a bound even when the partial gradients cancel
+        inside the message, and bounds each partition's norm for its weight term.
 
-        NaN (not sent) for a row of one partition: $|c| \|g\|$ is then the message's own norm, which the
-        receiver measures and its certificate uses in place of a missing magnitude (exactly, for one partition:
-        :func:`~gradcode.common.codes.numerics.certify_combination`), so this pass over the gradient is saved."""
+        Norms accumulate in float64 whatever the gradients' dtype (:func:`~gradcode.common.codes.numerics.squared_norm`:
+        float32 squares of 1e-30 entries underflow to 0). Sent for every row, one partition included: in a tree the
+        receiver's row may stand for several partitions, so it cannot tell one partition from a missing value."""
         spec, n = self.job.rows[row], self.job.num_params
-        if len(spec.partitions) == 1:
-            return math.nan
-        norms = [np.linalg.norm(self.partials[j][:n]) for j in spec.partitions]  # the gradient, not the statistics
-        return float(np.abs(spec.coefficients) @ norms)
+        norms = [math.sqrt(squared_norm(self.partials[j][:n])) for j in spec.partitions]
+        return float(np.abs(spec.coefficients) @ norms) if norms else 0.0
+
+    def rounding(self, row: int, magnitude: float) -> float:
+        r"""Certified absolute error of row ``row``'s message (0 for a row of at most one partition: its receiver
+        bounds that itself): the float64 sum of $w$ products, $\gamma_w(u_{64}) \mu$, its cast to the wire dtype,
+        $u \mu (1 + \gamma_w)$, and underflow, $\sqrt{p}\,(w + 1)\,\eta$ (Higham, *Accuracy and Stability*, 2nd
+        ed., eqs. (2.8), (3.4), (4.3); :func:`~gradcode.common.codes.numerics.certify_combination` takes it in
+        place of its own estimate of this term, which counts the receiver's columns, not the sender's terms)."""
+        spec = self.job.rows[row]
+        terms = len(spec.partitions)
+        if terms <= 1:
+            return 0.0
+        return message_rounding(terms, magnitude, self.job.row_dtype(row), self.job.num_params)
 
 
 @dataclass

@@ -32,24 +32,26 @@ left unchecked). The master names the leaf, never the parent.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
 
-from gradcode.common.codes.base import Assignment, GradientCode
+from gradcode.common.codes.base import Array, Assignment, GradientCode
+from gradcode.common.codes.numerics import message_rounding, underflow_unit, unit_roundoff
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.link import link_opener
-from gradcode.common.round import Round, Source, WorkerFailure, decode_tolerance
+from gradcode.common.round import Decoded, Round, Source, WorkerFailure, decode_tolerance
 from gradcode.common.security import Security
 from gradcode.common.session import Caller
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
 from gradcode.master.integrity import INTEGRITY_POLICIES, IntegrityPolicy
 from gradcode.v1 import worker_pb2
 
-__all__ = ["ChildrenUnavailableError", "ParentRunner", "children_lost"]
+__all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,55 @@ logger = logging.getLogger(__name__)
 def children_lost(round_: Round) -> tuple[int, ...]:
     """The children that answered NOT_FOUND: they restarted and lost the job (the master reloads them)."""
     return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
+
+
+@dataclass(frozen=True)
+class UpwardMessage:
+    """A tree parent's message for one row, and what its receiver needs to certify it."""
+
+    vector: Array
+    magnitude: float
+    r"""$\mu_{own} + \sum_i |a_i| \mu_i \ge \sum_j |b_j| \|g_j\|$ over every partition of the row (own and
+    children's): covers cancellation in the parent's own part as a leaf's magnitude covers it in a leaf's."""
+    decode_error: float
+    """Certified absolute error of the children's decoded sum plus the parent's own rounding (its own coded part,
+    the add and the cast to the message dtype)."""
+
+
+def upward_message(
+    own: Array, own_magnitude: float, own_terms: int, decoded: Decoded, dtype: np.dtype[Any], length: int
+) -> UpwardMessage:
+    r"""Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\mathcal{D}(v)}$, certified.
+
+    ``own`` is the parent's own coded message ($\sum$ of ``own_terms`` products, magnitude ``own_magnitude``,
+    :meth:`~gradcode.worker.compute.IterationComputation.magnitude`), ``decoded`` the
+    children's round's decode; ``length`` the certified (gradient) coordinates. The error forwarded is
+    (Higham, *Accuracy and Stability*, 2nd ed., §3.1 and eq. (2.8), first order):
+
+    * the children's decode, ``decoded.absolute_error`` (their messages' errors and the combine);
+    * the parent's own part (:func:`~gradcode.common.codes.numerics.message_rounding`: $w$ products, the cast
+      to the message dtype, underflow);
+    * the add and the cast of the sum: $(u_{64} + 2u)(\|own\| + \|d\|) + \sqrt{p}\,\eta$ ($u$, $\eta$ of
+      ``dtype``; :func:`~gradcode.common.codes.numerics.underflow_unit`).
+
+    The receiver takes this error in place of its own estimate of the message's rounding
+    (:func:`~gradcode.common.codes.numerics.certify_combination`, ``sender_errors``).
+
+    The magnitude sent up bounds $\sum_j |b_j|\|g_j\|$ of the whole row, so the receiver's own certificate
+    covers cancellation in this parent's part however large its terms; an unknown child magnitude makes it
+    infinite, and the receiver's decode not exact.
+    """
+    u = unit_roundoff(dtype)
+    decoded_norm = decoded.norm if math.isfinite(decoded.norm) else math.inf
+    own_error = message_rounding(own_terms, own_magnitude, dtype, length)
+    add = (unit_roundoff(np.float64) + 2 * u) * (own_magnitude + own_error + decoded_norm)
+    add += math.sqrt(length) * underflow_unit(dtype)
+    total = own + decoded.vector  # promotes to the wider dtype of the two
+    return UpwardMessage(
+        total.astype(dtype, copy=False),
+        own_magnitude + decoded.magnitude,
+        decoded.absolute_error + own_error + add,
+    )
 
 
 @dataclass(frozen=True)

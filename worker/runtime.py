@@ -42,7 +42,7 @@ from gradcode.common.round import Round
 from gradcode.common.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
-from gradcode.worker.parent import ParentRunner, children_lost
+from gradcode.worker.parent import ParentRunner, children_lost, upward_message
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = ["BACKUP_NICENESS", "COMPUTING", "Computing", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
@@ -109,7 +109,9 @@ class Message:
     straggle_seconds: float
     approximate: bool = False
     decode_error: float = 0.0
-    """Certified absolute error bound of the children's decoded sum inside this message (parents only)."""
+    """The sender's certified absolute error of this message: a leaf's rounding of a row of several partitions
+    (:meth:`IterationComputation.rounding`), a parent's children's decode plus its own rounding
+    (:func:`~gradcode.worker.parent.upward_message`); 0: the receiver bounds it from the row."""
     children_lost: tuple[int, ...] = ()
     """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
     children_singled_out: tuple[int, ...] = ()
@@ -117,7 +119,8 @@ class Message:
     children_quarantined: tuple[int, ...] = ()
     """Of those, the children the parent quarantined."""
     magnitude: float = math.nan
-    r"""A leaf's $\sum_j |b_j| \|g_j\|$ (:meth:`IterationComputation.magnitude`); NaN for a parent's message."""
+    r"""$\sum_j |b_j| \|g_j\|$: a leaf's (:meth:`IterationComputation.magnitude`), a parent's over its own part and
+    its children's (:func:`~gradcode.worker.parent.upward_message`)."""
 
 
 class Computing:
@@ -247,7 +250,11 @@ class JobRuntime:
             if report_start and index == 0 and self.message_seconds >= INLINE_MESSAGE_SECONDS:
                 yield COMPUTING  # (an inline message goes out as soon)
             vector, seconds = await self._message(computation, row, promotion)
-            yield Message(row, vector, seconds, delay * (index + 1) / len(rows), magnitude=computation.magnitude(row))
+            magnitude = computation.magnitude(row)
+            yield Message(
+                row, vector, seconds, delay * (index + 1) / len(rows),
+                decode_error=computation.rounding(row, magnitude), magnitude=magnitude,
+            )  # fmt: skip
 
     async def _message(
         self, computation: IterationComputation, row: int, promotion: Cancellation | None = None
@@ -316,13 +323,14 @@ class JobRuntime:
         lost = children_lost(gathered)
         singled_out, quarantined = parent.verdict(gathered)
         out = []
+        length = min(parent.certified_length or job.message_length, job.message_length)
         for row in rows:
-            total = own[row] + decoded.vector  # promotes to the wider dtype of the two
-            vector = total.astype(job.row_dtype(row), copy=False)
+            terms = len(job.rows[row].partitions)
+            up = upward_message(own[row], computation.magnitude(row), terms, decoded, job.row_dtype(row), length)
             out.append(
                 Message(
-                    row, vector, seconds, delay, not decoded.exact, decoded.absolute_error, lost,
-                    children_singled_out=singled_out, children_quarantined=quarantined,
+                    row, up.vector, seconds, delay, not decoded.exact, up.decode_error, lost,
+                    children_singled_out=singled_out, children_quarantined=quarantined, magnitude=up.magnitude,
                 )
             )  # fmt: skip
         return out

@@ -8,15 +8,18 @@ error measured over adversarial (contiguous) and random survivor sets of ``n - s
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import survivor_sets, worst_decode_error
-from gradcode.common.codes.registry import available_codes, code_class
+from gradcode.common.codes.registry import available_codes, code_class, make_code
+from gradcode.common.exceptions import NumericallyUnsafeError
 
-__all__ = ["SchemeRow", "format_table", "scheme_rows"]
+__all__ = ["GUARDED_SCHEMES", "SchemeRow", "accepted_table", "format_table", "scheme_rows"]
 
 
 @dataclass(frozen=True)
@@ -84,4 +87,47 @@ def format_table(rows: list[SchemeRow], n: int, s: int) -> str:
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)) for line in body]
     if notes:
         lines += ["", "Not available for these parameters:", *notes]
+    return "\n".join(lines)
+
+
+GUARDED_SCHEMES: dict[str, Callable[[int, int], GradientCode]] = {
+    "cyclic": lambda n, s: make_code("cyclic", n=n, s=s),
+    "cyclic (1e-9)": lambda n, s: make_code("cyclic", n=n, s=s, max_certified_error=math.inf),
+    "reed_solomon": lambda n, s: make_code("reed_solomon", n=n, k=n, w=s + 1),
+}
+"""The schemes whose construction guard refuses configurations, as ``gradcode codes --accepted`` builds them:
+``cyclic`` at its default promise (certified 1e-12), ``cyclic`` certifying the job's tolerance only
+(``max_certified_error=inf``: 1e-9), ``reed_solomon`` with ``k = n``, ``w = s + 1``."""
+
+
+def _stragglers(n: int) -> list[int]:
+    return sorted({s for s in (1, 2, 3, n // 4, n // 2, n - 1) if 0 < s < n})
+
+
+def accepted_table(sizes: Sequence[int], *, progress: Callable[[str], None] | None = None) -> str:
+    """A Markdown table of which ``(n, s)`` each guarded scheme accepts, built by the code itself.
+
+    A cell is the guard's certificate of the accepted code (the largest relative bound its honest decodes can
+    carry, :func:`~gradcode.common.codes.numerics.worst_guard_certificate`) or ``refused (X)`` with the number the
+    refusal reports; ``s`` runs over 1, 2, 3, n/4, n/2, n - 1. Refusals at n = 128 take seconds each (every
+    draw is certified), so the whole table takes minutes.
+    """
+    lines = ["| scheme | n | " + " | ".join(["s: guard certificate (or refused)"]) + " |", "|---|---|---|"]
+    for name, build in GUARDED_SCHEMES.items():
+        for n in sizes:
+            cells = []
+            for s in _stragglers(n):
+                started = time.perf_counter()
+                try:
+                    code = build(n, s)
+                except NumericallyUnsafeError as exc:
+                    cells.append(f"{s}: refused ({exc.measured_error:.1e})")
+                except ValueError:
+                    continue
+                else:
+                    certified = getattr(code, "certified_decode_error", None)
+                    cells.append(f"{s}: {certified:.1e}" if certified is not None else f"{s}: accepted")
+                if progress is not None:
+                    progress(f"{name} n={n} s={s}: {cells[-1]} ({time.perf_counter() - started:.1f} s)")
+            lines.append(f"| `{name}` | {n} | {'; '.join(cells)} |")
     return "\n".join(lines)

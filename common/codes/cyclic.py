@@ -46,15 +46,21 @@ accepted worst errors reach 1.0e-9 (the bound). At $n = 128$: $s \in \{1, 2, 3, 
 $s = 64$ at the fifth, $s = 16$ at the sixth. One draw costs about 0.2–0.25 s of CPU at $n = 128$
 (single-threaded BLAS; a multi-threaded BLAS on a loaded machine can be several times slower), so a
 construction takes between ~0.25 s and ~2 s. For bigger $n$, or when a bound must hold for every
-survivor set, use the ``binary`` or ``fractional`` scheme.
+survivor set, use the ``binary`` or ``fractional`` scheme. (Those are the measured guard's limits, before
+issue 24; the certificate below refuses more, e.g. $(32, 8)$ and $(64, 3)$ at 1e-9, and certifying every
+draw of a refused configuration takes seconds at $n \ge 64$: ``gradcode codes --accepted`` lists them.)
 
-The float64 promise (issue 10). Those limits are of the *measured* guard. By default a draw must
-also *certify* its guard decodes (:meth:`~gradcode.common.codes.base.Decoding.certify`, bound from
-the weights, rows and message norms) at :data:`~gradcode.common.codes.numerics.PROMISED_RELATIVE_ERROR`
-$= 10^{-12}$ (``max_certified_error``), which the recommended schemes promise for $n \le 128$. At the
-default seed that holds for every $s$ up to $n = 8$, most up to $n = 10$, and from $n = 16$ on only
-for $s = 1$ and $s = n - 1$; other configurations are refused, suggesting ``binary``.
-``max_certified_error=math.inf`` restores the measured guard alone (same draws as before).
+One guard, the certificate (issues 10 and 24). Those limits are of the *measured* guard. A draw must also
+*certify* its limit: :func:`~gradcode.common.codes.numerics.worst_guard_certificate` is the largest bound the
+per-decode certificate (:meth:`~gradcode.common.codes.base.Decoding.certify`) can give, with the decoder's
+weights, on honest partial gradients whose sum keeps half their joint norm
+(:data:`~gradcode.common.codes.numerics.GUARD_COHERENCE`), over every survivor set when there are at most
+:data:`~gradcode.common.codes.numerics.GUARD_EXHAUSTIVE_SETS` (else the checked ones), and it must be at most
+``min(max_decode_error, max_certified_error)``; :class:`~gradcode.common.exceptions.NumericallyUnsafeError`
+reports that number. ``max_certified_error`` defaults to
+:data:`~gradcode.common.codes.numerics.PROMISED_RELATIVE_ERROR` $= 10^{-12}$, the float64 promise of the
+recommended schemes; ``max_certified_error=math.inf`` certifies ``max_decode_error`` (1e-9, the job's
+tolerance) instead. Which configurations are accepted: ``gradcode codes --accepted``.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ from gradcode.common.codes.numerics import (
     fresh_gaussian_gradients,
     measure_decodings,
     survivor_sets,
+    worst_guard_certificate,
 )
 from gradcode.common.codes.registry import register
 from gradcode.common.exceptions import NumericallyUnsafeError
@@ -240,7 +247,8 @@ class CyclicRepetitionDraw:
         B: the $n \\times n$ cyclic-repetition matrix (row $i$ supported on $S_i$, eq. (16)).
         draw: index of the accepted draw, 0 when the first one passed.
         measured_decode_error: worst relative decode error measured on the checked survivor sets.
-        certified_decode_error: worst certified bound of the same decodes (NaN when not certified).
+        certified_decode_error: the guard's certificate
+            (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`).
     """
 
     H: Array
@@ -266,9 +274,12 @@ def draw_cyclic_repetition(
     :func:`equilibrated_decoding_weights` is measured on the $n$ contiguous survivor sets, the
     :data:`ADVERSARIAL_CHECK_SETS` worst found by :func:`adversarial_straggler_sets` (all straggler sets
     scored when there are few) and :data:`RANDOM_CHECK_SETS` seeded random ones. The first draw whose
-    worst measured error is at most ``max_decode_error`` — and, when ``max_certified_error`` is finite,
-    whose worst certified bound (:meth:`Decoding.certify` of the same decodes) is at most that — is
-    returned; after :data:`MAX_DRAWS` draws :class:`~gradcode.common.exceptions.NumericallyUnsafeError`
+    worst measured error is at most ``max_decode_error`` and whose guard certificate
+    (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`: the largest bound the per-decode
+    certificate can give on honest data, over every survivor set when there are at most
+    :data:`~gradcode.common.codes.numerics.GUARD_EXHAUSTIVE_SETS`, else over the same sets) is at most
+    ``min(max_decode_error, max_certified_error)`` is returned; after :data:`MAX_DRAWS` draws
+    :class:`~gradcode.common.exceptions.NumericallyUnsafeError`
     is raised, its message ending with ``advice``.
 
     ``s = 0`` ($B = I$) and ``s = n - 1`` (all-ones rows) are exact 0/1 codes that do not depend on
@@ -289,7 +300,6 @@ def draw_cyclic_repetition(
         ):
             kind = "positive finite number" if finite else "positive number (math.inf: no certification)"
             raise ValueError(f"Argument {name!r} must be a {kind}, not {value!r}.")
-    certify = math.isfinite(max_certified_error)
     draws = 1 if s in (0, n - 1) else MAX_DRAWS
     best = best_certified = math.inf
     for draw, child in enumerate(np.random.SeedSequence(seed).spawn(draws)):
@@ -302,7 +312,7 @@ def draw_cyclic_repetition(
             b, _check_sets(b, s, seed), seed, max_decode_error=max_decode_error, max_certified_error=max_certified_error
         )
         if measured.measured <= max_decode_error:
-            if not certify or measured.certified <= max_certified_error:
+            if measured.certified <= min(max_decode_error, max_certified_error):
                 h.setflags(write=False)
                 b.setflags(write=False)
                 return CyclicRepetitionDraw(
@@ -315,11 +325,14 @@ def draw_cyclic_repetition(
             best_certified = min(best_certified, measured.certified)
         best = min(best, measured.measured)
     suffix = f" {advice}" if advice else ""
-    if math.isfinite(best_certified):
+    if math.isfinite(best_certified) or (best_certified == math.inf and best <= max_decode_error):
+        limit = min(max_decode_error, max_certified_error)
+        which = "max_certified_error" if max_certified_error <= max_decode_error else "max_decode_error"
+        promise = " (the float64 promise of the recommended schemes)" if which == "max_certified_error" else ""
         raise NumericallyUnsafeError(
             f"Algorithm 2 (cyclic repetition) for n={n}, s={s}, seed={seed}: the best of {draws} draw(s) certifies "
-            f"relative error {best_certified:.2g} > max_certified_error={max_certified_error:.2g} (the float64 "
-            f"promise of the recommended schemes)." + suffix,
+            f"relative error {best_certified:.2g} > {which}={limit:.2g}{promise}, on honest partial gradients "
+            f"whose sum keeps half their joint norm (the guard's certificate)." + suffix,
             measured_error=best_certified,
         )
     raise NumericallyUnsafeError(
@@ -349,16 +362,21 @@ def _measure_draw(
     b: Array, sets: Sequence[Sequence[int]], seed: int, *, max_decode_error: float, max_certified_error: float
 ) -> ErrorMeasurement:
     """Worst :func:`~gradcode.common.codes.numerics.combined_error` of the decoders' weights over ``sets``
-    (each on fresh Gaussian gradients, 8 columns, drawn from ``seed``); when that meets
-    ``max_decode_error`` and ``max_certified_error`` is finite, also the worst certified bound of the
-    same decodes (stopping at the first one above ``max_certified_error``)."""
+    (each on fresh Gaussian gradients, 8 columns, drawn from ``seed``); when that meets ``max_decode_error``,
+    also the guard's certified bound (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`, every
+    survivor set when there are few, else ``sets``; limit ``min(max_decode_error, max_certified_error)``)."""
     decodings = [Decoding(tuple(rows), equilibrated_decoding_weights(b[list(rows)], independent=True)) for rows in sets]
     gradients = list(itertools.islice(fresh_gaussian_gradients(b.shape[1], 8, np.random.default_rng(seed)), len(sets)))
     measured = measure_decodings(b, decodings, gradients, certify=False).measured
-    if not (measured <= max_decode_error and math.isfinite(max_certified_error)):
+    if not measured <= max_decode_error:
         return ErrorMeasurement(measured, math.nan)
-    certified = measure_decodings(b, decodings, gradients, stop_above=max_certified_error).certified
-    return ErrorMeasurement(measured, certified)
+    limit = min(max_decode_error, max_certified_error)
+    return ErrorMeasurement(measured, worst_guard_certificate(b, len(sets[0]), sets, _decoder_weights, limit=limit))
+
+
+def _decoder_weights(ids: Sequence[int], rows: Array) -> Array:
+    """The weights :class:`_CyclicDecoder` computes for ``n - s`` rows."""
+    return equilibrated_decoding_weights(rows, independent=True)
 
 
 @register
@@ -372,9 +390,9 @@ class CyclicRepetitionCode(GradientCode):
         s: number of full stragglers to tolerate, $0 \le s < n$; any $n - s$ workers decode.
         seed: seed of the draw of $H$; redraws use the next children of ``SeedSequence(seed)``.
         max_decode_error: bound on the measured worst-case relative decode error (see module notes).
-        max_certified_error: bound on the worst certified error of the guard's decodes
+        max_certified_error: bound on the guard's certificate
             (:data:`~gradcode.common.codes.numerics.PROMISED_RELATIVE_ERROR`, 1e-12, by default: the promise
-            of the recommended schemes); ``math.inf`` skips the certification (the pre-promise behaviour).
+            of the recommended schemes); ``math.inf``: the guard certifies ``max_decode_error`` instead.
 
     Attributes:
         H: the accepted $s \times n$ matrix with $H\mathbf{1} = 0$.
@@ -454,7 +472,8 @@ class CyclicRepetitionCode(GradientCode):
 
     @property
     def certified_decode_error(self) -> float:
-        """Worst certified bound of the guard's decodes (NaN when built with ``max_certified_error=inf``)."""
+        """The guard's certificate of the accepted draw
+        (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`)."""
         return self._certified_decode_error
 
     # ---- decoding ------------------------------------------------------------------------------
@@ -475,11 +494,11 @@ class CyclicRepetitionCode(GradientCode):
 
     @classmethod
     def small_configs(cls, max_n: int) -> Iterator[dict[str, float]]:
-        """Every ``(n, s)`` with ``n <= max_n`` at the default seed; above ``n = 8`` (where the float64
-        promise refuses many of them) with the measured guard only."""
+        """Every ``(n, s)`` with ``n <= max_n`` at the default seed; above ``n = 6`` (where the float64
+        promise refuses some of them: ``gradcode codes --accepted``) certifying the job's tolerance only."""
         for n in range(1, max_n + 1):
             for s in range(n):
-                yield {"n": n, "s": s} if n <= 8 else {"n": n, "s": s, "max_certified_error": math.inf}
+                yield {"n": n, "s": s} if n <= 6 else {"n": n, "s": s, "max_certified_error": math.inf}
 
 
 def _report(sizes: Sequence[int]) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_DECODE_ERROR",
+    "GUARD_COHERENCE",
+    "GUARD_EXHAUSTIVE_SETS",
     "PROMISED_RELATIVE_ERROR",
     "SPAN_TOLERANCE",
     "ErrorCertificate",
@@ -53,18 +55,23 @@ __all__ = [
     "decode_error",
     "equilibrated_decoding_weights",
     "fresh_gaussian_gradients",
+    "guard_certificate",
     "measure_decodings",
+    "message_rounding",
     "ones_in_span",
     "relative_bound",
     "relative_error",
     "row_shape",
     "span_residual",
+    "squared_norm",
     "straggler_amplification",
     "survivor_sets",
+    "underflow_unit",
     "unit_roundoff",
     "weights_residual",
     "worst_combined_error",
     "worst_decode_error",
+    "worst_guard_certificate",
 ]
 
 Array = npt.NDArray[Any]
@@ -186,6 +193,17 @@ def all_finite(values: Array, squares: float | None = None) -> bool:
     return math.isfinite(squares) or bool(np.isfinite(values).all())
 
 
+def squared_norm(values: Array) -> float:
+    r"""$\sum |x|^2$ accumulated in float64 whatever the dtype: a float32 dot accumulates in float32, where the
+    squares of entries below ~1e-19 underflow to 0 (a message of 1e-30 entries would have norm 0 and certify
+    nothing) and a long sum loses digits; float64 holds the square of every float32. Float64 and complex128
+    take the BLAS dot as before."""
+    if values.dtype == np.float32:
+        wide = values.astype(np.float64)
+        return float(np.dot(wide, wide))
+    return float(np.vdot(values, values).real)
+
+
 def relative_error(got: Array, want: Array) -> float:
     r"""$\|got - want\| / \|want\|$ in the 2-norm (``inf`` when ``want`` is 0 and ``got`` is not).
 
@@ -245,9 +263,14 @@ def measure_decodings(
             worst = error
         if certify:
             norms = np.array([float(np.linalg.norm(messages[row])) for row in decoding.rows])
-            profile = RowProfile.of(decoding.weights, b[list(decoding.rows)])
-            u = unit_roundoff(np.result_type(b.dtype, g.dtype))
-            certificate = certify_combination(decoding.weights, profile, norms, float(np.linalg.norm(combined)), u=u)
+            rows = b[list(decoding.rows)]
+            magnitudes = np.abs(rows) @ np.linalg.norm(g, axis=1)  # what honest senders report
+            profile = RowProfile.of(decoding.weights, rows)
+            dtype = np.result_type(b.dtype, g.dtype)
+            certificate = certify_combination(
+                decoding.weights, profile, norms, float(np.linalg.norm(combined)), u=unit_roundoff(dtype),
+                magnitudes=magnitudes, length=g.shape[1], eta=underflow_unit(dtype),
+            )  # fmt: skip
             if not certificate.bound <= bound:
                 bound = certificate.bound
             if bound > stop_above:
@@ -453,23 +476,46 @@ def row_shape(rows: Array) -> tuple[Array, Array, Array]:
     return magnitude, support, spread
 
 
+def message_rounding(terms: int, magnitude: float, dtype: npt.DTypeLike, length: int) -> float:
+    r"""Absolute error bound of a message $\sum_{j=1}^{w} c_j g_j$ formed in float64 (:func:`weighted_sum`) and
+    rounded to ``dtype``, from its magnitude $\mu \ge \sum_j |c_j| \|g_j\|$: $\gamma_w(u_{64})\mu$ for the sum
+    (Higham, *Accuracy and Stability*, 2nd ed., eq. (3.4)/(4.3)), $u (1 + \gamma_w(u_{64})) \mu$ for the cast
+    when ``dtype`` is narrower, and $\sqrt{p}\,(w + 1)\,\eta$ for gradual underflow (eq. (2.8)) over the
+    ``length`` $= p$ coordinates. What a worker, and a tree parent for its own part, certify about what they send."""
+    u64 = unit_roundoff(np.float64)
+    summed = float(_gamma(terms, u64)) * magnitude
+    u = unit_roundoff(dtype)
+    cast = u * (magnitude + summed) if u > u64 else 0.0
+    return summed + cast + math.sqrt(length) * (terms + 1) * underflow_unit(dtype)
+
+
 @dataclass(frozen=True)
 class ErrorCertificate:
     r"""A bound on the relative error $\|\hat g - g\| / \|g\|$ of one combined gradient.
 
     ``bound`` is $E / (\|\hat g\| - E)$ with $E$ the absolute error bound (``inf`` when $E \ge \|\hat g\|$:
     nothing can be certified). ``amplification`` is $\sum_i |a_i| \|m_i\| / \|\hat g\|$, the
-    condition number of the combine; ``unit_roundoff`` the $u$ it was computed for.
+    condition number of the combine; ``unit_roundoff`` the $u$ it was computed for. ``magnitude`` is
+    $\sum_i |a_i| \mu_i \ge \sum_j |c_j| \|g_j\|$ of the combination (its partitions' coefficients $c$): what a
+    tree parent reports up for the decoded part of its message (``inf`` when a row could not be certified).
     """
 
     bound: float
     absolute: float
     amplification: float
     unit_roundoff: float
+    magnitude: float = math.nan
 
     def within(self, tolerance: float) -> bool:
         """True when the certified relative error is at most ``tolerance`` (the decode may be called exact)."""
         return self.bound <= tolerance
+
+
+def underflow_unit(dtype: npt.DTypeLike) -> float:
+    r"""$\eta$: half the smallest subnormal of a floating dtype (of its real part), the absolute error a product
+    may add under gradual underflow (Higham, *Accuracy and Stability*, 2nd ed., §2.1, eq. (2.8):
+    $fl(x \operatorname{op} y) = (x \operatorname{op} y)(1 + \delta) + \eta$, $\eta = 0$ for sums)."""
+    return float(np.finfo(np.dtype(dtype)).smallest_subnormal) / 2
 
 
 def certify_combination(
@@ -480,52 +526,155 @@ def certify_combination(
     *,
     u: float,
     magnitudes: Array | None = None,
+    length: int = 0,
+    eta: float = 0.0,
+    sender_errors: Array | None = None,
 ) -> ErrorCertificate:
     r"""Certify $\hat g = \sum_i a_i \hat m_i$ from the message norms $\nu_i = \|\hat m_i\|$ and $\|\hat g\|$.
 
-    Three error sources, each bounded by Higham's $\gamma_m = mu/(1-mu)$ (*Accuracy and Stability of
-    Numerical Algorithms*, §3.1 and §4.2):
+    Four error sources, each bounded by Higham's $\gamma_m = mu/(1-mu)$ (*Accuracy and Stability of
+    Numerical Algorithms*, 2nd ed., §3.1 (Lemma 3.1, eq. (3.4)) and §4.2 (eq. (4.3), summation)):
 
-    * the combine (:meth:`Decoding.combine`, a sum of $f$ products): $\gamma_f \sum_i |a_i| \nu_i$
+    * the combine (:meth:`Decoding.combine`, a sum of $f$ products; float64 or complex128 arithmetic whatever
+      the message dtype, bounded with the message dtype's $u$, which is larger): $\gamma_f \sum_i |a_i| \nu_i$
       (times $\sqrt 2$ with $\gamma_{f+2}$ for complex arithmetic, Higham Lemma 3.5);
-    * each worker's message $\sum_j b_{ij} g_j$ ($w_i$ terms): $\gamma_{w_i} \sum_j |b_{ij}| \|g_j\|$,
-      propagated with weight $|a_i|$. The receiver does not know $\sum_j |b_{ij}| \|g_j\|$; it is
-      ``magnitudes[i]`` when the worker reports it (then the bound is rigorous; NaN marks a row whose
-      worker did not), otherwise estimated as
-      $\rho_i \nu_i$ with $\rho_i = \|b_i\|_1 / \|b_i\|_2$ (exact for one partition, the typical size
-      for independent directions; an under-estimate only when partial gradients cancel inside a
-      message);
+    * each sender's message $\sum_j b_{ij} g_j$ ($w_i$ terms, then rounded to the message dtype of unit
+      roundoff ``u``): $\gamma_{w_i} \mu_i$ with $\mu_i \ge \sum_j |b_{ij}| \|g_j\|$, propagated with
+      weight $|a_i|$. $\mu_i$ is ``magnitudes[i]``, what the sender reported. A row of one partition needs
+      none: $\mu_i = |b_{i}| \|g\| \le \nu_i / (1 - u)^2$ (one product, one cast). A row of several
+      partitions whose sender reported none (NaN) **cannot be certified**: its $\mu_i$ is infinite, and so is
+      the bound — cancellation inside that message would be invisible in $\nu_i$. Only ``magnitudes=None``
+      (a caller that formed the messages itself and has no sender to ask: benchmarks, tests) estimates
+      $\mu_i \approx \rho_i \nu_i$, $\rho_i = \|b_i\|_1 / \|b_i\|_2$ (the size for independent directions).
+      A sender that certified its message itself (``sender_errors[i] > 0``: a worker whose row sums several
+      partial gradients, which may be more than the receiver's columns show, as in a tree; a tree parent,
+      whose error includes its children's decode) has that absolute error taken instead of this term and its
+      underflow share;
     * the weights: $\hat a B_F = \mathbf{1} + r$ makes the combination $\sum_j (1 + r_j) g_j$, an error
-      $\sum_j |r_j| \|g_j\|$, with $\|g_j\|$ bounded by the same per-message magnitudes:
-      $\|g_j\| \le \min_{i: b_{ij} \ne 0} \mu_i / |b_{ij}|$ ($r$ from :class:`RowProfile`). A partition
-      no received row covers, or weights of an approximate scheme, leave $E$ infinite or large.
+      $\sum_j |r_j| \|g_j\|$, with $\|g_j\| \le \min_{i: b_{ij} \ne 0} \mu_i / |b_{ij}|$ ($r$ from
+      :class:`RowProfile`). A partition no received row covers leaves $E$ infinite;
+    * underflow (gradual, Higham eq. (2.8)): each of the $w_i$ products of a message and its cast may add
+      $\eta$ (``eta``, :func:`underflow_unit` of the message dtype) per coordinate, and each of the $f$ products
+      of the combine $\eta_{64}$: $\sqrt{p}\,(\eta \sum_i |a_i| (w_i + 1) + (f + 2)\eta_{64})$ over the
+      ``length`` $= p$ certified coordinates. Negligible unless the gradient itself is near the subnormal
+      range, where it rightly refuses "exact".
+
+    The norms $\nu_i$ are sums of squares accumulated in float64 (:class:`~gradcode.common.wire.MessageAssembler`),
+    whose own rounding and underflow are covered by inflating them to
+    $\nu_i (1 + \gamma_p) + \sqrt{p\,\eta_{64}}$ (a square below the float64 range loses at most $\eta_{64}$).
 
     The sum $E$ bounds $\|\hat g - g\|$ to first order in $u$; dividing by $\|g\| \ge \|\hat g\| - E$
     gives the relative bound.
     """
     a = np.abs(np.asarray(weights))
-    nu = np.asarray(message_norms, dtype=np.float64)
     f = len(a)
+    u64, eta64 = unit_roundoff(np.float64), underflow_unit(np.float64)
+    nu = np.asarray(message_norms, dtype=np.float64)
+    if length:
+        nu = nu * (1 + float(_gamma(length, u64))) + math.sqrt(length * eta64)
     scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
     extra = 2 if profile.complex_arithmetic else 0
     weighted = float(a @ nu)
-    combine = scale * float(_gamma(f + extra, u)) * weighted
-    estimate = profile.spread * nu
+    combine = scale * float(_gamma(f + extra, u)) * weighted  # (float64 arithmetic; u >= u64 keeps it a bound)
     if magnitudes is None:
-        inside = estimate
-    else:  # reported where known (never below the message's own norm: triangle inequality), else estimated
+        inside = profile.spread * nu
+    else:
         reported = np.asarray(magnitudes, dtype=np.float64)
-        inside = np.where(np.isnan(reported), estimate, np.maximum(reported, nu))
-    encode = scale * float(a @ (_gamma(profile.support + extra, u) * inside))
+        unreported = np.where(profile.support <= 1, nu / (1 - u) ** 2, math.inf)
+        inside = np.where(np.isnan(reported), unreported, np.maximum(reported, nu))
+    receiver = scale * _gamma(profile.support + extra, u) * inside + (math.sqrt(length) * eta) * (profile.support + 1)
+    if sender_errors is not None:
+        sent = np.asarray(sender_errors, dtype=np.float64)
+        receiver = np.where(sent > 0, sent, receiver)
+    with np.errstate(invalid="ignore"):  # 0 * inf: a zero weight on an uncertifiable row costs nothing
+        encode_terms = np.where(a > 0, a * receiver, 0.0)
+        magnitude = float(np.sum(np.where(a > 0, a * inside, 0.0)))
+    encode = float(np.sum(encode_terms))
     weight = 0.0
     if np.any(profile.residual > 0):
         with np.errstate(divide="ignore", invalid="ignore"):
             per_partition = np.where(profile.magnitude > 0, inside[:, None] / profile.magnitude, np.inf).min(axis=0)
             weight = float(np.sum(np.where(profile.residual > 0, profile.residual * per_partition, 0.0)))
-    absolute = combine + encode + weight
+    underflow = math.sqrt(length) * (f + 2) * eta64  # the combine's products (the messages': in `receiver`)
+    absolute = combine + encode + weight + underflow
     combined_norm = float(combined_norm)
     amplification = weighted / combined_norm if combined_norm > 0 else math.inf
-    return ErrorCertificate(relative_bound(absolute, combined_norm), absolute, amplification, u)
+    return ErrorCertificate(relative_bound(absolute, combined_norm), absolute, amplification, u, magnitude)
+
+
+GUARD_COHERENCE = 0.5
+r"""The data a construction guard certifies for: partial gradients with $\|\sum_j g_j\| \ge$ this times
+$(\sum_j \|g_j\|^2)^{1/2}$. Independent directions of equal norms give 1 on average (and rarely below 1/2
+once $p \ge 16$: $\chi^2_p / p < 1/4$), aligned gradients more, one dominant partition about 1; partials that
+cancel in the sum are outside it, and only the per-decode certificate can speak for them."""
+
+GUARD_EXHAUSTIVE_SETS = 1024
+"""Up to this many survivor sets, a construction guard certifies every one of them."""
+
+
+def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) -> float:
+    r"""The largest relative bound :func:`certify_combination` can give this decoding on honest data of the guard's
+    class (:data:`GUARD_COHERENCE`): what a construction guard compares with its limit, so that a code it accepts
+    is one whose per-decode certificates stay within that limit (issue 24: "one guard, the certificate").
+
+    Every term of the certificate is linear in the partition norms $x_j = \|g_j\|$ once the message norms are
+    bounded by the magnitudes they are reported with ($\nu_i \le \mu_i = \sum_j |b_{ij}| x_j$):
+    $E \le \sum_j C_j x_j$ with
+    $C_j = \sum_i |a_i| |b_{ij}| (\gamma_f + \gamma_{w_i}) + \sum_l |r_l|\,|b_{i(l) j}| / |b_{i(l) l}|$
+    ($r$ the weights' residual, $i(l)$ the row that bounds partition $l$'s norm most tightly; the complex
+    constants as in :func:`certify_combination`). By Cauchy–Schwarz, $E \le \|C\|_2 (\sum_j x_j^2)^{1/2}
+    \le \|C\|_2 \|g\| / c$ for data of coherence $c$; the relative bound $E / (\|\hat g\| - E)$ is then
+    at most $\beta / (1 - \beta)$, $\beta = \|C\|_2 / c$. No sampling: a true upper bound over that class,
+    in float64 (``u``) for message dtypes no wider.
+    """
+    u = unit_roundoff(np.float64) if u is None else u
+    profile = RowProfile.of(np.asarray(weights), np.asarray(rows))
+    a = np.abs(np.asarray(weights))
+    f = len(a)
+    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
+    extra = 2 if profile.complex_arithmetic else 0
+    per_row = scale * a * (float(_gamma(f + extra, u)) + _gamma(profile.support + extra, u))
+    c = per_row @ profile.magnitude
+    residual = profile.residual
+    if np.any(residual > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.where(
+                profile.magnitude > 0, profile.magnitude.sum(axis=1)[:, None] / profile.magnitude, np.inf
+            )  # row i's bound on x_l costs sum_j |b_ij| / |b_il| (per unit of the largest x_j)
+            best = np.argmin(ratios, axis=0)
+            covered = np.isfinite(ratios[best, np.arange(ratios.shape[1])])
+        if not covered.all():
+            return math.inf
+        tight = profile.magnitude[best] / profile.magnitude[best, np.arange(len(best))][:, None]
+        c = c + residual @ tight
+    beta = float(np.linalg.norm(c)) / GUARD_COHERENCE
+    return beta / (1 - beta) if beta < 1 else math.inf
+
+
+def worst_guard_certificate(
+    b: Array,
+    f: int,
+    searched: Iterable[Sequence[int]],
+    weights: Callable[[Sequence[int], Array], Array],
+    *,
+    limit: float = math.inf,
+) -> float:
+    r"""A construction guard's number (issue 24, "one guard, the certificate"): the worst
+    :func:`guard_certificate` of the decoder's ``weights`` (of the row ids and the rows of ``b`` they pick) over
+    every set of ``f`` rows when there are at most :data:`GUARD_EXHAUSTIVE_SETS`, else over the ``searched``
+    ones (contiguous, searched-adversarial, seeded random: a search, not a proof). Stops at the first set
+    above ``limit``. :class:`~gradcode.common.exceptions.NumericallyUnsafeError` reports this number."""
+    n = b.shape[0]
+    sets = itertools.combinations(range(n), f) if math.comb(n, f) <= GUARD_EXHAUSTIVE_SETS else searched
+    worst = 0.0
+    for rows in sets:
+        chosen = b[list(rows)]
+        bound = guard_certificate(weights(rows, chosen), chosen)
+        if not bound <= worst:
+            worst = bound
+        if worst > limit:
+            break
+    return worst
 
 
 def relative_bound(absolute: float, combined_norm: float) -> float:

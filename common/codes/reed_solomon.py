@@ -65,14 +65,16 @@ Numerics (guard rail)
     missing points are contiguous the weights grow like $\prod |1 - \alpha^{\cdot}|$ and the sum
     $\sum_i a_i m_i$ cancels catastrophically. At construction the worst relative decode error
     over the $n$ contiguous survivor sets and 8 seeded random ones is measured
-    ($O(n \cdot f \cdot s)$) and :class:`NumericallyUnsafeError` is raised above
-    ``max_decode_error`` (default :data:`DEFAULT_MAX_DECODE_ERROR` $= 10^{-9}$). Where it bites
-    for ``for_stragglers(n, s)`` ($k = n$, $w = s + 1$), scanning $n = 4..119$:
-    $s = \lfloor n/10 \rfloor$: accepted up to $n = 60$; $s = \lfloor n/5 \rfloor$: up to $n = 42$
-    ($n = 40$: $6.8 \cdot 10^{-10}$; $n = 45$: $4.2 \cdot 10^{-9}$; $n = 80$: $7.5 \cdot 10^{-3}$);
-    $s = \lfloor n/4 \rfloor$: up to 39; $s = \lfloor n/2 \rfloor$: up to 30. Fixed small $s$ lasts
-    longer: $s = 1$ is accepted at $n = 800$ ($6.5 \cdot 10^{-12}$), $s = 2$ up to $n = 400$,
-    $s = 3$ up to $n = 200$ (refused at 800 and 400). Past
+    ($O(n \cdot f \cdot s)$), and then certified (issue 24, "one guard, the certificate"):
+    :func:`~gradcode.common.codes.numerics.worst_guard_certificate` of the closed-form weights, the largest
+    bound the per-decode certificate can give an honest decode, over every survivor set when there are at
+    most 1024, else over the same sets. :class:`NumericallyUnsafeError` is raised when either exceeds
+    ``max_decode_error`` (default :data:`DEFAULT_MAX_DECODE_ERROR` $= 10^{-9}$), with the number that did
+    (:attr:`certified_decode_error` of an accepted code). The certificate bites first: for
+    ``for_stragglers(n, s)`` ($k = n$, $w = s + 1$), scanning $n = 4..60$ at the default bound:
+    $s = \lfloor n/10 \rfloor$: accepted up to $n = 40$; $s = \lfloor n/5 \rfloor$: up to 29;
+    $s = \lfloor n/4 \rfloor$: up to 27; $s = \lfloor n/2 \rfloor$: up to 22. Fixed small $s$:
+    ``gradcode codes --accepted`` ($s = 1$ is accepted at $n = 128$, $s = 2$ refused there). Past
     the limit use the ``binary`` scheme (0/1 matrix, exact). ``max_decode_error=math.inf``
     skips the measurement (timing experiments only).
 
@@ -108,6 +110,7 @@ from gradcode.common.codes.numerics import (
     survivor_sets,
     weights_residual,
     worst_combined_error,
+    worst_guard_certificate,
 )
 from gradcode.common.codes.registry import register
 from gradcode.common.exceptions import NumericallyUnsafeError
@@ -286,8 +289,22 @@ class ReedSolomonCode(GradientCode):
         self._max_decode_error = float(max_decode_error)
         self._set_matrix(encoding_matrix(n, k, w))
         self._measured_error: float | None = None
+        self._certified_error: float | None = None
         if math.isfinite(self._max_decode_error):
             self._measured_error = self._measure_decode_error()
+            if self._measured_error <= self._max_decode_error:
+                self._certified_error = worst_guard_certificate(
+                    self.B, self.f, self.guard_survivor_sets(), self._guard_weights, limit=self._max_decode_error
+                )
+                if not self._certified_error <= self._max_decode_error:
+                    raise NumericallyUnsafeError(
+                        f"{self!r}: certifies relative error {self._certified_error:.3g} > max_decode_error="
+                        f"{self._max_decode_error:g} on honest partial gradients whose sum keeps half their joint "
+                        "norm (the guard's certificate, the bound honest decodes would carry); the complex "
+                        "Vandermonde decode is ill-conditioned at this size. Use the 'binary' scheme (0/1, exact), "
+                        "fewer workers or stragglers, or pass a larger max_decode_error explicitly.",
+                        measured_error=self._certified_error,
+                    )
             if not self._measured_error <= self._max_decode_error:
                 raise NumericallyUnsafeError(
                     f"{self!r}: measured worst relative decode error {self._measured_error:.3g} over contiguous "
@@ -342,6 +359,16 @@ class ReedSolomonCode(GradientCode):
         g = np.random.default_rng(0).standard_normal((self.k, _GUARD_COLUMNS))
         decodings = (Decoding(tuple(rows), decoding_weights(self.n, rows)) for rows in self.guard_survivor_sets())
         return worst_combined_error(self.B, decodings, itertools.repeat(g))
+
+    def _guard_weights(self, ids: Sequence[int], rows: Array) -> Array:
+        """The decoder's weights for the ``f`` rows ``ids`` (the closed form of :func:`decoding_weights`)."""
+        return decoding_weights(self.n, ids)
+
+    @property
+    def certified_decode_error(self) -> float | None:
+        """The guard's certificate (:func:`~gradcode.common.codes.numerics.worst_guard_certificate`; None when
+        the guard was skipped)."""
+        return self._certified_error
 
     @cached_property
     def _reduced_span(self) -> tuple[Array, Array] | None:

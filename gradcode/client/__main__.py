@@ -4,6 +4,7 @@
     gradcode worker ...                run a worker (`gradcode worker --help`)
     gradcode demo                      local master + workers as processes, train on digits, compare
     gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
+    gradcode codes --accepted          which (n, s) the guarded schemes accept (certified), as a table
     gradcode run --master ADDR ...     start a job on a running master and follow it (prints its id first;
                                        Ctrl-C detaches: the job goes on)
     gradcode watch|model|cancel JOB    follow (re-attach to), fetch the model of, or cancel a job
@@ -44,7 +45,7 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
-from gradcode.common.codes.compare import format_table, scheme_rows
+from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
 from gradcode.common.models import available_models, make_model, save_params
@@ -593,6 +594,10 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _codes(args: argparse.Namespace) -> int:
+    if args.accepted:
+        verbose = (lambda line: print(line, file=sys.stderr, flush=True)) if args.verbose else None
+        print(accepted_table(args.sizes, progress=verbose))
+        return 0
     if args.scheme:
         print(f"{args.scheme} parameters: {', '.join(code_parameters(args.scheme))}")
         return 0
@@ -659,6 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
     codes.add_argument("--n", type=int, default=12)
     codes.add_argument("--s", type=int, default=3)
     codes.add_argument("--scheme", default="", help="print this scheme's parameters instead")
+    codes.add_argument(
+        "--accepted", action="store_true",
+        help="print which (n, s) the guarded schemes (cyclic, reed_solomon) accept, with their guard certificates",
+    )  # fmt: skip
+    codes.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128], help="n for --accepted")
+    codes.add_argument("--verbose", action="store_true", help="with --accepted: each configuration on stderr")
     codes.set_defaults(handler=_codes)
 
     def client_command(name: str, text: str) -> argparse.ArgumentParser:

@@ -96,7 +96,8 @@ def test_approximate_scheme_is_never_certified_exact() -> None:
 def test_reed_solomon_outlier_partition_is_labelled() -> None:
     """Regression (issue 10): RS n=k=128, w=5 passed its guard, then decoded a contiguous survivor set
     with one partition 1e4x the others at true error ~2e-9 > 1e-9 while reporting exact=True."""
-    code = make_code("reed_solomon", n=128, k=128, w=5)
+    # Refused by its guard since issue 24; built unguarded to show the certificate still labels it.
+    code = make_code("reed_solomon", n=128, k=128, w=5, max_decode_error=math.inf)
     rng = np.random.default_rng(0)
     labelled = []
     for start in range(0, 128, 16):
@@ -155,7 +156,8 @@ def test_recommended_schemes_certify_the_promise_or_refuse(name: str, n: int, s:
 def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel_inside_a_message() -> None:
     """The limit the estimate has: partial gradients of 1e8 that cancel to 1 inside one message leave
     a rounding error of ~1e-8 that rho * ||m|| cannot see. The workers' reported sum_j |b_j| ||g_j||
-    (``magnitudes``, NaN where a worker sent none) restores the bound."""
+    (``magnitudes``) restores the bound; where a worker sent none (NaN) the row cannot be certified (issue 24:
+    never silently estimated)."""
     code = make_code("fractional", n=6, s=2)  # each message sums three partitions
     assignment = code.static_assignment()
     decoding = code.decode(assignment.rows_of([0, 3]), assignment)
@@ -175,7 +177,7 @@ def test_reported_magnitudes_keep_the_bound_above_the_error_when_partials_cancel
     reported = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=magnitudes)
     assert true <= reported.bound < 1e4 * true
     unknown = decoding.certify(norms, float(np.linalg.norm(combined)), magnitudes=[math.nan] * len(norms))
-    assert unknown.bound == estimated.bound  # NaN: that row's worker sent none, so it is estimated
+    assert unknown.bound == math.inf  # NaN: that row's worker sent none, and a row of several partitions needs one
 
 
 @settings(max_examples=200, deadline=None)

@@ -36,18 +36,30 @@ TOLERANCE = 1e-9
 
 
 MEASURED_ONLY = {"max_certified_error": math.inf}
-"""The measured guard alone (the pre-promise behaviour): most tests here exercise its mechanics at sizes
-where the float64 promise (certified 1e-12) refuses the code; the promise has its own tests below."""
+"""The guard at the job's tolerance (certified 1e-9, not the 1e-12 promise): most tests here exercise its
+mechanics at sizes where the float64 promise refuses the code; the promise has its own tests below."""
 
 
 @functools.cache
+def _built(n: int, s: int) -> CyclicRepetitionCode | None:
+    try:
+        return CyclicRepetitionCode(n, s, **MEASURED_ONLY)
+    except NumericallyUnsafeError:  # its guard certifies 1e-9 (issue 24) and no draw did
+        return None
+
+
 def _code(n: int, s: int) -> CyclicRepetitionCode:
-    return CyclicRepetitionCode(n, s, **MEASURED_ONLY)
+    """The code, or (in a property test) the example rejected when the guard refuses it."""
+    code = _built(n, s)
+    if code is None:
+        assume(False)
+    assert code is not None
+    return code
 
 
 @pytest.mark.parametrize(("n", "s"), [(5, 2), (8, 1), (9, 4), (12, 11), (7, 0)])
 def test_algorithm_2_structure(n: int, s: int) -> None:
-    code = CyclicRepetitionCode(n, s)
+    code = CyclicRepetitionCode(n, s, **MEASURED_ONLY)
     # Eq. (4): row i is supported on i, i+1, ..., i+s (mod n), with b_i(i) = 1 (eq. (16)).
     expected_support = np.zeros((n, n), dtype=bool)
     for i in range(n):
@@ -75,10 +87,10 @@ def test_draw_has_zero_row_sums() -> None:
 
 
 def test_seeded_and_deterministic() -> None:
-    a, b = CyclicRepetitionCode(11, 3, seed=5), CyclicRepetitionCode(11, 3, seed=5)
+    a, b = CyclicRepetitionCode(11, 3, seed=5, **MEASURED_ONLY), CyclicRepetitionCode(11, 3, seed=5, **MEASURED_ONLY)
     np.testing.assert_array_equal(a.B, b.B)
     assert (a.draw, a.measured_decode_error) == (b.draw, b.measured_decode_error)
-    assert not np.array_equal(a.B, CyclicRepetitionCode(11, 3, seed=6).B)
+    assert not np.array_equal(a.B, CyclicRepetitionCode(11, 3, seed=6, **MEASURED_ONLY).B)
     assert a.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
 
 
@@ -304,7 +316,7 @@ def test_equilibrated_weights_are_least_squares_and_ignore_row_scaling(rows: np.
 
 
 # ---- the float64 promise (issue 10) ---------------------------------------------------------------
-@pytest.mark.parametrize(("n", "s"), [(4, 1), (6, 2), (8, 2), (8, 4), (12, 1), (16, 15)])
+@pytest.mark.parametrize(("n", "s"), [(4, 1), (6, 2), (8, 2), (8, 3), (12, 1), (16, 15)])
 def test_default_codes_certify_the_promise(n: int, s: int) -> None:
     code = CyclicRepetitionCode(n, s)
     assert code.certified_decode_error <= PROMISED_RELATIVE_ERROR
@@ -313,5 +325,6 @@ def test_default_codes_certify_the_promise(n: int, s: int) -> None:
 
 def test_a_code_that_cannot_keep_the_promise_is_refused_with_a_stable_alternative() -> None:
     with pytest.raises(NumericallyUnsafeError, match=r"certifies relative error .* > max_certified_error.*'binary'"):
-        CyclicRepetitionCode(32, 8)
-    assert CyclicRepetitionCode(32, 8, **MEASURED_ONLY).measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
+        CyclicRepetitionCode(32, 3)
+    relaxed = CyclicRepetitionCode(32, 3, **MEASURED_ONLY)
+    assert relaxed.measured_decode_error <= relaxed.certified_decode_error <= DEFAULT_MAX_DECODE_ERROR

@@ -187,20 +187,22 @@ def test_guard_refuses_ill_conditioned_codes() -> None:
     with pytest.raises(NumericallyUnsafeError, match=r"decode error [0-9.e+-]+ .*max_decode_error=1e-09.*'binary'"):
         ReedSolomonCode.for_stragglers(45, 9)
     assert issubclass(NumericallyUnsafeError, ValueError)
-    relaxed = ReedSolomonCode(45, 45, 10, max_decode_error=1e-6)
-    assert relaxed.measured_decode_error is not None
-    assert DEFAULT_MAX_DECODE_ERROR < relaxed.measured_decode_error <= 1e-6
+    with pytest.raises(NumericallyUnsafeError, match=r"certifies relative error [0-9.e+-]+ > max_decode_error=1e-06"):
+        ReedSolomonCode(45, 45, 10, max_decode_error=1e-6)  # measured within 1e-6, certified above it (issue 24)
+    relaxed = ReedSolomonCode(45, 45, 10, max_decode_error=1e-3)
+    assert relaxed.measured_decode_error is not None and relaxed.certified_decode_error is not None
+    assert DEFAULT_MAX_DECODE_ERROR < relaxed.measured_decode_error <= relaxed.certified_decode_error <= 1e-3
     assert ReedSolomonCode(45, 45, 10, max_decode_error=math.inf).measured_decode_error is None
 
 
 def test_guard_limits_documented_in_module() -> None:
-    # s = n/5 (k = n, w = s + 1): accepted at n = 40, refused at n = 45 (module docstring).
-    accepted = ReedSolomonCode.for_stragglers(40, 8)
+    # s = n/5 (k = n, w = s + 1): accepted up to n = 29, refused at n = 30 (module docstring, issue 24's guard).
+    accepted = ReedSolomonCode.for_stragglers(29, 5)
     assert isinstance(accepted, ReedSolomonCode)
-    assert accepted.measured_decode_error is not None
-    assert accepted.measured_decode_error <= DEFAULT_MAX_DECODE_ERROR
+    assert accepted.certified_decode_error is not None and accepted.measured_decode_error is not None
+    assert accepted.measured_decode_error <= accepted.certified_decode_error <= DEFAULT_MAX_DECODE_ERROR
     with pytest.raises(NumericallyUnsafeError):
-        ReedSolomonCode.for_stragglers(45, 9)
+        ReedSolomonCode.for_stragglers(30, 6)
 
 
 def test_guard_agrees_with_independent_measurement() -> None:
@@ -241,7 +243,7 @@ def test_rows_after_a_span_decode_are_not_mixed_in() -> None:
 def test_ill_conditioned_span_is_refused_not_decoded_wrong() -> None:
     # k = 13 < f = 16, so rank B < f; Gram–Schmidt alone calls the contiguous workers 0..14 spanning,
     # but least squares cannot reproduce the all-ones vector from them: wait for the 16th worker.
-    code = ReedSolomonCode(32, 13, 7)
+    code = ReedSolomonCode(32, 13, 7, max_decode_error=1e-6)  # certified 1.2e-7: the 1e-9 guard refuses it
     decoder = code.decoder()
     for worker in range(15):
         assert not decoder.add(worker)
@@ -278,9 +280,8 @@ def test_online_decoding_properties(case: tuple[dict[str, int], list[int]]) -> N
     params, order = case
     try:
         code = ReedSolomonCode(**params)
-    except NumericallyUnsafeError:
-        unguarded = ReedSolomonCode(**params, max_decode_error=math.inf)
-        assert worst_decode_error(unguarded, unguarded.guard_survivor_sets()) > DEFAULT_MAX_DECODE_ERROR / 100
+    except NumericallyUnsafeError as refusal:  # measured or certified (issue 24) above the bound: it says which
+        assert refusal.measured_error is not None and refusal.measured_error > DEFAULT_MAX_DECODE_ERROR
         return
     decoder = code.decoder()
     used = 0

@@ -99,7 +99,8 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
 async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_float32_tolerance() -> None:
     """Cyclic (n=6, s=2) is exact by construction from any 4 rows, but rows {1, 2, 4, 5} decode with
     weights summing to ~300 in absolute value: at float32 precision their bound exceeds the tolerance,
-    so that decode must say it is not exact, while a well-conditioned set of survivors is exact."""
+    so that decode must say it is not exact, while a well-conditioned set of survivors is exact. Each sender
+    reports its magnitude, as workers do (without it a message of several partitions cannot be certified)."""
     code = make_code("cyclic", n=6, s=2)
     g = np.random.default_rng(7).standard_normal((6, 400))
     total = g.sum(axis=0)
@@ -114,6 +115,7 @@ async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_f
                         iteration=0,
                         worker_id=w,
                         row=w,
+                        magnitude=float(np.abs(code.coefficients(w)) @ np.linalg.norm(g[list(code.support(w))], 2, 1)),
                     )
                 ),
                 5.0 if w in slow else 0.0,

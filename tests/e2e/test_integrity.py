@@ -78,7 +78,8 @@ async def test_detect_labels_the_affected_iterations_and_names_the_worker(cluste
         assert r.exact == (bad not in r.used_workers and bad not in r.suspect_workers)
     history = [json.loads(line) for line in (cluster5.local.run_dir / f"{info.job_id}.jsonl").read_text().splitlines()]
     first = next(h for h in history if h["iteration"] == affected[0].iteration)
-    assert first["exact"] is False and bad in first["suspect_workers"] and first["error_bound"] >= 0
+    # (the hostile worker reports no magnitude for its rows of several partitions: uncertified, "inf" in the history)
+    assert first["exact"] is False and bad in first["suspect_workers"] and float(first["error_bound"]) >= 0
 
 
 async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(cluster5: Cluster) -> None:

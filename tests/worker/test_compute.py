@@ -216,10 +216,12 @@ def test_bad_labels_refused_at_load() -> None:
         nan.finish()
 
 
-def test_a_row_of_one_partition_sends_no_magnitude_and_the_certificate_is_the_same_without_it() -> None:
-    """|b| ||g|| of a one-partition row is its message's norm: the worker does not compute it (NaN: not sent)
-    and the receiver's estimate rho ||m|| (rho = 1) certifies the same bound as the magnitude would. A row of
-    several partitions still sends it (cyclic)."""
+def test_every_row_sends_its_magnitude_and_only_a_row_of_several_partitions_its_own_rounding() -> None:
+    """|b| ||g|| of a one-partition row is its message's norm, and a flat receiver certifies the same bound without
+    it; the worker still sends it (issue 24: in a tree the receiver's row stands for several partitions, so a
+    missing magnitude there cannot be told from a missing value, and is not certified). A row of several
+    partitions also certifies its own rounding (``rounding``, sent as ``decode_error``); one partition leaves
+    that to the receiver (0)."""
     theta = random_params()
     for code in (make_code("uncoded", n=3), make_code("cyclic", n=3, s=1)):
         partitions = make_partitions(code.k)
@@ -227,17 +229,19 @@ def test_a_row_of_one_partition_sends_no_magnitude_and_the_certificate_is_the_sa
         computation = job.start(theta)
         for row in job.check_rows(code.static_assignment().rows[0]):
             message, _ = computation.message(row)
+            magnitude = computation.magnitude(row)
+            assert np.isfinite(magnitude)
             if len(code.support(row)) > 1:
-                assert np.isfinite(computation.magnitude(row))
+                assert computation.rounding(row, magnitude) > 0
                 continue
-            assert np.isnan(computation.magnitude(row))
+            assert computation.rounding(row, magnitude) == 0.0
             norm = float(np.linalg.norm(message[: job.num_params]))
+            assert magnitude == pytest.approx(float(abs(code.coefficients(row)[0])) * norm, rel=1e-12)
             weights = np.ones(1)
             profile = RowProfile.of(weights, np.asarray(code.B)[[row]])
             u = unit_roundoff(np.float64)
             without = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[np.nan])
-            true = float(abs(code.coefficients(row)[0])) * norm
-            with_it = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[true])
+            with_it = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[magnitude])
             assert without.bound == pytest.approx(with_it.bound, rel=1e-12)
 
 
