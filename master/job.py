@@ -10,7 +10,7 @@
    together, so GetModel never runs ahead of its iteration number; ``wall_seconds`` ends there. A
    report is ``exact`` only when the decode is exact, its certified error bound (``error_bound``)
    is within the job's tolerance, no message it used was decoded approximately by a tree parent,
-   and (under the ``detect``/``locate`` integrity policies, :mod:`gradcode.master.integrity`) no
+   and (under the ``detect``/``locate`` integrity policies, :mod:`gradcode.common.integrity`) no
    consistency check of the surplus messages failed;
 3. report: the training loss and accuracy come from the decode itself (workers append their
    partitions' summed loss and correct count to every message; :mod:`gradcode.master.reporting`), so

@@ -31,13 +31,13 @@ from gradcode.common.datafile import data_file as file_in_data_dir
 from gradcode.common.datafile import error_reason, file_error
 from gradcode.common.datasets import FILE_OPTIONS, DataSource, LocalDescription, describe
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
+from gradcode.common.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
 from gradcode.common.models import Model, available_models, make_model
 from gradcode.common.plugins import PluginError, model_dtype, unknown_model
 from gradcode.common.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.wire import array_from_tensor, dict_from_struct
 from gradcode.master import limits
-from gradcode.master.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
 from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
 
@@ -105,7 +105,7 @@ class JobPlan:
 
     @property
     def integrity(self) -> str:
-        """The consistency policy: ``off``, ``detect`` or ``locate`` (:mod:`gradcode.master.integrity`)."""
+        """The consistency policy: ``off``, ``detect`` or ``locate`` (:mod:`gradcode.common.integrity`)."""
         return self.spec.integrity
 
     @property
@@ -385,7 +385,7 @@ DEFAULT_BACKUP_PRIORITY = "low"
 
 
 def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
-    """The consistency policy, defaulting to the master's (:data:`~gradcode.master.integrity.DEFAULT_INTEGRITY`);
+    """The consistency policy, defaulting to the master's (:data:`~gradcode.common.integrity.DEFAULT_INTEGRITY`);
     a checking policy is refused for a code with rows no surplus can ever check (every decode would be unchecked,
     never exact)."""
     _check_choice(spec, "integrity", "consistency policy", INTEGRITY_POLICIES, DEFAULT_INTEGRITY)

@@ -21,7 +21,7 @@ approximate) the parent's messages are marked approximate.
 Only the job's message dtype is accepted from children (plus complex128 for a complex child code).
 
 Integrity: under the job's consistency policy (``ParentRole.integrity``) the parent runs the master's
-:class:`~gradcode.master.integrity.IntegrityPolicy` on its own round, so it checks its children's surplus
+:class:`~gradcode.common.integrity.IntegrityPolicy` on its own round, so it checks its children's surplus
 messages exactly as the master checks its own: it waits for the surplus that checks every child it uses,
 decodes around a child the checks single out and names it in its messages' trailer
 (``children_singled_out``), quarantines a repeat offender (asks it no more; ``children_quarantined``), and
@@ -43,12 +43,12 @@ from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.codes.numerics import message_rounding, underflow_unit, unit_roundoff
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
+from gradcode.common.integrity import INTEGRITY_POLICIES, IntegrityPolicy
 from gradcode.common.link import link_opener
 from gradcode.common.round import Decoded, Round, Source, WorkerFailure, decode_tolerance
 from gradcode.common.security import Security
 from gradcode.common.session import Caller
 from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
-from gradcode.master.integrity import INTEGRITY_POLICIES, IntegrityPolicy
 from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]

@@ -1,4 +1,5 @@
-"""The master's consistency policy (``JobSpec.integrity``): how long to wait for surplus, what to do on a violation.
+"""A receiver's consistency policy (``JobSpec.integrity``), the master's and every tree parent's: how long to wait for
+surplus, what to do on a violation.
 
 The checks themselves are the library's (:func:`~gradcode.common.codes.consistency.check_consistency`:
 every linear relation $y B_R = 0$ among the received rows gives $y M_R = 0$ for honest messages); this
