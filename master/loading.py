@@ -244,6 +244,7 @@ class WorkerLoader:
         if not worker.is_up:
             return False
         self.shared_workers.discard(w)
+        worker.loading += 1  # not idle: the pool's idle probe leaves it to this call
         try:
             reply = await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
@@ -256,6 +257,8 @@ class WorkerLoader:
             else:
                 self.pool.mark_down(worker, why)
             return False
+        finally:
+            worker.loading -= 1
         self._retry_at.pop(w, None)
         if reply.shared_memory:
             self.shared_workers.add(w)

@@ -71,6 +71,7 @@ __all__ = [
     "ADMISSION_TIMEOUT_SECONDS",
     "HEALTH_PROBE_SECONDS",
     "IDLE_PROBE_SECONDS",
+    "IDLE_PROBE_STRIKES",
     "IDLE_PROBE_TIMEOUT_SECONDS",
     "MAX_ADDRESS_CHARS",
     "MAX_NAME_CHARS",
@@ -94,9 +95,12 @@ HEALTH_PROBE_SECONDS = 0.5
 """Period of the health probe of DOWN workers, and the timeout of each probe."""
 IDLE_PROBE_SECONDS = 1.0
 """Period of the health probe of UP workers that hold no job (a job's own calls watch the others)."""
+IDLE_PROBE_STRIKES = 2
+"""Idle probes in a row that must time out before an idle worker is DOWN: one slow answer on a loaded machine is
+not a frozen worker (a refused connection, a killed worker, counts at once)."""
 IDLE_PROBE_TIMEOUT_SECONDS = 2.0
-"""How long an idle worker's health probe may take before it is DOWN: a killed worker's probe fails at once (its
-port refuses), a frozen one's after this, so a dead idle worker is DOWN within about 3 s, before a job counts it."""
+"""How long an idle worker's health probe may take: a killed worker's probe fails at once (its port refuses), a
+frozen one's after :data:`IDLE_PROBE_STRIKES` of these, so a dead idle worker is DOWN within about 6 s."""
 
 ADMISSION_TIMEOUT_SECONDS = 3.0
 """How long the master waits for a registering worker to answer Worker.Hello at its advertised address."""
@@ -159,6 +163,10 @@ class PoolWorker:
     last_seen: float = field(default_factory=time.time)
     jobs: set[str] = field(default_factory=set)
     """Jobs loaded on this worker since it last (re)started."""
+    loading: int = 0
+    """LoadJob calls to it in flight: a worker setting a job up (a model plugin may import for seconds) is not idle."""
+    idle_timeouts: int = 0
+    """Idle probes in a row that timed out (:data:`IDLE_PROBE_STRIKES` make it DOWN)."""
     instance_id: str = ""
     """The worker process's random id as it registered (a label; empty for a ``--workers`` address)."""
     process_secret: bytes = field(default=b"", repr=False)
@@ -478,14 +486,15 @@ class WorkerPool:
                     await self._changed.wait()
 
     # ---- health --------------------------------------------------------------------------------
-    async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS) -> bool:
+    async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS, *, strikes: int = 1) -> bool:
         """Ask a worker's health service over a fresh channel, then who answers (Worker.Hello); mark it UP
         (it holds no job) only if it serves and proves it is the process that registered.
 
         Another process at the address (the worker restarted) is not revived: it registers itself, and
-        is admitted with a new call token then. A ``--workers`` address (no secret) needs SERVING only.
+        is admitted with a new call token then. A ``--workers`` address (no secret) needs SERVING only. An UP
+        worker is marked DOWN after ``strikes`` probes in a row that timed out (any other failure: at once).
         """
-        error, foreign = "", False
+        error, foreign, timed_out = "", False, False
         async with self._fresh_channel(worker.address) as channel:
             try:
                 health = health_pb2_grpc.HealthStub(channel)
@@ -499,8 +508,10 @@ class WorkerPool:
                     )
             except grpc.aio.AioRpcError as exc:
                 error = f"health check: {exc.code().name}: {exc.details()}"
+                timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         serving = not error
-        if not serving and (worker.is_up or foreign):
+        worker.idle_timeouts = worker.idle_timeouts + 1 if timed_out else 0
+        if not serving and (worker.is_up or foreign) and (not timed_out or worker.idle_timeouts >= strikes):
             self.mark_down(worker, error)
         if serving and not worker.is_up:
             worker.jobs.clear()
@@ -522,9 +533,10 @@ class WorkerPool:
         """Probe every UP worker that holds no job once, concurrently: one killed or frozen while idle is DOWN
         before the next job would count it among its workers (a worker that holds a job is watched by the job's
         calls and :class:`~gradcode.master.liveness.LatenessWatch`)."""
-        idle = [w for w in self.workers if w.is_up and not w.jobs]
+        idle = [w for w in self.workers if w.is_up and not w.jobs and not w.loading]
         if idle:
-            await asyncio.gather(*(self.probe(w, timeout) for w in idle), return_exceptions=True)
+            probes = (self.probe(w, timeout, strikes=IDLE_PROBE_STRIKES) for w in idle)
+            await asyncio.gather(*probes, return_exceptions=True)
 
     async def _monitor_loop(self) -> None:
         while True:

@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+from gradcode.common.security import new_process_secret
 from gradcode.common.serving import start_server
 from gradcode.common.wire import tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
@@ -138,7 +139,9 @@ async def test_duplicate_job_id_and_bad_worker_address_are_refused(cluster2: Clu
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
         await expect_error(stub.CreateJob(spec), grpc.StatusCode.ALREADY_EXISTS, "Job 'dup-job' already exists")
         await expect_error(
-            stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address="no-port-here")),
+            stub.RegisterWorker(
+                master_pb2.RegisterWorkerRequest(address="no-port-here", process_secret=new_process_secret())
+            ),
             grpc.StatusCode.INVALID_ARGUMENT,
             "Worker address must look like HOST:PORT",
             "not 'no-port-here'",

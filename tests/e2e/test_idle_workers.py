@@ -14,14 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from gradcode.master.pool import HEALTH_PROBE_SECONDS, IDLE_PROBE_SECONDS, IDLE_PROBE_TIMEOUT_SECONDS
+from gradcode.master.pool import (
+    HEALTH_PROBE_SECONDS,
+    IDLE_PROBE_SECONDS,
+    IDLE_PROBE_STRIKES,
+    IDLE_PROBE_TIMEOUT_SECONDS,
+)
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import Cluster, job_spec, run_job, start_cluster
 
 pytestmark = pytest.mark.e2e
 
-BOUND = IDLE_PROBE_SECONDS + IDLE_PROBE_TIMEOUT_SECONDS + 2.0
-"""Seconds within which a dead idle worker must be listed DOWN (a probe period and timeout, plus slack for load)."""
+BOUND = IDLE_PROBE_STRIKES * (IDLE_PROBE_SECONDS + IDLE_PROBE_TIMEOUT_SECONDS) + 2.0
+"""Seconds within which a dead idle worker must be listed DOWN (a frozen one: the probes in a row that must time
+out, each a period and a timeout; plus slack for load)."""
 
 
 def state_of(cluster: Cluster, index: int) -> int:

@@ -54,7 +54,11 @@ async def test_locate_names_a_lying_leaf_by_its_parent_never_the_parent(cluster1
     iterations, lr = 6, 0.5
     try:
         async with master_stub(cluster11.master_address) as stub:
-            reply = await stub.RegisterWorker(master_pb2.RegisterWorkerRequest(address=handle.address, name="liar"))
+            reply = await stub.RegisterWorker(
+                master_pb2.RegisterWorkerRequest(
+                    address=handle.address, name="liar", process_secret=hostile.process_secret
+                )
+            )
             ids = list(cluster11.ids)
             ids.insert(HOSTILE_LEAF, reply.worker_id)
             spec = job_spec("coded_reduce", TREE, iterations=iterations, learning_rate=lr, worker_ids=ids,
