@@ -247,6 +247,15 @@ class WorkerLoader:
         worker.loading += 1  # not idle: the pool's idle probe leaves it to this call
         try:
             reply = await worker.stub.LoadJob(self.load_stream(w), timeout=LOAD_TIMEOUT_SECONDS)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the job itself is cancelled
+            # The call, not the job: the worker's channel was closed under it (it went DOWN, or registered again
+            # and got a new channel). grpc.aio raises CancelledError for that; the job must not read it as its own.
+            log.warning("%s: LoadJob for job %r ended with its channel; it is loaded again later", worker.describe(),
+                        self.job_id)  # fmt: skip
+            return False
         except grpc.aio.AioRpcError as exc:
             why = f"LoadJob for job {self.job_id!r}: {exc.code().name}: {exc.details()}"
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:

@@ -102,3 +102,43 @@ async def test_a_request_abandoned_by_the_worker_is_asked_again_and_the_worker_s
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED and len(reports) == 4, info.message
     assert errors == [""]  # never marked DOWN
     assert max(r.wall_seconds for r in reports) < 5.0  # asked again at once, not after a probe and a reload
+
+
+class SlowToLoad(WorkerServicer):
+    """Takes its time over the first LoadJob (as a worker importing a model plugin), so the master's channel to it
+    can close under that call."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.loading = asyncio.Event()
+        self.loads = 0
+
+    async def LoadJob(self, request_iterator: Any, context: Any) -> Any:  # noqa: N802 - proto name
+        self.loads += 1
+        if self.loads == 1:
+            self.loading.set()
+            await asyncio.sleep(2.0)
+        return await super().LoadJob(request_iterator, context)
+
+
+async def test_a_load_whose_channel_closes_under_it_is_retried_and_never_cancels_the_job() -> None:
+    """grpc.aio ends a call with CancelledError when its channel closes (the worker went DOWN, or registered again and
+    got a new channel). Read as the job's own cancellation, that ended jobs "cancelled after 0 iterations"
+    (a training benchmark lost its run that way); the load is now one that failed, and the worker is loaded
+    again."""
+    async with asyncio.timeout(TIMEOUT), contextlib.AsyncExitStack() as stack:
+        master = await stack.enter_async_context(MasterNode(grace=0.5))
+        worker = WorkerNode(master_address=master.address, name="w", grace=0.5)
+        worker.servicer = slow = SlowToLoad(instance_id=worker.instance_id)
+        await stack.enter_async_context(worker)
+        channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
+        stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+        while not any(w.is_up for w in master.pool.workers):
+            await asyncio.sleep(0.05)
+        job = await stub.CreateJob(job_spec("uncoded", {"n": 1}, iterations=3, iteration_deadline_seconds=30.0))
+        await slow.loading.wait()
+        master.pool.workers[0].reconnect()  # the channel closes under the LoadJob in flight
+        reports = [r async for r in stub.WatchJob(master_pb2.WatchJobRequest(job_id=job.job_id))]
+        info = await stub.GetJob(master_pb2.GetJobRequest(job_id=job.job_id))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED and len(reports) == 3, info.message
+    assert slow.loads >= 2  # loaded again after the closed channel
