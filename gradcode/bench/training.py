@@ -71,7 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -604,7 +604,10 @@ class Plan:
     backups: bool = False
 
 
-async def _experiments(workload: Workload, plan: Plan, run_dir: Path, data_dir: Path) -> dict[str, Any]:
+async def _experiments(
+    workload: Workload, plan: Plan, run_dir: Path, data_dir: Path, on_round: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Every round of ``plan``; ``on_round`` gets the raw results so far after each one."""
     sweep: list[dict[str, Any]] = []
     pareto: list[dict[str, Any]] = []
     backups: list[dict[str, Any]] = []
@@ -650,6 +653,7 @@ async def _experiments(workload: Workload, plan: Plan, run_dir: Path, data_dir: 
                 row.update(round=round_, seed=seed, s=1)
                 pareto.append(row)
                 print(_progress(row), flush=True)
+            on_round({"verify_max_error": verified, "sweep": sweep, "pareto": pareto, "backups": backups})
     finally:
         await clusters.close()
         for pool in pools.values():
@@ -1057,30 +1061,47 @@ def run(
             f"{gradient_solo_s * 1e3:.2f} ms; {count} seeds; load {load_average()}",
             flush=True,
         )
-        raw = asyncio.run(_experiments(workload, plan, Path(tmp) / "cluster", data_dir))
-    cores = len(os.sched_getaffinity(0))
-    summary = summarise(raw, workload, plan.systems, cores=cores, gradient_solo_s=gradient_solo_s)
-    import torch
+        import torch
 
-    results: dict[str, Any] = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "torch": torch.__version__,
-            "mpi": missing or "mpi4py on Open MPI",
-        },
-        "quick": quick,
-        "seeds": list(plan.seeds),
-        "workload": {**asdict(workload), "num_train": workload.num_train},
-        "systems": list(plan.systems),
-        "summary": summary,
-        "raw": raw,
-        "seconds": time.perf_counter() - started,
-    }
+        base: dict[str, Any] = {
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+                "torch": torch.__version__,
+                "mpi": missing or "mpi4py on Open MPI",
+            },
+            "quick": quick,
+            "workload": {**asdict(workload), "num_train": workload.num_train},
+            "systems": list(plan.systems),
+            "gradient_solo_s": gradient_solo_s,
+            "cores": len(os.sched_getaffinity(0)),
+        }
+        partial = out / "training.partial.json"
+
+        def on_round(raw: dict[str, Any]) -> None:
+            out.mkdir(parents=True, exist_ok=True)
+            done = sorted({r["seed"] for r in raw["pareto"]})
+            document = {**base, "seeds": done, "raw": raw, "seconds": time.perf_counter() - started}
+            partial.write_text(json.dumps(document) + "\n")
+
+        raw = asyncio.run(_experiments(workload, plan, Path(tmp) / "cluster", data_dir, on_round))
+    results = finish({**base, "seeds": list(plan.seeds), "raw": raw, "seconds": time.perf_counter() - started}, out)
+    partial.unlink(missing_ok=True)
+    return results
+
+
+def finish(document: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Summarise a run's raw results (a finished run, or the rounds a stopped one completed: ``--from-partial``),
+    print the tables and save JSON and PNG under ``out``."""
+    workload = Workload(**{k: v for k, v in document["workload"].items() if k != "num_train"})
+    systems = tuple(document["systems"])
+    raw = document["raw"]
+    summary = summarise(raw, workload, systems, cores=document["cores"], gradient_solo_s=document["gradient_solo_s"])
+    results = {**document, "summary": summary}
     print()
-    print(format_tables(summary, plan.systems, count))
+    print(format_tables(summary, systems, len(document["seeds"])))
     print(f"\nWorst verified relative gradient error per scheme and configuration: {raw['verify_max_error']}")
     save(results, out, "training", lambda path: plot(results, path))
     return results
@@ -1101,8 +1122,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--backups", action="store_true", help="also run each coded scheme with every worker asked alike"
     )
+    parser.add_argument(
+        "--from-partial", type=Path, default=None, metavar="FILE",
+        help="summarise the rounds a stopped run completed (its training.partial.json, written after every round)",
+    )  # fmt: skip
     add_out_argument(parser, "training")
     args = parser.parse_args(argv)
+    if args.from_partial is not None:
+        finish(json.loads(args.from_partial.read_text()), args.out)
+        return
     run(quick=args.quick, seeds=args.seeds, grid=args.grid, backups=args.backups, out=args.out)
 
 
