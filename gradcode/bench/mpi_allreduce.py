@@ -26,21 +26,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMMAND_BYTES", "POLL_SECONDS", "RESULT_MARK", "main"]
+__all__ = ["COMMAND_BYTES", "IDLE_POLL_SECONDS", "POLL_SECONDS", "RESULT_MARK", "main"]
 
 POLL_SECONDS = 50e-6
-"""Sleep between two tests of a pending MPI request: short against a gradient (milliseconds), long enough
-that a waiting rank leaves its core to the ranks still computing."""
+"""Sleep between two tests of a pending MPI request inside a run: short against a gradient (milliseconds), long
+enough that a waiting rank leaves its core to the ranks still computing."""
+IDLE_POLL_SECONDS = 20e-3
+"""The same while the ranks wait for the next command: between runs latency does not count, and six ranks testing
+every 50 µs would take CPU from the gradcode runs interleaved with them."""
 COMMAND_BYTES = 4096
 """Size of the buffer rank 0 broadcasts a command in (JSON, zero-padded)."""
 RESULT_MARK = "GRADCODE-MPI-RESULT "
 """Prefix of rank 0's result line on standard output (mpirun may interleave other lines)."""
 
 
-def _wait(request: Any) -> None:
-    """Complete ``request`` without spinning: test it, sleep, test again."""
+def _wait(request: Any, poll: float = POLL_SECONDS) -> None:
+    """Complete ``request`` without spinning: test it, sleep ``poll`` seconds, test again."""
     while not request.Test():
-        time.sleep(POLL_SECONDS)
+        time.sleep(poll)
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs under mpirun
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs unde
             encoded = (line.strip() or "null").encode()
             buffer[:] = 0
             buffer[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-        _wait(comm.Ibcast(buffer, root=0))
+        _wait(comm.Ibcast(buffer, root=0), IDLE_POLL_SECONDS)
         command = json.loads(bytes(buffer).rstrip(b"\0").decode())
         if command is None:
             return
