@@ -28,7 +28,9 @@ def test_quick_run_measures_every_job_on_every_system(tmp_path: Path, capsys: py
         for system in wide.SYSTEMS:
             figure = row[system]
             assert figure["period_s"] > 0 and len(figure["loads"]) == result["rounds"] == 1
-        assert row["gradcode"]["cpu_master_s"] > 0 and row["bare"]["cpu_workers_s"] > 0
+        # /proc counts CPU in 10 ms ticks: in a quick run the bare workers of a small job may use less than one
+        # tick in all (seen in CI), so theirs is only required to be measured; gradcode's master always uses some.
+        assert row["gradcode"]["cpu_master_s"] > 0 and 0 <= row["bare"]["cpu_workers_s"] < row["bare"]["period_s"] * 8
     assert result["one_transfer_s"] == result["rows"][0]["bare"]["overhead_s"]
     assert result["target_s"] == pytest.approx(wide.TARGET_S + result["one_transfer_s"])
     assert (tmp_path / "wide.png").stat().st_size > 0
