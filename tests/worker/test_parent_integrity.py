@@ -8,11 +8,12 @@ parents ran no checks: the lie went up inside the parent's message, and the mast
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
 
-from gradcode.common.codes import make_code
+from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.serving import start_server
 from gradcode.common.wire import CHANNEL_OPTIONS, struct_from_dict
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
@@ -51,20 +52,7 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
         addresses = {i: (honest[i].address if i in honest else hostile_handle.address) for i in range(3)}
         parent = await serve_worker()
         try:
-            for i in range(3):
-                async with grpc.aio.insecure_channel(addresses[i]) as channel:
-                    setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
-                    await _load(
-                        worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions))
-                    )
-            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
-            del setup.rows[:]
-            setup.rows.add(row=0, partitions=[3], coefficients_real=[1.0])
-            setup.parent.child_code.name = "cyclic"
-            setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": 3, "s": 2}))
-            setup.parent.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=addresses[i]) for i in range(3))
-            setup.parent.wait_seconds = 5.0
-            setup.parent.integrity = policy
+            setup = await _load_children_and_parent(child_code, addresses, partitions, policy)
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
@@ -113,20 +101,7 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
         addresses = {i: (honest[i].address if i in honest else hostile_handle.address) for i in range(4)}
         parent = await serve_worker()
         try:
-            for i in range(4):
-                async with grpc.aio.insecure_channel(addresses[i]) as channel:
-                    setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
-                    await _load(
-                        worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions))
-                    )
-            setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
-            del setup.rows[:]
-            setup.rows.add(row=0, partitions=[4], coefficients_real=[1.0])
-            setup.parent.child_code.name = "cyclic"
-            setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": 4, "s": 3}))
-            setup.parent.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=addresses[i]) for i in range(4))
-            setup.parent.wait_seconds = 5.0
-            setup.parent.integrity = "locate"
+            setup = await _load_children_and_parent(child_code, addresses, partitions, "locate")
             quarantined_at = None
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
@@ -146,3 +121,24 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
             for served in honest.values():
                 await stop_worker(served)
             await hostile_handle.stop(0)
+
+
+async def _load_children_and_parent(
+    child_code: GradientCode, addresses: dict[int, str], partitions: list[Any], policy: str
+) -> worker_pb2.JobSetup:
+    """Load each child (cyclic ``child_code``, child i at ``addresses[i]``) with its partitions; return the parent's
+    JobSetup: its own partition (the last), those children, the job's integrity ``policy``."""
+    n = child_code.n
+    for i in range(n):
+        async with grpc.aio.insecure_channel(addresses[i]) as channel:
+            setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+            await _load(worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions)))
+    setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
+    del setup.rows[:]
+    setup.rows.add(row=0, partitions=[n], coefficients_real=[1.0])
+    setup.parent.child_code.name = "cyclic"
+    setup.parent.child_code.params.CopyFrom(struct_from_dict({"n": n, "s": child_code.s}))
+    setup.parent.children.extend(worker_pb2.ChildSpec(worker_id=i + 1, address=addresses[i]) for i in range(n))
+    setup.parent.wait_seconds = 5.0
+    setup.parent.integrity = policy
+    return setup
