@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -30,6 +30,7 @@ from tests.helpers import fixed_delay
 from .test_master_node import job_spec
 
 TIMEOUT = 120.0
+S = TypeVar("S", bound=WorkerServicer)
 
 
 async def test_a_worker_full_of_jobs_refuses_another_without_being_marked_down(
@@ -86,14 +87,7 @@ async def test_a_request_abandoned_by_the_worker_is_asked_again_and_the_worker_s
     """ABORTED ends one request of one job (it was replaced or superseded on the worker); the master asks again
     instead of marking the worker DOWN for every job."""
     async with asyncio.timeout(TIMEOUT), contextlib.AsyncExitStack() as stack:
-        master = await stack.enter_async_context(MasterNode(grace=0.5))
-        worker = WorkerNode(master_address=master.address, name="w", grace=0.5)
-        worker.servicer = aborts = AbortsOnce(instance_id=worker.instance_id)
-        await stack.enter_async_context(worker)
-        channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
-        stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
-        while not any(w.is_up for w in master.pool.workers):
-            await asyncio.sleep(0.05)
+        master, aborts, stub = await _master_and_worker(stack, AbortsOnce)
         job = await stub.CreateJob(job_spec("uncoded", {"n": 1}, iterations=4, iteration_deadline_seconds=30.0))
         reports = [r async for r in stub.WatchJob(master_pb2.WatchJobRequest(job_id=job.job_id))]
         info = await stub.GetJob(master_pb2.GetJobRequest(job_id=job.job_id))
@@ -127,14 +121,7 @@ async def test_a_load_whose_channel_closes_under_it_is_retried_and_never_cancels
     (a training benchmark lost its run that way); the load is now one that failed, and the worker is loaded
     again."""
     async with asyncio.timeout(TIMEOUT), contextlib.AsyncExitStack() as stack:
-        master = await stack.enter_async_context(MasterNode(grace=0.5))
-        worker = WorkerNode(master_address=master.address, name="w", grace=0.5)
-        worker.servicer = slow = SlowToLoad(instance_id=worker.instance_id)
-        await stack.enter_async_context(worker)
-        channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
-        stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
-        while not any(w.is_up for w in master.pool.workers):
-            await asyncio.sleep(0.05)
+        master, slow, stub = await _master_and_worker(stack, SlowToLoad)
         job = await stub.CreateJob(job_spec("uncoded", {"n": 1}, iterations=3, iteration_deadline_seconds=30.0))
         await slow.loading.wait()
         master.pool.workers[0].reconnect()  # the channel closes under the LoadJob in flight
@@ -142,3 +129,16 @@ async def test_a_load_whose_channel_closes_under_it_is_retried_and_never_cancels
         info = await stub.GetJob(master_pb2.GetJobRequest(job_id=job.job_id))
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED and len(reports) == 3, info.message
     assert slow.loads >= 2  # loaded again after the closed channel
+
+
+async def _master_and_worker(stack: contextlib.AsyncExitStack, servicer: Callable[..., S]) -> tuple[MasterNode, S, Any]:
+    """A master and one registered, UP worker serving ``servicer``'s kind; the master's stub. ``stack`` stops them."""
+    master = await stack.enter_async_context(MasterNode(grace=0.5))
+    worker = WorkerNode(master_address=master.address, name="w", grace=0.5)
+    worker.servicer = served = servicer(instance_id=worker.instance_id)
+    await stack.enter_async_context(worker)
+    channel = await stack.enter_async_context(grpc.aio.insecure_channel(master.address))
+    stub: Any = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+    while not any(w.is_up for w in master.pool.workers):
+        await asyncio.sleep(0.05)
+    return master, served, stub
