@@ -170,17 +170,19 @@ class Decoded:
     r"""$\sum_i |a_i| \mu_i$, a bound on $\sum_j |c_j| \|g_j\|$ of the decoded combination (what a tree parent
     reports up for it); ``inf`` when not known."""
     norm: float = math.nan
-    """Euclidean norm of the gradient part of :attr:`vector`."""
+    """A lower bound of the Euclidean norm of the gradient part of :attr:`vector` (:attr:`Certified.norm`)."""
 
 
 @dataclass(frozen=True)
 class Certified:
-    """What :meth:`Round.certify` found: relative and absolute bounds, the combination's magnitude and norm."""
+    """What :meth:`Round.certify` found: relative and absolute bounds, the combination's magnitude, and the lower
+    bound of its norm the relative bound rests on."""
 
     bound: float
     absolute: float
     magnitude: float
     norm: float
+    """At most the Euclidean norm of the gradient part (the norm of its first coordinates when that sufficed)."""
 
 
 Received = ReceivedChunk | worker_pb2.GradientChunk
@@ -319,20 +321,20 @@ class Round:
         From each message's norm, its sender's reported magnitude (a message of several partitions without one
         cannot be certified: the bound is then infinite) and, where the sender certified its message's error
         itself (a leaf summing several partitions, a tree parent: ``decode_error``), that error in place of the
-        receiver's estimate of it.
+        receiver's estimate of it; divided by a lower bound of the vector's norm
+        (:meth:`~gradcode.common.codes.base.Decoding.certify_vector`).
         """
         if self.decoding is None:
             raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
         rows = self.decoding.rows
-        norms = [self.messages[r].norm for r in rows]
-        combined = float(np.linalg.norm(vector[: self.certified_length]))
-        dtype = np.result_type(*(self.messages[r].vector.dtype for r in rows))
-        magnitudes = [self.messages[r].magnitude for r in rows]
-        certificate = self.decoding.certify(
-            norms, combined, dtype=dtype, magnitudes=magnitudes, length=min(self.certified_length, self.length),
-            sender_errors=[self.messages[r].decode_error for r in rows],
+        messages = [self.messages[r] for r in rows]
+        certificate, norm = self.decoding.certify_vector(
+            vector, [m.norm for m in messages], tolerance=self.tolerance,
+            dtype=np.result_type(*(m.vector.dtype for m in messages)),
+            magnitudes=[m.magnitude for m in messages], length=min(self.certified_length, self.length),
+            sender_errors=[m.decode_error for m in messages],
         )  # fmt: skip
-        return Certified(certificate.bound, certificate.absolute, certificate.magnitude, combined)
+        return Certified(certificate.bound, certificate.absolute, certificate.magnitude, norm)
 
     def decode(self) -> Decoded:
         """:meth:`combine` and its certificate, timed, with what the decoding rests on."""
@@ -342,16 +344,18 @@ class Round:
         vector = self.combine()
         certified = self.certify(vector)
         bound, absolute = certified.bound, certified.absolute
+        norm = certified.norm
         if self.integrity.lie_bound > 0:  # what the checks could have missed counts as error too
             absolute += self.integrity.lie_bound
-            bound = relative_bound(absolute, certified.norm)
+            norm = float(np.linalg.norm(vector[: self.certified_length]))  # the whole norm: the tightest bound
+            bound = relative_bound(absolute, norm)
         seconds = self.gather_decode_seconds + time.perf_counter() - started
         exact = (
             self.decoding.exact and bound <= self.tolerance and not self.approximate_messages and self.integrity.trusted
         )
         return Decoded(
             vector, exact, bound, absolute, self.used_workers, tuple(self.decoding.rows), seconds,
-            magnitude=certified.magnitude, norm=certified.norm,
+            magnitude=certified.magnitude, norm=norm,
         )  # fmt: skip
 
     def join(self, source: Source) -> bool:

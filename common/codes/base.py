@@ -20,6 +20,7 @@ The network code (master, tree parents) only ever talks to these three, never to
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gradcode.common.codes.numerics import (
+    CERTIFY_PREFIX,
     SPAN_TOLERANCE,
     ErrorCertificate,
     RowProfile,
@@ -169,6 +171,38 @@ class Decoding:
             eta=underflow_unit(dtype),
             sender_errors=None if sender_errors is None else self._per_row(sender_errors, "sender_errors"),
         )
+
+    def certify_vector(
+        self,
+        vector: Array,
+        message_norms: Mapping[int, float] | Sequence[float] | Array,
+        *,
+        tolerance: float,
+        dtype: npt.DTypeLike = np.float64,
+        magnitudes: Mapping[int, float] | Sequence[float] | Array | None = None,
+        length: int = 0,
+        sender_errors: Sequence[float] | Array | None = None,
+    ) -> tuple[ErrorCertificate, float]:
+        r""":meth:`certify` the combined ``vector`` (its first ``length`` coordinates, all when 0), and the lower
+        bound of its norm the certificate used.
+
+        The bound divides by a lower bound of $\|\hat g\|$, so any lower bound keeps it sound, only looser: the
+        norm of the first :data:`CERTIFY_PREFIX` coordinates is tried first (one pass over 64 KiB instead of
+        the whole vector: at $p = 10^5$ the full norm alone cost 40% of what the certificate may), and the
+        whole norm only when that bound is not within ``tolerance``.
+        """
+        coordinates = length or vector.size
+        certify = functools.partial(
+            self.certify, message_norms, dtype=dtype, magnitudes=magnitudes, length=length,
+            sender_errors=sender_errors,
+        )  # fmt: skip
+        if coordinates > CERTIFY_PREFIX:
+            head = float(np.linalg.norm(vector[:CERTIFY_PREFIX]))
+            certificate = certify(head)
+            if certificate.within(tolerance):
+                return certificate, head
+        norm = float(np.linalg.norm(vector[:coordinates]))
+        return certify(norm), norm
 
     def combine_certified(
         self, messages: Mapping[int, Array], *, dtype: npt.DTypeLike | None = None

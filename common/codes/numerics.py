@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
+    "CERTIFY_PREFIX",
     "DEFAULT_MAX_DECODE_ERROR",
     "GUARD_COHERENCE",
     "GUARD_EXHAUSTIVE_SETS",
@@ -453,6 +454,18 @@ class RowProfile:
     spread: Array
     residual: Array
     complex_arithmetic: bool
+    _constants: dict[tuple[float, float, int], _CertifyConstants] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """:func:`certify_combination`'s constants per (u, eta, length): a job asks for one or two."""
+
+    def constants(self, u: float, eta: float, length: int) -> _CertifyConstants:
+        """What :func:`certify_combination` needs of these rows that no message changes, computed once."""
+        key = (u, eta, length)
+        found = self._constants.get(key)
+        if found is None:
+            found = self._constants[key] = _CertifyConstants.of(self, u, eta, length)
+        return found
 
     @classmethod
     def of(cls, weights: Array, rows: Array) -> RowProfile:
@@ -464,6 +477,47 @@ class RowProfile:
         wide = np.clongdouble if complex_arithmetic else np.longdouble
         residual = np.abs(np.asarray(weights).astype(wide) @ rows.astype(wide) - 1).astype(np.float64)
         return cls(magnitude, support, spread, residual, complex_arithmetic)
+
+
+@dataclass(frozen=True)
+class _CertifyConstants:
+    """The terms of :func:`certify_combination` that depend only on the rows, ``u``, ``eta`` and ``length``: a
+    job's later rounds with the same survivor set pay only for what the messages change (issue 24's target:
+    the certificate within 10% of the combine)."""
+
+    norm_inflation: float
+    r"""$1 + \gamma_p(u_{64})$: the float64 sums of squares' own rounding."""
+    norm_floor: float
+    r"""$\sqrt{p\,\eta_{64}}$: what squares below the float64 range may have lost."""
+    combine_gamma: float
+    r"""$\gamma_f$ (times $\sqrt 2$ for complex arithmetic, $\gamma_{f+2}$), of the combine's $f$ products."""
+    row_gamma: Array
+    r"""$\gamma_{w_i}$ per row (the same complex constants), of each sender's sum."""
+    row_underflow: Array
+    r"""$\sqrt{p}\,\eta\,(w_i + 1)$ per row."""
+    single: Array
+    """Rows of at most one partition (their magnitude is known from their norm)."""
+    underflow: float
+    r"""$\sqrt{p}\,(f + 2)\,\eta_{64}$: the combine's products."""
+    weight_error: bool
+    """Some partition's weights leave a residual (the weight term is needed)."""
+
+    @classmethod
+    def of(cls, profile: RowProfile, u: float, eta: float, length: int) -> _CertifyConstants:
+        u64, eta64 = unit_roundoff(np.float64), underflow_unit(np.float64)
+        f = len(profile.support)
+        scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
+        extra = 2 if profile.complex_arithmetic else 0
+        return cls(
+            norm_inflation=1 + float(_gamma(length, u64)) if length else 1.0,
+            norm_floor=math.sqrt(length * eta64),
+            combine_gamma=scale * float(_gamma(f + extra, u)),
+            row_gamma=scale * _gamma(profile.support + extra, u),
+            row_underflow=(math.sqrt(length) * eta) * (profile.support + 1),
+            single=profile.support <= 1,
+            underflow=math.sqrt(length) * (f + 2) * eta64,
+            weight_error=bool(np.any(profile.residual > 0)),
+        )
 
 
 def row_shape(rows: Array) -> tuple[Array, Array, Array]:
@@ -518,6 +572,10 @@ def underflow_unit(dtype: npt.DTypeLike) -> float:
     return float(np.finfo(np.dtype(dtype)).smallest_subnormal) / 2
 
 
+CERTIFY_PREFIX = 8192
+"""Coordinates whose norm is a decode's first lower bound of its norm (:meth:`Decoding.certify_vector`)."""
+
+
 def certify_combination(
     weights: Array,
     profile: RowProfile,
@@ -567,36 +625,33 @@ def certify_combination(
     gives the relative bound.
     """
     a = np.abs(np.asarray(weights))
-    f = len(a)
-    u64, eta64 = unit_roundoff(np.float64), underflow_unit(np.float64)
-    nu = np.asarray(message_norms, dtype=np.float64)
-    if length:
-        nu = nu * (1 + float(_gamma(length, u64))) + math.sqrt(length * eta64)
-    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
-    extra = 2 if profile.complex_arithmetic else 0
+    terms = profile.constants(u, eta, length)
+    nu = np.asarray(message_norms, dtype=np.float64) * terms.norm_inflation + terms.norm_floor
     weighted = float(a @ nu)
-    combine = scale * float(_gamma(f + extra, u)) * weighted  # (float64 arithmetic; u >= u64 keeps it a bound)
+    combine = terms.combine_gamma * weighted  # (float64 arithmetic; u >= u64 keeps it a bound)
     if magnitudes is None:
         inside = profile.spread * nu
     else:
         reported = np.asarray(magnitudes, dtype=np.float64)
-        unreported = np.where(profile.support <= 1, nu / (1 - u) ** 2, math.inf)
-        inside = np.where(np.isnan(reported), unreported, np.maximum(reported, nu))
-    receiver = scale * _gamma(profile.support + extra, u) * inside + (math.sqrt(length) * eta) * (profile.support + 1)
+        unknown = np.isnan(reported)
+        inside = np.maximum(reported, nu)
+        if unknown.any():
+            inside[unknown] = np.where(terms.single, nu / (1 - u) ** 2, math.inf)[unknown]
+    receiver = terms.row_gamma * inside + terms.row_underflow
     if sender_errors is not None:
         sent = np.asarray(sender_errors, dtype=np.float64)
         receiver = np.where(sent > 0, sent, receiver)
-    with np.errstate(invalid="ignore"):  # 0 * inf: a zero weight on an uncertifiable row costs nothing
-        encode_terms = np.where(a > 0, a * receiver, 0.0)
-        magnitude = float(np.sum(np.where(a > 0, a * inside, 0.0)))
-    encode = float(np.sum(encode_terms))
+    used = a > 0
+    if used.all():
+        encode, magnitude = float(a @ receiver), float(a @ inside)
+    else:  # 0 * inf: a zero weight on an uncertifiable row costs nothing
+        encode, magnitude = float(a[used] @ receiver[used]), float(a[used] @ inside[used])
     weight = 0.0
-    if np.any(profile.residual > 0):
+    if terms.weight_error:
         with np.errstate(divide="ignore", invalid="ignore"):
             per_partition = np.where(profile.magnitude > 0, inside[:, None] / profile.magnitude, np.inf).min(axis=0)
             weight = float(np.sum(np.where(profile.residual > 0, profile.residual * per_partition, 0.0)))
-    underflow = math.sqrt(length) * (f + 2) * eta64  # the combine's products (the messages': in `receiver`)
-    absolute = combine + encode + weight + underflow
+    absolute = combine + encode + weight + terms.underflow
     combined_norm = float(combined_norm)
     amplification = weighted / combined_norm if combined_norm > 0 else math.inf
     return ErrorCertificate(relative_bound(absolute, combined_norm), absolute, amplification, u, magnitude)

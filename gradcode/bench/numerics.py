@@ -37,6 +37,7 @@ from gradcode.common.codes.numerics import (
 )
 from gradcode.common.codes.registry import available_codes, code_class, make_code
 from gradcode.common.exceptions import NumericallyUnsafeError
+from gradcode.common.round import EXACT_TOLERANCE
 
 COLUMNS = 32
 SPREAD_ORDERS = 6.0
@@ -199,10 +200,11 @@ def certify_cost(sizes: list[int], columns: int = CERTIFY_COLUMNS) -> list[dict[
     the certificate at most 10% of the combine, amortized over a job).
 
     The code is ``cyclic`` with ``s = 1`` certifying the job's tolerance (real weights, every row of two partitions);
-    the messages are Gaussian float64. ``certify`` is what :meth:`Round.certify` adds to a decode: the norm of the
-    combined vector and :meth:`Decoding.certify` from the message norms (accumulated at ingest), magnitudes and
-    sender errors. ``first`` includes the row profile, computed once per survivor set and weights of a job and
-    cached (:func:`~gradcode.common.codes.base._cached_profile`); ``amortized`` is a later round's. The fastest of
+    the messages are Gaussian float64. ``certify`` is what :meth:`Round.certify` adds to a decode
+    (:meth:`Decoding.certify_vector`): a lower bound of the combined vector's norm and :meth:`Decoding.certify`
+    from the message norms (accumulated at ingest), magnitudes and sender errors. ``first`` includes the row
+    profile, computed once per survivor set and weights of a job and cached
+    (:func:`~gradcode.common.codes.base._cached_profile`); ``amortized`` is a later round's. The fastest of
     :data:`CERTIFY_REPEATS` runs (the least disturbed on a loaded machine)."""
     out = []
     for n in sizes:
@@ -219,8 +221,8 @@ def certify_cost(sizes: list[int], columns: int = CERTIFY_COLUMNS) -> list[dict[
             started = time.perf_counter()
             combined = fresh.combine(messages)
             combined_at = time.perf_counter()
-            fresh.certify(
-                norms, float(np.linalg.norm(combined)), magnitudes=magnitudes, length=columns,
+            fresh.certify_vector(
+                combined, norms, tolerance=EXACT_TOLERANCE, magnitudes=magnitudes, length=columns,
                 sender_errors=[0.0] * len(norms),
             )  # fmt: skip
             certified_at = time.perf_counter()
