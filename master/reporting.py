@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +31,7 @@ from gradcode.common.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
-__all__ = ["Evaluation", "History", "evaluate", "failure_report", "iteration_report"]
+__all__ = ["Evaluation", "History", "evaluate", "failure_report", "iteration_report", "read_history"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,19 @@ def history_path(run_dir: Path, job_id: str) -> Path:
     return Path(run_dir) / f"{job_id}.jsonl"
 
 
+def read_history(path: Path) -> Iterator[tuple[str, master_pb2.IterationReport]]:
+    """Each line of a history file with its report, up to the first that does not parse (a line cut short by a
+    crash: everything after it is lost anyway)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            report = json_format.ParseDict(json.loads(line), master_pb2.IterationReport())
+        except (ValueError, json_format.ParseError):
+            return
+        yield line, report
+
+
 class History:
     """The job's history file (none without a run directory): the spec once, then one JSON line per report."""
 
@@ -154,13 +168,7 @@ class History:
         kept: list[master_pb2.IterationReport] = []
         lines: list[str] = []
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    report = json_format.ParseDict(json.loads(line), master_pb2.IterationReport())
-                except (ValueError, json_format.ParseError):
-                    break  # a line cut short by the crash: everything after it is lost anyway
+            for line, report in read_history(self.path):
                 if report.iteration > upto:
                     break
                 kept.append(report)

@@ -21,13 +21,15 @@ running when the last master died or stopped: :meth:`MasterServicer.close` suspe
 ResumeJob resumes one explicitly, from the state directory or from a checkpoint file sent by the
 client (for example one written by another master). A resumed job runs on whichever workers are up
 (its ``worker_ids`` named the old master's pool and are dropped) and waits at least
-:data:`RESUME_WAIT_SECONDS` for them to re-register.
+:data:`RESUME_WAIT_SECONDS` for them to re-register. The jobs it finds finished it holds as they were
+(:class:`~gradcode.master.finished.FinishedJob`): listed, their history replayed, their model read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -56,6 +58,7 @@ from gradcode.master.checkpoint import (
     remove_interrupted_writes,
     saved_checkpoints,
 )
+from gradcode.master.finished import FINAL_STATES, FinishedJob
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
 from gradcode.master.limits import MAX_DATA_FILE_BYTES, check_free_form
 from gradcode.master.pool import WorkerPool
@@ -105,7 +108,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.state_dir = state_dir
         self.checkpoint_every = checkpoint_every
         self.shared_memory = shared_memory
-        self.jobs: dict[str, JobRunner] = {}
+        self.jobs: dict[str, JobRunner | FinishedJob] = {}
+        """The jobs held: running, finished here, or finished under an earlier master (:class:`FinishedJob`)."""
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
         self._observers: set[asyncio.Task[None]] = set()
@@ -211,8 +215,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     async def resume_saved(self) -> list[str]:
         """Resume every job whose checkpoint in the state directory says it was running; returns their ids.
 
-        Called once, as the master starts: the temporary files of checkpoint writes a killed master left are
-        removed first."""
+        The finished ones are held as they were (:class:`FinishedJob`: listed, watched, their model read), up to
+        ``max_finished_jobs`` of the most recent. Called once, as the master starts: the temporary files of
+        checkpoint writes a killed master left are removed first."""
         if self.state_dir is None:
             return []
         interrupted = remove_interrupted_writes(self.state_dir)
@@ -222,14 +227,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         for path in saved_checkpoints(self.state_dir):
             try:
                 checkpoint = await asyncio.to_thread(Checkpoint.load, path)
-                if checkpoint.state != "running" or checkpoint.job_id in self.jobs:
+                if checkpoint.job_id in self.jobs:
+                    continue
+                if checkpoint.state in FINAL_STATES:
+                    self._hold_finished(checkpoint, path)
                     continue
                 job = await self._resume(checkpoint)
             except (CheckpointError, RequestError, ValueError) as exc:
                 log.error("not resuming from %s: %s", path, exc)
                 continue
             resumed.append(job.job_id)
+        self._evict()
         return resumed
+
+    def _hold_finished(self, checkpoint: Checkpoint, path: Path) -> None:
+        """Hold a job an earlier master finished, ordered among finished jobs by when its checkpoint was written."""
+        written_ago = max(0.0, time.time() - path.stat().st_mtime)
+        history = None if self.run_dir is None else history_path(self.run_dir, checkpoint.job_id)
+        self.jobs[checkpoint.job_id] = FinishedJob(checkpoint, history, finished_at=time.monotonic() - written_ago)
 
     async def _resume(self, checkpoint: Checkpoint) -> JobRunner:
         """Plan the checkpoint's job again and start it from the checkpoint."""
@@ -315,7 +330,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         async for report in job.watch():
             metrics.record_iteration(report, stragglers_tolerated=job.plan.code.s)
 
-    def _job(self, job_id: str) -> JobRunner:
+    def _job(self, job_id: str) -> JobRunner | FinishedJob:
         """The job, or NOT_FOUND that echoes a short prefix of the id and never lists the other jobs."""
         job = self.jobs.get(job_id)
         if job is None and job_id in self.evicted:

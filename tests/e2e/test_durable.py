@@ -93,6 +93,19 @@ def test_master_killed_mid_job_resumes_from_its_checkpoint_with_identical_parame
         finished = _finish(cluster.master_address, "durable")
         info, reports, params = asyncio.run(asyncio.wait_for(finished, RESUME_TIMEOUT))
 
+        # The job that had finished before the kill is held as it was: listed, its history and model read back.
+        async def listed() -> list[tuple[str, int]]:
+            async with GradcodeClient(cluster.master_address) as client:
+                return [(job.job_id, int(job.state)) for job in (await client.list_jobs()).jobs]
+
+        assert ("reference", master_pb2.JOB_STATE_SUCCEEDED) in asyncio.run(listed())
+        before, before_reports, before_params = asyncio.run(
+            asyncio.wait_for(_finish(cluster.master_address, "reference"), RESUME_TIMEOUT)
+        )
+        assert (before.state, before.iterations_done) == (master_pb2.JOB_STATE_SUCCEEDED, ITERATIONS), before.message
+        assert [r.iteration for r in before_reports] == list(range(1, ITERATIONS + 1))
+        np.testing.assert_array_equal(before_params, reference)
+
         assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
         assert info.iterations_done == ITERATIONS
         assert [r.iteration for r in reports] == list(range(1, ITERATIONS + 1))
