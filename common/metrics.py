@@ -5,8 +5,10 @@ serves its role's registry (plus the standard ``process_*`` and ``python_*`` col
 :func:`start_metrics_server` when ``--metrics-port`` is set. Names start with ``gradcode_``; time is
 in seconds, sizes in bytes.
 
-Labels are bounded on purpose: per-worker series carry the pool's worker id (bounded by the fleet),
-never the job id (unbounded, and the master forgets finished jobs); job states are counted by state.
+Labels are bounded on purpose: per-worker series carry the job id and the pool's worker id, and a job's series
+are removed when the master forgets the job (:func:`forget_job`, at eviction: the master holds a bounded number
+of finished jobs), so they are bounded by the jobs held times the fleet; job states are counted by state.
+A dashboard sums over ``job_id`` for a worker's view across jobs (``deploy/grafana/gradcode.json``).
 
 Where each is recorded:
 
@@ -24,6 +26,7 @@ Where each is recorded:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter as Tally
@@ -51,6 +54,7 @@ __all__ = [
     "WORKER_REGISTRY",
     "MetricsServer",
     "first_decodable_seconds",
+    "forget_job",
     "record_iteration",
     "set_workers_up",
     "start_metrics_server",
@@ -75,6 +79,9 @@ WORKER_REGISTRY = _registry()
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 # ---- master ------------------------------------------------------------------------------------------
+_PER_WORKER = ["job_id", "worker"]
+"""Labels of the per-worker series: the job and the pool's worker id (``job_id``: Prometheus gives every series
+a ``job`` label of its own, the scrape job's name)."""
 ITERATIONS = Counter(
     "gradcode_iterations", "Iterations committed, by whether every decode was exact.", ["exact"],
     registry=MASTER_REGISTRY,
@@ -93,27 +100,27 @@ DECODE_SECONDS = Histogram(
     buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_RESPONSE_SECONDS = Histogram(
-    "gradcode_worker_response_seconds", "Time from request to a worker's last chunk, per worker.", ["worker"],
+    "gradcode_worker_response_seconds", "Time from request to a worker's last chunk, per job and worker.", _PER_WORKER,
     buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_LATE = Counter(
     "gradcode_worker_late", "Iterations that decoded without this worker because it was slower (a straggler).",
-    ["worker"], registry=MASTER_REGISTRY,
+    _PER_WORKER, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_BACKUP = Counter(
     "gradcode_worker_backup",
     "Iterations that asked this worker as a backup, at low priority (JobSpec.backup_priority): the round expected "
     "to decode without it.",
-    ["worker"], registry=MASTER_REGISTRY,
+    _PER_WORKER, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_PROMOTED = Counter(
     "gradcode_worker_promoted",
     "Iterations that promoted this worker from backup to normal priority because expected workers were late.",
-    ["worker"], registry=MASTER_REGISTRY,
+    _PER_WORKER, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_FAILED = Counter(
     "gradcode_worker_failed", "Iterations in which this worker's call failed (error, disconnect, not loaded).",
-    ["worker"], registry=MASTER_REGISTRY,
+    _PER_WORKER, registry=MASTER_REGISTRY,
 )  # fmt: skip
 STRAGGLER_TOLERANCE_LEFT = Gauge(
     "gradcode_straggler_tolerance_left",
@@ -186,14 +193,15 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
     """
     if report.iteration == 0:
         return
-    for worker in report.late_workers:
-        WORKER_LATE.labels(worker=str(worker)).inc()
-    for worker in report.failed_workers:
-        WORKER_FAILED.labels(worker=str(worker)).inc()
-    for worker in report.backup_workers:
-        WORKER_BACKUP.labels(worker=str(worker)).inc()
-    for worker in report.promoted_workers:
-        WORKER_PROMOTED.labels(worker=str(worker)).inc()
+    job = report.job_id
+    seen = _job_workers.setdefault(job, set())
+    for metric, workers in (
+        (WORKER_LATE, report.late_workers), (WORKER_FAILED, report.failed_workers),
+        (WORKER_BACKUP, report.backup_workers), (WORKER_PROMOTED, report.promoted_workers),
+    ):  # fmt: skip
+        for worker in workers:
+            seen.add(str(worker))
+            metric.labels(job_id=job, worker=str(worker)).inc()
     if report.state == master_pb2.JOB_STATE_FAILED:
         return
     ITERATIONS.labels(exact=str(bool(report.exact)).lower()).inc()
@@ -203,9 +211,22 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
     if first is not None:
         FIRST_DECODABLE_SECONDS.observe(first)
     for timing in report.timings:
-        WORKER_RESPONSE_SECONDS.labels(worker=str(timing.worker_id)).observe(timing.seconds)
+        seen.add(str(timing.worker_id))
+        WORKER_RESPONSE_SECONDS.labels(job_id=job, worker=str(timing.worker_id)).observe(timing.seconds)
     if stragglers_tolerated is not None:
         STRAGGLER_TOLERANCE_LEFT.set(stragglers_tolerated - len(report.failed_workers))
+
+
+_job_workers: dict[str, set[str]] = {}
+"""The worker labels each job's per-worker series carry (what :func:`forget_job` removes)."""
+
+
+def forget_job(job_id: str) -> None:
+    """Remove the job's per-worker series: the master no longer holds it."""
+    for worker in _job_workers.pop(job_id, ()):
+        for metric in (WORKER_RESPONSE_SECONDS, WORKER_LATE, WORKER_FAILED, WORKER_BACKUP, WORKER_PROMOTED):
+            with contextlib.suppress(KeyError):  # a series it never had
+                metric.remove(job_id, worker)
 
 
 def set_workers_up(up: int, known: int) -> None:

@@ -400,6 +400,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         done = sorted((j for j in self.jobs.values() if j.done), key=lambda j: j.finished_at or 0.0)
         for job in done[: max(0, len(done) - self.max_finished_jobs)]:
             del self.jobs[job.job_id]
+            metrics.forget_job(job.job_id)
             self.evicted[job.job_id] = None
             log.info("evicted finished job %s", job.job_id)
         while len(self.evicted) > MAX_EVICTED_IDS:

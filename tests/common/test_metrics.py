@@ -22,17 +22,17 @@ def _report(iteration: int, **fields: object) -> master_pb2.IterationReport:
 
 def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
     before = {
-        "late": _value("gradcode_worker_late_total", worker="902"),
-        "failed": _value("gradcode_worker_failed_total", worker="903"),
+        "late": _value("gradcode_worker_late_total", job_id="j", worker="902"),
+        "failed": _value("gradcode_worker_failed_total", job_id="j", worker="903"),
         "iterations": _value("gradcode_iterations_total", exact="true"),
-        "response": _value("gradcode_worker_response_seconds_sum", worker="901"),
+        "response": _value("gradcode_worker_response_seconds_sum", job_id="j", worker="901"),
         "first": _value("gradcode_first_decodable_seconds_sum"),
     }
     metrics.record_iteration(_report(1), stragglers_tolerated=2)
-    assert _value("gradcode_worker_late_total", worker="902") == before["late"] + 1
-    assert _value("gradcode_worker_failed_total", worker="903") == before["failed"] + 1
+    assert _value("gradcode_worker_late_total", job_id="j", worker="902") == before["late"] + 1
+    assert _value("gradcode_worker_failed_total", job_id="j", worker="903") == before["failed"] + 1
     assert _value("gradcode_iterations_total", exact="true") == before["iterations"] + 1
-    assert _value("gradcode_worker_response_seconds_sum", worker="901") == before["response"] + 0.3
+    assert _value("gradcode_worker_response_seconds_sum", job_id="j", worker="901") == before["response"] + 0.3
     # the first decodable set was complete when the slower used worker (901, 0.3 s) answered
     assert _value("gradcode_first_decodable_seconds_sum") == before["first"] + 0.3
     assert _value("gradcode_straggler_tolerance_left") == 1  # 2 tolerated, 1 failed
@@ -40,21 +40,21 @@ def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
 
 def test_a_report_counts_its_backups_and_promotions_per_worker() -> None:
     backup, promoted = (
-        _value("gradcode_worker_backup_total", worker="904"),
-        _value("gradcode_worker_promoted_total", worker="905"),
+        _value("gradcode_worker_backup_total", job_id="j", worker="904"),
+        _value("gradcode_worker_promoted_total", job_id="j", worker="905"),
     )
     metrics.record_iteration(_report(3, backup_workers=[904, 905], promoted_workers=[905]))
-    assert _value("gradcode_worker_backup_total", worker="904") == backup + 1
-    assert _value("gradcode_worker_promoted_total", worker="905") == promoted + 1
-    assert _value("gradcode_worker_promoted_total", worker="904") == 0
+    assert _value("gradcode_worker_backup_total", job_id="j", worker="904") == backup + 1
+    assert _value("gradcode_worker_promoted_total", job_id="j", worker="905") == promoted + 1
+    assert _value("gradcode_worker_promoted_total", job_id="j", worker="904") == 0
 
 
 def test_a_failure_report_counts_its_workers_but_no_iteration() -> None:
     iterations = _value("gradcode_iterations_total", exact="true")
-    late = _value("gradcode_worker_late_total", worker="902")
+    late = _value("gradcode_worker_late_total", job_id="j", worker="902")
     metrics.record_iteration(_report(2, state=master_pb2.JOB_STATE_FAILED))
     assert _value("gradcode_iterations_total", exact="true") == iterations
-    assert _value("gradcode_worker_late_total", worker="902") == late + 1
+    assert _value("gradcode_worker_late_total", job_id="j", worker="902") == late + 1
 
 
 def test_first_decodable_is_unknown_without_timings_of_the_used_workers() -> None:
@@ -80,3 +80,16 @@ def test_the_endpoint_serves_its_registry_and_refuses_a_taken_port() -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT may remain, a listener may not
         probe.bind(("127.0.0.1", server.port))
         probe.listen()
+
+
+def test_a_forgotten_job_leaves_no_per_worker_series_and_other_jobs_keep_theirs() -> None:
+    metrics.record_iteration(master_pb2.IterationReport(job_id="gone", iteration=1, late_workers=[910]))
+    metrics.record_iteration(master_pb2.IterationReport(job_id="kept", iteration=1, late_workers=[910]))
+    assert _value("gradcode_worker_late_total", job_id="gone", worker="910") == 1
+    metrics.forget_job("gone")
+    assert (
+        metrics.MASTER_REGISTRY.get_sample_value("gradcode_worker_late_total", {"job_id": "gone", "worker": "910"})
+        is None
+    )
+    assert _value("gradcode_worker_late_total", job_id="kept", worker="910") == 1
+    metrics.forget_job("never-seen")  # nothing to remove: no error

@@ -72,7 +72,7 @@ async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path:
             "cyclic", {"n": NUM_WORKERS, "s": 1}, iterations=ITERATIONS, worker_ids=list(range(NUM_WORKERS)),
             straggler=fixed_delay(1.0, workers=[0]), job_id="slow-worker-job",
         )  # fmt: skip
-        slow = ("worker", "0")
+        slow = (("job_id", "slow-worker-job"), ("worker", "0"))
         during: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
 
         def scrape_at(report: master_pb2.IterationReport) -> None:
@@ -84,7 +84,7 @@ async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path:
         late_reports = sum(0 in r.late_workers for r in reports)
         assert late_reports >= ITERATIONS - 2  # it really was the straggler
 
-        early, late = (s.get(("gradcode_worker_late_total", (slow,)), 0.0) for s in during)
+        early, late = (s.get(("gradcode_worker_late_total", slow), 0.0) for s in during)
         assert 0 < early < late, (early, late)
         assert during[0][("gradcode_jobs", (("state", "running"),))] == 1
 
@@ -93,7 +93,7 @@ async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path:
         while (final := _scrape(master_metrics))[("gradcode_jobs", (("state", "succeeded"),))] != 1:
             assert time.monotonic() < deadline, "the job never counted as succeeded"
             time.sleep(0.2)
-        assert final[("gradcode_worker_late_total", (slow,))] == late_reports
+        assert final[("gradcode_worker_late_total", slow)] == late_reports
         assert final[("gradcode_jobs_finished_total", (("state", "succeeded"),))] == 1
         assert final[("gradcode_jobs", (("state", "running"),))] == 0
         assert final[("gradcode_iterations_total", (("exact", "true"),))] == len(reports)
