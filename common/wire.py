@@ -343,6 +343,8 @@ def message_chunk_pieces(
     children_lost: Sequence[int] = (),
     children_singled_out: Sequence[int] = (),
     children_quarantined: Sequence[int] = (),
+    children_timings: Sequence[tuple[int, float]] = (),
+    children_late: Sequence[int] = (),
     chunk_bytes: int | None = None,
     magnitude: float = math.nan,
     shared: Callable[[Array], bool] | None = None,
@@ -356,9 +358,10 @@ def message_chunk_pieces(
     sender's certified absolute error bound on its message (a leaf's rounding of several partitions, a parent's
     decode and own rounding; 0: the receiver bounds it); ``children_lost`` names its children that lost the
     job (answered NOT_FOUND); ``children_singled_out`` / ``children_quarantined`` the children its consistency
-    checks singled out / quarantined; ``magnitude`` is the sender's $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with
-    data is two pieces, its fields and a view of the payload (never copied here); protobuf serializes only the
-    small fields.
+    checks singled out / quarantined; ``children_timings`` (descendant, seconds) and ``children_late`` a parent's
+    descendants that delivered, and those it decoded without; ``magnitude`` is the sender's
+    $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with data is two pieces, its fields and a view of the payload
+    (never copied here); protobuf serializes only the small fields.
 
     ``shared`` hands the payload (little-endian, contiguous) to the receiver's shared-memory directory
     (:mod:`gradcode.common.shared_memory`); when it returns True the message is one chunk with
@@ -401,6 +404,9 @@ def message_chunk_pieces(
             meta.trailer.children_lost.extend(children_lost)
             meta.trailer.children_singled_out.extend(children_singled_out)
             meta.trailer.children_quarantined.extend(children_quarantined)
+            for child, seconds in children_timings:
+                meta.trailer.children_timings.add(worker_id=child, seconds=seconds)
+            meta.trailer.children_late.extend(children_late)
             if math.isfinite(magnitude):
                 meta.trailer.magnitude = magnitude
             if final and request_id:
@@ -589,6 +595,10 @@ class CompletedMessage:
     """The sender's (a tree parent's) children its consistency checks singled out: its decoded part leaves them out."""
     children_quarantined: tuple[int, ...] = ()
     """Of those, the children it quarantined (asks no more in this job)."""
+    children_timings: tuple[tuple[int, float], ...] = ()
+    """The sender's (a tree parent's) descendants that delivered, each with its seconds as its own parent saw it."""
+    children_late: tuple[int, ...] = ()
+    """The sender's descendants a parent decoded without (late in that parent's round)."""
     magnitude: float = math.nan
     r"""The sender's $\sum_j |b_j| \|g_j\|$ (a leaf's, from its trailer; NaN when not sent): makes the
     decode's error certificate rigorous for this message."""
@@ -692,6 +702,9 @@ class MessageAssembler:
             raise WireError(
                 f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
             )
+        timings = tuple((int(t.worker_id), float(t.seconds)) for t in chunk.trailer.children_timings)
+        if any(not (math.isfinite(seconds) and seconds >= 0) for _, seconds in timings):
+            raise WireError(f"Row {chunk.row} from {where} reports a child's seconds that are not finite and >= 0.")
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -704,6 +717,8 @@ class MessageAssembler:
             children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
             children_singled_out=tuple(int(c) for c in chunk.trailer.children_singled_out),
             children_quarantined=tuple(int(c) for c in chunk.trailer.children_quarantined),
+            children_timings=timings,
+            children_late=tuple(int(c) for c in chunk.trailer.children_late),
             magnitude=magnitude,
         )
         self._done.add(chunk.row)

@@ -115,7 +115,14 @@ def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     """Who was late, asked as a backup or promoted, and what the consistency checks found, in the report's terms
     (pool ids)."""
     integrity = round_.integrity
+    child_timings: dict[int, float] = {}
+    late_children: set[int] = set()
+    for message in round_.messages.values():  # a tree's first layer: what each parent saw of the nodes below it
+        child_timings.update((pool_ids[c], s) for c, s in message.children_timings if c < len(pool_ids))
+        late_children.update(pool_ids[c] for c in message.children_late if c < len(pool_ids))
     return {
+        "child_timings": [master_pb2.WorkerTiming(worker_id=c, seconds=s) for c, s in sorted(child_timings.items())],
+        "late_children": sorted(late_children - child_timings.keys()),
         "late_workers": sorted(pool_ids[w] for w in round_.stragglers),
         "backup_workers": sorted(pool_ids[w] for w in round_.backups),
         "promoted_workers": sorted(pool_ids[w] for w in round_.promoted),

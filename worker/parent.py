@@ -61,6 +61,18 @@ def children_lost(round_: Round) -> tuple[int, ...]:
     return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
 
 
+def descendants(round_: Round) -> tuple[tuple[tuple[int, float], ...], tuple[int, ...]]:
+    """The descendants that delivered in a parent's ``round_`` (its children, with their seconds in it, and what
+    their messages reported of theirs) and those decoded without (its late children and theirs): what the parent's
+    trailer tells the master of the nodes below it."""
+    timings = dict(round_.finished)
+    late = set(round_.stragglers)
+    for message in round_.messages.values():
+        timings.update(message.children_timings)
+        late.update(message.children_late)
+    return tuple(sorted(timings.items())), tuple(sorted(late))
+
+
 @dataclass(frozen=True)
 class UpwardMessage:
     """A tree parent's message for one row, and what its receiver needs to certify it."""

@@ -42,7 +42,7 @@ from gradcode.common.round import Round
 from gradcode.common.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
-from gradcode.worker.parent import ParentRunner, children_lost, upward_message
+from gradcode.worker.parent import ParentRunner, children_lost, descendants, upward_message
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = ["BACKUP_NICENESS", "COMPUTING", "Computing", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
@@ -118,6 +118,10 @@ class Message:
     """A parent's children its consistency checks singled out (its decoded part leaves them out)."""
     children_quarantined: tuple[int, ...] = ()
     """Of those, the children the parent quarantined."""
+    children_timings: tuple[tuple[int, float], ...] = ()
+    """A parent's descendants that delivered, with their seconds as their own parents saw them."""
+    children_late: tuple[int, ...] = ()
+    """A parent's descendants decoded without (late in their parent's round)."""
     magnitude: float = math.nan
     r"""$\sum_j |b_j| \|g_j\|$: a leaf's (:meth:`IterationComputation.magnitude`), a parent's over its own part and
     its children's (:func:`~gradcode.worker.parent.upward_message`)."""
@@ -322,6 +326,7 @@ class JobRuntime:
         )  # fmt: skip
         lost = children_lost(gathered)
         singled_out, quarantined = parent.verdict(gathered)
+        timings, late = descendants(gathered)
         out = []
         length = min(parent.certified_length or job.message_length, job.message_length)
         for row in rows:
@@ -331,6 +336,7 @@ class JobRuntime:
                 Message(
                     row, up.vector, seconds, delay, not decoded.exact, up.decode_error, lost,
                     children_singled_out=singled_out, children_quarantined=quarantined, magnitude=up.magnitude,
+                    children_timings=timings, children_late=late,
                 )
             )  # fmt: skip
         return out

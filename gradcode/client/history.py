@@ -43,6 +43,7 @@ def _worker_ids(reports: Sequence[master_pb2.IterationReport]) -> list[int]:
     ids: set[int] = set()
     for r in reports:
         ids.update(r.used_workers, r.late_workers, r.failed_workers, r.backup_workers, (t.worker_id for t in r.timings))
+        ids.update(r.late_children, (t.worker_id for t in r.child_timings))
     return sorted(ids)
 
 
@@ -62,7 +63,8 @@ def save_history(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
             writer.writeheader()
             for report, row in zip(reports, rows, strict=True):
                 flat = {k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()}
-                flat.update({f"worker_{t.worker_id}_seconds": t.seconds for t in report.timings})
+                answered = (*report.timings, *report.child_timings)
+                flat.update({f"worker_{t.worker_id}_seconds": t.seconds for t in answered})
                 writer.writerow(flat)
     else:
         raise ValueError(f"History file must end in .json or .csv, not {path.name!r}.")
@@ -78,7 +80,10 @@ def save_spec(spec: master_pb2.JobSpec, path: Path) -> Path:
 
 @dataclass
 class WorkerRecord:
-    """One worker over a job: how often it was used, late, failed or a spare, and how fast it answered."""
+    """One worker over a job: how often it was used, late, failed or a spare, and how fast it answered.
+
+    A tree node below the first layer (``below_first_layer``) counts as used when it delivered to its parent, as
+    late when its parent decoded without it, and its response times are as its parent saw them."""
 
     worker_id: int
     iterations: int
@@ -93,6 +98,8 @@ class WorkerRecord:
     late_by_at_least: list[float]
     """For each iteration it was late: how long the decodable set waited (the worker had not
     answered by then; a late call is cancelled, so the true lateness is only bounded below)."""
+
+    below_first_layer: bool = False
 
     @property
     def median_response(self) -> float | None:
@@ -118,18 +125,33 @@ def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[Worker
             records[w].failed += 1
         for t in r.timings:
             records[t.worker_id].response_seconds.append(t.seconds)
+        for t in r.child_timings:
+            child = records[t.worker_id]
+            child.below_first_layer = True
+            child.iterations += 1
+            child.used += 1
+            child.response_seconds.append(t.seconds)
+        for w in r.late_children:
+            records[w].below_first_layer = True
+            records[w].iterations += 1
+            records[w].late += 1
     return list(records.values())
 
 
 def format_worker_table(reports: Sequence[master_pb2.IterationReport]) -> str:
     """A table of who straggled: per worker, used, late, failed and spare counts and median response time."""
     lines = ["worker  used  late        failed  spare  median response"]
-    for rec in worker_records(reports):
+    records = worker_records(reports)
+    for rec in records:
         share = f"({rec.late / rec.iterations:.0%})" if rec.iterations else ""
         median = "-" if rec.median_response is None else f"{rec.median_response * 1e3:.1f} ms"
+        name = f"{rec.worker_id}*" if rec.below_first_layer else f"{rec.worker_id}"
         lines.append(
-            f"{rec.worker_id:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {rec.spare:>5}  {median:>15}"
+            f"{name:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {rec.spare:>5}  {median:>15}"
         )
+    if any(rec.below_first_layer for rec in records):
+        lines.append("* a tree node below the first layer: used = delivered to its parent, late = its parent decoded "
+                     "without it, response as its parent saw it")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -201,11 +223,12 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
 
     Left: per worker, the share of iterations it was used, late, failed or a spare in. Right: per worker,
     its response time in every iteration it answered (dots), and for every iteration it was late a
-    triangle at the time the decodable set was complete — it had not answered by then.
+    triangle at the time the decodable set was complete — it had not answered by then. A tree's nodes below
+    its first layer are marked ``*``: their times are from their parent's request, as it saw them.
     """
     plt = _pyplot()
     records = worker_records(reports)
-    labels = [str(r.worker_id) for r in records]
+    labels = [f"{r.worker_id}*" if r.below_first_layer else str(r.worker_id) for r in records]
     x = list(range(len(records)))
     fig, (ax_share, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     bottom = [0.0] * len(records)
@@ -228,7 +251,9 @@ def plot_workers(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
     if late:
         ax_time.scatter(*zip(*late, strict=True), s=22, marker="^", color="tab:orange",
                         label="late: not answered by this time")  # fmt: skip
-    ax_time.set(xlabel="worker", ylabel="seconds from request", title="Response time per worker")
+    tree = any(r.below_first_layer for r in records)
+    ax_time.set(xlabel="worker (*: below a tree's first layer, timed by its parent)" if tree else "worker",
+                ylabel="seconds from request", title="Response time per worker")  # fmt: skip
     ax_time.set_xticks(x, labels)
     handles, names = ax_time.get_legend_handles_labels()
     if handles:

@@ -439,3 +439,16 @@ def test_a_chunk_that_fails_its_checks_is_not_placed_and_feed_says_why() -> None
     asm = _assembler()
     first = _placed(asm, chunks[:1])
     assert first[0] is not None and _placed(asm, _chunks(vec, row=6)[:1]) == [None]
+
+
+def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused() -> None:
+    vec = np.arange(1000, dtype=np.float64)
+    receiver = _assembler()
+    done = [receiver.feed(c) for c in _chunks(vec, children_timings=[(4, 0.25), (7, 0.5)], children_late=[9])]
+    assert done[-1] is not None
+    assert done[-1].children_timings == ((4, 0.25), (7, 0.5)) and done[-1].children_late == (9,)
+    for seconds in (math.nan, -1.0, math.inf):
+        asm = _assembler()
+        with pytest.raises(WireError, match="child's seconds"):
+            for chunk in _chunks(vec, children_timings=[(4, seconds)]):
+                asm.feed(chunk)

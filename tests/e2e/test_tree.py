@@ -176,3 +176,35 @@ async def test_a_deeper_node_killed_and_restarted_is_reloaded_and_used_again(clu
         (r.iteration, list(r.used_workers), list(r.failed_workers)) for r in tail if r.used_workers != [node0]
     ]
     assert node1 not in tail[-1].used_workers
+
+
+async def test_reports_name_the_leaves_each_parent_used_and_decoded_without(cluster6: Cluster) -> None:
+    """Issue 30: a tree job's reports and its worker table show the nodes below the first layer, not only it: each
+    first-layer message the master received says which of its parent's children delivered and which were late (the
+    subtree of a parent whose message the master did not wait for is unknown to it)."""
+    from gradcode.client.history import format_worker_table
+
+    cluster6.ensure_all_up()
+    iterations, slow_leaf = 6, CHILDREN[0][1]
+    spec = job_spec(
+        "coded_reduce", TREE, iterations=iterations, worker_ids=cluster6.ids, verify=True,
+        straggler=fixed_delay(1.0, workers=[slow_leaf]),
+    )  # fmt: skip
+    async with asyncio.timeout(180):
+        info, reports = await run_job(cluster6.master_address, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert_exact(reports, iterations)
+    leaves = {cluster6.ids[w] for children in CHILDREN.values() for w in children}
+    slow = cluster6.ids[slow_leaf]
+    for r in reports:
+        delivered = {t.worker_id for t in r.child_timings}
+        assert delivered and delivered <= leaves and slow not in delivered, (r.iteration, delivered)
+        assert set(r.late_children) <= leaves - delivered
+        assert all(t.seconds >= 0 for t in r.child_timings)
+    heard_from_its_parent = [r for r in reports if cluster6.ids[0] in {t.worker_id for t in r.timings}]
+    assert heard_from_its_parent, "the slow leaf's parent never answered the master"
+    assert all(slow in r.late_children for r in heard_from_its_parent)
+    table = format_worker_table(reports)
+    named = {t.worker_id for r in reports for t in r.child_timings} | {w for r in reports for w in r.late_children}
+    assert slow in named and all(f"{leaf}*" in table for leaf in named), table
+    assert "below the first layer" in table

@@ -223,7 +223,7 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined")
+    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined", "children_timings", "children_late")
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,8 @@ class MessageTrailer(_message.Message):
     MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_SINGLED_OUT_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_LATE_FIELD_NUMBER: _ClassVar[int]
     crc32c: int
     compute_seconds: float
     straggle_seconds: float
@@ -242,7 +244,17 @@ class MessageTrailer(_message.Message):
     magnitude: float
     children_singled_out: _containers.RepeatedScalarFieldContainer[int]
     children_quarantined: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ...) -> None: ...
+    children_timings: _containers.RepeatedCompositeFieldContainer[ChildTiming]
+    children_late: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ..., children_timings: _Optional[_Iterable[_Union[ChildTiming, _Mapping]]] = ..., children_late: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ChildTiming(_message.Message):
+    __slots__ = ("worker_id", "seconds")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status", "started")
