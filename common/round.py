@@ -41,7 +41,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
-from gradcode.common.codes.numerics import relative_bound
+from gradcode.common.codes.numerics import CombinationBound, relative_bound
 from gradcode.common.session import CallError, ChunkStream, SessionCompute
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import (
@@ -315,25 +315,31 @@ class Round:
             raise ValueError("Nothing to combine: the gather did not reach a decodable set.")
         return self.decoding.combine({r: m.vector for r, m in self.messages.items()})
 
-    def certify(self, vector: Array) -> Certified:
-        """Certified error of ``vector``'s gradient part, the decoding's combination (:class:`Certified`).
-
-        From each message's norm, its sender's reported magnitude (a message of several partitions without one
+    def error_bound(self) -> CombinationBound:
+        """The decoding's error bound from the messages it combines (call it before the combine, while they are in
+        cache): each message's norm, its sender's reported magnitude (a message of several partitions without one
         cannot be certified: the bound is then infinite) and, where the sender certified its message's error
         itself (a leaf summing several partitions, a tree parent: ``decode_error``), that error in place of the
-        receiver's estimate of it; divided by a lower bound of the vector's norm
-        (:meth:`~gradcode.common.codes.base.Decoding.certify_vector`).
-        """
+        receiver's estimate of it."""
         if self.decoding is None:
             raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
-        rows = self.decoding.rows
-        messages = [self.messages[r] for r in rows]
-        certificate, norm = self.decoding.certify_vector(
-            vector, [m.norm for m in messages], tolerance=self.tolerance,
-            dtype=np.result_type(*(m.vector.dtype for m in messages)),
+        messages = [self.messages[r] for r in self.decoding.rows]
+        return self.decoding.error_bound(
+            [m.norm for m in messages], dtype=np.result_type(*(m.vector.dtype for m in messages)),
             magnitudes=[m.magnitude for m in messages], length=min(self.certified_length, self.length),
             sender_errors=[m.decode_error for m in messages],
         )  # fmt: skip
+
+    def certify(self, vector: Array, bound: CombinationBound | None = None) -> Certified:
+        """Certified error of ``vector``'s gradient part, the decoding's combination (:class:`Certified`), from its
+        :meth:`error_bound` (computed here when not given), divided by a lower bound of the vector's norm
+        (:meth:`~gradcode.common.codes.base.Decoding.certify_vector`)."""
+        if self.decoding is None:
+            raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
+        bound = self.error_bound() if bound is None else bound
+        certificate, norm = self.decoding.certify_vector(
+            vector, bound, tolerance=self.tolerance, length=min(self.certified_length, self.length)
+        )
         return Certified(certificate.bound, certificate.absolute, certificate.magnitude, norm)
 
     def decode(self) -> Decoded:
@@ -341,8 +347,9 @@ class Round:
         if self.decoding is None:
             raise ValueError("Nothing to decode: the gather did not reach a decodable set.")
         started = time.perf_counter()
+        error_bound = self.error_bound()
         vector = self.combine()
-        certified = self.certify(vector)
+        certified = self.certify(vector, error_bound)
         bound, absolute = certified.bound, certified.absolute
         norm = certified.norm
         if self.integrity.lie_bound > 0:  # what the checks could have missed counts as error too

@@ -20,7 +20,6 @@ The network code (master, tree parents) only ever talks to these three, never to
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,9 +33,10 @@ import numpy.typing as npt
 from gradcode.common.codes.numerics import (
     CERTIFY_PREFIX,
     SPAN_TOLERANCE,
+    CombinationBound,
     ErrorCertificate,
     RowProfile,
-    certify_combination,
+    bound_combination,
     equilibrated_decoding_weights,
     underflow_unit,
     unit_roundoff,
@@ -138,6 +138,38 @@ class Decoding:
             raise ValueError("This decoding carries no code matrix; build it with OnlineDecoder.decoding().")
         return _cached_profile(self.matrix, self.rows, self.weights)
 
+    def error_bound(
+        self,
+        message_norms: Mapping[int, float] | Sequence[float] | Array,
+        *,
+        dtype: npt.DTypeLike = np.float64,
+        magnitudes: Mapping[int, float] | Sequence[float] | Array | None = None,
+        length: int = 0,
+        sender_errors: Sequence[float] | Array | None = None,
+    ) -> CombinationBound:
+        r"""The error bound of the gradient :meth:`combine` will return, from what arrived with the messages
+        (numerics.bound_combination); :meth:`CombinationBound.certificate` with the combination's norm certifies it.
+
+        ``message_norms`` are $\|m_i\|$ of the received messages (by row id, or in the order of
+        :attr:`rows`), which a receiver can accumulate chunk by chunk; ``dtype`` the precision the messages were
+        computed and sent in. ``magnitudes`` ($\sum_j |b_{ij}| \|g_j\|$ per message, as the workers report them;
+        NaN where one sent none, which leaves a row of several partitions uncertified: infinite bound) make the
+        bound rigorous; ``None`` estimates them (a caller that formed the messages itself). ``length``
+        (coordinates certified, 0: not known) adds the underflow term; ``sender_errors`` (absolute, per row; 0:
+        none) are errors the senders certified for their own messages (leaves of several partitions, tree
+        parents). ``O(f)`` after the first call on a survivor set.
+        """
+        return bound_combination(
+            self.weights,
+            self.row_profile,
+            self._per_row(message_norms, "message_norms"),
+            u=unit_roundoff(dtype),
+            magnitudes=None if magnitudes is None else self._per_row(magnitudes, "magnitudes"),
+            length=length,
+            eta=underflow_unit(dtype),
+            sender_errors=None if sender_errors is None else self._per_row(sender_errors, "sender_errors"),
+        )
+
     def certify(
         self,
         message_norms: Mapping[int, float] | Sequence[float] | Array,
@@ -148,43 +180,19 @@ class Decoding:
         length: int = 0,
         sender_errors: Sequence[float] | Array | None = None,
     ) -> ErrorCertificate:
-        r"""Certified relative error of the gradient :meth:`combine` returned (numerics.certify_combination).
-
-        ``message_norms`` are $\|m_i\|$ of the received messages (by row id, or in the order of
-        :attr:`rows`), which a receiver can accumulate chunk by chunk; ``combined_norm`` is the norm
-        of the combined vector; ``dtype`` the precision the messages were computed and sent in.
-        ``magnitudes`` ($\sum_j |b_{ij}| \|g_j\|$ per message, as the workers report them; NaN where one sent
-        none, which leaves a row of several partitions uncertified: infinite bound) make the bound rigorous;
-        ``None`` estimates them (a caller that formed the messages itself). ``length`` (coordinates certified,
-        0: not known) adds the underflow term; ``sender_errors`` (absolute, per row; 0: none) are errors the
-        senders certified for their own messages (leaves of several partitions, tree parents). ``O(f)`` after
-        the first call on a decoding.
-        """
-        return certify_combination(
-            self.weights,
-            self.row_profile,
-            self._per_row(message_norms, "message_norms"),
-            combined_norm,
-            u=unit_roundoff(dtype),
-            magnitudes=None if magnitudes is None else self._per_row(magnitudes, "magnitudes"),
-            length=length,
-            eta=underflow_unit(dtype),
-            sender_errors=None if sender_errors is None else self._per_row(sender_errors, "sender_errors"),
+        """Certified relative error of the gradient :meth:`combine` returned, of norm ``combined_norm``
+        (:meth:`error_bound`'s arguments)."""
+        bound = self.error_bound(
+            message_norms, dtype=dtype, magnitudes=magnitudes, length=length, sender_errors=sender_errors
         )
+        return bound.certificate(combined_norm)
 
+    @staticmethod
     def certify_vector(
-        self,
-        vector: Array,
-        message_norms: Mapping[int, float] | Sequence[float] | Array,
-        *,
-        tolerance: float,
-        dtype: npt.DTypeLike = np.float64,
-        magnitudes: Mapping[int, float] | Sequence[float] | Array | None = None,
-        length: int = 0,
-        sender_errors: Sequence[float] | Array | None = None,
+        vector: Array, bound: CombinationBound, *, tolerance: float, length: int = 0
     ) -> tuple[ErrorCertificate, float]:
-        r""":meth:`certify` the combined ``vector`` (its first ``length`` coordinates, all when 0), and the lower
-        bound of its norm the certificate used.
+        r"""The certificate of the combined ``vector`` (its first ``length`` coordinates, all when 0) from its
+        :meth:`error_bound`, and the lower bound of its norm it used.
 
         The bound divides by a lower bound of $\|\hat g\|$, so any lower bound keeps it sound, only looser: the
         norm of the first :data:`CERTIFY_PREFIX` coordinates is tried first (one pass over 64 KiB instead of
@@ -192,17 +200,13 @@ class Decoding:
         whole norm only when that bound is not within ``tolerance``.
         """
         coordinates = length or vector.size
-        certify = functools.partial(
-            self.certify, message_norms, dtype=dtype, magnitudes=magnitudes, length=length,
-            sender_errors=sender_errors,
-        )  # fmt: skip
         if coordinates > CERTIFY_PREFIX:
             head = float(np.linalg.norm(vector[:CERTIFY_PREFIX]))
-            certificate = certify(head)
+            certificate = bound.certificate(head)
             if certificate.within(tolerance):
                 return certificate, head
         norm = float(np.linalg.norm(vector[:coordinates]))
-        return certify(norm), norm
+        return bound.certificate(norm), norm
 
     def combine_certified(
         self, messages: Mapping[int, Array], *, dtype: npt.DTypeLike | None = None

@@ -218,7 +218,8 @@ def test_certify_vector_rests_on_a_lower_bound_of_the_norm_and_stays_above_the_e
     an honest decode is still exact, and the bound is never below the true error nor below the full-norm one."""
     p = 3 * CERTIFY_PREFIX
     decoding, combined, want, norms = _cyclic_decode(p, head_scale)
-    certificate, norm = decoding.certify_vector(combined, norms, tolerance=1e-9, length=p)
+    bound = decoding.error_bound(norms, length=p)
+    certificate, norm = decoding.certify_vector(combined, bound, tolerance=1e-9, length=p)
     full_norm = float(np.linalg.norm(combined))
     full = decoding.certify(norms, full_norm, length=p)
     assert norm <= full_norm
@@ -233,5 +234,5 @@ def test_certify_vector_rests_on_a_lower_bound_of_the_norm_and_stays_above_the_e
 
 def test_certify_vector_of_a_short_vector_takes_its_whole_norm() -> None:
     decoding, combined, _, norms = _cyclic_decode(CERTIFY_PREFIX // 2, 1.0)
-    _, norm = decoding.certify_vector(combined, norms, tolerance=1e-9)
+    _, norm = decoding.certify_vector(combined, decoding.error_bound(norms), tolerance=1e-9)
     assert norm == float(np.linalg.norm(combined))
