@@ -47,7 +47,7 @@ from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
 from gradcode.worker.service import MAX_JOBS, MAX_TOTAL_BYTES, WorkerServicer, add_worker_service
 
-__all__ = ["ADVERTISE_HOSTNAME", "WORKER_SERVICE_NAME", "WorkerNode", "default_machine_id"]
+__all__ = ["ADVERTISE_HOSTNAME", "WORKER_SERVICE_NAME", "WorkerNode", "advertised_address", "default_machine_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,30 @@ _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 ADVERTISE_HOSTNAME = "auto"
 """``advertise_address`` that advertises this machine's hostname (in a container, the name other containers reach
 it by, and the one its TLS certificate may be issued for) when listening on every interface."""
+
+
+def advertised_address(host: str, port: int, master_address: str | None, advertise: str | None = None) -> str:
+    """What a worker listening on ``host``:``port`` tells the master at ``master_address`` to reach it at.
+
+    ``advertise`` given: that address; ``"auto"``: this machine's hostname when listening on every interface, else
+    the listen host. By default, the listen host when it is a single address (loopback only then), else the address
+    of the interface by which this network namespace routes to the master (what the master reaches it at whenever
+    routes go both ways, as on a LAN, a bridge or a veth pair), or, when that is loopback (the master shares this
+    namespace), of the default route's; loopback when there is neither.
+
+    Not the hostname: emulated hosts (network namespaces) share one, and hosts without DNS have none the master can
+    resolve. Not the peer address the master sees: the worker would have to learn it over the wire, and behind NAT
+    it names the gateway, not a port the worker serves."""
+    if advertise and advertise.lower() != ADVERTISE_HOSTNAME:
+        return advertise
+    if host not in _WILDCARD_HOSTS:
+        return format_address(host, port)
+    if advertise:  # "auto"
+        return format_address(socket.gethostname(), port)
+    to_master = source_address(parse_address(master_address)[0]) if master_address else None
+    if to_master is None or is_loopback(to_master):
+        to_master = source_address(None) or to_master  # the default route's interface, if there is one
+    return format_address(to_master or "127.0.0.1", port)
 
 
 _REVOKING = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED)
@@ -78,7 +102,7 @@ class WorkerNode(ServiceNode):
         advertise_address: ``host:port`` the master should use to reach this worker; ``"auto"``: the listen
             address with this machine's hostname when listening on all interfaces; by default (None) the listen
             address with, when listening on all interfaces, the address this namespace reaches the master from
-            (:attr:`advertised`).
+            (:func:`advertised_address`).
         name: free-form label sent to the master (default: the hostname).
         machine_id: which machine this worker runs on, sent to the master (default: :func:`default_machine_id`):
             workers with one id share cores, so the master does not have their backups compute speculatively.
@@ -147,28 +171,12 @@ class WorkerNode(ServiceNode):
 
     @property
     def advertised(self) -> str:
-        """The address sent to the master: ``advertise_address``; for ``"auto"``, this machine's hostname (listening
-        on every interface) or the listen host. By default, the listen host when it is a single address (loopback
-        only then), else the address of the interface by which this network namespace routes to the master (what the
-        master reaches it at whenever routes go both ways, as on a LAN, a bridge or a veth pair), or, when that is
-        loopback (the master shares this namespace), of the default route's; loopback when there is neither.
-
-        Not the hostname: emulated hosts (network namespaces) and hosts without DNS share or lack one. Not the peer
-        address the master sees: the worker would have to learn it over the wire, and behind NAT it names the
-        gateway, not a port the worker serves."""
+        """The address sent to the master (:func:`advertised_address`)."""
         if self.advertise_address and self.advertise_address.lower() != ADVERTISE_HOSTNAME:
             return self.advertise_address
         if self._handle is None:
             raise RuntimeError("WorkerNode.advertised is known only after start().")
-        port = self._handle.port
-        if self.host not in _WILDCARD_HOSTS:
-            return format_address(self.host, port)
-        if self.advertise_address:  # "auto"
-            return format_address(socket.gethostname(), port)
-        to_master = source_address(parse_address(self.master_address)[0]) if self.master_address else None
-        if to_master is None or is_loopback(to_master):
-            to_master = source_address(None) or to_master  # the default route's interface, if there is one
-        return format_address(to_master or "127.0.0.1", port)
+        return advertised_address(self.host, self._handle.port, self.master_address, self.advertise_address)
 
     # ---- lifecycle hooks -----------------------------------------------------------------------
     def _register(self, server: grpc.aio.Server) -> None:
