@@ -62,6 +62,8 @@ if not all(n in up for n in names):
     sys.exit(0)
 spec = job_spec("uncoded", {"n": len(names)}, iterations=iterations, worker_ids=[up[n] for n in names], verify=True)
 info, reports = asyncio.run(run_job(address, spec))
+from gradcode.client.__main__ import main
+main(["workers", "--master", address])  # what an operator sees
 print(json.dumps({
     "state": master_pb2.JobState.Name(info.state), "message": info.message,
     "exact": [r.exact and 0 <= r.verify_error <= 1e-9 for r in reports],
@@ -148,7 +150,8 @@ def test_hosts_sharing_dev_shm_but_not_a_network_use_it_only_where_it_is_proven(
             time.sleep(0.01)
         out, err = client.communicate()
         assert client.returncode == 0 and out, f"{err}\n{log_tails(processes)}"
-        result = json.loads(out.splitlines()[-1])
+        *listing, last = out.splitlines()
+        result = json.loads(last)
         assert "error" not in result, f"{result}\n{log_tails(processes)}"
     finally:
         for process in processes:
@@ -162,6 +165,10 @@ def test_hosts_sharing_dev_shm_but_not_a_network_use_it_only_where_it_is_proven(
         "claims-shared": "shared memory",
         "claims-private": "network (shared memory not shared: the worker cannot read the master's directory)",
     }, workers
+    # `gradcode workers` says it too, at the end of each worker's line.
+    for name, w in workers.items():
+        (line,) = [line for line in listing if f" {name} " in line]
+        assert line.endswith(f"  transport: {w['transport']}"), listing
     # Job worker i is the i-th name: only the two that proved it left messages in the master's directory.
     assert messages == {"message-0", "message-2"}, messages
     # Without --advertise, each advertised the address of its interface towards the master.
