@@ -7,7 +7,7 @@ call stays the control path: authentication, cancellation, failure detection and
 and trailer (with the CRC-32C of the payload) still travel on it.
 
 1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) and offers it in
-   ``JobSetup.shared_memory`` only to a worker registered with the receiver's own machine id
+   ``JobSetup.shared_memory`` only to a worker registered with the receiver's own machine id, or with none
    (:mod:`gradcode.common.machine`: one boot, network namespace and host name), after writing a fresh random
    nonce for that worker into the file ``probe-<worker>`` (:meth:`SharedDirectory.offer`). The offer names the
    directory, never the nonce.

@@ -306,8 +306,9 @@ class WorkerLoader:
     def _transport(self, w: int, proof: str) -> str:
         """How worker ``w`` moves this job's payloads after a LoadJob answered with ``proof``: :data:`SHARED_MEMORY`
         only when the proof is the nonce its offer wrote, else "network (<why>)"."""
-        if self.transports.get(w) or self.shared is None:  # no offer was made, for the reason recorded
-            return self.transports.get(w) or "network (shared memory off)"
+        recorded = self.transports.get(w, "")
+        if recorded or self.shared is None:  # no offer was made, for the reason recorded
+            return recorded or "network (shared memory off)"
         reason = self.shared.verdict(w, proof)
         if reason:
             log.warning("%s: payloads of job %r go through the network: %s", self.workers[w].describe(), self.job_id,
