@@ -65,6 +65,9 @@ def test_a_worker_that_reads_another_directory_fails_the_proof(shared: SharedDir
     again = accept(_offer(shared), 1)
     assert again is not None and again.proof != peer.proof
     assert shared.verdict(1, peer.proof) == "shared memory not shared: nonce mismatch"
+    for made_up in ("é" * 32, "0" * 10_000, again.proof[:-1]):  # any string a liar sends is refused, never raised on
+        _offer(shared)
+        assert shared.verdict(1, made_up) == "shared memory not shared: nonce mismatch"
 
 
 def test_a_worker_cannot_read_another_workers_nonce_or_an_unsafe_directory(shared: SharedDirectory) -> None:
