@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -44,9 +46,11 @@ __all__ = [
     "ServingHandle",
     "format_address",
     "install_shutdown_signals",
+    "is_loopback",
     "limit_blas_threads",
     "parse_address",
     "reuse_large_buffers",
+    "source_address",
     "start_server",
 ]
 
@@ -72,6 +76,40 @@ def parse_address(text: str, *, what: str = "address") -> tuple[str, int]:
 def format_address(host: str, port: int) -> str:
     """``host:port``, bracketing IPv6 hosts."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_OUTSIDE = ("192.0.2.1", "2001:db8::1")
+"""Documentation addresses (RFC 5737, RFC 3849), never local: the route to them is the default route."""
+
+
+def source_address(host: str | None) -> str | None:
+    """The local address this host's kernel sends from to reach ``host`` (a name or address; None: anywhere
+    outside, through the default route): the address of the interface its route leaves by, in this network
+    namespace. Nothing is sent (a UDP socket is only connected). None when there is no route."""
+    targets = _OUTSIDE if host is None else (host,)
+    for target in targets:
+        try:
+            infos = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)
+        except OSError:
+            continue
+        for family, kind, proto, _, sockaddr in infos:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.connect(sockaddr)
+                    return str(probe.getsockname()[0])
+            except OSError:
+                continue
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass

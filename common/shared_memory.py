@@ -6,11 +6,16 @@ through a file on tmpfs (``/dev/shm``) it costs one copy, into the file: the oth
 call stays the control path: authentication, cancellation, failure detection and the message header
 and trailer (with the CRC-32C of the payload) still travel on it.
 
-1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) with a file
-   ``probe`` holding a random token, and offers both in ``JobSetup.shared_memory``.
-2. A worker accepts (:func:`accept`) only when that directory is its own user's, private, holds the
-   same token and takes a new file: then it shares the receiver's host, user and memory. Another
-   host, container or user reads no token and everything goes through gRPC as before.
+1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) and offers it in
+   ``JobSetup.shared_memory`` only to a worker registered with the receiver's own machine id, or with none
+   (:mod:`gradcode.common.machine`: one boot, network namespace and host name), after writing a fresh random
+   nonce for that worker into the file ``probe-<worker>`` (:meth:`SharedDirectory.offer`). The offer names the
+   directory, never the nonce.
+2. The worker reads the nonce there (:func:`accept`: the directory is its own user's, private, and takes a new
+   file) and sends it back in ``LoadJobReply.shared_memory_proof``. The receiver uses shared memory with that
+   worker only when the nonce comes back (:meth:`SharedDirectory.verdict`): a worker that reads another
+   ``/dev/shm`` (another host or container, another mount of it, another user) or lies about its machine id
+   cannot give it, and everything goes through gRPC, with the reason in the master's worker list.
 3. Each iteration the receiver writes the model into the file ``model``. A ComputeRequest with
    ``shared_model`` (length and CRC-32C) tells an accepting worker to read it there, and to write
    each coded message into its file ``message-<worker>-<row>`` and send a GradientChunk with
@@ -67,8 +72,8 @@ __all__ = [
 
 DEFAULT_ROOT = Path("/dev/shm")
 """Where receivers make their directories: tmpfs on Linux (absent elsewhere: no shared memory)."""
-PROBE = "probe"
-
+PROBE = "probe-{worker}"
+"""The file holding the nonce a worker must read back to prove it reads the receiver's directory."""
 
 MODEL = "model"
 OWNER = "owner"
@@ -144,31 +149,57 @@ class _Slots:
 class SharedDirectory:
     """A receiver's shared-memory directory for one job: offered to workers, written and read per iteration."""
 
-    def __init__(self, path: Path, token: str) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.token = token
         self._slots = _Slots(path)
+        self._nonces: dict[int, str] = {}
+        """The nonce last offered to each worker, by the worker id its JobSetup names."""
 
     @classmethod
     def create(cls, root: Path = DEFAULT_ROOT) -> SharedDirectory | None:
-        """A new private directory under ``root`` with its probe; None when ``root`` is missing or not writable."""
+        """A new private directory under ``root``; None when ``root`` is missing or not writable."""
         if not root.is_dir():
             return None
         try:
             path = Path(tempfile.mkdtemp(prefix="gradcode-", dir=root))  # mode 0700
         except OSError:
             return None
-        token = secrets.token_hex(16)
         try:
             (path / OWNER).write_text(_this_process())
-            (path / PROBE).write_text(token)
         except OSError:  # a full tmpfs: no shared memory for this job
             shutil.rmtree(path, ignore_errors=True)
             return None
-        return cls(path, token)
+        return cls(path)
 
-    def offer(self) -> worker_pb2.SharedMemoryOffer:
-        return worker_pb2.SharedMemoryOffer(directory=str(self.path), token=self.token)
+    def offer(self, worker_id: int) -> worker_pb2.SharedMemoryOffer | None:
+        """The offer for worker ``worker_id``'s LoadJob, after writing a fresh nonce into its probe file (which only
+        a process that reads this directory can send back); None when that write fails (a full tmpfs)."""
+        nonce = secrets.token_hex(16)
+        probe = self.path / PROBE.format(worker=worker_id)
+        staged = probe.with_name(f".{probe.name}-{nonce[:8]}")
+        try:
+            staged.write_text(nonce)
+            staged.replace(probe)  # atomically: a reader never sees half a nonce
+        except OSError:
+            staged.unlink(missing_ok=True)
+            self._nonces.pop(worker_id, None)
+            return None
+        self._nonces[worker_id] = nonce
+        return worker_pb2.SharedMemoryOffer(directory=str(self.path))
+
+    def verdict(self, worker_id: int, proof: str) -> str:
+        """Why worker ``worker_id`` may not use this directory, given the ``proof`` its LoadJob reply carries; empty
+        when the proof is the nonce last offered to it (it reads this directory: shared memory is proven). The nonce is
+        spent: the next LoadJob gets a new one."""
+        nonce = self._nonces.pop(worker_id, None)
+        (self.path / PROBE.format(worker=worker_id)).unlink(missing_ok=True)  # one proof per nonce
+        if nonce is None:
+            return "no shared-memory offer was made"
+        if not proof:
+            return "shared memory not shared: the worker cannot read the master's directory"
+        if not hmac.compare_digest(proof.encode(), nonce.encode()):
+            return "shared memory not shared: nonce mismatch"
+        return ""
 
     def write_model(self, params: np.ndarray[Any, Any]) -> worker_pb2.SharedModel:
         """Write this round's parameters (float64) once for every accepting worker; OSError if that fails.
@@ -197,8 +228,10 @@ class SharedDirectory:
 class SharedPeer:
     """A worker's side of a receiver's directory it accepted (:func:`accept`): reads models, writes messages."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, proof: str = "") -> None:
         self.path = path
+        self.proof = proof
+        """The nonce this worker read from its probe file, sent back in ``LoadJobReply.shared_memory_proof``."""
         self._slots = _Slots(path)
 
     def read_model(self, shared: worker_pb2.SharedModel) -> np.ndarray[Any, Any]:
@@ -250,22 +283,24 @@ def remove_abandoned(root: Path = DEFAULT_ROOT) -> list[Path]:
     return removed
 
 
-def accept(offer: worker_pb2.SharedMemoryOffer) -> SharedPeer | None:
-    """The worker's check of a receiver's offer: its directory if this process shares the receiver's host,
-    user and memory (the directory is this user's, private, holds the offer's token and takes a file),
-    else None."""
-    if not offer.directory or not offer.token:
+def accept(offer: worker_pb2.SharedMemoryOffer, worker_id: int) -> SharedPeer | None:
+    """The worker's side of a receiver's offer: the directory, with the nonce read from its probe file for
+    ``worker_id`` (:attr:`SharedPeer.proof`, for the receiver to check), if this process can use it (it is this
+    user's, private, and takes a new file); else None.
+
+    Reading a directory at the offered path proves nothing by itself (another host's ``/dev/shm`` may hold one of
+    that name): only the receiver, comparing the proof with the nonce it wrote, knows it is its own."""
+    if not offer.directory:
         return None
     directory = Path(offer.directory)
     try:
         info = directory.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
             return None
-        if not hmac.compare_digest((directory / PROBE).read_text(), offer.token):
-            return None
+        proof = (directory / PROBE.format(worker=worker_id)).read_text()
         check = directory / f".accept-{secrets.token_hex(8)}"
         check.touch(exist_ok=False)
         check.unlink()
     except (OSError, UnicodeDecodeError):
         return None
-    return SharedPeer(directory)
+    return SharedPeer(directory, proof)

@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--machine-id", default=env_default("GRADCODE_MACHINE_ID", None),
+        help="which machine the master runs on: workers registered with another id are never offered shared "
+        "memory (default: a hash of the Linux boot id with the network and UTS namespaces, as workers compute "
+        "theirs) [GRADCODE_MACHINE_ID]",
+    )  # fmt: skip
+    parser.add_argument(
         "--link", choices=("on", "off"), default=env_default("GRADCODE_LINK", "on"),
         help="ask each worker for a link, a Session over plain TCP (with the workers' TLS) that spares the data "
         "path gRPC's cost; 'off' keeps every Compute on gRPC; a worker without one keeps its gRPC Session "
@@ -112,7 +118,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
-        shared_memory=args.shared_memory_root, links=args.link == "on",
+        shared_memory=args.shared_memory_root, links=args.link == "on", machine_id=args.machine_id,
     )  # fmt: skip
     # Metrics first: a taken metrics port stops the process before it serves, and the ready line
     # below promises every port.

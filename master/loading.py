@@ -46,6 +46,7 @@ __all__ = [
     "JOB_REFUSALS",
     "LOAD_TIMEOUT_SECONDS",
     "REFUSED_RETRY_SECONDS",
+    "SHARED_MEMORY",
     "PartitionBytes",
     "WorkerLoader",
 ]
@@ -58,6 +59,8 @@ JOB_REFUSALS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESO
 """A worker's LoadJob refusals about the job, not about the worker: they never mark it DOWN for other jobs."""
 REFUSED_RETRY_SECONDS = 1.0
 """How long a worker that refused a job for lack of room (RESOURCE_EXHAUSTED) is left before it is asked again."""
+SHARED_MEMORY = "shared memory"
+"""A worker's transport (``WorkerInfo.transport``) once it proved it reads the job's shared-memory directory."""
 
 
 class PartitionBytes:
@@ -104,7 +107,10 @@ class WorkerLoader:
         """The job's shared-memory directory, offered to the workers whose messages come to the master
         (:mod:`gradcode.common.shared_memory`); None: every payload goes through gRPC."""
         self.shared_workers: set[int] = set()
-        """Worker indices whose last LoadJob accepted the shared-memory offer."""
+        """Worker indices whose last LoadJob proved they read the job's shared-memory directory."""
+        self.transports: dict[int, str] = {}
+        """Why the last LoadJob made no shared-memory offer to a worker index ("network (<why>)"), or empty when it
+        made one."""
         self.workers: list[PoolWorker] = []
         """The pool worker behind each worker index (set by :meth:`select`)."""
         self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
@@ -189,13 +195,34 @@ class WorkerLoader:
                         integrity=plan.integrity,
                     )
                 )
-        if self.shared is not None and not setup.HasField("parent") and (topology is None or w < code.n):
-            setup.shared_memory.CopyFrom(self.shared.offer())  # a leaf whose messages come to the master
+        if setup.HasField("parent"):
+            self.transports[w] = "network (a tree parent: it forwards its children's messages inline)"
+        elif topology is not None and w >= code.n:
+            self.transports[w] = "network (its messages go to its tree parent)"
+        else:  # a leaf whose messages come to the master
+            self._offer_shared_memory(w, setup)
         if plan.local is None:
             setup.num_partitions_sent = len({j for row in setup.rows for j in row.partitions})
         else:
             setup.local_data.CopyFrom(self._local_data())
         return setup
+
+    def _offer_shared_memory(self, w: int, setup: worker_pb2.JobSetup) -> None:
+        """Offer worker ``w`` the job's shared-memory directory (with a fresh nonce for it to read back) unless it
+        registered another machine id than the master's (a worker with none, such as a ``--workers`` address, is
+        offered it: only its proof decides); else record why its payloads go through the network."""
+        worker = self.workers[w]
+        if self.shared is None:
+            reason = "shared memory off"
+        elif worker.machine_id and worker.machine_id != self.pool.machine_id:
+            reason = "another machine: its machine id is not the master's"
+        elif (offer := self.shared.offer(w)) is None:
+            reason = "the master could not write its nonce"
+        else:
+            setup.shared_memory.CopyFrom(offer)
+            self.transports[w] = ""
+            return
+        self.transports[w] = f"network ({reason})"
 
     def _local_data(self) -> worker_pb2.LocalData:
         """Where a worker finds its own partitions: the dataset reference and the job's partitioning."""
@@ -269,11 +296,25 @@ class WorkerLoader:
         finally:
             worker.loading -= 1
         self._retry_at.pop(w, None)
-        if reply.shared_memory:
+        worker.transport = self._transport(w, reply.shared_memory_proof)
+        if worker.transport == SHARED_MEMORY:
             self.shared_workers.add(w)
         worker.jobs.add(self.job_id)
         self.pool.mark_seen(worker)
         return True
+
+    def _transport(self, w: int, proof: str) -> str:
+        """How worker ``w`` moves this job's payloads after a LoadJob answered with ``proof``: :data:`SHARED_MEMORY`
+        only when the proof is the nonce its offer wrote, else "network (<why>)"."""
+        recorded = self.transports.get(w, "")
+        if recorded or self.shared is None:  # no offer was made, for the reason recorded
+            return recorded or "network (shared memory off)"
+        reason = self.shared.verdict(w, proof)
+        if reason:
+            log.warning("%s: payloads of job %r go through the network: %s", self.workers[w].describe(), self.job_id,
+                        reason)  # fmt: skip
+            return f"network ({reason})"
+        return SHARED_MEMORY
 
     def child_bearer(self, c: int) -> str:
         """What a parent presents to child ``c`` in this job: a job token derived from the child's call token (it

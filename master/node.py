@@ -38,9 +38,10 @@ class MasterNode(ServiceNode):
     directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``,
     ``security`` (TLS and tokens, :class:`gradcode.common.security.Security`; default plaintext and open)
     ``max_workers`` (the pool's bound), ``state_dir`` (job checkpoints; None keeps none),
-    ``checkpoint_every``, ``shared_memory`` (the root of the jobs' shared-memory directories; None: none) and
-    ``links`` (ask workers for links, :mod:`gradcode.common.link`). Started on a state directory, the node
-    resumes the jobs that were running.
+    ``checkpoint_every``, ``shared_memory`` (the root of the jobs' shared-memory directories; None: none),
+    ``links`` (ask workers for links, :mod:`gradcode.common.link`) and ``machine_id`` (the master's, default
+    :func:`gradcode.common.machine.default_machine_id`: only workers of this machine id, or of none, are offered
+    shared memory). Started on a state directory, the node resumes the jobs that were running.
     """
 
     service_name = MASTER_SERVICE_NAME
@@ -62,11 +63,14 @@ class MasterNode(ServiceNode):
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         shared_memory: str | Path | None = DEFAULT_ROOT,
         links: bool = True,
+        machine_id: str | None = None,
     ) -> None:
         super().__init__(host, port, grace=grace, security=security)
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.data_dir = None if data_dir is None else Path(data_dir)
-        self.pool = WorkerPool(workers, security=self.security, max_workers=max_workers, links=links)
+        self.pool = WorkerPool(
+            workers, security=self.security, max_workers=max_workers, links=links, machine_id=machine_id
+        )
         self.servicer = MasterServicer(
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
             max_data_file_bytes=max_data_file_bytes,

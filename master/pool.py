@@ -60,6 +60,7 @@ from gradcode.common.exceptions import (
     ResourceExhaustedError,
 )
 from gradcode.common.link import link_opener
+from gradcode.common.machine import default_machine_id
 from gradcode.common.metrics import set_workers_up
 from gradcode.common.security import Security, check_process_secret, new_nonce, proves, short
 from gradcode.common.serving import format_address, parse_address
@@ -173,6 +174,8 @@ class PoolWorker:
     """The secret the registered process holds (empty for a ``--workers`` address): who it is."""
     machine_id: str = ""
     """The machine it runs on, as registered: workers with one id share cores (empty: unknown, a machine of its own)."""
+    transport: str = ""
+    """How the last job loaded on it moves payloads, and why (``WorkerInfo.transport``; empty: no job yet)."""
     call_token: str | None = field(default=None, repr=False)
     """The call token issued to this worker process (None: none issued, the join-derived token is used)."""
     security: Security = field(default_factory=Security, repr=False)
@@ -263,6 +266,7 @@ class PoolWorker:
             last_error=self.last_error,
             last_seen_unix=self.last_seen,
             machine_id=self.machine_id,
+            transport=self.transport,
         )
 
     def describe(self) -> str:
@@ -279,9 +283,13 @@ class WorkerPool:
         security: Security | None = None,
         max_workers: int = MAX_WORKERS,
         links: bool = True,
+        machine_id: str | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
+        self.machine_id = default_machine_id() if machine_id is None else machine_id
+        """The machine the master runs on (:mod:`gradcode.common.machine`): only workers registered with this id,
+        or with none, are offered shared memory."""
         self.security = security or Security()
         self.links = links
         """Ask workers for links (:mod:`gradcode.common.link`); False keeps every Compute on gRPC."""

@@ -30,7 +30,8 @@ __all__ = ["ADVERTISE_AUTO", "build_parser", "main", "parse_arguments"]
 
 ADVERTISE_AUTO = "auto"
 """``--advertise auto``: this machine's hostname (in a container, the name other containers reach it by)
-when listening on every interface, else the listen host; with the bound port."""
+when listening on every interface, else the listen host; with the bound port (``WorkerNode``'s
+``ADVERTISE_HOSTNAME``)."""
 
 _EPILOG = """\
 Every option can also come from the environment variable shown in brackets (a flag wins over the
@@ -69,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--advertise", metavar="HOST:PORT", default=env_default("GRADCODE_ADVERTISE", None),
         help="address the master should use to reach this worker, or 'auto': the listen address with this "
-        "machine's hostname when listening on 0.0.0.0, and the bound port (the default) [GRADCODE_ADVERTISE]",
+        "machine's hostname when listening on 0.0.0.0, and the bound port. Default: the listen address, and when "
+        "listening on 0.0.0.0 the address of the interface this host routes to the master by (of the default "
+        "route's when the master is on loopback; loopback only when there is neither) [GRADCODE_ADVERTISE]",
     )  # fmt: skip
     parser.add_argument(
         "--name", default=env_default("GRADCODE_NAME", None),
@@ -78,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--machine-id", default=env_default("GRADCODE_MACHINE_ID", None),
         help="which machine this worker runs on, for the master: workers with one id share cores, and their "
-        "backups then compute only once promoted (default: the Linux boot id, the same for all containers on "
-        "one kernel; give workers pinned to disjoint cores their own ids) [GRADCODE_MACHINE_ID]",
+        "backups then compute only once promoted; only a worker with the master's id is offered shared memory "
+        "(default: a hash of the Linux boot id with the network and UTS namespaces, so network namespaces and "
+        "containers on one kernel differ; give workers pinned to disjoint cores their own ids) [GRADCODE_MACHINE_ID]",
     )  # fmt: skip
     parser.add_argument(
         "--chunk-bytes", type=int, default=int(env_default("GRADCODE_CHUNK_BYTES", "0") or 0),
@@ -124,16 +128,16 @@ def link_port(value: str) -> int | None:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (and GRADCODE_* environment), validated; exits with status 2 naming a bad flag.
 
-    Adds ``host``/``port`` (from --listen); ``advertise`` is None for ``auto``.
+    Adds ``host``/``port`` (from --listen); ``advertise`` is ``auto`` in lower case however it was spelled.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     args.host, args.port = service_address(parser, args)
     if args.advertise is not None and args.advertise.strip().lower() == ADVERTISE_AUTO:
-        args.advertise = None
+        args.advertise = ADVERTISE_AUTO
     try:
         for flag in ("master", "advertise"):
-            if getattr(args, flag):
+            if getattr(args, flag) and getattr(args, flag) != ADVERTISE_AUTO:
                 parse_address(getattr(args, flag), what=f"--{flag}")
         if args.threads < 1:
             raise ValueError(f"--threads must be a positive integer, not {args.threads}.")

@@ -39,14 +39,15 @@ import grpc
 
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.link import LinkServer
+from gradcode.common.machine import default_machine_id
 from gradcode.common.security import CallToken, Security
-from gradcode.common.serving import ServiceNode, format_address
+from gradcode.common.serving import ServiceNode, format_address, is_loopback, parse_address, source_address
 from gradcode.common.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
 from gradcode.worker.service import MAX_JOBS, MAX_TOTAL_BYTES, WorkerServicer, add_worker_service
 
-__all__ = ["WORKER_SERVICE_NAME", "WorkerNode", "default_machine_id"]
+__all__ = ["ADVERTISE_HOSTNAME", "WORKER_SERVICE_NAME", "WorkerNode", "advertised_address", "default_machine_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +55,33 @@ WORKER_SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full
 """``gradcode.v1.Worker``: the name health checks and reflection use."""
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+ADVERTISE_HOSTNAME = "auto"
+"""``advertise_address`` that advertises this machine's hostname (in a container, the name other containers reach
+it by, and the one its TLS certificate may be issued for) when listening on every interface."""
 
 
-def default_machine_id() -> str:
-    """This machine's id as the master sees it: the Linux boot id, the same for every process and container on
-    one kernel, so workers that share cores say so; empty (unknown) where there is none."""
-    try:
-        return _BOOT_ID.read_text().strip()
-    except OSError:
-        return ""
+def advertised_address(host: str, port: int, master_address: str | None, advertise: str | None = None) -> str:
+    """What a worker listening on ``host``:``port`` tells the master at ``master_address`` to reach it at.
+
+    ``advertise`` given: that address; ``"auto"``: this machine's hostname when listening on every interface, else
+    the listen host. By default, the listen host when it is a single address (loopback only then), else the address
+    of the interface by which this network namespace routes to the master (what the master reaches it at whenever
+    routes go both ways, as on a LAN, a bridge or a veth pair), or, when that is loopback (the master shares this
+    namespace), of the default route's; loopback when there is neither.
+
+    Not the hostname: emulated hosts (network namespaces) share one, and hosts without DNS have none the master can
+    resolve. Not the peer address the master sees: the worker would have to learn it over the wire, and behind NAT
+    it names the gateway, not a port the worker serves."""
+    if advertise and advertise.lower() != ADVERTISE_HOSTNAME:
+        return advertise
+    if host not in _WILDCARD_HOSTS:
+        return format_address(host, port)
+    if advertise:  # "auto"
+        return format_address(socket.gethostname(), port)
+    to_master = source_address(parse_address(master_address)[0]) if master_address else None
+    if to_master is None or is_loopback(to_master):
+        to_master = source_address(None) or to_master  # the default route's interface, if there is one
+    return format_address(to_master or "127.0.0.1", port)
 
 
 _REVOKING = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED)
@@ -81,8 +99,10 @@ class WorkerNode(ServiceNode):
         host: interface to listen on (``0.0.0.0`` for all).
         port: port to listen on; 0 picks a free one (see :attr:`address` after start).
         master_address: ``host:port`` of the master to register with; None to skip registration.
-        advertise_address: ``host:port`` the master should use to reach this worker; by default the
-            listen address (with this machine's hostname when listening on all interfaces).
+        advertise_address: ``host:port`` the master should use to reach this worker; ``"auto"``: the listen
+            address with this machine's hostname when listening on all interfaces; by default (None) the listen
+            address with, when listening on all interfaces, the address this namespace reaches the master from
+            (:func:`advertised_address`).
         name: free-form label sent to the master (default: the hostname).
         machine_id: which machine this worker runs on, sent to the master (default: :func:`default_machine_id`):
             workers with one id share cores, so the master does not have their backups compute speculatively.
@@ -151,13 +171,12 @@ class WorkerNode(ServiceNode):
 
     @property
     def advertised(self) -> str:
-        """The address sent to the master."""
-        if self.advertise_address:
+        """The address sent to the master (:func:`advertised_address`)."""
+        if self.advertise_address and self.advertise_address.lower() != ADVERTISE_HOSTNAME:
             return self.advertise_address
         if self._handle is None:
             raise RuntimeError("WorkerNode.advertised is known only after start().")
-        host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
-        return format_address(host, self._handle.port)
+        return advertised_address(self.host, self._handle.port, self.master_address, self.advertise_address)
 
     # ---- lifecycle hooks -----------------------------------------------------------------------
     def _register(self, server: grpc.aio.Server) -> None:
@@ -193,8 +212,9 @@ class WorkerNode(ServiceNode):
         channel = self.security.channel(master_address, bearer=self.security.join_secret, options=CHANNEL_OPTIONS)
         async with channel:
             stub = master_pb2_grpc.MasterStub(channel)  # type: ignore[no-untyped-call]
+            advertised = await asyncio.to_thread(lambda: self.advertised)  # may resolve the master's name
             request = master_pb2.RegisterWorkerRequest(
-                address=self.advertised, name=self.name, instance_id=self.instance_id, machine_id=self.machine_id,
+                address=advertised, name=self.name, instance_id=self.instance_id, machine_id=self.machine_id,
                 process_secret=self.servicer.process_secret,
             )  # fmt: skip
             while True:

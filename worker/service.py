@@ -194,7 +194,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )  # fmt: skip
         return worker_pb2.LoadJobReply(
             job_id=job.job_id, worker_id=job.worker_id, partitions=sorted(job.partitions),
-            bytes_received=job.bytes_received, shared_memory=runtime.shared is not None,
+            bytes_received=job.bytes_received,
+            shared_memory_proof="" if runtime.shared is None else runtime.shared.proof,
         )  # fmt: skip
 
     async def _receive(self, request_iterator: AsyncIterator[worker_pb2.LoadJobChunk], stream: int) -> JobRuntime:
@@ -242,7 +243,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         job = await asyncio.to_thread(builder.finish)
         runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
         if job.setup.HasField("shared_memory") and not job.setup.HasField("parent"):
-            runtime.shared = shared_memory.accept(job.setup.shared_memory)
+            runtime.shared = shared_memory.accept(job.setup.shared_memory, job.worker_id)
         if job.setup.HasField("parent"):
             runtime.parent = ParentRunner(
                 job.setup.parent, job_id=job.job_id, length=job.message_length, message_dtype=job.message_dtype,

@@ -222,7 +222,10 @@ def _linear_job(p: int, shared: SharedDirectory | None = None) -> tuple[str, Ite
         num_partitions_sent=1,
     )
     if shared is not None:
-        setup.shared_memory.CopyFrom(shared.offer())
+        offer = shared.offer(0)
+        if offer is None:
+            raise RuntimeError(f"cannot write the shared-memory nonce into {shared.path}")
+        setup.shared_memory.CopyFrom(offer)
 
     def chunks() -> Iterator[worker_pb2.LoadJobChunk]:
         yield worker_pb2.LoadJobChunk(setup=setup)
@@ -637,8 +640,9 @@ async def _measure_sizes(
                 raise RuntimeError(f"no shared-memory root ({DEFAULT_ROOT}) on this machine")
             shared_job, chunks = _linear_job(p, shared)
             reply = await stub.LoadJob(chunks, timeout=CALL_TIMEOUT)
-            if not reply.shared_memory:
-                raise RuntimeError(f"the worker refused the shared-memory offer of {shared.path}")
+            refused = shared.verdict(0, reply.shared_memory_proof)
+            if refused:
+                raise RuntimeError(f"the worker cannot use the shared-memory directory {shared.path}: {refused}")
             params = np.random.default_rng(0).standard_normal(p)
             half = 8 * p
             raw_request = struct.pack("<QQ", half, chunk_bytes_for(half)) + bytes(half - 16)  # gradcode's chunks

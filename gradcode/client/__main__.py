@@ -572,7 +572,8 @@ async def _workers(args: argparse.Namespace) -> int:
     for w in workers:
         state = master_pb2.WorkerState.Name(w.state).removeprefix("WORKER_STATE_")
         machine = w.machine_id[:8] or "-"  # workers that share one share cores (their backups wait to be promoted)
-        print(f"{w.worker_id:>4}  {w.address:<22} {state:<5} {machine:<8}  {w.name} {w.last_error}")
+        transport = f"  transport: {w.transport}" if w.transport else ""  # shared memory only where proven
+        print(f"{w.worker_id:>4}  {w.address:<22} {state:<5} {machine:<8}  {w.name} {w.last_error}{transport}")
     return 0
 
 

@@ -26,24 +26,58 @@ def shared(tmp_path: Path) -> Iterator[SharedDirectory]:
     directory.close()
 
 
-def test_a_directory_is_private_and_its_offer_is_accepted_by_the_same_user_on_the_same_host(
-    shared: SharedDirectory,
-) -> None:
+def _offer(shared: SharedDirectory, worker_id: int = 1) -> worker_pb2.SharedMemoryOffer:
+    offer = shared.offer(worker_id)
+    assert offer is not None
+    return offer
+
+
+def test_a_directory_is_private_and_a_worker_reading_it_proves_so_with_the_nonce(shared: SharedDirectory) -> None:
     assert shared.path.stat().st_mode & 0o777 == 0o700
-    peer = accept(shared.offer())
-    assert peer is not None and peer.path == shared.path
-    assert sorted(p.name for p in shared.path.iterdir()) == ["owner", "probe"]  # the acceptance check left nothing
+    offer = _offer(shared)
+    assert [f.name for f, _ in offer.ListFields()] == ["directory"]  # the nonce is in the file, never on the wire
+    peer = accept(offer, 1)
+    assert peer is not None and peer.path == shared.path and len(peer.proof) == 32
+    assert shared.verdict(1, peer.proof) == ""  # proven
+    assert sorted(p.name for p in shared.path.iterdir()) == ["owner"]  # the probe is spent, the check left nothing
 
 
-def test_an_offer_is_refused_without_the_token_privacy_or_directory(shared: SharedDirectory, tmp_path: Path) -> None:
-    offer = shared.offer()
-    assert accept(worker_pb2.SharedMemoryOffer(directory=offer.directory, token="0" * 32)) is None
-    assert accept(worker_pb2.SharedMemoryOffer(directory=str(tmp_path / "elsewhere"), token=offer.token)) is None
-    assert accept(worker_pb2.SharedMemoryOffer()) is None
+def test_a_worker_that_reads_another_directory_fails_the_proof(shared: SharedDirectory, tmp_path: Path) -> None:
+    """Another host's (or container's) /dev/shm may hold a directory of its own at the offered path, with a probe
+    of the same name: the worker reads it and sends back a nonce, but not the master's."""
+    (tmp_path / "elsewhere").mkdir()
+    elsewhere = SharedDirectory.create(tmp_path / "elsewhere")
+    assert elsewhere is not None
+    _offer(shared)
+    foreign = accept(_offer(elsewhere), 1)
+    assert foreign is not None and foreign.proof
+    assert shared.verdict(1, foreign.proof) == "shared memory not shared: nonce mismatch"
+    elsewhere.close()
+    # A worker that finds no directory at the path sends no proof at all.
+    assert accept(worker_pb2.SharedMemoryOffer(directory=str(tmp_path / "missing")), 1) is None
+    _offer(shared)
+    assert shared.verdict(1, "") == "shared memory not shared: the worker cannot read the master's directory"
+    # A proof is good once: the nonce is spent by its verdict, and every LoadJob gets a fresh one.
+    offer = _offer(shared)
+    peer = accept(offer, 1)
+    assert peer is not None and shared.verdict(1, peer.proof) == ""
+    assert shared.verdict(1, peer.proof) == "no shared-memory offer was made"
+    again = accept(_offer(shared), 1)
+    assert again is not None and again.proof != peer.proof
+    assert shared.verdict(1, peer.proof) == "shared memory not shared: nonce mismatch"
+    for made_up in ("é" * 32, "0" * 10_000, again.proof[:-1]):  # any string a liar sends is refused, never raised on
+        _offer(shared)
+        assert shared.verdict(1, made_up) == "shared memory not shared: nonce mismatch"
+
+
+def test_a_worker_cannot_read_another_workers_nonce_or_an_unsafe_directory(shared: SharedDirectory) -> None:
+    offer = _offer(shared, worker_id=1)
+    assert accept(offer, 2) is None  # its own probe-2 was never written
+    assert accept(worker_pb2.SharedMemoryOffer(), 1) is None
     os.chmod(shared.path, 0o755)  # readable by others: not private, so not trusted with payloads
-    assert accept(offer) is None
+    assert accept(offer, 1) is None
     os.chmod(shared.path, 0o700)
-    assert accept(offer) is not None
+    assert accept(offer, 1) is not None
 
 
 def test_no_root_no_directory(tmp_path: Path) -> None:
@@ -51,7 +85,7 @@ def test_no_root_no_directory(tmp_path: Path) -> None:
 
 
 def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: SharedDirectory) -> None:
-    peer = accept(shared.offer())
+    peer = accept(_offer(shared), 1)
     assert peer is not None
     params = np.random.default_rng(0).standard_normal(1001)
     reference = shared.write_model(params)
@@ -71,14 +105,14 @@ def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: Share
 
 
 def test_a_new_directory_has_no_model_yet(shared: SharedDirectory) -> None:
-    peer = accept(shared.offer())
+    peer = accept(_offer(shared), 1)
     assert peer is not None
     with pytest.raises(WireError, match="model is not in the shared-memory directory"):
         peer.read_model(worker_pb2.SharedModel(length=3))
 
 
 def _peer(shared: SharedDirectory) -> SharedPeer:
-    peer = accept(shared.offer())
+    peer = accept(_offer(shared), 1)
     assert peer is not None
     return peer
 
@@ -125,7 +159,7 @@ def test_slots_are_overwritten_in_place_and_never_pile_up(shared: SharedDirector
         assert chunks[0].shared_payload
         done = _assembler(shared, iteration=t).feed(chunks[0])
         assert done is not None and (done.vector == t).all()
-    assert sorted(p.name for p in shared.path.iterdir()) == ["message-1-5", "model", "owner", "probe"]
+    assert sorted(p.name for p in shared.path.iterdir()) == ["message-1-5", "model", "owner", "probe-1"]
 
 
 def test_a_failed_shared_write_sends_the_message_inline(shared: SharedDirectory) -> None:

@@ -77,8 +77,9 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
 
 
 async def test_backups_on_one_machine_compute_only_once_promoted(tmp_path: Path) -> None:
-    """Workers on one machine (the same boot id, the default machine id): a backup computes nothing until it is
-    promoted, so the workers' computed partitions are the ones of the expected and the promoted workers."""
+    """Workers on one machine (one boot and namespaces: the same default machine id): a backup computes nothing
+    until it is promoted, so the workers' computed partitions are the ones of the expected and the promoted
+    workers."""
     ports = [free_port() for _ in range(4)]
     with start_cluster(4, tmp_path, worker_args=lambda i: ["--metrics-port", str(ports[i])]) as cluster:
         pids = [p.process.pid for p in cluster.processes]

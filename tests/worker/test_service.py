@@ -804,7 +804,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
     rows = code.static_assignment().rows[worker]
     async with asyncio.timeout(TEST_TIMEOUT):
         inline = await _load(stub, load_chunks(job_setup(code, worker), data_for(code, worker, partitions)))
-        assert not inline.shared_memory  # no offer, nothing accepted
+        assert not inline.shared_memory_proof  # no offer, nothing read
         theta = random_params()
         shared_request = worker_pb2.ComputeRequest(
             job_id="job", iteration=1, worker_id=worker, rows=list(rows), shared_model=shared.write_model(theta)
@@ -814,9 +814,11 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assert "did not accept the job's shared-memory offer" in (error.details() or "")
 
         setup = job_setup(code, worker)
-        setup.shared_memory.CopyFrom(shared.offer())
+        offer = shared.offer(worker)
+        assert offer is not None
+        setup.shared_memory.CopyFrom(offer)
         reply = await _load(stub, load_chunks(setup, data_for(code, worker, partitions)))
-        assert reply.shared_memory
+        assert shared.verdict(worker, reply.shared_memory_proof) == ""  # it read the nonce: proven
         assembler = MessageAssembler(
             job_id="job", iteration=1, worker_id=worker, rows=tuple(rows),
             length=message_length(softmax_model(), statistics=False), dtypes=ANY_DTYPE,
@@ -833,12 +835,7 @@ async def test_a_worker_on_the_receivers_host_takes_the_model_and_sends_messages
         assert not any(t.shared_payload for t in trailers)
         for row in rows:
             _assert_close(messages[row], expected_message(code, row, theta, partitions))
-        assert sorted(p.name for p in shared.path.iterdir()) == [
-            "message-2-2",
-            "model",
-            "owner",
-            "probe",
-        ]  # a slot a row
+        assert sorted(p.name for p in shared.path.iterdir()) == ["message-2-2", "model", "owner"]  # a slot a row
     shared.close()
 
 
@@ -853,12 +850,14 @@ async def test_a_tree_parent_never_accepts_shared_memory(tmp_path: Path) -> None
             del setup.rows[:]
             setup.rows.add(row=0, partitions=[1], coefficients_real=[1.0])
             setup.parent.CopyFrom(_parent_role("uncoded", {"n": 1}, [child.address], wait=5.0))
-            setup.shared_memory.CopyFrom(shared.offer())  # it forwards its model to children inline
+            offer = shared.offer(0)
+            assert offer is not None
+            setup.shared_memory.CopyFrom(offer)  # it forwards its model to children inline
             async with grpc.aio.insecure_channel(parent.address) as channel:
                 reply = await _load(
                     worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, partition_data(1, *partitions[1]))
                 )
-            assert not reply.shared_memory
+            assert not reply.shared_memory_proof
     finally:
         await stop_worker(parent)
         await stop_worker(child)
@@ -873,7 +872,9 @@ def test_a_stale_computation_never_overwrites_a_shared_slot(tmp_path: Path) -> N
     assert shared is not None
     code, worker = make_code("cyclic", n=4, s=1), 2
     job = build_job(job_setup(code, worker), data_for(code, worker, make_partitions(code.k)))
-    runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler), shared=accept(shared.offer()))
+    offer = shared.offer(worker)
+    assert offer is not None
+    runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler), shared=accept(offer, worker))
     row = code.static_assignment().rows[worker][0]
     newest = np.full(message_length(softmax_model(), statistics=False), 2.0)
     runtime.begin(2)

@@ -62,7 +62,7 @@ class RegisterWorkerReply(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., call_token: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix", "machine_id")
+    __slots__ = ("worker_id", "address", "name", "state", "last_error", "last_seen_unix", "machine_id", "transport")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class WorkerInfo(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
     MACHINE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     name: str
@@ -77,7 +78,8 @@ class WorkerInfo(_message.Message):
     last_error: str
     last_seen_unix: float
     machine_id: str
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., last_error: _Optional[str] = ..., last_seen_unix: _Optional[float] = ..., machine_id: _Optional[str] = ...) -> None: ...
+    transport: str
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., last_error: _Optional[str] = ..., last_seen_unix: _Optional[float] = ..., machine_id: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

@@ -100,12 +100,10 @@ class JobSetup(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., rows: _Optional[_Iterable[_Union[RowDefinition, _Mapping]]] = ..., num_partitions_sent: _Optional[int] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., parent: _Optional[_Union[ParentRole, _Mapping]] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., append_statistics: _Optional[bool] = ..., local_data: _Optional[_Union[LocalData, _Mapping]] = ..., shared_memory: _Optional[_Union[SharedMemoryOffer, _Mapping]] = ..., iterations: _Optional[int] = ...) -> None: ...
 
 class SharedMemoryOffer(_message.Message):
-    __slots__ = ("directory", "token")
+    __slots__ = ("directory",)
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
     directory: str
-    token: str
-    def __init__(self, directory: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+    def __init__(self, directory: _Optional[str] = ...) -> None: ...
 
 class LocalData(_message.Message):
     __slots__ = ("dataset", "path", "options", "num_samples", "num_features", "dataset_seed", "test_fraction", "partition_seed", "partition_weights", "num_rows", "signed_labels")
@@ -165,18 +163,18 @@ class LoadJobChunk(_message.Message):
     def __init__(self, setup: _Optional[_Union[JobSetup, _Mapping]] = ..., data: _Optional[_Union[PartitionData, _Mapping]] = ...) -> None: ...
 
 class LoadJobReply(_message.Message):
-    __slots__ = ("job_id", "worker_id", "partitions", "bytes_received", "shared_memory")
+    __slots__ = ("job_id", "worker_id", "partitions", "bytes_received", "shared_memory_proof")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
-    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_PROOF_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: int
     partitions: _containers.RepeatedScalarFieldContainer[int]
     bytes_received: int
-    shared_memory: bool
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    shared_memory_proof: str
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory_proof: _Optional[str] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred", "report_start")
