@@ -63,10 +63,10 @@ def children_lost(round_: Round) -> tuple[int, ...]:
 
 def descendants(round_: Round) -> tuple[tuple[tuple[int, float], ...], tuple[int, ...]]:
     """The descendants that delivered in a parent's ``round_`` (its children, with their seconds in it, and what
-    their messages reported of theirs) and those decoded without (its late children and theirs): what the parent's
-    trailer tells the master of the nodes below it."""
+    their messages reported of theirs) and those decoded without (its children late or failed, and theirs): what
+    the parent's trailer tells the master of the nodes below it."""
     timings = dict(round_.finished)
-    late = set(round_.stragglers)
+    late = (set(round_.stragglers) | set(round_.failed)) - set(timings)
     for message in round_.messages.values():
         timings.update(message.children_timings)
         late.update(message.children_late)

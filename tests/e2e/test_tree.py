@@ -188,7 +188,7 @@ async def test_reports_name_the_leaves_each_parent_used_and_decoded_without(clus
     iterations, slow_leaf = 6, CHILDREN[0][1]
     spec = job_spec(
         "coded_reduce", TREE, iterations=iterations, worker_ids=cluster6.ids, verify=True,
-        straggler=fixed_delay(1.0, workers=[slow_leaf]),
+        straggler=fixed_delay(1.0, workers=[slow_leaf, FIRST_LAYER[1]]),  # the master waits for the leaf's parent
     )  # fmt: skip
     async with asyncio.timeout(180):
         info, reports = await run_job(cluster6.master_address, spec)
@@ -203,7 +203,9 @@ async def test_reports_name_the_leaves_each_parent_used_and_decoded_without(clus
         assert all(t.seconds >= 0 for t in r.child_timings)
     heard_from_its_parent = [r for r in reports if cluster6.ids[0] in {t.worker_id for t in r.timings}]
     assert heard_from_its_parent, "the slow leaf's parent never answered the master"
-    assert all(slow in r.late_children for r in heard_from_its_parent)
+    assert all(slow in r.late_children for r in heard_from_its_parent), [
+        (r.iteration, list(r.late_children)) for r in reports
+    ]
     table = format_worker_table(reports)
     named = {t.worker_id for r in reports for t in r.child_timings} | {w for r in reports for w in r.late_children}
     assert slow in named and all(f"{leaf}*" in table for leaf in named), table
