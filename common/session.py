@@ -48,6 +48,9 @@ __all__ = [
     "CallError",
     "Caller",
     "ChunkStream",
+    "DeliversItems",
+    "Promotable",
+    "ReportsStart",
     "Session",
     "SessionCompute",
     "SessionProtocolError",
@@ -64,11 +67,36 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class ChunkStream(Protocol):
-    """One Compute's chunks: a :class:`SessionCompute`, or a Compute call (``grpc.aio.UnaryStreamCall``)."""
+    """One Compute's chunks: a :class:`SessionCompute`, or a Compute call (``grpc.aio.UnaryStreamCall``).
+
+    A stream may offer more, which its consumer looks for by name (a Compute call offers none of it): handing its
+    items over as they arrive, payloads placed where the consumer says (:class:`DeliversItems`); news that the
+    computation began (:class:`ReportsStart`); promotion of a backup (:class:`Promotable`).
+    """
 
     def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]: ...
 
     def cancel(self) -> bool: ...
+
+
+class DeliversItems(Protocol):
+    """A stream's optional capability: items passed to a sink as they arrive, payloads placed by the consumer."""
+
+    place: Placer | None
+
+    def consume(self, sink: Sink) -> None: ...
+
+
+class ReportsStart(Protocol):
+    """A stream's optional capability: ``started`` turns true when the worker says its computation began."""
+
+    started: bool
+
+
+class Promotable(Protocol):
+    """A stream's optional capability: ask a backup to compute at normal priority."""
+
+    def promote(self) -> None: ...
 
 
 class CallError(Exception):

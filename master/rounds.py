@@ -20,7 +20,8 @@ and asks the other workers as backups (``JobSpec.backup_priority``). A backup on
 computes at low OS priority; one that shares its machine with other workers of the job
 (:func:`sharing_a_machine`) computes nothing until promoted, since even idle-priority work would take memory
 bandwidth and cache from theirs. When expected workers are late, the round promotes the backups that
-replace them (:meth:`Round.gather`); one not decoded by its hedge (:meth:`Primaries.hedge`) promotes them all.
+replace them (:class:`~gradcode.master.hedging.Hedging`, the round's strategy); one not decoded by its hedge
+(:meth:`Primaries.hedge`) promotes them all.
 Dynamic codes are asked alike: they place each iteration from what every worker did in the last.
 """
 
@@ -43,6 +44,7 @@ from gradcode.common.models import message_length
 from gradcode.common.round import ChunkStream, Round, Source, WorkerFailure
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import dtype_from_wire, model_request_bytes
+from gradcode.master.hedging import Hedging
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.pool import PoolWorker, WorkerPool
@@ -116,7 +118,7 @@ class Primaries:
 
     def hedge(self) -> float:
         """Seconds after which a round not yet decoded promotes every backup still out: the promotion
-        :meth:`~gradcode.common.round.Round.gather` starts when expected workers end cannot start while more than
+        :class:`~gradcode.master.hedging.Hedging` starts when expected workers end cannot start while more than
         s of them hang (frozen, or slower than anything), and deferred backups would otherwise wait for the
         iteration deadline."""
         if not self._seconds:
@@ -128,7 +130,8 @@ class AnswerTimes:
     """How long each worker took to answer lately, and from it how long it may stay silent before it is asked again.
 
     A worker that sends nothing at all for :meth:`bound` seconds after it was asked has its request cancelled and
-    asked again as a Compute call of its own (:meth:`Round.gather`'s ``reask_after``, :meth:`PoolWorker.compute_call`):
+    asked again as a Compute call of its own (:class:`~gradcode.master.hedging.Hedging`'s ``reask_after``,
+    :meth:`PoolWorker.compute_call`):
     a request lost on the worker's Session or link, or stuck in the worker, then costs this bound, not the whole
     iteration deadline (issue 25: a reloaded worker that never answered failed cyclic n = 8, s = 2 jobs whose two other
     missing workers were down). The bound is :data:`FACTOR` times the worker's median answer time (all workers'
@@ -277,7 +280,7 @@ class RoundPolicy:
     ) -> Round:
         """:meth:`run`'s gathers, retries and reloads until the round is decodable; JobFailedError at the deadline."""
         plan, code, workers = self.plan, self.plan.code, self.loader.workers
-        enough = self.integrity.enough(round_, assignment)
+        wait_rules = self.integrity.wait_rules(round_, assignment)
         quarantined = self.integrity.quarantined
         deadline = round_.started + plan.spec.iteration_deadline_seconds
         needed = [w for w in range(code.n) if assignment.rows[w]]
@@ -309,10 +312,12 @@ class RoundPolicy:
                 sources = [
                     self._source(w, t, assignment.rows[w], model, backups=backups, deferred=w in deferred) for w in ask
                 ]
+                hedging = Hedging(
+                    promote_after=hedge, reask_after=functools.partial(self.answer_times.bound, iteration=t)
+                )
                 failures = await round_.gather(
-                    sources, timeout=remaining, enough=enough, promote_after=hedge,
-                    reask_after=functools.partial(self.answer_times.bound, iteration=t), on_failure=self._lost,
-                )  # fmt: skip
+                    sources, timeout=remaining, strategies=(hedging, *wait_rules), on_failure=self._lost
+                )
                 for w in round_.finished:
                     self.pool.mark_seen(workers[w])
                 self._reload_lost(round_, failures.values())
@@ -367,7 +372,7 @@ class RoundPolicy:
     ) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields. In a round with
         ``backups``, an expected worker says when it begins computing, so the round promotes backups only for
-        the expected workers that have not begun (:meth:`Round.gather`)."""
+        the expected workers that have not begun (:class:`~gradcode.master.hedging.Hedging`)."""
         backup = w in backups
         head = worker_pb2.ComputeRequest(
             job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup, deferred=deferred,

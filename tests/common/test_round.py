@@ -14,6 +14,7 @@ from gradcode.common.codes.base import GradientCode
 from gradcode.common.round import ChunkStream, Round, Source
 from gradcode.common.session import Session, started_chunk, status_chunk
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
+from gradcode.master.hedging import Hedging
 from gradcode.v1 import worker_pb2
 
 
@@ -216,7 +217,7 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
     wires, sessions, sources = _session_sources(code, expected={0, 2})
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
     for _ in range(3):
         await asyncio.sleep(0)
     assert all(wire.requests for wire in wires) and not any(wire.promoted for wire in wires)
@@ -249,7 +250,7 @@ async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered
     for hedge in (None, 0.3):
         wires, sessions, sources = _session_sources(code, expected={0, 2})
         round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
-        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=hedge))
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=hedge)]))
         await asyncio.sleep(0.01)
         wires[0].begin()
         await asyncio.sleep(0.01)
@@ -284,7 +285,7 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(6).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=0.2))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
     await asyncio.sleep(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)
     await asyncio.sleep(0.1)
@@ -312,7 +313,7 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
     g = np.random.default_rng(8).standard_normal((6, 20))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
     await asyncio.sleep(0.01)
     wires[0].begin()
     await asyncio.sleep(0.01)
@@ -341,7 +342,7 @@ async def test_an_expected_worker_counted_on_that_fails_has_its_backups_promoted
     g = np.random.default_rng(9).standard_normal((6, 20))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=5.0))
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=5.0)]))
     await asyncio.sleep(0.01)
     wires[0].begin()
     await asyncio.sleep(0.01)
@@ -372,7 +373,7 @@ async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(5).standard_normal((6, 20))
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=0.3))
+    gather = asyncio.create_task(round_.gather(sources, timeout=0.3, strategies=[Hedging()]))
     await asyncio.sleep(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)  # 0 and 4 still out: 2 > s
     await gather
@@ -405,7 +406,7 @@ async def test_a_silent_worker_is_asked_again_once_after_its_bound() -> None:
     sources.append(Source(2, (2,), open_silent_first))
     result = Round(code.decoder(), job_id="j", iteration=0, length=20)
     async with asyncio.timeout(5.0):
-        await result.gather(sources, timeout=30.0, reask_after=lambda w: 0.1)
+        await result.gather(sources, timeout=30.0, strategies=[Hedging(reask_after=lambda w: 0.1)])
     assert result.decodable and result.reasked == {2} and len(attempts) == 2
     assert attempts[0].cancelled and not attempts[1].cancelled
     np.testing.assert_allclose(result.combine(), g.sum(axis=0))
