@@ -42,6 +42,7 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
+from gradcode.common.clock import MONOTONIC, Clock
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import relative_bound
@@ -245,8 +246,12 @@ class Round:
         certified_length: int | None = None,
         tolerance: float | None = None,
         shared: SharedDirectory | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.decoder = decoder
+        self.clock = clock
+        """What the round's times are read from and waited on (a test's :class:`~gradcode.common.clock.ManualClock`
+        runs a gather without sleeping)."""
         self.shared = shared
         """Where the sources with ``shared`` leave their payloads (:mod:`gradcode.common.shared_memory`)."""
         self.job_id = job_id
@@ -257,8 +262,8 @@ class Round:
         """Leading elements of a message the certificate covers: the gradient, not the appended statistics."""
         self.tolerance = decode_tolerance(dtypes[0]) if tolerance is None else tolerance
         """Largest certified relative error of a decode called exact."""
-        self.started = time.perf_counter() if started is None else started
-        """``time.perf_counter()`` when the iteration started (default: now); :attr:`finished` counts from it."""
+        self.started = clock.now() if started is None else started
+        """:attr:`clock`'s time when the iteration started (default: now); :attr:`finished` counts from it."""
         self.messages: dict[int, CompletedMessage] = {}
         self.finished: dict[int, float] = {}
         self.failed: dict[int, WorkerFailure] = {}
@@ -394,7 +399,7 @@ class Round:
         joins and answers has its failure taken back.
         """
         gathering = Gathering(self, tuple(strategies), on_failure)
-        started = time.perf_counter()
+        started = self.clock.now()
         self.timed_out = False
         for source in sources:
             gathering.ask(source)
@@ -474,8 +479,8 @@ class Gathering:
         return self.round.decoder.decodable
 
     def now(self) -> float:
-        """The time on the round's clock (``time.perf_counter()``): what :attr:`Round.started` counts from."""
-        return time.perf_counter()
+        """The time on the round's clock (:attr:`Round.clock`): what :attr:`Round.started` counts from."""
+        return self.round.clock.now()
 
     @property
     def idle(self) -> bool:
@@ -597,7 +602,7 @@ class Gathering:
         if not self.queue.empty():  # items that came together: no timer to arm for each
             return self.queue.get_nowait()
         wake = self._wake(deadline)
-        async with asyncio.timeout(None if wake is None else wake - now):  # not wait_for: 3.11's can swallow a cancel
+        async with self.round.clock.timeout(None if wake is None else wake - now):
             return await self.queue.get()
 
     def _take(self, worker_id: int, item: CompletedMessage | BaseException | None) -> None:
