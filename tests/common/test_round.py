@@ -453,3 +453,48 @@ async def test_a_worker_joins_the_gather_under_way_and_its_failure_is_taken_back
     assert heard == [1] and result.decodable and sorted(result.used_workers) == [0, 1, 3]
     assert failures == {} and 1 not in result.failed and result.late == [2]
     assert not result.join(Source(1, (1,), lambda: stream(1)))  # no gather under way
+
+
+class _PromotableStream(_FakeStream):
+    """A stream of another transport that offers promotion and start news (ChunkStream's optional parts)."""
+
+    def __init__(self, chunks: list[worker_pb2.GradientChunk], delay: float, clock: Clock) -> None:
+        super().__init__(chunks, delay, clock=clock)
+        self.started = False
+        self.promotions = 0
+
+    def promote(self) -> None:
+        self.promotions += 1
+
+
+async def test_promotion_and_start_news_are_stream_capabilities_not_a_session_type() -> None:
+    """Binary, n = 4, s = 1, expecting {0, 2}: backup 1 is a stream that can be promoted, backup 3 a plain call
+    that cannot. When 2 answers and 0 has not begun, Hedging promotes the completing backups it can: 1 (once);
+    3 is never counted as promoted. A worker 0 whose stream says it began is waited for instead."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(11).standard_normal((4, 10))
+    for began in (False, True):
+        clock = ManualClock()
+
+        def chunks(w: int) -> list[worker_pb2.GradientChunk]:
+            return list(message_chunks(code.encode(w, dict(enumerate(g))), job_id="j", iteration=0, worker_id=w, row=w))
+
+        streams: dict[int, _FakeStream] = {
+            0: _PromotableStream(chunks(0), 5.0, clock),
+            1: _PromotableStream(chunks(1), 3600.0, clock),
+            2: _FakeStream(chunks(2), 0.0, clock=clock),
+            3: _FakeStream(chunks(3), 3600.0, clock=clock),
+        }
+        streams[0].started = began  # type: ignore[attr-defined]
+        sources = [Source(w, (w,), functools.partial(streams.__getitem__, w), backup=w in (1, 3)) for w in range(4)]
+        round_ = Round(code.decoder(), job_id="j", iteration=0, length=10, clock=clock)
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+        await clock.settle()
+        promotable = streams[1]
+        assert isinstance(promotable, _PromotableStream)
+        assert round_.promoted == (set() if began else {1}) and promotable.promotions == (0 if began else 1)
+        await clock.advance(5.0)  # 0 answers
+        async with asyncio.timeout(5.0):
+            await gather
+        assert round_.decodable and round_.used_workers == [0, 2] and 3 not in round_.promoted
+        np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
