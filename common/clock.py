@@ -12,11 +12,14 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 __all__ = ["MONOTONIC", "Clock", "ManualClock", "MonotonicClock"]
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -106,6 +109,20 @@ class ManualClock:
             await self.settle()
         self._now = target
         await self.settle()
+
+    async def run(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable``, moving the clock on as it waits: whenever the tasks it woke have settled and it
+        is not done, time jumps to the next timer (the order of events is the order of their times, whatever the
+        load). Without a timer left, it waits for ``awaitable`` in real time."""
+        task = asyncio.ensure_future(awaitable)
+        while True:
+            await self.settle()
+            if task.done():
+                return task.result()
+            due = [when for when, _, future in self._timers if not future.done()]
+            if not due:
+                return await task
+            await self.advance(max(min(due) - self._now, 0.0))
 
 
 class _ManualTimeout:

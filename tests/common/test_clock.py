@@ -49,3 +49,22 @@ async def test_a_body_that_ends_in_time_is_not_cancelled_later() -> None:
 async def test_the_clock_does_not_go_back() -> None:
     with pytest.raises(ValueError, match="forward only"):
         await ManualClock().advance(-1.0)
+
+
+async def test_run_jumps_to_each_next_timer_until_the_awaitable_is_done() -> None:
+    """Three sleepers of 3600 s, 0.002 s and 1 s: ``run`` returns the waiter's result at the clock's 3600 s,
+    having woken them in the order of their times, in no real time."""
+    clock = ManualClock()
+    woke: list[float] = []
+
+    async def sleeper(delay: float) -> None:
+        await clock.sleep(delay)
+        woke.append(clock.now())
+
+    async def everyone() -> str:
+        await asyncio.gather(sleeper(3600.0), sleeper(0.002), sleeper(1.0))
+        return "done"
+
+    async with asyncio.timeout(5.0):
+        assert await clock.run(everyone()) == "done"
+    assert woke == [0.002, 1.0, 3600.0] and clock.now() == 3600.0

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from gradcode.client.__main__ import _summary, main
+from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.consistency import check_consistency, uncheckable
 from gradcode.common.codes.numerics import relative_error
@@ -98,10 +99,14 @@ def messages(code: GradientCode, g: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def sources(
-    code: GradientCode, sent: dict[int, np.ndarray], delays: dict[int, float], iteration: int = 0
+    code: GradientCode,
+    sent: dict[int, np.ndarray],
+    delays: dict[int, float],
+    iteration: int = 0,
+    clock: Clock = MONOTONIC,
 ) -> list[Source]:
     """One source per worker of the static assignment, sending all its rows' messages (with the magnitudes
-    workers report) after its delay."""
+    workers report) after its delay on ``clock``."""
     rows_of = code.static_assignment().rows
     magnitudes = _MAGNITUDES.get(id(code), {})
     result = []
@@ -113,7 +118,7 @@ def sources(
                 sent[r], job_id="j", iteration=iteration, worker_id=w, row=r, magnitude=magnitudes.get(r, math.nan)
             )
         ]
-        stream = _FakeStream(chunks, delays.get(w, 0.0))
+        stream = _FakeStream(chunks, delays.get(w, 0.0), clock=clock)
         result.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream))  # type: ignore[misc]
     return result
 
@@ -129,10 +134,15 @@ async def one_round(
     dtype: np.dtype | None = None,
 ) -> tuple[Round, list[int]]:
     dtypes = (np.dtype("<c16"),) if code.is_complex else (np.dtype(dtype or "<f8"),)
-    round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P, dtypes=dtypes)
+    clock = ManualClock()  # the workers answer in the order of their delays, and a timeout costs no real time
+    round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P, dtypes=dtypes, clock=clock)
     assignment = code.static_assignment()
-    await round_.gather(
-        sources(code, sent, delays, iteration), timeout=timeout, strategies=policy.wait_rules(round_, assignment)
+    await clock.run(
+        round_.gather(
+            sources(code, sent, delays, iteration, clock),
+            timeout=timeout,
+            strategies=policy.wait_rules(round_, assignment),
+        )
     )
     await asyncio.sleep(0)
     return round_, policy.judge(round_, assignment) if round_.decodable else []
