@@ -42,7 +42,7 @@ from gradcode.common.codes.consistency import (
     parity_checks,
     uncheckable,
 )
-from gradcode.common.round import Integrity, Round
+from gradcode.common.round import GatherStrategy, Integrity, Round
 
 __all__ = [
     "DEFAULT_INTEGRITY",
@@ -90,16 +90,16 @@ class Verdict:
         return self.report.consistent and not self.unchecked and self.lie_bound <= 0.5 * tolerance * self.gradient_norm
 
 
-class WaitForChecks:
-    """The stop rule of a checking round's gather (``Round.gather(enough=...)``): true once the messages in
-    hand are enough for the job's policy (module docstring)."""
+class WaitForChecks(GatherStrategy):
+    """The stop rule of a checking round's gather (a strategy of :meth:`Round.gather`): enough once the messages
+    in hand are enough for the job's policy (module docstring)."""
 
     def __init__(self, policy: IntegrityPolicy, round_: Round, assignment: Assignment) -> None:
         self.policy = policy
         self.round = round_
         self.assignment = assignment
 
-    def __call__(self) -> bool:
+    def enough(self) -> bool:
         verdict = self.policy.verdict(self.round, self.assignment)
         if verdict.checked_within(self.round.tolerance):
             return True
@@ -134,9 +134,10 @@ class IntegrityPolicy:
     def checking(self) -> bool:
         return self.policy != "off"
 
-    def enough(self, round_: Round, assignment: Assignment) -> WaitForChecks | None:
-        """The stop rule for ``round_``'s gather (None: stop at the first decodable set)."""
-        return WaitForChecks(self, round_, assignment) if self.checking else None
+    def wait_rules(self, round_: Round, assignment: Assignment) -> tuple[WaitForChecks, ...]:
+        """The strategies for ``round_``'s gather: the stop rule when checking (none: stop at the first decodable
+        set)."""
+        return (WaitForChecks(self, round_, assignment),) if self.checking else ()
 
     def verdict(self, round_: Round, assignment: Assignment) -> Verdict:
         """:func:`assess` of all ``round_``'s messages, once per set of messages."""

@@ -10,10 +10,13 @@ as the caller's synchronous work after the gather is done, and no late message c
 iteration.
 
 A caller may call :meth:`Round.gather` again on the same round with other sources (the master's retry
-policy asks workers that came back); what already arrived is kept. A caller that wants surplus
-messages (consistency checks) passes ``enough``: the gather then goes on past the first decodable
-moment until ``enough()`` says so. :meth:`Round.decode` then combines the decodable set into a
-:class:`Decoded` without changing the round.
+policy asks workers that came back); what already arrived is kept. The round only collects: what its owner
+decides meanwhile is a :class:`GatherStrategy` handed to the gather (tree parents hand none, or integrity's wait
+rule): the master's backups and hedges (:class:`gradcode.master.hedging.Hedging`), or the consistency checks'
+wait for surplus messages past the first decodable moment (:class:`gradcode.common.integrity.WaitForChecks`).
+What a stream can do beyond yielding chunks (place payloads, say its computation began, be promoted) are
+optional capabilities of :class:`~gradcode.common.session.ChunkStream`. :meth:`Round.decode` then combines the
+decodable set into a :class:`Decoded` without changing the round.
 
 Every decode carries an error certificate (:meth:`Decoding.certify
 <gradcode.common.codes.base.Decoding.certify>`): a bound on the relative error of the decoded
@@ -34,15 +37,16 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
 
+from gradcode.common.clock import MONOTONIC, Clock
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import CombinationBound, relative_bound
-from gradcode.common.session import CallError, ChunkStream, SessionCompute
+from gradcode.common.session import CallError, ChunkStream, DeliversItems
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import (
     CompletedMessage,
@@ -59,6 +63,8 @@ __all__ = [
     "Certified",
     "ChunkStream",
     "Decoded",
+    "GatherStrategy",
+    "Gathering",
     "Integrity",
     "Round",
     "Source",
@@ -242,8 +248,12 @@ class Round:
         certified_length: int | None = None,
         tolerance: float | None = None,
         shared: SharedDirectory | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.decoder = decoder
+        self.clock = clock
+        """What the round's times are read from and waited on (a test's :class:`~gradcode.common.clock.ManualClock`
+        runs a gather without sleeping)."""
         self.shared = shared
         """Where the sources with ``shared`` leave their payloads (:mod:`gradcode.common.shared_memory`)."""
         self.job_id = job_id
@@ -254,8 +264,8 @@ class Round:
         """Leading elements of a message the certificate covers: the gradient, not the appended statistics."""
         self.tolerance = decode_tolerance(dtypes[0]) if tolerance is None else tolerance
         """Largest certified relative error of a decode called exact."""
-        self.started = time.perf_counter() if started is None else started
-        """``time.perf_counter()`` when the iteration started (default: now); :attr:`finished` counts from it."""
+        self.started = clock.now() if started is None else started
+        """:attr:`clock`'s time when the iteration started (default: now); :attr:`finished` counts from it."""
         self.messages: dict[int, CompletedMessage] = {}
         self.finished: dict[int, float] = {}
         self.failed: dict[int, WorkerFailure] = {}
@@ -264,9 +274,9 @@ class Round:
         self.backups: set[int] = set()
         self.promoted: set[int] = set()
         self.reasked: set[int] = set()
-        """Workers asked again in this round because nothing came from them (:meth:`gather`'s ``reask_after``)."""
-        self._join: Callable[[Source], None] | None = None
-        """Adds a source to the gather under way (None: no gather is)."""
+        """Workers asked again in this round because nothing came from them (:meth:`Gathering.reopen`)."""
+        self._gathering: Gathering | None = None
+        """The gather under way (None: none is)."""
         self.decoding: Decoding | None = None
         self.excluded: set[int] = set()
         """Workers whose messages the decoding leaves out (:meth:`exclude`)."""
@@ -368,9 +378,9 @@ class Round:
     def join(self, source: Source) -> bool:
         """Ask ``source`` too, in the gather under way (a worker that became able to answer meanwhile: reloaded
         after it lost the job, say); False when no gather is under way (ask it in the next one)."""
-        if self._join is None:
+        if self._gathering is None:
             return False
-        self._join(source)
+        self._gathering.join(source)
         return True
 
     def _shared_reader(self, source: Source) -> Callable[[int, np.dtype[Any], int], Array] | None:
@@ -378,247 +388,296 @@ class Round:
             return None
         return functools.partial(self.shared.message, source.worker_id)
 
-    def _promote_completing(
-        self, backups: Iterable[int], computing: Iterable[int], streams: dict[int, ChunkStream]
-    ) -> None:
-        """Promote the ``backups`` that complete the messages of the workers that answered and of those still
-        ``computing`` (a minimal set)."""
-        decoder = self.decoder
-        given = [*self.finished, *computing]
-        preference = sorted(backups, key=lambda w: (w not in self.promoted, w))  # those promoted already first
-        chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
-        self._promote(chosen, streams)
-
-    def _promote(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
-        for w in backups:
-            stream = streams.get(w)
-            if w not in self.promoted and isinstance(stream, SessionCompute):
-                stream.promote()
-                self.promoted.add(w)
-
     async def gather(
         self,
         sources: list[Source],
         *,
         timeout: float | None = None,
-        enough: Callable[[], bool] | None = None,
-        promote_after: float | None = None,
-        reask_after: Callable[[int], float | None] | None = None,
+        strategies: Iterable[GatherStrategy] = (),
         on_failure: Callable[[int, WorkerFailure], None] | None = None,
     ) -> dict[int, WorkerFailure]:
         """Ask every source concurrently until the decoder can decode, no source is left, or ``timeout``.
 
-        With ``enough``, a decodable round goes on gathering until ``enough()`` is true (asked after each
-        new message once decodable; it may look at :attr:`messages`). Returns the failures of this
+        The round only collects: it reassembles and checks each source's messages, feeds them to the decoder and
+        stops at the first decodable moment. What else its owner decides while it gathers is a
+        :class:`GatherStrategy` of ``strategies``: promoting backups and asking silent workers again (the master's
+        :class:`~gradcode.master.hedging.Hedging`), going on past the first decodable moment until surplus messages
+        are enough to check (:class:`~gradcode.common.integrity.WaitForChecks`). Returns the failures of this
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
-
-        The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from.
-        When an expected worker ends without the round decoding, and at most ``s`` of the expected workers still
-        out have not said their computation began (:attr:`~gradcode.common.session.SessionCompute.started`; one
-        that did is finishing, not straggling), the backups that complete the messages in hand and those being
-        computed (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted: they compute on at
-        normal priority, on the CPU the expected workers that answered left; should an expected worker then
-        fail, the backups that complete the messages without it are promoted too. While every expected worker
-        still out has begun, nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after
-        the round started, a round still not decodable promotes every backup still out (more than ``s`` expected
-        workers may hang, or one that began may never finish).
-
-        ``reask_after(worker)`` (the owner's policy; None: never) is how long an expected worker may stay silent: one
-        from which nothing at all has come that long after it was asked, while the round is not decodable, has its
-        call cancelled and its source opened again, once per gather (:attr:`reasked`): a request lost on its way
-        or stuck in a worker then costs that bound, not the iteration. Backups are silent by design and never are.
 
         ``on_failure(worker, failure)`` hears of each failure as it comes, so the owner can act on it within the
         gather (reload a worker that lost the job, then :meth:`join` it) instead of after it; a worker that
         joins and answers has its failure taken back.
         """
-        queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
-        streams: dict[int, ChunkStream] = {}
-        tasks: dict[int, asyncio.Task[None]] = {}
-        failures: dict[int, WorkerFailure] = {}
-        started = time.perf_counter()
+        gathering = Gathering(self, tuple(strategies), on_failure)
+        started = self.clock.now()
         self.timed_out = False
-        heard: set[int] = set()
-        """Workers from which something (a chunk, the end, a failure) came in this gather."""
-        reask_at: dict[int, float] = {}
-        """When each expected worker, silent until then, is asked again (once)."""
-
-        def fail(worker_id: int, exc: BaseException) -> None:
-            if worker_id in streams:  # a refused message: the worker stops, its session forgets it
-                streams[worker_id].cancel()
-            queue.put_nowait((worker_id, exc))
-
-        def receive(worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
-            """One item of a worker's stream: a chunk, None at its end, or the exception that ended it."""
-            heard.add(worker_id)
-            if isinstance(item, BaseException):
-                fail(worker_id, item)
-                return
-            try:
-                if item is None:
-                    if not assembler.complete:
-                        raise WireError(f"stream ended before all rows {assembler.rows} were sent")
-                    queue.put_nowait((worker_id, None))
-                    return
-                done = assembler.feed(item)
-            except Exception as exc:
-                fail(worker_id, exc)
-                return
-            if done is not None:
-                queue.put_nowait((worker_id, done))
-
-        async def pump(worker_id: int, assembler: MessageAssembler, stream: ChunkStream) -> None:
-            try:
-                async for chunk in stream:
-                    receive(worker_id, assembler, chunk)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                fail(worker_id, exc)
-                return
-            receive(worker_id, assembler, None)
-
-        def start(source: Source) -> None:
-            """Open ``source``'s stream: a Session's chunks are received as the session reads them, another
-            stream's (a Compute call) by a task that iterates it."""
-            worker_id = source.worker_id
-            assembler = MessageAssembler(
-                job_id=self.job_id, iteration=self.iteration, worker_id=worker_id, rows=source.rows,
-                length=self.length, dtypes=self.dtypes, norm_length=self.certified_length,
-                shared=self._shared_reader(source),
-            )  # fmt: skip
-            try:
-                stream = source.open()
-            except Exception as exc:
-                heard.add(worker_id)
-                queue.put_nowait((worker_id, exc))
-                return
-            streams[worker_id] = stream
-            if isinstance(stream, SessionCompute):  # on a link: payloads received straight into the message
-                stream.place = assembler.place
-                stream.consume(functools.partial(receive, worker_id, assembler))
-            else:
-                tasks[worker_id] = asyncio.create_task(pump(worker_id, assembler, stream), name=f"gather-w{worker_id}")
-
-        def finish(worker_id: int) -> None:
-            self.finished[worker_id] = time.perf_counter() - self.started
-            self.failed.pop(worker_id, None)
-            failures.pop(worker_id, None)  # (one that joined again after failing)
-
-        def ask(source: Source) -> None:
-            start(source)
-            by_id[source.worker_id] = source
-            pending.add(source.worker_id)
-            bound = None if reask_after is None or source.backup else reask_after(source.worker_id)
-            if bound is not None:
-                reask_at[source.worker_id] = time.perf_counter() + bound
-
-        def join(source: Source) -> None:
-            """Ask one more source (:meth:`join`), unless it is asked already or has answered."""
-            w = source.worker_id
-            if w not in pending and w not in self.finished:
-                heard.discard(w)
-                ask(source)
-
-        def reask(now: float) -> None:
-            """Cancel and reopen the calls of the expected workers silent past their bound (once each)."""
-            for worker_id in [w for w, at in reask_at.items() if at <= now]:
-                del reask_at[worker_id]
-                if worker_id not in pending or worker_id in heard:
-                    continue
-                self.reasked.add(worker_id)
-                old_stream, old_task = streams.pop(worker_id, None), tasks.pop(worker_id, None)
-                _cancel_late([] if old_stream is None else [old_stream], [] if old_task is None else [old_task])
-                _let_finish([] if old_task is None else [old_task])
-                start(by_id[worker_id])
-
-        by_id: dict[int, Source] = {}
-        pending: set[int] = set()
         for source in sources:
-            ask(source)
-        deadline = None if timeout is None else started + timeout
-        decoder = self.decoder
-        backups = {source.worker_id for source in sources if source.backup}
-        self.backups |= backups
-        out = pending - backups if backups else set()
-        """Expected workers still out: the trigger of the backups' promotion (none left: no backups to promote)."""
-        hedge_at = self.started + promote_after if backups and promote_after is not None else None
-        promoted = False
-        """This gather has promoted the backups completing the expected workers' messages."""
+            gathering.ask(source)
+        gathering.backups = {source.worker_id for source in sources if source.backup}
+        self.backups |= gathering.backups
+        for strategy in gathering.strategies:
+            strategy.begin(gathering)
+        await gathering.run(None if timeout is None else started + timeout)
+        return gathering.failures
 
-        def done() -> bool:
-            return decoder.decodable and (enough is None or enough())
 
-        def began(worker_id: int) -> bool:
-            """The worker said its computation began."""
-            return isinstance(stream := streams.get(worker_id), SessionCompute) and stream.started
+class GatherStrategy:
+    """What a round's owner decides while the round gathers, beyond collecting (the base decides nothing).
 
-        self._join = join
+    :meth:`Round.gather` calls these hooks from its loop, in its own task: :meth:`begin` once its sources are
+    asked, :meth:`joined` for a source that joins later (:meth:`Round.join`), :meth:`tick` at each turn of the
+    loop, :meth:`ended` when a worker's stream ended (``failure`` None: it delivered every row), :meth:`wake_at`
+    for when the strategy wants a turn although nothing arrived, and :meth:`enough` whether a decodable round may
+    stop (asked after each new message once decodable; every strategy must agree). A strategy acts through the
+    :class:`Gathering` it was given (:meth:`Gathering.promote`, :meth:`Gathering.reopen`).
+    """
+
+    def begin(self, gathering: Gathering) -> None:
+        """The gather's sources are asked (:attr:`Gathering.sources`)."""
+
+    def joined(self, source: Source) -> None:
+        """``source`` joined the gather under way."""
+
+    def tick(self, now: float) -> None:
+        """A turn of the gather's loop, at ``now``."""
+
+    def ended(self, worker_id: int, failure: WorkerFailure | None) -> None:
+        """Worker ``worker_id``'s stream ended: it delivered (``failure`` None) or failed."""
+
+    def wake_at(self) -> float | None:
+        """When the strategy wants its next :meth:`tick` although nothing arrives (None: no need)."""
+        return None
+
+    def enough(self) -> bool:
+        """Whether the decodable round may stop gathering."""
+        return True
+
+
+class Gathering:
+    """One :meth:`Round.gather` under way: its streams, the workers still out, and what a :class:`GatherStrategy`
+    may do to them (:meth:`promote`, :meth:`reopen`).
+
+    A Session's chunks are received as the session reads them (:class:`~gradcode.common.session.DeliversItems`),
+    another stream's (a Compute call) by a task that iterates it; each message is reassembled and checked as its
+    chunks arrive, and handed to the round's decoder in the loop (:meth:`run`), the only reader of the queue.
+    """
+
+    def __init__(
+        self,
+        round_: Round,
+        strategies: tuple[GatherStrategy, ...],
+        on_failure: Callable[[int, WorkerFailure], None] | None,
+    ) -> None:
+        self.round = round_
+        self.strategies = strategies
+        self.on_failure = on_failure
+        self.queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
+        self.streams: dict[int, ChunkStream] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.failures: dict[int, WorkerFailure] = {}
+        self.sources: dict[int, Source] = {}
+        """Every source asked in this gather, by worker."""
+        self.pending: set[int] = set()
+        """Workers asked whose stream has not ended."""
+        self.heard: set[int] = set()
+        """Workers from which something (a chunk, the end, a failure) came in this gather."""
+        self.backups: set[int] = set()
+        """The workers this gather's sources asked as backups (:attr:`Source.backup`)."""
+
+    @property
+    def decodable(self) -> bool:
+        return self.round.decoder.decodable
+
+    def now(self) -> float:
+        """The time on the round's clock (:attr:`Round.clock`): what :attr:`Round.started` counts from."""
+        return self.round.clock.now()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing has arrived that the loop has not taken yet."""
+        return self.queue.empty()
+
+    def began(self, worker_id: int) -> bool:
+        """The worker said its computation began (a stream that :class:`~gradcode.common.session.ReportsStart`)."""
+        return getattr(self.streams.get(worker_id), "started", False) is True
+
+    def promote(self, workers: Iterable[int]) -> None:
+        """Ask these backups to compute at normal priority (those whose streams are
+        :class:`~gradcode.common.session.Promotable`; once each per round: :attr:`Round.promoted`)."""
+        promoted = self.round.promoted
+        for w in workers:
+            promote: Callable[[], None] | None = getattr(self.streams.get(w), "promote", None)
+            if w not in promoted and promote is not None:
+                promote()
+                promoted.add(w)
+
+    def reopen(self, worker_id: int) -> None:
+        """Cancel worker ``worker_id``'s call and open its source again (:attr:`Round.reasked`)."""
+        self.round.reasked.add(worker_id)
+        old_stream, old_task = self.streams.pop(worker_id, None), self.tasks.pop(worker_id, None)
+        _cancel_late([] if old_stream is None else [old_stream], [] if old_task is None else [old_task])
+        _let_finish([] if old_task is None else [old_task])
+        self._start(self.sources[worker_id])
+
+    def ask(self, source: Source) -> None:
+        self._start(source)
+        self.sources[source.worker_id] = source
+        self.pending.add(source.worker_id)
+
+    def join(self, source: Source) -> None:
+        """Ask one more source (:meth:`Round.join`), unless it is asked already or has answered."""
+        w = source.worker_id
+        if w not in self.pending and w not in self.round.finished:
+            self.heard.discard(w)
+            self.ask(source)
+            for strategy in self.strategies:
+                strategy.joined(source)
+
+    def _fail(self, worker_id: int, exc: BaseException) -> None:
+        if worker_id in self.streams:  # a refused message: the worker stops, its session forgets it
+            self.streams[worker_id].cancel()
+        self.queue.put_nowait((worker_id, exc))
+
+    def _receive(self, worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
+        """One item of a worker's stream: a chunk, None at its end, or the exception that ended it."""
+        self.heard.add(worker_id)
+        if isinstance(item, BaseException):
+            self._fail(worker_id, item)
+            return
         try:
-            while pending and not done():
-                now = time.perf_counter()
-                if hedge_at is not None and now >= hedge_at:
-                    self._promote(sorted(pending & backups), streams)
-                    hedge_at = None
-                if reask_at:
-                    if decoder.decodable:  # gathering surplus (``enough``): nobody is needed any more
-                        reask_at.clear()
-                    elif queue.empty():
-                        reask(now)
+            if item is None:
+                if not assembler.complete:
+                    raise WireError(f"stream ended before all rows {assembler.rows} were sent")
+                self.queue.put_nowait((worker_id, None))
+                return
+            done = assembler.feed(item)
+        except Exception as exc:
+            self._fail(worker_id, exc)
+            return
+        if done is not None:
+            self.queue.put_nowait((worker_id, done))
+
+    async def _pump(self, worker_id: int, assembler: MessageAssembler, stream: ChunkStream) -> None:
+        try:
+            async for chunk in stream:
+                self._receive(worker_id, assembler, chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(worker_id, exc)
+            return
+        self._receive(worker_id, assembler, None)
+
+    def _start(self, source: Source) -> None:
+        """Open ``source``'s stream and have its items received."""
+        round_, worker_id = self.round, source.worker_id
+        assembler = MessageAssembler(
+            job_id=round_.job_id, iteration=round_.iteration, worker_id=worker_id, rows=source.rows,
+            length=round_.length, dtypes=round_.dtypes, norm_length=round_.certified_length,
+            shared=round_._shared_reader(source),
+        )  # fmt: skip
+        try:
+            stream = source.open()
+        except Exception as exc:
+            self.heard.add(worker_id)
+            self.queue.put_nowait((worker_id, exc))
+            return
+        self.streams[worker_id] = stream
+        if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
+            direct = cast(DeliversItems, stream)
+            direct.place = assembler.place
+            direct.consume(functools.partial(self._receive, worker_id, assembler))
+        else:
+            self.tasks[worker_id] = asyncio.create_task(
+                self._pump(worker_id, assembler, stream), name=f"gather-w{worker_id}"
+            )
+
+    def _finish(self, worker_id: int) -> None:
+        self.round.finished[worker_id] = self.now() - self.round.started
+        self.round.failed.pop(worker_id, None)
+        self.failures.pop(worker_id, None)  # (one that joined again after failing)
+
+    def _done(self) -> bool:
+        return self.round.decoder.decodable and all(strategy.enough() for strategy in self.strategies)
+
+    def _wake(self, deadline: float | None) -> float | None:
+        """The earliest time the loop must look again although nothing arrived: the deadline or a strategy's turn."""
+        times = [t for t in (strategy.wake_at() for strategy in self.strategies) if t is not None]
+        if deadline is not None:
+            times.append(deadline)
+        return min(times, default=None)
+
+    async def _next(self, deadline: float | None, now: float) -> tuple[int, CompletedMessage | BaseException | None]:
+        """The next item to take; TimeoutError when the deadline or a strategy's turn comes first."""
+        if not self.queue.empty():  # items that came together: no timer to arm for each
+            return self.queue.get_nowait()
+        wake = self._wake(deadline)
+        async with self.round.clock.timeout(None if wake is None else wake - now):
+            return await self.queue.get()
+
+    def _take(self, worker_id: int, item: CompletedMessage | BaseException | None) -> None:
+        """A message for the decoder, or the end of a worker's stream (delivered, or failed)."""
+        round_ = self.round
+        if isinstance(item, CompletedMessage):
+            round_.messages[item.row] = item
+            t0 = time.perf_counter()
+            round_.decoder.add(item.row)
+            round_.gather_decode_seconds += time.perf_counter() - t0
+            return
+        self.pending.discard(worker_id)
+        failure = None
+        if item is None:
+            self._finish(worker_id)
+        else:
+            self.failures[worker_id] = round_.failed[worker_id] = failure = WorkerFailure.from_exception(item)
+            if self.on_failure is not None:
+                self.on_failure(worker_id, failure)
+        for strategy in self.strategies:
+            strategy.ended(worker_id, failure)
+
+    async def run(self, deadline: float | None) -> None:
+        """Take items until the round is decodable (and every strategy has enough), no source is left, or
+        ``deadline``; then decode and leave the late streams to be cancelled."""
+        round_ = self.round
+        round_._gathering = self
+        try:
+            while self.pending and not self._done():
+                now = self.now()
+                for strategy in self.strategies:
+                    strategy.tick(now)
                 if deadline is not None and now >= deadline:
-                    self.timed_out = True
+                    round_.timed_out = True
                     break
-                if not queue.empty():  # items that came together: no timer to arm for each
-                    worker_id, item = queue.get_nowait()
-                else:
-                    wake = min((t for t in (deadline, hedge_at, *reask_at.values()) if t is not None), default=None)
-                    try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
-                        async with asyncio.timeout(None if wake is None else wake - now):
-                            worker_id, item = await queue.get()
-                    except TimeoutError:
-                        continue  # the hedge's or the deadline's turn, at the top of the loop
-                if isinstance(item, CompletedMessage):
-                    self.messages[item.row] = item
-                    t0 = time.perf_counter()
-                    decoder.add(item.row)
-                    self.gather_decode_seconds += time.perf_counter() - t0
-                elif item is None:
-                    pending.discard(worker_id)
-                    finish(worker_id)
-                else:
-                    pending.discard(worker_id)
-                    failures[worker_id] = self.failed[worker_id] = failure = WorkerFailure.from_exception(item)
-                    if on_failure is not None:
-                        on_failure(worker_id, failure)
-                if worker_id in out and not isinstance(item, CompletedMessage):
-                    out.discard(worker_id)
-                    # After the first promotion, again only when an expected worker failed (it may have been
-                    # counted on as computing).
-                    if not decoder.decodable and (not promoted or item is not None):
-                        computing = {w for w in out if began(w)}
-                        if not out or 0 < len(out - computing) <= decoder.code.s:
-                            self._promote_completing(pending - out, computing, streams)
-                            promoted = True
-            if decoder.decodable and not self.excluded:  # (again after a gather that added surplus)
+                try:
+                    worker_id, item = await self._next(deadline, now)
+                except TimeoutError:
+                    continue  # a strategy's or the deadline's turn, at the top of the loop
+                self._take(worker_id, item)
+            if round_.decoder.decodable and not round_.excluded:  # (again after a gather that added surplus)
                 t0 = time.perf_counter()
-                self.decoding = decoder.decoding()
-                self.gather_decode_seconds += time.perf_counter() - t0
+                round_.decoding = round_.decoder.decoding()
+                round_.gather_decode_seconds += time.perf_counter() - t0
         finally:
-            self._join = None
-            while not queue.empty():  # a refusal already here when the round became decodable is a fact all the same
-                worker_id, item = queue.get_nowait()
-                if isinstance(item, BaseException) and worker_id in pending:
-                    pending.discard(worker_id)
-                    failures[worker_id] = self.failed[worker_id] = WorkerFailure.from_exception(item)
-            for w in list(pending):
-                if all(r in self.messages for r in by_id[w].rows):  # delivered everything; end-of-stream not seen yet
-                    pending.discard(w)
-                    finish(w)
-            self.late = sorted(pending)
-            self.stragglers = sorted(pending - backups)
-            if pending:
-                late_streams = [streams[w] for w in pending if w in streams]
-                late_tasks = [tasks[w] for w in pending if w in tasks]
-                asyncio.get_running_loop().call_soon(_cancel_late, late_streams, late_tasks)
-            _let_finish(tasks.values())
-        return failures
+            round_._gathering = None
+            self._wrap_up()
+
+    def _wrap_up(self) -> None:
+        """Record what the gather ends with, and let the late streams be cancelled after the caller's step."""
+        round_, pending = self.round, self.pending
+        while not self.queue.empty():  # a refusal already here when the round became decodable is a fact all the same
+            worker_id, item = self.queue.get_nowait()
+            if isinstance(item, BaseException) and worker_id in pending:
+                pending.discard(worker_id)
+                self.failures[worker_id] = round_.failed[worker_id] = WorkerFailure.from_exception(item)
+        for w in list(pending):
+            if all(r in round_.messages for r in self.sources[w].rows):  # delivered all; end-of-stream not seen yet
+                pending.discard(w)
+                self._finish(w)
+        round_.late = sorted(pending)
+        round_.stragglers = sorted(pending - self.backups)
+        if pending:
+            late_streams = [self.streams[w] for w in pending if w in self.streams]
+            late_tasks = [self.tasks[w] for w in pending if w in self.tasks]
+            asyncio.get_running_loop().call_soon(_cancel_late, late_streams, late_tasks)
+        _let_finish(self.tasks.values())

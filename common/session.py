@@ -48,6 +48,9 @@ __all__ = [
     "CallError",
     "Caller",
     "ChunkStream",
+    "DeliversItems",
+    "Promotable",
+    "ReportsStart",
     "Session",
     "SessionCompute",
     "SessionProtocolError",
@@ -64,11 +67,36 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class ChunkStream(Protocol):
-    """One Compute's chunks: a :class:`SessionCompute`, or a Compute call (``grpc.aio.UnaryStreamCall``)."""
+    """One Compute's chunks: a :class:`SessionCompute`, or a Compute call (``grpc.aio.UnaryStreamCall``).
+
+    A stream may offer more, which its consumer looks for by name (a Compute call offers none of it): handing its
+    items over as they arrive, payloads placed where the consumer says (:class:`DeliversItems`); news that the
+    computation began (:class:`ReportsStart`); promotion of a backup (:class:`Promotable`).
+    """
 
     def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]: ...
 
     def cancel(self) -> bool: ...
+
+
+class DeliversItems(Protocol):
+    """A stream's optional capability: items passed to a sink as they arrive, payloads placed by the consumer."""
+
+    place: Placer | None
+
+    def consume(self, sink: Sink) -> None: ...
+
+
+class ReportsStart(Protocol):
+    """A stream's optional capability: ``started`` turns true when the worker says its computation began."""
+
+    started: bool
+
+
+class Promotable(Protocol):
+    """A stream's optional capability: ask a backup to compute at normal priority."""
+
+    def promote(self) -> None: ...
 
 
 class CallError(Exception):
@@ -497,99 +525,124 @@ async def serve_session(
     :class:`SessionProtocolError` when ``requests`` fails (a message that is not a ComputeRequest): every
     computation is cancelled, and the stream's owner ends it with that refusal.
     """
-    outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
-    running: dict[int, tuple[asyncio.Task[None], worker_pb2.ComputeRequest]] = {}
-    """The running requests and their tasks, by id."""
-    ended: collections.OrderedDict[int, None] = collections.OrderedDict()
-    """Ids of the requests that ended lately, oldest first."""
-    loop = asyncio.get_running_loop()
+    await _SessionServer(write, computation, promote).serve(requests, closing)
 
-    def answer(request_id: int, code: grpc.StatusCode, message: str) -> None:
+
+class _SessionServer:
+    """:func:`serve_session`'s state and steps: the requests running, those ended lately, and one writer."""
+
+    def __init__(
+        self,
+        write: Callable[[Serialized], Any],
+        computation: Computation,
+        promote: Callable[[worker_pb2.ComputeRequest], None] | None,
+    ) -> None:
+        self.write = write
+        self.computation = computation
+        self.promote = promote
+        self.outbox: asyncio.Queue[tuple[asyncio.Task[None] | None, Serialized | None]] = asyncio.Queue()
+        self.running: dict[int, tuple[asyncio.Task[None], worker_pb2.ComputeRequest]] = {}
+        """The running requests and their tasks, by id."""
+        self.ended: collections.OrderedDict[int, None] = collections.OrderedDict()
+        """Ids of the requests that ended lately, oldest first."""
+        self.loop = asyncio.get_running_loop()
+
+    def answer(self, request_id: int, code: grpc.StatusCode, message: str) -> None:
         """End request ``request_id`` with ``code`` (cancelling its computation if it runs): its one status."""
-        cancelled = running.pop(request_id, None)
+        cancelled = self.running.pop(request_id, None)
         if cancelled is not None:
             cancelled[0].cancel()  # its own chunks, and status, are not sent any more
-        remember(request_id)
-        outbox.put_nowait((None, status_chunk(request_id, code, message)))
+        self.remember(request_id)
+        self.outbox.put_nowait((None, status_chunk(request_id, code, message)))
 
-    def remember(request_id: int) -> None:
+    def remember(self, request_id: int) -> None:
+        ended = self.ended
         ended[request_id] = None
         ended.move_to_end(request_id)
         if len(ended) > _ENDED_REMEMBERED:
             ended.popitem(last=False)
 
-    async def run(request: worker_pb2.ComputeRequest) -> None:
+    async def run(self, request: worker_pb2.ComputeRequest) -> None:
         request_id = int(request.request_id)
         task = asyncio.current_task()
         try:
-            async for chunk in computation(request):
-                outbox.put_nowait((task, chunk))
+            async for chunk in self.computation(request):
+                self.outbox.put_nowait((task, chunk))
         except Exception as exc:
             code = status_code(exc)
             if code is None:
                 log.exception("Session request %d failed", request_id)
                 code = grpc.StatusCode.UNKNOWN
             lost = getattr(exc, "children_lost", ())
-            outbox.put_nowait((task, status_chunk(request_id, code, str(exc), lost)))
+            self.outbox.put_nowait((task, status_chunk(request_id, code, str(exc), lost)))
         finally:
-            if request_id in running and running[request_id][0] is task:
-                del running[request_id]
-                remember(request_id)
+            if request_id in self.running and self.running[request_id][0] is task:
+                del self.running[request_id]
+                self.remember(request_id)
 
-    async def send() -> None:
+    async def send(self) -> None:
         while True:
-            task, chunk = await outbox.get()
+            task, chunk = await self.outbox.get()
             if chunk is None:
                 return
             if task is None or not (task.cancelling() or task.cancelled()):  # cancelled: the caller wants no more
-                await write(chunk)
+                await self.write(chunk)
 
-    async def read() -> None:
+    async def read(self, requests: AsyncIterator[worker_pb2.ComputeRequest]) -> None:
         async for request in requests:
             request_id = int(request.request_id)
             if request.cancel or request.promote:
-                control(request, request_id)
-            elif request_id == 0 or request_id in running or request_id in ended:
-                message = f"Session request id {request_id} is 0 or already used; give each request a new id."
-                outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)))
-            elif len(running) >= MAX_SESSION_REQUESTS:
-                message = (
-                    f"Session request {request_id} refused: {MAX_SESSION_REQUESTS} requests already run on this "
-                    "session, its limit; wait for some to end, or cancel them."
-                )
-                outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)))
+                self.control(request, request_id)
             else:
-                task = loop.create_task(run(request), name=f"session-request-{request_id}")
-                running[request_id] = (task, request)
+                self.start(request, request_id)
 
-    def control(request: worker_pb2.ComputeRequest, request_id: int) -> None:
+    def start(self, request: worker_pb2.ComputeRequest, request_id: int) -> None:
+        """Run a computation request, unless its id is taken or too many run."""
+        if request_id == 0 or request_id in self.running or request_id in self.ended:
+            message = f"Session request id {request_id} is 0 or already used; give each request a new id."
+            self.outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)))
+        elif len(self.running) >= MAX_SESSION_REQUESTS:
+            message = (
+                f"Session request {request_id} refused: {MAX_SESSION_REQUESTS} requests already run on this "
+                "session, its limit; wait for some to end, or cancel them."
+            )
+            self.outbox.put_nowait((None, status_chunk(request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)))
+        else:
+            task = self.loop.create_task(self.run(request), name=f"session-request-{request_id}")
+            self.running[request_id] = (task, request)
+
+    def control(self, request: worker_pb2.ComputeRequest, request_id: int) -> None:
         kind = "cancel" if request.cancel else "promote"
         problem = control_problem(request)
         if problem is not None:
-            answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, f"Session {kind} request {problem}.")
-        elif request_id in running:
+            self.answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, f"Session {kind} request {problem}.")
+        elif request_id in self.running:
             if request.cancel:
-                answer(request_id, grpc.StatusCode.CANCELLED, f"Session request {request_id} cancelled by the caller.")
-            elif promote is not None:
-                promote(running[request_id][1])
-        elif request_id not in ended:
+                message = f"Session request {request_id} cancelled by the caller."
+                self.answer(request_id, grpc.StatusCode.CANCELLED, message)
+            elif self.promote is not None:
+                self.promote(self.running[request_id][1])
+        elif request_id not in self.ended:
             message = f"Session {kind} request names request {request_id}, which this session never ran."
-            answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)
+            self.answer(request_id, grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    writer = loop.create_task(send(), name="session-writer")
-    reader = loop.create_task(read(), name="session-reader")
-    shutdown = loop.create_task(closing.wait(), name="session-closing")
-    try:
-        await asyncio.wait({reader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
-        if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DecodeError):
-            raise SessionProtocolError(
-                "A Session message is not a ComputeRequest (its bytes do not parse); the session ends here."
-            )
-        if shutdown.done():
-            reader.cancel()
-            await asyncio.gather(*(task for task, _ in running.values()), return_exceptions=True)
-            outbox.put_nowait((None, None))
-            await writer
-    finally:
-        for task in (reader, shutdown, *(task for task, _ in running.values()), writer):
-            task.cancel()
+    async def serve(self, requests: AsyncIterator[worker_pb2.ComputeRequest], closing: asyncio.Event) -> None:
+        """Read and run requests until the caller closes its side, ``requests`` fails, or ``closing`` is set."""
+        loop = self.loop
+        writer = loop.create_task(self.send(), name="session-writer")
+        reader = loop.create_task(self.read(requests), name="session-reader")
+        shutdown = loop.create_task(closing.wait(), name="session-closing")
+        try:
+            await asyncio.wait({reader, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done() and not reader.cancelled() and isinstance(reader.exception(), DecodeError):
+                raise SessionProtocolError(
+                    "A Session message is not a ComputeRequest (its bytes do not parse); the session ends here."
+                )
+            if shutdown.done():
+                reader.cancel()
+                await asyncio.gather(*(task for task, _ in self.running.values()), return_exceptions=True)
+                self.outbox.put_nowait((None, None))
+                await writer
+        finally:
+            for task in (reader, shutdown, *(task for task, _ in self.running.values()), writer):
+                task.cancel()

@@ -753,54 +753,74 @@ class MessageAssembler:
         if chunk.row not in self.rows or chunk.row in self._done:
             raise WireError(f"Row {chunk.row} was not requested (or already complete) from {where}; asked {self.rows}.")
         starts_row = self._row is None
-        if starts_row:
-            if not chunk.HasField("header"):
-                raise WireError(f"First chunk of row {chunk.row} from {where} has no header.")
-            dtype = dtype_from_wire(chunk.header.dtype)
-            if dtype not in self.dtypes:
-                raise WireError(f"Row {chunk.row} from {where} has dtype {dtype}; expected one of {self.dtypes}.")
-            if chunk.header.length != self.length:
-                raise WireError(
-                    f"Row {chunk.row} from {where} has {chunk.header.length} elements; the gradient has {self.length}."
-                )
-            admitted = 0
-        else:
-            if chunk.row != self._row:
-                raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
-            if chunk.HasField("header"):
-                raise WireError(f"Row {chunk.row} from {where} sent a second header at offset {chunk.offset}.")
-            assert self._buffer is not None
-            dtype, admitted = self._buffer.dtype, self._admitted
+        dtype, admitted = self._row_start(chunk) if starts_row else self._row_next(chunk)
         if chunk.offset != admitted:
             raise WireError(f"Chunk of row {chunk.row} from {where} at offset {chunk.offset}, expected {admitted}.")
         slot: Array | None = None
         if chunk.shared_payload:
-            if self.shared is None:
-                raise WireError(
-                    f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for "
-                    "inline payloads."
-                )
-            if nbytes or not starts_row or not chunk.HasField("trailer"):
-                raise WireError(
-                    f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload "
-                    "is one chunk with header and trailer and no data."
-                )
+            slot = self._shared_slot(chunk, nbytes, dtype, starts_row=starts_row)
             count = self.length
-            slot = self.shared(chunk.row, dtype, self.length)
         else:
-            if nbytes % dtype.itemsize:
-                raise WireError(
-                    f"Chunk of row {chunk.row} from {where} is not a whole number of {dtype.itemsize}-byte items."
-                )
-            count = nbytes // dtype.itemsize
-            if admitted + count > self.length:
-                raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
+            count = self._inline_count(chunk, nbytes, dtype, admitted)
         if starts_row:
             self._row = chunk.row
             self._buffer = np.empty(self.length, dtype=dtype) if slot is None else slot
             self._filled, self._crc, self._squares = 0, 0, 0.0
         self._admitted = admitted + count
         return admitted, count
+
+    def _row_start(self, chunk: worker_pb2.GradientChunk) -> tuple[np.dtype[Any], int]:
+        """The dtype of the row ``chunk`` starts (its header's), and 0: the offset it must have."""
+        where = self._where
+        if not chunk.HasField("header"):
+            raise WireError(f"First chunk of row {chunk.row} from {where} has no header.")
+        dtype = dtype_from_wire(chunk.header.dtype)
+        if dtype not in self.dtypes:
+            raise WireError(f"Row {chunk.row} from {where} has dtype {dtype}; expected one of {self.dtypes}.")
+        if chunk.header.length != self.length:
+            raise WireError(
+                f"Row {chunk.row} from {where} has {chunk.header.length} elements; the gradient has {self.length}."
+            )
+        return dtype, 0
+
+    def _row_next(self, chunk: worker_pb2.GradientChunk) -> tuple[np.dtype[Any], int]:
+        """The dtype of the row under way, which ``chunk`` continues, and the offset it must have."""
+        where = self._where
+        if chunk.row != self._row:
+            raise WireError(f"Row {chunk.row} from {where} started before row {self._row} was complete.")
+        if chunk.HasField("header"):
+            raise WireError(f"Row {chunk.row} from {where} sent a second header at offset {chunk.offset}.")
+        assert self._buffer is not None
+        return self._buffer.dtype, self._admitted
+
+    def _shared_slot(
+        self, chunk: worker_pb2.GradientChunk, nbytes: int, dtype: np.dtype[Any], *, starts_row: bool
+    ) -> Array:
+        """The shared-memory slot a whole-row chunk points to (header to trailer, no data)."""
+        where = self._where
+        if self.shared is None:
+            raise WireError(
+                f"Row {chunk.row} from {where} points to a shared-memory payload, but this stream asked for "
+                "inline payloads."
+            )
+        if nbytes or not starts_row or not chunk.HasField("trailer"):
+            raise WireError(
+                f"Row {chunk.row} from {where} mixes a shared-memory payload with inline data; a shared payload "
+                "is one chunk with header and trailer and no data."
+            )
+        return self.shared(chunk.row, dtype, self.length)
+
+    def _inline_count(self, chunk: worker_pb2.GradientChunk, nbytes: int, dtype: np.dtype[Any], admitted: int) -> int:
+        """The elements an inline payload of ``nbytes`` holds, if they fit the row after ``admitted``."""
+        where = self._where
+        if nbytes % dtype.itemsize:
+            raise WireError(
+                f"Chunk of row {chunk.row} from {where} is not a whole number of {dtype.itemsize}-byte items."
+            )
+        count = nbytes // dtype.itemsize
+        if admitted + count > self.length:
+            raise WireError(f"Row {chunk.row} from {where} overflows its declared length {self.length}.")
+        return count
 
     @property
     def complete(self) -> bool:

@@ -20,7 +20,8 @@ and asks the other workers as backups (``JobSpec.backup_priority``). A backup on
 computes at low OS priority; one that shares its machine with other workers of the job
 (:func:`sharing_a_machine`) computes nothing until promoted, since even idle-priority work would take memory
 bandwidth and cache from theirs. When expected workers are late, the round promotes the backups that
-replace them (:meth:`Round.gather`); one not decoded by its hedge (:meth:`Primaries.hedge`) promotes them all.
+replace them (:class:`~gradcode.master.hedging.Hedging`, the round's strategy); one not decoded by its hedge
+(:meth:`Primaries.hedge`) promotes them all.
 Dynamic codes are asked alike: they place each iteration from what every worker did in the last.
 """
 
@@ -40,9 +41,10 @@ from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.integrity import IntegrityPolicy
 from gradcode.common.models import message_length
-from gradcode.common.round import ChunkStream, Round, Source, WorkerFailure
+from gradcode.common.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import dtype_from_wire, model_request_bytes
+from gradcode.master.hedging import Hedging
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.pool import PoolWorker, WorkerPool
@@ -116,7 +118,7 @@ class Primaries:
 
     def hedge(self) -> float:
         """Seconds after which a round not yet decoded promotes every backup still out: the promotion
-        :meth:`~gradcode.common.round.Round.gather` starts when expected workers end cannot start while more than
+        :class:`~gradcode.master.hedging.Hedging` starts when expected workers end cannot start while more than
         s of them hang (frozen, or slower than anything), and deferred backups would otherwise wait for the
         iteration deadline."""
         if not self._seconds:
@@ -128,7 +130,8 @@ class AnswerTimes:
     """How long each worker took to answer lately, and from it how long it may stay silent before it is asked again.
 
     A worker that sends nothing at all for :meth:`bound` seconds after it was asked has its request cancelled and
-    asked again as a Compute call of its own (:meth:`Round.gather`'s ``reask_after``, :meth:`PoolWorker.compute_call`):
+    asked again as a Compute call of its own (:class:`~gradcode.master.hedging.Hedging`'s ``reask_after``,
+    :meth:`PoolWorker.compute_call`):
     a request lost on the worker's Session or link, or stuck in the worker, then costs this bound, not the whole
     iteration deadline (issue 25: a reloaded worker that never answered failed cyclic n = 8, s = 2 jobs whose two other
     missing workers were down). The bound is :data:`FACTOR` times the worker's median answer time (all workers'
@@ -232,11 +235,9 @@ class RoundPolicy:
     async def run(self, t: int, assignment: Assignment, point: Array, *, started: float, job_started: float) -> Round:
         """Gather iteration ``t`` (begun at ``started``, the model at ``point``) until decodable; JobFailedError
         at the deadline."""
-        plan, code, workers = self.plan, self.plan.code, self.loader.workers
-        shared = self.loader.shared
-        model = _ModelRequest(t, point, shared)
+        plan = self.plan
         round_ = Round(
-            code.decoder(assignment),
+            plan.code.decoder(assignment),
             job_id=plan.job_id,
             iteration=t,
             length=message_length(plan.model, statistics=True),
@@ -244,106 +245,121 @@ class RoundPolicy:
             started=started,
             certified_length=plan.model.num_params,
             tolerance=plan.tolerance,
-            shared=shared,
+            shared=self.loader.shared,
         )
-        spent: set[int] = set()
-        """Parents that answered this iteration that their children are not decodable (not asked again)."""
-        quarantined = self.integrity.quarantined
+        it = _Iteration(
+            round_, assignment, _ModelRequest(t, point, self.loader.shared), job_started=job_started,
+            needed=[w for w in range(plan.code.n) if assignment.rows[w]],
+            wait_rules=self.integrity.wait_rules(round_, assignment),
+        )  # fmt: skip
         if plan.topology is not None:  # deeper nodes that came back UP (e.g. after a failed LoadJob) get the job again
             self.loader.drop_stale_parents()  # and parents get their restarted children's new call tokens
-            self._reload(range(code.n, plan.num_workers))
-
-        def join(w: int) -> None:
-            """Ask worker ``w`` (just loaded) in the gather under way, if the round still needs it."""
-            needed = w < code.n and assignment.rows[w] and w not in round_.finished
-            if needed and w not in spent and w not in quarantined and workers[w].has_job(plan.job_id):
-                round_.join(self._source(w, t, assignment.rows[w], model, backups=set(), deferred=False))
-
-        self._joining = join
+            self._reload(range(plan.code.n, plan.num_workers))
+        self._joining = functools.partial(self._join, it)
         try:
-            return await self._until_decodable(round_, t, assignment, model, spent, job_started=job_started)
+            return await self._until_decodable(it)
         finally:
             self._joining = None
 
-    async def _until_decodable(
-        self,
-        round_: Round,
-        t: int,
-        assignment: Assignment,
-        model: _ModelRequest,
-        spent: set[int],
-        *,
-        job_started: float,
-    ) -> Round:
+    def _join(self, it: _Iteration, w: int) -> None:
+        """Ask worker ``w`` (just loaded) in the gather under way, if the round still needs it."""
+        needed = w < self.plan.code.n and it.assignment.rows[w] and w not in it.round.finished
+        wanted = needed and w not in it.spent and w not in self.integrity.quarantined
+        if wanted and self.loader.workers[w].has_job(self.plan.job_id):
+            it.round.join(self._source(it, w, backups=set(), deferred=False))
+
+    async def _until_decodable(self, it: _Iteration) -> Round:
         """:meth:`run`'s gathers, retries and reloads until the round is decodable; JobFailedError at the deadline."""
-        plan, code, workers = self.plan, self.plan.code, self.loader.workers
-        enough = self.integrity.enough(round_, assignment)
-        quarantined = self.integrity.quarantined
-        deadline = round_.started + plan.spec.iteration_deadline_seconds
-        needed = [w for w in range(code.n) if assignment.rows[w]]
-        asked = False
+        round_ = it.round
+        deadline = round_.started + self.plan.spec.iteration_deadline_seconds
+        first = True
         while True:
-            for w in needed:
-                if w in quarantined:
-                    round_.fail(w, WorkerFailure.worker_down(quarantined[w]))
-            askable = [
-                w for w in needed
-                if w not in round_.finished and w not in spent and w not in quarantined and workers[w].is_up
-            ]  # fmt: skip
-            self._reload(askable)  # a worker still loading is not asked; its load wakes wait_changed below
-            ask = [w for w in askable if workers[w].is_up and workers[w].has_job(plan.job_id)]
-            for w in needed:
-                if w not in round_.finished and not workers[w].is_up:
-                    round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
+            ask = self._askable(it)
             remaining = deadline - time.perf_counter()
             if ask and remaining > 0:
-                backups: set[int] = set()
-                """Workers asked at low priority: the round expects to decode without them."""
-                deferred: set[int] = set()
-                hedge = None
-                if self.primaries is not None and not asked:  # a retry asks everyone left alike
-                    backups = set(ask) - self.primaries.choose(assignment, ask)
-                    deferred = backups & sharing_a_machine(workers[: code.n]) if backups else set()
-                    hedge = self.primaries.hedge()
-                asked = True
-                sources = [
-                    self._source(w, t, assignment.rows[w], model, backups=backups, deferred=w in deferred) for w in ask
-                ]
-                failures = await round_.gather(
-                    sources, timeout=remaining, enough=enough, promote_after=hedge,
-                    reask_after=functools.partial(self.answer_times.bound, iteration=t), on_failure=self._lost,
-                )  # fmt: skip
-                for w in round_.finished:
-                    self.pool.mark_seen(workers[w])
-                self._reload_lost(round_, failures.values())
-                for w, failure in failures.items():
-                    if await self._alive_parent(w, failure):
-                        spent.add(w)
+                await self._gather(it, ask, remaining, first=first)
+                first = False
                 if round_.decodable:
-                    self.lateness.observe(
-                        on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
-                    )
-                    if self.primaries is not None:
-                        self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
-                    self.answer_times.answered(round_)
-                    if round_.reasked:
-                        log.info("iteration %d: asked %s again after silence", t,
-                                 ", ".join(workers[w].describe() for w in sorted(round_.reasked)))  # fmt: skip
-                    for w in self.integrity.judge(round_, assignment):
-                        self.pool.mark_down(workers[w], f"{quarantined[w]} (job {plan.job_id!r})")
+                    self._decoded(it)
                     return round_
             if deadline - time.perf_counter() <= 0:
-                pool_ids = [w.worker_id for w in workers]
-                raise JobFailedError(
-                    self._undecodable_message(round_, needed),
-                    failure_report(
-                        plan.job_id, t, round_, pool_ids=pool_ids, exact=code.exact,
-                        elapsed_seconds=time.perf_counter() - job_started,
-                        wall_seconds=time.perf_counter() - round_.started,
-                    ),
-                )  # fmt: skip
+                raise self._deadline_error(it)
             if not ask:
                 await self.pool.wait_changed(min(deadline - time.perf_counter(), 0.25))
+
+    def _askable(self, it: _Iteration) -> list[int]:
+        """The workers to ask now; the round records why the others are not asked (quarantined, DOWN). Workers that
+        lack the job are reloaded in the background (their load wakes :meth:`WorkerPool.wait_changed`)."""
+        round_, workers, quarantined = it.round, self.loader.workers, self.integrity.quarantined
+        for w in it.needed:
+            if w in quarantined:
+                round_.fail(w, WorkerFailure.worker_down(quarantined[w]))
+        askable = [
+            w for w in it.needed
+            if w not in round_.finished and w not in it.spent and w not in quarantined and workers[w].is_up
+        ]  # fmt: skip
+        self._reload(askable)
+        for w in it.needed:
+            if w not in round_.finished and not workers[w].is_up:
+                round_.fail(w, WorkerFailure.worker_down(workers[w].last_error or "not reachable"))
+        return [w for w in askable if workers[w].is_up and workers[w].has_job(self.plan.job_id)]
+
+    async def _gather(self, it: _Iteration, ask: list[int], remaining: float, *, first: bool) -> None:
+        """One gather of ``ask``: on the first, the workers outside the expected decoding set are backups (a retry
+        asks everyone left alike); then act on its failures."""
+        backups: set[int] = set()
+        """Workers asked at low priority: the round expects to decode without them."""
+        deferred: set[int] = set()
+        hedge = None
+        if self.primaries is not None and first:
+            backups = set(ask) - self.primaries.choose(it.assignment, ask)
+            deferred = backups & sharing_a_machine(self.loader.workers[: self.plan.code.n]) if backups else set()
+            hedge = self.primaries.hedge()
+        sources = [self._source(it, w, backups=backups, deferred=w in deferred) for w in ask]
+        hedging = Hedging(promote_after=hedge, reask_after=functools.partial(self.answer_times.bound, iteration=it.t))
+        failures = await it.round.gather(
+            sources, timeout=remaining, strategies=(hedging, *it.wait_rules), on_failure=self._lost
+        )
+        await self._after_gather(it, failures)
+
+    async def _after_gather(self, it: _Iteration, failures: dict[int, WorkerFailure]) -> None:
+        """Who answered is seen; the nodes lost are reloaded; a live parent whose children failed is spent."""
+        workers = self.loader.workers
+        for w in it.round.finished:
+            self.pool.mark_seen(workers[w])
+        self._reload_lost(it.round, failures.values())
+        for w, failure in failures.items():
+            if await self._alive_parent(w, failure):
+                it.spent.add(w)
+
+    def _decoded(self, it: _Iteration) -> None:
+        """What a decodable round teaches: lateness, the expected set and answer times; integrity's verdict, whose
+        quarantined workers are marked DOWN."""
+        round_, workers, plan = it.round, self.loader.workers, self.plan
+        self.lateness.observe(
+            on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
+        )
+        if self.primaries is not None:
+            self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
+        self.answer_times.answered(round_)
+        if round_.reasked:
+            log.info("iteration %d: asked %s again after silence", it.t,
+                     ", ".join(workers[w].describe() for w in sorted(round_.reasked)))  # fmt: skip
+        for w in self.integrity.judge(round_, it.assignment):
+            self.pool.mark_down(workers[w], f"{self.integrity.quarantined[w]} (job {plan.job_id!r})")
+
+    def _deadline_error(self, it: _Iteration) -> JobFailedError:
+        """The job's failure: iteration ``it`` was not decodable within its deadline."""
+        plan, round_ = self.plan, it.round
+        pool_ids = [w.worker_id for w in self.loader.workers]
+        return JobFailedError(
+            self._undecodable_message(round_, it.needed),
+            failure_report(
+                plan.job_id, it.t, round_, pool_ids=pool_ids, exact=plan.code.exact,
+                elapsed_seconds=time.perf_counter() - it.job_started,
+                wall_seconds=time.perf_counter() - round_.started,
+            ),
+        )  # fmt: skip
 
     def _lost(self, w: int, failure: WorkerFailure) -> None:
         """A worker that lost the job (it restarted: NOT_FOUND) is reloaded at once, within the gather, and joins it
@@ -362,18 +378,17 @@ class RoundPolicy:
             workers[c].lost_job(job_id)
         self._reload(sorted(lost))
 
-    def _source(
-        self, w: int, t: int, rows: tuple[int, ...], model: _ModelRequest, *, backups: set[int], deferred: bool
-    ) -> Source:
+    def _source(self, it: _Iteration, w: int, *, backups: set[int], deferred: bool) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields. In a round with
         ``backups``, an expected worker says when it begins computing, so the round promotes backups only for
-        the expected workers that have not begun (:meth:`Round.gather`)."""
+        the expected workers that have not begun (:class:`~gradcode.master.hedging.Hedging`)."""
         backup = w in backups
+        rows = it.assignment.rows[w]
         head = worker_pb2.ComputeRequest(
-            job_id=self.plan.job_id, iteration=t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
+            job_id=self.plan.job_id, iteration=it.t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
             report_start=bool(backups) and not backup,
         )  # fmt: skip
-        body, shared = model.fields(w, shared=w in self.loader.shared_workers)
+        body, shared = it.model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
         opened = 0
 
@@ -419,6 +434,35 @@ class RoundPolicy:
             f"{plan.code!r} tolerates {plan.code.s} straggler(s)"
             + ("." if plan.topology is None else " among the children of every parent.")
         )
+
+
+class _Iteration:
+    """One iteration as :class:`RoundPolicy` runs it: its round, assignment and model, and what it learnt so far."""
+
+    def __init__(
+        self,
+        round_: Round,
+        assignment: Assignment,
+        model: _ModelRequest,
+        *,
+        job_started: float,
+        needed: list[int],
+        wait_rules: tuple[GatherStrategy, ...],
+    ) -> None:
+        self.round = round_
+        self.assignment = assignment
+        self.model = model
+        self.job_started = job_started
+        self.needed = needed
+        """The workers with rows this iteration."""
+        self.wait_rules = wait_rules
+        """Integrity's stop rule for the round's gathers (:meth:`IntegrityPolicy.wait_rules`)."""
+        self.spent: set[int] = set()
+        """Parents that answered this iteration that their children are not decodable (not asked again)."""
+
+    @property
+    def t(self) -> int:
+        return self.round.iteration
 
 
 class _ModelRequest:

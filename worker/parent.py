@@ -256,7 +256,9 @@ class ParentRunner:
         )
         for i, reason in quarantined.items():
             round_.fail(channels[i].worker_id, WorkerFailure.worker_down(reason))
-        await round_.gather(sources, timeout=self.wait_seconds, enough=self.integrity.enough(round_, self.assignment))
+        await round_.gather(
+            sources, timeout=self.wait_seconds, strategies=self.integrity.wait_rules(round_, self.assignment)
+        )
         if self._closed:  # closed while gathering: the failures are our own doing, and nobody wants the sum
             raise ComputeCancelledError(
                 f"The tree parent of job {self.job_id!r} was closed during iteration {request.iteration}."

@@ -296,7 +296,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
         return self.link.offer(scope=job_of(bearer_of(context)))  # a link opened with a job token: that job only
 
-    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:  # noqa: C901 (issue 26: split after the hold change lands here)
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only

@@ -9,25 +9,29 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
+from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.round import ChunkStream, Round, Source
 from gradcode.common.session import Session, started_chunk, status_chunk
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
+from gradcode.master.hedging import Hedging
 from gradcode.v1 import worker_pb2
 
 
 class _FakeStream:
-    """Yields one worker's chunks after a delay; records whether it was cancelled."""
+    """Yields one worker's chunks after a delay on ``clock``; records whether it was cancelled."""
 
-    def __init__(self, chunks: list[worker_pb2.GradientChunk], delay: float, fail: bool = False) -> None:
-        self.chunks, self.delay, self.fail, self.cancelled = chunks, delay, fail, False
+    def __init__(
+        self, chunks: list[worker_pb2.GradientChunk], delay: float, fail: bool = False, clock: Clock = MONOTONIC
+    ) -> None:
+        self.chunks, self.delay, self.fail, self.cancelled, self.clock = chunks, delay, fail, False, clock
 
     def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk]:
         return self._run()
 
     async def _run(self) -> AsyncIterator[worker_pb2.GradientChunk]:
-        await asyncio.sleep(self.delay)
+        await self.clock.sleep(self.delay)
         if self.fail:
             raise ConnectionError("worker died")
         for c in self.chunks:
@@ -42,22 +46,30 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     code = make_code("ignore_stragglers", n=4, s=1)  # counting decoder: any 3 of 4
     g = np.random.default_rng(1).standard_normal((4, 50))
     delays = [0.0, 0.01, 5.0, 0.02]
+    clock = ManualClock()
     streams = [
-        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w], fail=w == 1)
+        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w], w == 1, clock)
         for w in range(4)
     ]
     sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
-    result = Round(code.decoder(), job_id="j", iteration=0, length=50)
-    await result.gather(sources, timeout=2.0)
+    result = Round(code.decoder(), job_id="j", iteration=0, length=50, clock=clock)
+    gather = asyncio.create_task(result.gather(sources, timeout=2.0))
+    await clock.advance(1.99)
+    assert not gather.done()
+    await clock.advance(0.01)
+    async with asyncio.timeout(2.0):
+        await gather
     assert result.decoding is None and result.failed.keys() == {1}  # worker 2 never came in time
     assert result.timed_out
 
+    clock = ManualClock()
     streams = [
-        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w])
+        _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delays[w], clock=clock)
         for w in range(4)
     ]
     sources = [Source(w, (w,), lambda w=w: streams[w]) for w in range(4)]  # type: ignore[misc]
-    result = Round(code.decoder(), job_id="j", iteration=0, length=50)
+    result = Round(code.decoder(), job_id="j", iteration=0, length=50, clock=clock)
+    advancing = asyncio.create_task(clock.advance(0.02))  # worker 2's 5 s never come
     async with asyncio.timeout(2.0):
         await result.gather(sources, timeout=10.0)
     assert result.decoding is not None
@@ -66,6 +78,7 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     assert not streams[2].cancelled  # not before the caller's own synchronous work (decode, step) ...
     await asyncio.sleep(0)
     assert streams[2].cancelled  # ... but before anything else runs
+    await advancing
     np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)
 
 
@@ -215,15 +228,13 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
     assignment = code.static_assignment()
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
     wires, sessions, sources = _session_sources(code, expected={0, 2})
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=30, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    await clock.settle()
     assert all(wire.requests for wire in wires) and not any(wire.promoted for wire in wires)
     wires[2].answer(messages[2], worker_id=2, row=2)
-    async with asyncio.timeout(5.0):
-        while not any(wire.promoted for wire in wires):
-            await asyncio.sleep(0.001)
+    await clock.settle()  # no time passes: 2's end is what promotes
     completing = code.decoding_set(assignment, [1, 3], given=[2])
     assert completing and [w for w in range(4) if wires[w].promoted] == list(completing)
     for w in completing:
@@ -242,27 +253,26 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
 async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered_by_backups() -> None:
     """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 said its computation began, so when 2 answers
     nothing is promoted (0 is finishing, not straggling); 0 answers and the round decodes without the backups.
-    The same round with a hedge that fires while 0 still computes promotes them then."""
+    The same round with a hedge that fires while 0 still computes promotes them then, not before."""
     code = make_code("binary", n=4, s=1)
     g = np.random.default_rng(7).standard_normal((4, 30))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
     for hedge in (None, 0.3):
         wires, sessions, sources = _session_sources(code, expected={0, 2})
-        round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
-        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=hedge))
-        await asyncio.sleep(0.01)
+        clock = ManualClock()
+        round_ = Round(code.decoder(), job_id="j", iteration=0, length=30, clock=clock)
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=hedge)]))
+        await clock.settle()
         wires[0].begin()
-        await asyncio.sleep(0.01)
+        await clock.settle()
         wires[2].answer(messages[2], worker_id=2, row=2)
-        await asyncio.sleep(0.15)
+        await clock.advance(0.299)
         assert not any(wire.promoted for wire in wires) and not gather.done()
         if hedge is None:
             wires[0].answer(messages[0], worker_id=0, row=0)
         else:
-            async with asyncio.timeout(5.0):
-                while not wires[1].promoted:
-                    await asyncio.sleep(0.001)
-            assert round_.promoted == {1, 3}
+            await clock.advance(0.001)
+            assert [w for w in range(4) if wires[w].promoted] == [1, 3] and round_.promoted == {1, 3}
             for w in (1, 3):
                 wires[w].answer(messages[w], worker_id=w, row=w)
         async with asyncio.timeout(5.0):
@@ -283,15 +293,14 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
     code = make_code("binary", n=6, s=1)
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(6).standard_normal((6, 20))
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=0.2))
-    await asyncio.sleep(0.01)
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
+    await clock.advance(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)
-    await asyncio.sleep(0.1)
+    await clock.advance(0.189)
     assert not any(wire.promoted for wire in wires)
-    async with asyncio.timeout(5.0):
-        while not wires[1].promoted:
-            await asyncio.sleep(0.001)
+    await clock.advance(0.001)
     assert [w for w in range(6) if wires[w].promoted] == [1, 3, 5] and round_.promoted == {1, 3, 5}
     for w in (1, 3, 5):
         wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
@@ -311,17 +320,16 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(8).standard_normal((6, 20))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
-    await asyncio.sleep(0.01)
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    await clock.settle()
     wires[0].begin()
-    await asyncio.sleep(0.01)
+    await clock.settle()
     wires[2].answer(messages[2], worker_id=2, row=2)
     completing = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[2, 0])
     assert completing
-    async with asyncio.timeout(5.0):
-        while not any(wire.promoted for wire in wires):
-            await asyncio.sleep(0.001)
+    await clock.settle()  # no time passes: 2's end is what promotes
     assert [w for w in range(6) if wires[w].promoted] == list(completing) and not gather.done()
     for w in (0, *completing):
         wires[w].answer(messages[w], worker_id=w, row=w)
@@ -340,23 +348,21 @@ async def test_an_expected_worker_counted_on_that_fails_has_its_backups_promoted
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(9).standard_normal((6, 20))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, promote_after=5.0))
-    await asyncio.sleep(0.01)
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=5.0)]))
+    await clock.settle()
     wires[0].begin()
-    await asyncio.sleep(0.01)
+    await clock.settle()
     wires[2].answer(messages[2], worker_id=2, row=2)
-    async with asyncio.timeout(5.0):
-        while not round_.promoted:
-            await asyncio.sleep(0.001)
+    await clock.settle()
+    assert round_.promoted
     first = set(round_.promoted)
     assignment = code.static_assignment()
     assert not code.decodes([2, *first], assignment), "the first promotion counted on 0"
     wires[0].fail()
-    async with asyncio.timeout(2.0):
-        while not code.decodes([2, *round_.promoted], assignment):
-            await asyncio.sleep(0.001)
-    assert first < round_.promoted
+    await clock.settle()  # no time passes: the hedge (5 s) is not what promotes
+    assert first < round_.promoted and code.decodes([2, *round_.promoted], assignment)
     for w in sorted(round_.promoted):
         wires[w].answer(messages[w], worker_id=w, row=w)
     async with asyncio.timeout(5.0):
@@ -371,11 +377,14 @@ async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None
     code = make_code("binary", n=6, s=1)  # expects {0, 2, 4}
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(5).standard_normal((6, 20))
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
-    gather = asyncio.create_task(round_.gather(sources, timeout=0.3))
-    await asyncio.sleep(0.01)
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=0.3, strategies=[Hedging()]))
+    await clock.advance(0.01)
     wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)  # 0 and 4 still out: 2 > s
-    await gather
+    await clock.advance(0.29)
+    async with asyncio.timeout(5.0):
+        await gather
     assert round_.timed_out and not any(wire.promoted for wire in wires)
     assert round_.backups == {1, 3, 5} and not round_.promoted and round_.stragglers == [0, 4]
     for session in sessions:
@@ -383,15 +392,16 @@ async def test_no_promotion_while_more_than_s_expected_workers_are_out() -> None
 
 
 async def test_a_silent_worker_is_asked_again_once_after_its_bound() -> None:
-    """``reask_after``: a source from which nothing came within its bound is cancelled and opened again (once);
-    the second attempt's message decodes the round long before the timeout."""
+    """A source from which nothing came within its bound (``Hedging``'s ``reask_after``) is cancelled and opened
+    again (once); the second attempt's message decodes the round at the bound, long before the timeout."""
     code = make_code("ignore_stragglers", n=3, s=0)  # needs all three
     g = np.random.default_rng(3).standard_normal((3, 20))
+    clock = ManualClock()
     attempts: list[_FakeStream] = []
 
     def open_silent_first() -> _FakeStream:
         chunks = list(message_chunks(g[2], job_id="j", iteration=0, worker_id=2, row=2))
-        attempts.append(_FakeStream(chunks, 3600.0 if not attempts else 0.0))  # the first never answers
+        attempts.append(_FakeStream(chunks, 3600.0 if not attempts else 0.0, clock=clock))  # the first never answers
         return attempts[-1]
 
     sources = [
@@ -403,11 +413,16 @@ async def test_a_silent_worker_is_asked_again_once_after_its_bound() -> None:
         for w in range(2)
     ]
     sources.append(Source(2, (2,), open_silent_first))
-    result = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    result = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(result.gather(sources, timeout=30.0, strategies=[Hedging(reask_after=lambda w: 0.1)]))
+    await clock.advance(0.099)
+    assert len(attempts) == 1 and not gather.done()
+    await clock.advance(0.001)
     async with asyncio.timeout(5.0):
-        await result.gather(sources, timeout=30.0, reask_after=lambda w: 0.1)
+        await gather
     assert result.decodable and result.reasked == {2} and len(attempts) == 2
     assert attempts[0].cancelled and not attempts[1].cancelled
+    assert result.finished[2] == 0.1  # the clock's time: asked again at its bound, answered at once
     np.testing.assert_allclose(result.combine(), g.sum(axis=0))
 
 
@@ -416,11 +431,13 @@ async def test_a_worker_joins_the_gather_under_way_and_its_failure_is_taken_back
     gather, which another worker's silence keeps open, and its answer clears its failure."""
     code = make_code("ignore_stragglers", n=4, s=1)  # any 3 of 4
     g = np.random.default_rng(4).standard_normal((4, 20))
+    clock = ManualClock()
 
     def stream(w: int, delay: float = 0.0, fail: bool = False) -> _FakeStream:
-        return _FakeStream(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), delay, fail=fail)
+        chunks = list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w))
+        return _FakeStream(chunks, delay, fail=fail, clock=clock)
 
-    result = Round(code.decoder(), job_id="j", iteration=0, length=20)
+    result = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
     heard: list[int] = []
 
     def on_failure(w: int, failure: object) -> None:
@@ -429,8 +446,55 @@ async def test_a_worker_joins_the_gather_under_way_and_its_failure_is_taken_back
 
     sources = [Source(0, (0,), lambda: stream(0)), Source(1, (1,), lambda: stream(1, fail=True))]
     sources += [Source(2, (2,), lambda: stream(2, delay=3600.0)), Source(3, (3,), lambda: stream(3, delay=0.05))]
+    gather = asyncio.create_task(result.gather(sources, timeout=30.0, on_failure=on_failure))
+    await clock.advance(0.05)
     async with asyncio.timeout(5.0):
-        failures = await result.gather(sources, timeout=30.0, on_failure=on_failure)
+        failures = await gather
     assert heard == [1] and result.decodable and sorted(result.used_workers) == [0, 1, 3]
     assert failures == {} and 1 not in result.failed and result.late == [2]
     assert not result.join(Source(1, (1,), lambda: stream(1)))  # no gather under way
+
+
+class _PromotableStream(_FakeStream):
+    """A stream of another transport that offers promotion and start news (ChunkStream's optional parts)."""
+
+    def __init__(self, chunks: list[worker_pb2.GradientChunk], delay: float, clock: Clock) -> None:
+        super().__init__(chunks, delay, clock=clock)
+        self.started = False
+        self.promotions = 0
+
+    def promote(self) -> None:
+        self.promotions += 1
+
+
+async def test_promotion_and_start_news_are_stream_capabilities_not_a_session_type() -> None:
+    """Binary, n = 4, s = 1, expecting {0, 2}: backup 1 is a stream that can be promoted, backup 3 a plain call
+    that cannot. When 2 answers and 0 has not begun, Hedging promotes the completing backups it can: 1 (once);
+    3 is never counted as promoted. A worker 0 whose stream says it began is waited for instead."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(11).standard_normal((4, 10))
+    for began in (False, True):
+        clock = ManualClock()
+
+        def chunks(w: int) -> list[worker_pb2.GradientChunk]:
+            return list(message_chunks(code.encode(w, dict(enumerate(g))), job_id="j", iteration=0, worker_id=w, row=w))
+
+        streams: dict[int, _FakeStream] = {
+            0: _PromotableStream(chunks(0), 5.0, clock),
+            1: _PromotableStream(chunks(1), 3600.0, clock),
+            2: _FakeStream(chunks(2), 0.0, clock=clock),
+            3: _FakeStream(chunks(3), 3600.0, clock=clock),
+        }
+        streams[0].started = began  # type: ignore[attr-defined]
+        sources = [Source(w, (w,), functools.partial(streams.__getitem__, w), backup=w in (1, 3)) for w in range(4)]
+        round_ = Round(code.decoder(), job_id="j", iteration=0, length=10, clock=clock)
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+        await clock.settle()
+        promotable = streams[1]
+        assert isinstance(promotable, _PromotableStream)
+        assert round_.promoted == (set() if began else {1}) and promotable.promotions == (0 if began else 1)
+        await clock.advance(5.0)  # 0 answers
+        async with asyncio.timeout(5.0):
+            await gather
+        assert round_.decodable and round_.used_workers == [0, 2] and 3 not in round_.promoted
+        np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)

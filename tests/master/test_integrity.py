@@ -113,8 +113,8 @@ async def test_reed_solomon_outlier_partition_is_not_reported_exact() -> None:
 # ---- the policies ------------------------------------------------------------------------------------
 async def gathered(policy: IntegrityPolicy, code: GradientCode, srcs: list[Source], iteration: int = 0) -> Round:
     round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P)
-    enough = policy.enough(round_, code.static_assignment())
-    await asyncio.wait_for(round_.gather(srcs, timeout=30.0, enough=enough), 10)
+    enough = policy.wait_rules(round_, code.static_assignment())
+    await asyncio.wait_for(round_.gather(srcs, timeout=30.0, strategies=enough), 10)
     await asyncio.sleep(0)  # the late streams are cancelled once the caller yields (Round.gather), not before
     return round_
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from gradcode.client.__main__ import _summary, main
+from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.consistency import check_consistency, uncheckable
 from gradcode.common.codes.numerics import relative_error
@@ -98,10 +99,14 @@ def messages(code: GradientCode, g: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def sources(
-    code: GradientCode, sent: dict[int, np.ndarray], delays: dict[int, float], iteration: int = 0
+    code: GradientCode,
+    sent: dict[int, np.ndarray],
+    delays: dict[int, float],
+    iteration: int = 0,
+    clock: Clock = MONOTONIC,
 ) -> list[Source]:
     """One source per worker of the static assignment, sending all its rows' messages (with the magnitudes
-    workers report) after its delay."""
+    workers report) after its delay on ``clock``."""
     rows_of = code.static_assignment().rows
     magnitudes = _MAGNITUDES.get(id(code), {})
     result = []
@@ -113,7 +118,7 @@ def sources(
                 sent[r], job_id="j", iteration=iteration, worker_id=w, row=r, magnitude=magnitudes.get(r, math.nan)
             )
         ]
-        stream = _FakeStream(chunks, delays.get(w, 0.0))
+        stream = _FakeStream(chunks, delays.get(w, 0.0), clock=clock)
         result.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream))  # type: ignore[misc]
     return result
 
@@ -129,10 +134,15 @@ async def one_round(
     dtype: np.dtype | None = None,
 ) -> tuple[Round, list[int]]:
     dtypes = (np.dtype("<c16"),) if code.is_complex else (np.dtype(dtype or "<f8"),)
-    round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P, dtypes=dtypes)
+    clock = ManualClock()  # the workers answer in the order of their delays, and a timeout costs no real time
+    round_ = Round(code.decoder(), job_id="j", iteration=iteration, length=P, dtypes=dtypes, clock=clock)
     assignment = code.static_assignment()
-    await round_.gather(
-        sources(code, sent, delays, iteration), timeout=timeout, enough=policy.enough(round_, assignment)
+    await clock.run(
+        round_.gather(
+            sources(code, sent, delays, iteration, clock),
+            timeout=timeout,
+            strategies=policy.wait_rules(round_, assignment),
+        )
     )
     await asyncio.sleep(0)
     return round_, policy.judge(round_, assignment) if round_.decodable else []
@@ -296,7 +306,7 @@ async def test_honest_messages_whose_partials_cancel_raise_no_alarm() -> None:
     policy = IntegrityPolicy("detect", code)
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=P)
     srcs = [Source(w, tuple(rows_of[w]), lambda w=w: streams[w]) for w in range(code.n)]  # type: ignore[misc]
-    await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
+    await round_.gather(srcs, timeout=5.0, strategies=policy.wait_rules(round_, code.static_assignment()))
     policy.judge(round_, code.static_assignment())
     assert round_.integrity.trusted and not round_.integrity.suspects, round_.integrity
 
@@ -365,7 +375,7 @@ async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around
             stream = _FakeStream(chunks, 0.001 * w)
             srcs.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream))  # type: ignore[misc]
         round_ = Round(code.decoder(), job_id="j", iteration=t, length=P)
-        await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
+        await round_.gather(srcs, timeout=5.0, strategies=policy.wait_rules(round_, code.static_assignment()))
         quarantined = policy.judge(round_, code.static_assignment())
         decoded = round_.decode()
         assert quarantined == [] and 2 not in decoded.used_workers and decoded.exact, round_.integrity
@@ -389,7 +399,7 @@ async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_th
         srcs.append(Source(w, (w,), lambda stream=stream: stream))  # type: ignore[misc]
     policy = IntegrityPolicy("locate", code)
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=P)
-    await round_.gather(srcs, timeout=5.0, enough=policy.enough(round_, code.static_assignment()))
+    await round_.gather(srcs, timeout=5.0, strategies=policy.wait_rules(round_, code.static_assignment()))
     assert policy.judge(round_, code.static_assignment()) == [17]
     assert set(policy.quarantined) == {17} and "by its tree parent" in policy.quarantined[17]
     assert round_.integrity.suspects == (17,) and round_.decode().exact

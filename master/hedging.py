@@ -1,0 +1,125 @@
+"""The master's backups and hedges inside one round's gather: a :class:`~gradcode.common.round.GatherStrategy`.
+
+The round (:mod:`gradcode.common.round`) only collects; every decision the master takes while it gathers, beyond
+whom to ask (:class:`~gradcode.master.rounds.Primaries`), is here: which backups to promote when expected workers
+are late, promoting every backup at the hedge, and asking a silent worker again. A new decision about backups (for
+instance pulling a held backup's payload once it is needed) is one more method of :class:`Hedging` acting through
+:meth:`Gathering.promote <gradcode.common.round.Gathering.promote>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gradcode.common.round import Gathering, GatherStrategy, Source, WorkerFailure
+
+__all__ = ["Hedging"]
+
+
+class Hedging(GatherStrategy):
+    """One gather's backups and hedges (a fresh one per :meth:`Round.gather <gradcode.common.round.Round.gather>`).
+
+    The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from. When
+    an expected worker ends without the round decoding, and at most ``s`` of the expected workers still out have
+    not said their computation began (:meth:`Gathering.began`; one that did is finishing, not straggling), the
+    backups that complete the messages in hand and those being computed
+    (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted: they compute on at normal
+    priority, on the CPU the expected workers that answered left; should an expected worker then fail, the backups
+    that complete the messages without it are promoted too. While every expected worker still out has begun,
+    nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
+    round still not decodable promotes every backup still out (more than ``s`` expected workers may hang, or one
+    that began may never finish).
+
+    ``reask_after(worker)`` (None: never) is how long an expected worker may stay silent: one from which nothing at
+    all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
+    source opened again, once per gather (:meth:`Gathering.reopen`): a request lost on its way or stuck in a worker
+    then costs that bound, not the iteration. Backups are silent by design and never are.
+    """
+
+    def __init__(
+        self, *, promote_after: float | None = None, reask_after: Callable[[int], float | None] | None = None
+    ) -> None:
+        self.promote_after = promote_after
+        self.reask_after = reask_after
+        self._gathering: Gathering | None = None
+        self._out: set[int] = set()
+        """Expected workers still out: the trigger of the backups' promotion (none: no backups to promote)."""
+        self._hedge_at: float | None = None
+        self._promoted = False
+        """This gather has promoted the backups completing the expected workers' messages."""
+        self._reask_at: dict[int, float] = {}
+        """When each expected worker, silent until then, is asked again (once)."""
+
+    @property
+    def gathering(self) -> Gathering:
+        if self._gathering is None:
+            raise RuntimeError("Hedging is used before its gather began.")
+        return self._gathering
+
+    def begin(self, gathering: Gathering) -> None:
+        self._gathering = gathering
+        backups = gathering.backups
+        self._out = gathering.pending - backups if backups else set()
+        if backups and self.promote_after is not None:
+            self._hedge_at = gathering.round.started + self.promote_after
+        now = gathering.now()
+        for source in gathering.sources.values():
+            self._bound(source, now)
+
+    def joined(self, source: Source) -> None:
+        self._bound(source, self.gathering.now())
+
+    def _bound(self, source: Source, now: float) -> None:
+        """When ``source``, if it stays silent, is asked again."""
+        if self.reask_after is None or source.backup:
+            return
+        bound = self.reask_after(source.worker_id)
+        if bound is not None:
+            self._reask_at[source.worker_id] = now + bound
+
+    def wake_at(self) -> float | None:
+        return min((t for t in (self._hedge_at, *self._reask_at.values()) if t is not None), default=None)
+
+    def tick(self, now: float) -> None:
+        gathering = self.gathering
+        if self._hedge_at is not None and now >= self._hedge_at:
+            gathering.promote(sorted(gathering.pending & gathering.backups))
+            self._hedge_at = None
+        if self._reask_at:
+            if gathering.decodable:  # gathering surplus (integrity): nobody is needed any more
+                self._reask_at.clear()
+            elif gathering.idle:
+                self._reask(now)
+
+    def _reask(self, now: float) -> None:
+        """Reopen the calls of the expected workers silent past their bound (once each)."""
+        gathering = self.gathering
+        for worker_id in [w for w, at in self._reask_at.items() if at <= now]:
+            del self._reask_at[worker_id]
+            if worker_id in gathering.pending and worker_id not in gathering.heard:
+                gathering.reopen(worker_id)
+
+    def ended(self, worker_id: int, failure: WorkerFailure | None) -> None:
+        """An expected worker ended: promote the backups that complete the messages, unless too many are out.
+        After the first promotion, again only when an expected worker failed (it may have been counted on)."""
+        out = self._out
+        if worker_id not in out:
+            return
+        out.discard(worker_id)
+        gathering = self.gathering
+        if gathering.decodable or (self._promoted and failure is None):
+            return
+        computing = {w for w in out if gathering.began(w)}
+        if not out or 0 < len(out - computing) <= gathering.round.decoder.code.s:
+            self._promote_completing(gathering.pending - out, computing)
+            self._promoted = True
+
+    def _promote_completing(self, backups: set[int], computing: set[int]) -> None:
+        """Promote the ``backups`` that complete the messages of the workers that answered and of those still
+        ``computing`` (a minimal set)."""
+        gathering = self.gathering
+        round_, decoder = gathering.round, gathering.round.decoder
+        given = [*round_.finished, *computing]
+        preference = sorted(backups, key=lambda w: (w not in round_.promoted, w))  # those promoted already first
+        chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
+        gathering.promote(chosen)
