@@ -211,10 +211,9 @@ class WorkerLoader:
         """Offer worker ``w`` the job's shared-memory directory (with a fresh nonce for it to read back) unless it
         registered another machine id than the master's (a worker with none, such as a ``--workers`` address, is
         offered it: only its proof decides); else record why its payloads go through the network."""
-        worker = self.workers[w]
         if self.shared is None:
             reason = "shared memory off"
-        elif worker.machine_id and worker.machine_id != self.pool.machine_id:
+        elif (machine := self.workers[w].machine_id) and machine != self.pool.machine_id:
             reason = "another machine: its machine id is not the master's"
         elif (offer := self.shared.offer(w)) is None:
             reason = "the master could not write its nonce"

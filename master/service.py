@@ -197,6 +197,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _refuse_reuse(self, job_id: str) -> None:
         """ALREADY_EXISTS when ``job_id`` names a job held, evicted, or with a history or checkpoint on disk."""
+        if isinstance(self.jobs.get(job_id), FinishedJob):
+            raise AlreadyExistsError(
+                f"Job {short(job_id)} already exists: it finished under an earlier master, and the master's state "
+                f"directory holds its checkpoint; choose another job id, or continue that job with "
+                f"`gradcode resume {job_id}`."
+            )
         if job_id in self.jobs or job_id in self.evicted:
             raise AlreadyExistsError(f"Job {short(job_id)} already exists.")
         saved = []
