@@ -6,6 +6,7 @@
     gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
     gradcode codes --accepted          which (n, s) the guarded schemes accept (certified), as a table
     gradcode simulate --scheme A B ... simulated iteration times at any n under a delay model and costs
+    gradcode plan HISTORY              the configuration a job's history says is fastest, with runners-up
     gradcode run --master ADDR ...     start a job on a running master and follow it (prints its id first;
                                        Ctrl-C detaches: the job goes on)
     gradcode watch|model|cancel JOB    follow (re-attach to), fetch the model of, or cancel a job
@@ -47,7 +48,7 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
-from gradcode.client.simulation import add_simulate_command
+from gradcode.client.simulation import add_plan_command, add_simulate_command
 from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
@@ -675,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     codes.add_argument("--verbose", action="store_true", help="with --accepted: each configuration on stderr")
     codes.set_defaults(handler=_codes)
     add_simulate_command(sub, scheme=_scheme, key_value=_key_value)
+    add_plan_command(sub)
 
     def client_command(name: str, text: str) -> argparse.ArgumentParser:
         """A command that talks to a running master: its address and the client's security flags."""

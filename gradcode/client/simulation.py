@@ -1,10 +1,15 @@
-"""``gradcode simulate``: what a configuration would do, from the simulator of :mod:`gradcode.common.simulate`.
+"""``gradcode simulate`` and ``gradcode plan``: what configurations would do, from :mod:`gradcode.common.simulate`
+and :mod:`gradcode.common.plan`.
 
     gradcode simulate --scheme binary fractional uncoded --n 120 --s 3 --straggler pareto \\
         --straggler-param shape=1.1 --straggler-param scale=0.01 --compute-seconds 0.5 --iterations 200
 
 Costs come from ``--costs FILE.json`` (the fields of :class:`~gradcode.common.simulate.Costs`) and the flags,
 a flag winning over the file. Prints one row per configuration; ``--json FILE`` writes the rows and the costs.
+
+    gradcode plan runs/job-1.jsonl --iterations 100 --bootstrap 10
+
+fits every worker of the job's history and ranks the exact configurations with that many workers.
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.simulate import Costs, simulate
 from gradcode.common.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 
-__all__ = ["COST_FLAGS", "add_cost_arguments", "add_simulate_command", "costs_from_args", "format_rows"]
+__all__ = [
+    "COST_FLAGS",
+    "add_cost_arguments",
+    "add_plan_command",
+    "add_simulate_command",
+    "costs_from_args",
+    "format_rows",
+]
 
 COST_FLAGS = {
     "compute_seconds": "seconds one worker takes for the gradient of the whole data set",
@@ -160,4 +172,79 @@ def add_simulate_command(
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
     add_cost_arguments(p)
     p.set_defaults(handler=_simulate_command)
+    return p
+
+
+def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    table = [list(head), *[list(line) for line in lines]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gradcode.common.plan import code_from_spec, plan, read_history
+
+    for name in ("iterations", "top", "show"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, not {getattr(args, name)}.")
+    reports, spec = read_history(args.history)
+    if args.spec is not None:
+        spec = json.loads(args.spec.read_text(encoding="utf-8"))
+    if spec is None:
+        raise ValueError(
+            f"No job spec beside {args.history} ({args.history.with_suffix('.spec.json').name}); give --spec FILE "
+            "(the master writes it beside the history)."
+        )
+    rows, fits = plan(
+        reports,
+        code_from_spec(spec),
+        base=costs_from_args(args),
+        iterations=args.iterations,
+        bootstrap=args.bootstrap,
+        top=args.top,
+    )
+    print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
+    for f in fits:
+        print(
+            f"  worker {f.worker_id}: shift {1e3 * f.shift:.2f} ms, mean excess {1e3 / f.rate:.2f} ms "
+            f"({f.observed} observed, {f.censored} late)"
+        )
+    print(
+        f"Ranked by simulated mean seconds per iteration (K = {args.iterations}; 5-95 % bootstrap over "
+        f"{args.bootstrap} resamples of the history for the top {args.top}); the first is the recommendation:"
+    )
+    head = ("rank", "scheme", "parameters", "workers", "mean ms", "5% ms", "95% ms", "K iterations s")
+    lines = [
+        (
+            str(r.rank), r.scheme, r.parameters, str(r.workers), f"{1e3 * r.mean_seconds:.2f}",
+            f"{1e3 * r.low_seconds:.2f}", f"{1e3 * r.high_seconds:.2f}", f"{r.total_seconds:.3f}",
+        )
+        for r in rows[: args.show]
+    ]  # fmt: skip
+    print(_table(head, lines))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        clean = [
+            {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(f).items()} for f in fits
+        ]
+        args.json.write_text(json.dumps({"fits": clean, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+def add_plan_command(sub: Any) -> argparse.ArgumentParser:
+    """Register ``gradcode plan HISTORY`` on the subparsers ``sub``."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="recommend a configuration from a job's history: fit each worker, simulate, rank"
+    )
+    p.add_argument("history", type=Path, help="<run_dir>/<job>.jsonl the master writes (or a saved .json history)")
+    p.add_argument("--spec", type=Path, default=None, help="the job's spec (default: <history>.spec.json beside it)")
+    p.add_argument("--iterations", type=int, default=100, help="iterations per simulation, K (default: %(default)s)")
+    p.add_argument("--bootstrap", type=int, default=10, help="bootstrap resamples of the history (default: 10)")
+    p.add_argument("--top", type=int, default=5, help="configurations given a bootstrap interval (default: 5)")
+    p.add_argument("--show", type=int, default=10, help="rows printed (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the fits and all rows")
+    add_cost_arguments(p)
+    p.set_defaults(handler=_plan_command)
     return p
