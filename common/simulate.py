@@ -13,9 +13,10 @@ The time model of one iteration (all times in seconds from its start):
 * **model down** (``Costs.broadcast``): each parent (the master first) sends the model to its ``c`` children at
   once, the transfers sharing its link fairly: every child holds it ``max(c b / B_parent, b / B_child)`` after
   its parent, with ``b`` the message bytes and ``B`` the link bandwidths.
-* **compute**: ``delay + share / speed * compute_seconds``, where ``share`` is the fraction of the data set the
-  worker's rows cover (:meth:`GradientCode.data_share`, a tree node's own partitions) and ``compute_seconds`` is
-  one worker computing the gradient of the whole data set. A worker sending several rows (the two-stage partial
+* **compute**: ``delay + (share * compute_seconds + worker_seconds) / speed``, where ``share`` is the fraction
+  of the data set the worker's rows cover (:meth:`GradientCode.data_share`, a tree node's own partitions),
+  ``compute_seconds`` is one worker computing the gradient of the whole data set and ``worker_seconds`` what a
+  worker spends whatever its share. A worker sending several rows (the two-stage partial
   straggler scheme) has its ``m``-th row ready once the partitions of rows ``0..m`` are computed.
 * **up**: each worker's messages leave one after another on its own link (``b / B_worker`` each); at the
   receiver they queue first come first served on its link, each taking ``b / B_receiver + overhead`` (the
@@ -73,7 +74,8 @@ class Costs:
     (each direction; ``inf``: free). ``message_overhead``: seconds the receiver spends per message besides its
     bytes (decoder, framing). ``decode_seconds``: from the decodable moment to the end of the iteration.
     ``worker_speed``: relative compute speed per worker index (empty: all 1). ``broadcast``: whether the model
-    goes down the links at the start of each iteration.
+    goes down the links at the start of each iteration. ``worker_seconds``: what every worker spends per
+    iteration whatever its share (decoding the model, encoding its messages), divided by its speed.
     """
 
     compute_seconds: float = 0.0
@@ -84,9 +86,10 @@ class Costs:
     decode_seconds: float = 0.0
     worker_speed: tuple[float, ...] = ()
     broadcast: bool = True
+    worker_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("compute_seconds", "message_bytes", "message_overhead", "decode_seconds"):
+        for name in ("compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds"):
             check_number(name, getattr(self, name))
         for name in ("worker_bandwidth", "master_bandwidth"):
             value = getattr(self, name)
@@ -297,7 +300,7 @@ def simulate(
                 shares = _row_shares(code, weights, assignment, w)
                 if static is not None:
                     shares_cache[w] = shares
-            start = float(has_model[w]) + delays.delay(w, t)
+            start = float(has_model[w]) + delays.delay(w, t) + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
         seconds, used, received = receiver.run(assignment, ready)
@@ -348,7 +351,9 @@ def _simulate_tree(
             if children[w]:
                 has_model[children[w]] = _down(float(has_model[w]), len(children[w]), costs, costs.worker_bandwidth)
         computed = [
-            float(has_model[w]) + delays.delay(w, t) + share[w] * costs.compute_seconds / costs.speed(w)
+            float(has_model[w])
+            + delays.delay(w, t)
+            + (share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w)
             for w in range(total)
         ]
         ready = list(computed)

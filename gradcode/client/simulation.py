@@ -43,6 +43,7 @@ COST_FLAGS = {
     "master_bandwidth": "bytes/s of the master's link (default: free)",
     "message_overhead": "seconds the receiver spends per message besides its bytes",
     "decode_seconds": "seconds from the decodable moment to the end of the iteration",
+    "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
 
