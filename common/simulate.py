@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,9 @@ class Costs:
     ``worker_speed``: relative compute speed per worker index (empty: all 1). ``broadcast``: whether the model
     goes down the links at the start of each iteration. ``worker_seconds``: what every worker spends per
     iteration whatever its share (decoding the model, encoding its messages), divided by its speed.
+    ``parent_decode_seconds``: a tree parent's ``decode_seconds`` (None: the same), from its decodable moment
+    to its message ready to go up (decode, combine, encode); a parent runs on a worker host, often with less CPU
+    than the master's.
     """
 
     compute_seconds: float = 0.0
@@ -87,10 +90,13 @@ class Costs:
     worker_speed: tuple[float, ...] = ()
     broadcast: bool = True
     worker_seconds: float = 0.0
+    parent_decode_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds"):
             check_number(name, getattr(self, name))
+        if self.parent_decode_seconds is not None:
+            check_number("parent_decode_seconds", self.parent_decode_seconds)
         for name in ("worker_bandwidth", "master_bandwidth"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
@@ -221,23 +227,28 @@ class _Round:
         self.service = self.receive + costs.message_overhead
         self.upload = costs.message_bytes / costs.worker_bandwidth
 
-    def run(self, assignment: Assignment, ready: Mapping[int, Sequence[float]]) -> tuple[float, tuple[int, ...], int]:
+    def run(
+        self, assignment: Assignment, ready: Mapping[int, Sequence[float]], expected: frozenset[int] = frozenset()
+    ) -> tuple[float, tuple[int, ...], int]:
         """``ready[w][m]``: when worker ``w``'s ``m``-th row is computed (missing worker: never answers).
 
-        Returns the decodable moment (``inf`` if the rows never decode), the workers whose rows the decoding
-        uses, and how many messages were through by then."""
+        ``expected``: the round's primaries (empty: all alike); a backup's message ready at the same moment as an
+        expected one crosses the link after it. Returns the decodable moment (``inf`` if the rows never decode),
+        the workers whose rows the decoding uses, and how many messages were through by then."""
         rows: list[int] = []
         earliest: list[float] = []
+        backup: list[bool] = []
         for w, times in ready.items():
             sent = -math.inf
             for row, t in zip(assignment.rows[w], times, strict=True):
                 sent = max(t, sent) + self.upload  # the worker's own link sends its rows one after another
                 rows.append(row)  # pipelined: through no earlier than either link allows, then processed
+                backup.append(bool(expected) and w not in expected)
                 earliest.append(max(sent, t + self.receive) + self.costs.message_overhead)
         if not rows:
             return math.inf, (), 0
         e = np.asarray(earliest)
-        order = np.argsort(e, kind="stable")
+        order = np.lexsort((np.asarray(backup), e))  # at a tie the expected workers' messages go first
         through = _through(e[order], self.service)
         decoder = self.code.decoder(assignment)
         for position, index in enumerate(order):
@@ -267,12 +278,18 @@ def simulate(
     *,
     observe: ObservationPolicy | None = None,
     first_iteration: int = 0,
+    primaries: bool = True,
 ) -> SimulationResult:
     """Simulate ``iterations`` synchronous iterations of ``code`` under ``costs`` and ``delays`` (None: no delay).
 
     ``observe`` tells a dynamic code what it saw before each iteration (default: :func:`straggler_observation`,
     the master's rule); static codes ignore it. Iterations are numbered from ``first_iteration`` (the delay
-    models' ``iteration`` argument). An iteration that can never decode (every worker's rows together do not)
+    models' ``iteration`` argument). ``primaries``: a static flat code's round expects a minimal decoding set
+    (:meth:`GradientCode.decoding_set`, preferring the workers the last decode used, as the master's
+    ``Primaries``) and its messages cross the link before backups ready at the same moment (the live backups
+    compute at the lowest priority); a set of ``n - s`` or more is no set.
+
+    An iteration that can never decode (every worker's rows together do not)
     raises ``ValueError``.
     """
     iterations = check_int("iterations", iterations, 1)
@@ -303,7 +320,13 @@ def simulate(
             start = float(has_model[w]) + delays.delay(w, t) + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
-        seconds, used, received = receiver.run(assignment, ready)
+        expected: frozenset[int] = frozenset()
+        if primaries and static is not None:
+            answered = set(last.used) if last is not None else set(range(code.n))
+            found = code.decoding_set(assignment, sorted(range(code.n), key=lambda w: (w not in answered, w)))
+            if found is not None and len(found) < code.n - code.s:
+                expected = frozenset(found)
+        seconds, used, received = receiver.run(assignment, ready, expected)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         master_bytes = costs.message_bytes * ((code.n if costs.broadcast else 0) + received)
@@ -341,7 +364,10 @@ def _simulate_tree(
         depth[w] = 0 if parent_of[w] == -1 else depth[parent_of[w]] + 1
     deepest_first = sorted((w for w in range(total) if children[w]), key=lambda w: -depth[w])
     master_round = _Round(code, costs, costs.master_bandwidth)
-    parent_round = _Round(child_code, costs, costs.worker_bandwidth, report_used=False)
+    at_parents = (
+        costs if costs.parent_decode_seconds is None else replace(costs, decode_seconds=costs.parent_decode_seconds)
+    )
+    parent_round = _Round(child_code, at_parents, costs.worker_bandwidth, report_used=False)
     top_assignment = Assignment(tuple((rows[w].row,) for w in top))
     outcomes: list[IterationOutcome] = []
     for t in range(first, first + iterations):

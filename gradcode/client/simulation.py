@@ -44,6 +44,7 @@ COST_FLAGS = {
     "message_overhead": "seconds the receiver spends per message besides its bytes",
     "decode_seconds": "seconds from the decodable moment to the end of the iteration",
     "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
+    "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
 

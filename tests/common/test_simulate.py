@@ -125,3 +125,25 @@ def test_two_thousand_workers_simulate_in_seconds() -> None:
     result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0))
     assert time.perf_counter() - started < 15.0
     assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
+
+
+def test_the_primaries_cross_the_masters_link_before_backups_ready_at_the_same_moment() -> None:
+    code = make_code("binary", n=12, s=1)
+    costs = Costs(message_bytes=1.0, master_bandwidth=1.0, broadcast=False)
+    found = code.decoding_set(code.static_assignment(), list(range(12)))
+    assert found is not None and len(found) < 11
+    with_primaries = simulate(code, costs, 2)
+    assert with_primaries.seconds.tolist() == [float(len(found))] * 2  # one second per message, the set first
+    assert with_primaries.master_bytes.tolist() == [float(len(found))] * 2
+    alike = simulate(code, costs, 2, primaries=False)
+    assert alike.seconds[0] > len(found)  # fed in link (index) order, a complete class arrives later
+
+
+def test_a_tree_parent_spends_its_own_decode_time_once_per_iteration() -> None:
+    code = make_code("coded_reduce", n=3, s=1, L=2)
+    base = Costs(compute_seconds=1.0)
+    plain = simulate(code, base, 1).seconds[0]
+    slow_parents = simulate(code, Costs(compute_seconds=1.0, parent_decode_seconds=0.5), 1).seconds[0]
+    assert slow_parents == pytest.approx(plain + 0.5)
+    with pytest.raises(ValueError, match="parent_decode_seconds"):
+        Costs(parent_decode_seconds=-1.0)
