@@ -186,11 +186,13 @@ def candidate_codes(workers: int, *, exclude: Iterable[str] = ()) -> list[Gradie
 
 @dataclass(frozen=True)
 class PlanRow:
-    """A ranked configuration: predicted mean seconds per iteration, its bootstrap interval, time for K."""
+    """A ranked configuration: predicted mean seconds per iteration, its bootstrap interval, time for K;
+    ``code_params`` are what :func:`~gradcode.common.codes.registry.make_code` takes to build it."""
 
     rank: int
     scheme: str
     parameters: str
+    code_params: dict[str, Any]
     workers: int
     mean_seconds: float
     low_seconds: float
@@ -254,5 +256,8 @@ def plan(
     for rank, code in enumerate(ranked, start=1):
         mean = point[repr(code)]
         low, high = intervals.get(repr(code), (mean, mean))
-        rows.append(PlanRow(rank, type(code).name, _describe(code), _workers(code), mean, low, high, mean * iterations))
+        params = dict(code._params())
+        rows.append(
+            PlanRow(rank, type(code).name, _describe(code), params, _workers(code), mean, low, high, mean * iterations)
+        )
     return rows, fits

@@ -48,7 +48,7 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
-from gradcode.client.simulation import add_plan_command, add_simulate_command
+from gradcode.client.simulation import add_plan_command, add_simulate_command, planned_configuration
 from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
@@ -432,7 +432,15 @@ def _client(args: argparse.Namespace) -> GradcodeClient:
     return GradcodeClient(args.master, security=security_from_args(args))
 
 
+def _apply_plan(args: argparse.Namespace) -> None:
+    """``run --plan HISTORY``: the planner's recommendation replaces --scheme, --n, --s and --code-param."""
+    if args.plan is not None:
+        args.scheme, params = planned_configuration(args.plan)
+        args.code_param = list(params.items())
+
+
 async def _run(args: argparse.Namespace) -> int:
+    _apply_plan(args)
     spec = _spec_from_args(args)
     _output_dir(args.out)  # before the job runs, not after
     created: list[master_pb2.JobInfo] = []
@@ -687,6 +695,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = client_command("run", "start a job on a running master and follow it")
     _add_job_arguments(run)
+    run.add_argument(
+        "--plan", type=_input_file, default=None, metavar="HISTORY",
+        help="run the configuration `gradcode plan HISTORY` recommends (its scheme and parameters replace "
+        "--scheme, --n, --s and --code-param)",
+    )  # fmt: skip
     _add_reconnect_argument(run)
     run.set_defaults(handler=_run)
 

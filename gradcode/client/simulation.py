@@ -34,6 +34,7 @@ __all__ = [
     "add_simulate_command",
     "costs_from_args",
     "format_rows",
+    "planned_configuration",
 ]
 
 COST_FLAGS = {
@@ -233,6 +234,28 @@ def _plan_command(args: argparse.Namespace) -> int:
         ]
         args.json.write_text(json.dumps({"fits": clean, "rows": [asdict(r) for r in rows]}, indent=1))
     return 0
+
+
+def planned_configuration(
+    history: Path, spec: Path | None = None, *, iterations: int = 100
+) -> tuple[str, dict[str, Any]]:
+    """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
+    what ``gradcode run --plan HISTORY`` runs."""
+    from gradcode.common.plan import code_from_spec, plan, read_history
+
+    reports, beside = read_history(history)
+    job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
+    if job is None:
+        raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
+    rows, _ = plan(reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1)
+    best = rows[0]
+    print(
+        f"plan from {history}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
+        f"{1e3 * best.mean_seconds:.1f} ms per iteration; runner-up "
+        + (f"{rows[1].scheme} {rows[1].parameters} {1e3 * rows[1].mean_seconds:.1f} ms" if len(rows) > 1 else "none"),
+        flush=True,
+    )
+    return best.scheme, best.code_params
 
 
 def add_plan_command(sub: Any) -> argparse.ArgumentParser:

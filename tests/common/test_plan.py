@@ -99,3 +99,20 @@ def test_gradcode_plan_refuses_a_file_without_reports_or_spec(
     lone.write_text(json.dumps(history([0.01] * N, 3, late=0)[0]) + "\n")
     assert main(["plan", str(lone)]) == 1
     assert "--spec" in capsys.readouterr().err
+
+
+def test_run_plan_replaces_the_scheme_with_the_recommendation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.client.__main__ import _apply_plan, _spec_from_args, build_parser
+    from gradcode.common.wire import dict_from_struct
+
+    path = tmp_path / "job.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in history([0.001] * (N - 1) + [0.3], 30, late=0)))
+    (tmp_path / "job.spec.json").write_text(json.dumps({"code": {"name": "uncoded", "params": {"n": N}}}))
+    args = build_parser().parse_args(["run", "--scheme", "uncoded", "--n", str(N), "--plan", str(path)])
+    _apply_plan(args)
+    assert args.scheme != "uncoded" and "plan from" in capsys.readouterr().out
+    spec = _spec_from_args(args)
+    assert spec.code.name == args.scheme
+    make_code(spec.code.name, **dict_from_struct(spec.code.params))  # the spec builds the recommended code
