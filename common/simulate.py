@@ -55,6 +55,7 @@ from gradcode.common.stragglers import DelayModel, NoDelay
 from gradcode.common.validation import check_int, check_number
 
 __all__ = [
+    "PRIMARIES_MAX_WORKERS",
     "Costs",
     "IterationOutcome",
     "ObservationPolicy",
@@ -197,6 +198,13 @@ class SimulationResult:
         }
 
 
+PRIMARIES_MAX_WORKERS = 128
+"""Largest n for which the simulated round picks primaries. ``GradientCode.decoding_set`` runs the decoder once per
+member of its greedy prefix to minimise it, O(n²) row additions: 4 s for uncoded and 52 s for clustered at
+n = 2000, and 2 s per iteration for clustered at n = 400 under exponential delays (the set is found again
+whenever one of its members is late), a cost the live master, which uses it the same way, would pay too."""
+
+
 def _through(earliest: Array, service: float) -> Array:
     """FIFO receiver: message ``i`` (``earliest`` sorted ascending) is through at ``max(e_i, d_{i-1} + c)``."""
     steps = np.arange(earliest.shape[0], dtype=float) * service
@@ -229,13 +237,14 @@ class _Round:
 
     def run(
         self, assignment: Assignment, ready: Mapping[int, Sequence[float]], expected: frozenset[int] = frozenset()
-    ) -> tuple[float, tuple[int, ...], int]:
+    ) -> tuple[float, tuple[int, ...], int, frozenset[int]]:
         """``ready[w][m]``: when worker ``w``'s ``m``-th row is computed (missing worker: never answers).
 
         ``expected``: the round's primaries (empty: all alike); a backup's message ready at the same moment as an
         expected one crosses the link after it. Returns the decodable moment (``inf`` if the rows never decode),
-        the workers whose rows the decoding uses, and how many messages were through by then."""
+        the workers whose rows the decoding uses, how many messages were through by then and from whom."""
         rows: list[int] = []
+        senders: list[int] = []
         earliest: list[float] = []
         backup: list[bool] = []
         for w, times in ready.items():
@@ -244,9 +253,10 @@ class _Round:
                 sent = max(t, sent) + self.upload  # the worker's own link sends its rows one after another
                 rows.append(row)  # pipelined: through no earlier than either link allows, then processed
                 backup.append(bool(expected) and w not in expected)
+                senders.append(w)
                 earliest.append(max(sent, t + self.receive) + self.costs.message_overhead)
         if not rows:
-            return math.inf, (), 0
+            return math.inf, (), 0, frozenset()
         e = np.asarray(earliest)
         order = np.lexsort((np.asarray(backup), e))  # at a tie the expected workers' messages go first
         through = _through(e[order], self.service)
@@ -255,8 +265,9 @@ class _Round:
             if decoder.add(rows[int(index)]):
                 owner = assignment.owner
                 used = tuple(sorted({owner[r] for r in decoder.decoding().rows})) if self.report_used else ()
-                return float(through[position]) + self.costs.decode_seconds, used, position + 1
-        return math.inf, (), len(rows)
+                arrived = frozenset(senders[int(i)] for i in order[: position + 1])
+                return float(through[position]) + self.costs.decode_seconds, used, position + 1, arrived
+        return math.inf, (), len(rows), frozenset(senders)
 
 
 def _row_shares(code: GradientCode, weights: Array, assignment: Assignment, w: int) -> list[float]:
@@ -286,8 +297,10 @@ def simulate(
     the master's rule); static codes ignore it. Iterations are numbered from ``first_iteration`` (the delay
     models' ``iteration`` argument). ``primaries``: a static flat code's round expects a minimal decoding set
     (:meth:`GradientCode.decoding_set`, preferring the workers the last decode used, as the master's
-    ``Primaries``) and its messages cross the link before backups ready at the same moment (the live backups
-    compute at the lowest priority); a set of ``n - s`` or more is no set.
+    ``Primaries``: kept while its members' messages arrive before the decode, found again otherwise) and its
+    messages cross the link before backups ready at the same moment (the live backups compute at the lowest
+    priority); a set of ``n - s`` or more is no set. Above :data:`PRIMARIES_MAX_WORKERS` workers every worker is
+    asked alike.
 
     An iteration that can never decode (every worker's rows together do not)
     raises ``ValueError``.
@@ -305,6 +318,9 @@ def simulate(
     weights = code.partition_weights
     outcomes: list[IterationOutcome] = []
     last: IterationOutcome | None = None
+    current: frozenset[int] | None = None
+    expected: frozenset[int] = frozenset()
+    arrived: frozenset[int] = frozenset(range(code.n))
     for t in range(first_iteration, first_iteration + iterations):
         assignment = static if static is not None else code.assign(observe(t, last))
         has_model = _down(0.0, code.n, costs, costs.master_bandwidth)
@@ -320,13 +336,12 @@ def simulate(
             start = float(has_model[w]) + delays.delay(w, t) + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
-        expected: frozenset[int] = frozenset()
-        if primaries and static is not None:
-            answered = set(last.used) if last is not None else set(range(code.n))
-            found = code.decoding_set(assignment, sorted(range(code.n), key=lambda w: (w not in answered, w)))
-            if found is not None and len(found) < code.n - code.s:
-                expected = frozenset(found)
-        seconds, used, received = receiver.run(assignment, ready, expected)
+        if primaries and static is not None and code.n <= PRIMARIES_MAX_WORKERS:
+            if current is None or not current <= arrived:  # the master keeps a set while its members answer
+                found = code.decoding_set(static, sorted(range(code.n), key=lambda w: (w not in arrived, w)))
+                current = frozenset(found) if found is not None and len(found) < code.n - code.s else frozenset()
+            expected = current
+        seconds, used, received, arrived = receiver.run(assignment, ready, expected)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         master_bytes = costs.message_bytes * ((code.n if costs.broadcast else 0) + received)
@@ -386,9 +401,9 @@ def _simulate_tree(
         for w in deepest_first:
             kids = children[w]
             assignment = Assignment(tuple((rows[c].row,) for c in kids))
-            done, _, _ = parent_round.run(assignment, {i: [ready[c]] for i, c in enumerate(kids)})
+            done, _, _, _ = parent_round.run(assignment, {i: [ready[c]] for i, c in enumerate(kids)})
             ready[w] = max(done, computed[w])
-        seconds, used_slots, received = master_round.run(top_assignment, {i: [ready[w]] for i, w in enumerate(top)})
+        seconds, used_slots, received, _ = master_round.run(top_assignment, {i: [ready[w]] for i, w in enumerate(top)})
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the tree does not decode in iteration {t}.")
         used = tuple(top[i] for i in used_slots)

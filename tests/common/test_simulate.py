@@ -119,12 +119,17 @@ def test_a_slower_host_computes_its_share_slower() -> None:
 
 
 def test_two_thousand_workers_simulate_in_seconds() -> None:
-    code = make_code("binary", n=2000, s=99)
+    """Above PRIMARIES_MAX_WORKERS no decoding set is sought: uncoded took 4 s and clustered 52 s per iteration."""
     costs = Costs(compute_seconds=1.0, message_bytes=8e5, worker_bandwidth=1.25e8, master_bandwidth=1.25e9)
-    started = time.perf_counter()
-    result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0))
-    assert time.perf_counter() - started < 15.0
-    assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
+    for code in (
+        make_code("binary", n=2000, s=99),
+        make_code("uncoded", n=2000),
+        make_code("clustered", n=2000, clusters=200, load=3),
+    ):
+        started = time.perf_counter()
+        result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0))
+        assert time.perf_counter() - started < 10.0, code
+        assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
 
 
 def test_the_primaries_cross_the_masters_link_before_backups_ready_at_the_same_moment() -> None:
