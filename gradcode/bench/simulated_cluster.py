@@ -77,6 +77,11 @@ def calibrate(result: dict[str, Any]) -> Costs:
     base = _base(result)
     rows = {(e["n"], e["stragglers"], e["system"]): e for e in result["summary"]}
     ns = sorted({n for n, stragglers, system in rows if system == "uncoded" and stragglers == 0})
+    if len(ns) < 2:
+        raise ValueError(
+            f"Calibrating needs straggler-free uncoded rows at two n; this run has {ns}. Give --calibrate-on a run "
+            "with several n on the same hosts."
+        )
     small, large = ns[0], ns[-1]
     measured = np.array([rows[(n, 0, "uncoded")]["median_s"] for n in (small, large)])
     args = (result["rounds"], result["delay_s"], result["iterations"])
@@ -110,9 +115,11 @@ def calibrate(result: dict[str, Any]) -> Costs:
     return replace(flat, parent_decode_seconds=parent)
 
 
-def compare(result: dict[str, Any]) -> tuple[Costs, list[dict[str, Any]]]:
-    """Per gradcode row of the run's summary: measured and simulated median seconds and their ratio."""
-    costs = calibrate(result)
+def compare(result: dict[str, Any], calibration: dict[str, Any] | None = None) -> tuple[Costs, list[dict[str, Any]]]:
+    """Per gradcode row of the run's summary: measured and simulated median seconds and their ratio, with the costs
+    fitted on ``calibration`` (another run on the same hosts; default: this one, whose fitted rows are marked)."""
+    costs = calibrate(calibration if calibration is not None else result)
+    own = calibration is None
     smallest_tree = min((e["n"] for e in result["summary"] if e["scheme"] == "coded_reduce"), default=None)
     out = []
     for entry in result["summary"]:
@@ -123,9 +130,13 @@ def compare(result: dict[str, Any]) -> tuple[Costs, list[dict[str, Any]]]:
             result["rounds"], result["delay_s"], result["iterations"],
         )  # fmt: skip
         ratio = simulated / entry["median_s"]
-        fitted = entry["stragglers"] == 0 and (
-            (entry["system"] == "uncoded" and entry["n"] in (min(result["ns"]), max(result["ns"])))
-            or (entry["scheme"] == "coded_reduce" and entry["n"] == smallest_tree)
+        fitted = (
+            own
+            and entry["stragglers"] == 0
+            and (
+                (entry["system"] == "uncoded" and entry["n"] in (min(result["ns"]), max(result["ns"])))
+                or (entry["scheme"] == "coded_reduce" and entry["n"] == smallest_tree)
+            )
         )
         out.append(
             {
@@ -142,12 +153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gradcode.bench.simulated_cluster", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--results", type=Path, default=RESULTS / "cluster.json", help="a cluster.json to compare")
+    parser.add_argument(
+        "--calibrate-on", type=Path, default=None, metavar="FILE",
+        help="fit the costs on this cluster.json (the same hosts) and predict every row of --results",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the comparison as JSON")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text(encoding="utf-8"))
-    costs, rows = compare(result)
+    calibration = None if args.calibrate_on is None else json.loads(args.calibrate_on.read_text(encoding="utf-8"))
+    costs, rows = compare(result, calibration)
+    where = "" if args.calibrate_on is None else f" on {args.calibrate_on}"
     print(
-        f"fitted on the straggler-free uncoded rows: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "
+        f"fitted{where}: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "
         f"message_overhead {1e3 * costs.message_overhead:.2f} ms; on the smallest tree: parent_decode_seconds "
         f"{1e3 * (costs.parent_decode_seconds or 0.0):.1f} ms; links {costs.master_bandwidth * 8 / 1e6:g} / "
         f"{costs.worker_bandwidth * 8 / 1e6:g} Mbit/s, {MESSAGE_BYTES / 1e6:g} MB messages"

@@ -20,3 +20,14 @@ def test_the_fit_reproduces_its_rows_and_predicts_the_others_within_the_document
     predicted = [r for r in rows if not r["fitted"]]
     assert len(predicted) == 21 and all(0.83 <= r["ratio"] <= 1.09 for r in predicted)  # the docstring's range
     assert sum(r["within_15pct"] for r in predicted) >= 19
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_a_run_of_one_n_is_refused_as_its_own_calibration_and_predicted_from_another() -> None:
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    one_n = {**result, "ns": [6], "summary": [e for e in result["summary"] if e["n"] == 6]}
+    with pytest.raises(ValueError, match="two n"):
+        compare(one_n)
+    costs, rows = compare(one_n, result)
+    assert not any(r["fitted"] for r in rows) and len(rows) == 8
+    assert costs == compare(result)[0]
