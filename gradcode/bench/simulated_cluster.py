@@ -158,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="fit the costs on this cluster.json (the same hosts) and predict every row of --results",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the comparison as JSON")
+    parser.add_argument(
+        "--write-costs", type=Path, default=None, metavar="FILE",
+        help="write the fitted costs as a calibration file for `gradcode simulate --costs FILE`",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text(encoding="utf-8"))
     calibration = None if args.calibrate_on is None else json.loads(args.calibrate_on.read_text(encoding="utf-8"))
@@ -180,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{sum(r['within_15pct'] for r in predicted)} of {len(predicted)} predicted rows within 15 %")
     if args.json is not None:
         args.json.write_text(json.dumps({"costs": costs.to_dict(), "rows": rows}, indent=1) + "\n")
+    if args.write_costs is not None:
+        args.write_costs.write_text(json.dumps(costs.to_dict(), indent=1) + "\n")
     return 0
 
 

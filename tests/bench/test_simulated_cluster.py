@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,19 @@ def test_a_run_of_one_n_is_refused_as_its_own_calibration_and_predicted_from_ano
     costs, rows = compare(one_n, result)
     assert not any(r["fitted"] for r in rows) and len(rows) == 8
     assert costs == compare(result)[0]
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_the_fitted_costs_feed_gradcode_simulate(tmp_path: Path) -> None:
+    from gradcode.bench.simulated_cluster import main as compare_main
+    from gradcode.client.__main__ import main as gradcode_main
+
+    costs = tmp_path / "costs.json"
+    assert compare_main(["--write-costs", str(costs)]) == 0
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--scheme", "uncoded", "--n", "24", "--s", "0", "--costs", str(costs), "--json", str(out)]
+    assert gradcode_main([*argv, "--iterations", "2"]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    measured = next(e["median_s"] for e in json.loads((RESULTS / "cluster.json").read_text())["summary"]
+                    if e["n"] == 24 and e["system"] == "uncoded" and e["stragglers"] == 0)  # fmt: skip
+    assert row["median_seconds"] == pytest.approx(measured, rel=1e-3)  # a row the costs were fitted on
