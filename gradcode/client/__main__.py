@@ -5,6 +5,8 @@
     gradcode demo                      local master + workers as processes, train on digits, compare
     gradcode codes --n 12 --s 3        which scheme to choose: load, messages, decode cost, exactness
     gradcode codes --accepted          which (n, s) the guarded schemes accept (certified), as a table
+    gradcode simulate --scheme A B ... simulated iteration times at any n under a delay model and costs
+    gradcode plan HISTORY              the configuration a job's history says is fastest, with runners-up
     gradcode run --master ADDR ...     start a job on a running master and follow it (prints its id first;
                                        Ctrl-C detaches: the job goes on)
     gradcode watch|model|cancel JOB    follow (re-attach to), fetch the model of, or cancel a job
@@ -14,6 +16,7 @@
     gradcode bench wide [--quick]      n = 16, p = 1e5: gradcode against the floor of the same work
     gradcode bench chaos [--quick]     verified jobs while workers are frozen and killed
     gradcode bench cluster [--quick]   emulated hosts (root): flat codes, trees, allreduce on shaped links
+    gradcode bench papers [--quick]    the papers' timing results beside gradcode's simulation of its own codes
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -45,6 +48,7 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
+from gradcode.client.simulation import add_plan_command, add_simulate_command, planned_configuration
 from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
@@ -428,7 +432,15 @@ def _client(args: argparse.Namespace) -> GradcodeClient:
     return GradcodeClient(args.master, security=security_from_args(args))
 
 
+def _apply_plan(args: argparse.Namespace) -> None:
+    """``run --plan HISTORY``: the planner's recommendation replaces --scheme, --n, --s and --code-param."""
+    if args.plan is not None:
+        args.scheme, params = planned_configuration(args.plan)
+        args.code_param = list(params.items())
+
+
 async def _run(args: argparse.Namespace) -> int:
+    _apply_plan(args)
     spec = _spec_from_args(args)
     _output_dir(args.out)  # before the job runs, not after
     created: list[master_pb2.JobInfo] = []
@@ -672,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     codes.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128], help="n for --accepted")
     codes.add_argument("--verbose", action="store_true", help="with --accepted: each configuration on stderr")
     codes.set_defaults(handler=_codes)
+    add_simulate_command(sub, scheme=_scheme, key_value=_key_value)
+    add_plan_command(sub)
 
     def client_command(name: str, text: str) -> argparse.ArgumentParser:
         """A command that talks to a running master: its address and the client's security flags."""
@@ -682,6 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = client_command("run", "start a job on a running master and follow it")
     _add_job_arguments(run)
+    run.add_argument(
+        "--plan", type=_input_file, default=None, metavar="HISTORY",
+        help="run the configuration `gradcode plan HISTORY` recommends (its scheme and parameters replace "
+        "--scheme, --n, --s and --code-param)",
+    )  # fmt: skip
     _add_reconnect_argument(run)
     run.set_defaults(handler=_run)
 
@@ -736,6 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
 BENCHMARKS = {
     "chaos": "gradcode.bench.chaos",
     "cluster": "gradcode.bench.cluster",
+    "papers": "gradcode.bench.papers",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",
     "wide": "gradcode.bench.wide",

@@ -1,0 +1,263 @@
+r"""Which configuration should a cluster run? Fit each worker's time from a job's history, simulate the candidates.
+
+A history (the master's ``<run_dir>/<job>.jsonl``, one :class:`IterationReport` per line, or the ``.json`` list
+``gradcode run --out`` saves) holds per iteration the seconds each worker took until its last message reached the
+master (``timings``) and the workers still computing when the round decoded (``late_workers``, cancelled: their
+time is only known to exceed the round's). The planner:
+
+1. **fits** each worker's time as a shifted exponential, $T_w = c_w + \mathrm{Exp}(\lambda_w)$, by maximum
+   likelihood with right censoring: $\hat c_w$ = its fastest observed time, $\hat\lambda_w$ = (observed
+   iterations) / (sum over all its iterations, late ones at the round's last reported time, of the time above
+   $\hat c_w$). A late worker thus counts as "at least this slow" instead of being dropped (dropping it would
+   make a straggler look fast). The shift is taken as the worker's compute for the history's data share (its
+   rows under the history's code: ``--spec``, or ``<job>.spec.json`` beside the history), so under another
+   configuration with share $x$ it becomes $c_w x / x_{hist}$ (:class:`~gradcode.common.simulate.Costs`'
+   ``compute_seconds`` and ``worker_speed``); the exponential part is the worker's delay, the same in every
+   configuration (:class:`FittedDelays`, a :class:`~gradcode.common.stragglers.DelayModel`).
+2. **simulates** every exact configuration with the history's number of worker processes — each registered
+   exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
+   workers fit — with :func:`~gradcode.common.simulate.simulate` and ranks them by mean seconds per iteration.
+3. **bootstraps** the leaders: the history's iterations are resampled with replacement, the fit and simulation
+   repeated, and the 5th-95th percentiles of the mean are the uncertainty shown.
+
+Worker ids in a history are the master's pool ids; the planner gives code index ``i`` to the ``i``-th smallest
+id (the fit is per worker, so a heterogeneous cluster keeps its slow hosts). Messages' transfer is inside the
+measured times; extra costs (``message_overhead``, bandwidths) can be added on top.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradcode.common.codes.base import GradientCode
+from gradcode.common.codes.registry import available_codes, code_class, make_code
+from gradcode.common.simulate import Costs, simulate
+from gradcode.common.stragglers import DelayModel
+from gradcode.common.validation import check_int
+
+__all__ = [
+    "FittedDelays",
+    "PlanRow",
+    "WorkerFit",
+    "candidate_codes",
+    "fit_workers",
+    "plan",
+    "read_history",
+]
+
+_STREAM_FITTED = 11
+
+
+def read_history(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The reports of a history file (``.jsonl`` or ``.json``) and the job spec beside it (None if absent)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        loaded = json.loads(text)
+        rows = loaded if isinstance(loaded, list) else [loaded]
+    else:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    reports = [r for r in rows if isinstance(r, dict) and "timings" in r]
+    if not reports:
+        raise ValueError(f"{path} holds no iteration reports (lines with 'timings'); give a job's history file.")
+    spec_path = path.with_suffix(".spec.json")
+    spec = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else None
+    return reports, spec
+
+
+def code_from_spec(spec: Mapping[str, Any]) -> GradientCode:
+    """The gradient code a saved job spec (``message_to_dict`` of a JobSpec) ran."""
+    code = spec.get("code")
+    if not isinstance(code, Mapping) or "name" not in code:
+        raise ValueError("The job spec has no 'code' with a 'name'; give --spec of the job that wrote the history.")
+    return make_code(str(code["name"]), **dict(code.get("params") or {}))
+
+
+@dataclass(frozen=True)
+class WorkerFit:
+    """One worker's fitted time: ``shift`` + Exp(``rate``), from ``observed`` times and ``censored`` late rounds."""
+
+    worker_id: int
+    shift: float
+    rate: float
+    observed: int
+    censored: int
+
+    @property
+    def mean(self) -> float:
+        return self.shift + (1.0 / self.rate if self.rate > 0 else math.inf)
+
+
+def _samples(reports: Sequence[Mapping[str, Any]]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per worker id: its observed seconds, and the censoring times of the rounds it was late in."""
+    out: dict[int, tuple[list[float], list[float]]] = {}
+    for report in reports:
+        times = {int(t["worker_id"]): float(t["seconds"]) for t in report.get("timings", [])}
+        horizon = max(times.values(), default=math.nan)
+        for w, seconds in times.items():
+            out.setdefault(w, ([], []))[0].append(seconds)
+        for w in report.get("late_workers", []):
+            if int(w) not in times and math.isfinite(horizon):
+                out.setdefault(int(w), ([], []))[1].append(horizon)
+    return out
+
+
+def fit_workers(reports: Sequence[Mapping[str, Any]]) -> list[WorkerFit]:
+    """Censored maximum-likelihood shifted exponential per worker, in ascending worker id."""
+    fits = []
+    for w, (seen, late) in sorted(_samples(reports).items()):
+        if not seen:
+            raise ValueError(f"Worker {w} was late in every iteration of the history; its time cannot be fitted.")
+        shift = min(seen)
+        excess = sum(x - shift for x in seen) + sum(max(c - shift, 0.0) for c in late)
+        rate = len(seen) / excess if excess > 0 else math.inf
+        fits.append(WorkerFit(w, shift, rate, len(seen), len(late)))
+    return fits
+
+
+class FittedDelays(DelayModel):
+    """Per-worker exponential delays with the fitted rates (code index ``i`` = the ``i``-th fit); seeded like every
+    :class:`DelayModel`, so configurations compared on the same seed see the same draws."""
+
+    name = "fitted"
+
+    def __init__(self, rates: Sequence[float], *, seed: int = 0) -> None:
+        super().__init__(seed=seed)
+        self.rates = tuple(float(r) for r in rates)
+
+    def _delay(self, worker_id: int, iteration: int) -> float:
+        rate = self.rates[worker_id % len(self.rates)]
+        if math.isinf(rate):
+            return 0.0
+        return float(self._rng(_STREAM_FITTED, worker_id, iteration).exponential(1.0 / rate))
+
+    def _mean(self) -> float:
+        return float(np.mean([0.0 if math.isinf(r) else 1.0 / r for r in self.rates]))
+
+
+def calibrate(fits: Sequence[WorkerFit], shares: Sequence[float], base: Costs) -> tuple[Costs, FittedDelays]:
+    """Costs whose compute reproduces each worker's shift at its history share, and the fitted delays."""
+    if len(shares) != len(fits):
+        raise ValueError(f"The history's code has {len(shares)} workers but the history names {len(fits)}.")
+    full = [f.shift / x if x > 0 else math.nan for f, x in zip(fits, shares, strict=True)]
+    known = [v for v in full if math.isfinite(v) and v > 0]
+    reference = float(np.median(known)) if known else 0.0
+    speeds = tuple(reference / v if math.isfinite(v) and v > 0 else 1.0 for v in full)
+    costs = replace(base, compute_seconds=reference, worker_speed=speeds)
+    return costs, FittedDelays([f.rate for f in fits], seed=0)
+
+
+def candidate_codes(workers: int, *, exclude: Iterable[str] = ()) -> list[GradientCode]:
+    """Every exact configuration with ``workers`` worker processes: each exact scheme's ``for_stragglers`` for every
+    s it accepts, and the CodedReduce trees (L >= 2) with that many nodes."""
+    workers = check_int("workers", workers, 1)
+    found: dict[str, GradientCode] = {}
+    skip = set(exclude)
+    for name in available_codes():
+        cls = code_class(name)
+        if not cls.exact or name in skip:
+            continue
+        for s in range(workers):
+            try:
+                code = cls.for_stragglers(workers, s)
+            except (ValueError, NotImplementedError):
+                continue
+            found.setdefault(repr(code), code)
+    if "coded_reduce" not in skip:
+        for n in range(2, workers):
+            for depth in range(2, 8):
+                if sum(n**level for level in range(1, depth + 1)) != workers:
+                    continue
+                for s in range(n):
+                    try:
+                        code = make_code("coded_reduce", n=n, s=s, L=depth)
+                    except ValueError:
+                        continue
+                    found.setdefault(repr(code), code)
+    return list(found.values())
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """A ranked configuration: predicted mean seconds per iteration, its bootstrap interval, time for K;
+    ``code_params`` are what :func:`~gradcode.common.codes.registry.make_code` takes to build it."""
+
+    rank: int
+    scheme: str
+    parameters: str
+    code_params: dict[str, Any]
+    workers: int
+    mean_seconds: float
+    low_seconds: float
+    high_seconds: float
+    total_seconds: float
+
+
+def _describe(code: GradientCode) -> str:
+    return " ".join(f"{k}={v}" for k, v in code._params().items() if k not in ("seed", "shifts"))
+
+
+def _workers(code: GradientCode) -> int:
+    topology = code.topology()
+    return code.n if topology is None else topology.num_workers
+
+
+def _mean_time(code: GradientCode, costs: Costs, delays: DelayModel, iterations: int) -> float:
+    return float(simulate(code, costs, iterations, delays).seconds.mean())
+
+
+def plan(
+    reports: Sequence[Mapping[str, Any]],
+    history_code: GradientCode,
+    *,
+    base: Costs | None = None,
+    iterations: int = 100,
+    bootstrap: int = 10,
+    top: int = 5,
+    seed: int = 0,
+    candidates: Sequence[GradientCode] | None = None,
+) -> tuple[list[PlanRow], list[WorkerFit]]:
+    """Rank the candidate configurations by simulated mean seconds per iteration (``iterations`` = K each), with
+    bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends)."""
+    iterations = check_int("iterations", iterations, 1)
+    bootstrap = check_int("bootstrap", bootstrap, 0)
+    fits = fit_workers(reports)
+    shares = [history_code.data_share(w) for w in range(history_code.n)] if history_code.topology() is None else []
+    if history_code.topology() is not None:
+        topology = history_code.topology()
+        assert topology is not None
+        weights = history_code.partition_weights
+        shares = [float(weights[list(topology.row(w).partitions)].sum()) for w in range(topology.num_workers)]
+    costs, delays = calibrate(fits, shares, base or Costs(broadcast=False))
+    codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
+    point = {repr(c): _mean_time(c, costs, delays, iterations) for c in codes}
+    ranked = sorted(codes, key=lambda c: point[repr(c)])
+    rng = np.random.default_rng(seed)
+    intervals: dict[str, tuple[float, float]] = {}
+    for code in ranked[:top]:
+        means = []
+        for _ in range(bootstrap):
+            sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
+            try:
+                boot_costs, boot_delays = calibrate(fit_workers(sample), shares, base or Costs(broadcast=False))
+            except ValueError:  # a resample where some worker was never seen: skip it
+                continue
+            means.append(_mean_time(code, boot_costs, boot_delays, iterations))
+        if means:
+            intervals[repr(code)] = (float(np.percentile(means, 5)), float(np.percentile(means, 95)))
+    rows = []
+    for rank, code in enumerate(ranked, start=1):
+        mean = point[repr(code)]
+        low, high = intervals.get(repr(code), (mean, mean))
+        params = dict(code._params())
+        rows.append(
+            PlanRow(rank, type(code).name, _describe(code), params, _workers(code), mean, low, high, mean * iterations)
+        )
+    return rows, fits

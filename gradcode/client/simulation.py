@@ -1,0 +1,275 @@
+"""``gradcode simulate`` and ``gradcode plan``: what configurations would do, from :mod:`gradcode.common.simulate`
+and :mod:`gradcode.common.plan`.
+
+    gradcode simulate --scheme binary fractional uncoded --n 120 --s 3 --straggler pareto \\
+        --straggler-param shape=1.1 --straggler-param scale=0.01 --compute-seconds 0.5 --iterations 200
+
+Costs come from ``--costs FILE.json`` (the fields of :class:`~gradcode.common.simulate.Costs`) and the flags,
+a flag winning over the file. Prints one row per configuration; ``--json FILE`` writes the rows and the costs.
+
+    gradcode plan runs/job-1.jsonl --iterations 100 --bootstrap 10
+
+fits every worker of the job's history and ranks the exact configurations with that many workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gradcode.common.codes.base import GradientCode
+from gradcode.common.codes.registry import code_class, make_code
+from gradcode.common.simulate import Costs, simulate
+from gradcode.common.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
+
+__all__ = [
+    "COST_FLAGS",
+    "add_cost_arguments",
+    "add_plan_command",
+    "add_simulate_command",
+    "costs_from_args",
+    "format_rows",
+    "planned_configuration",
+]
+
+COST_FLAGS = {
+    "compute_seconds": "seconds one worker takes for the gradient of the whole data set",
+    "message_bytes": "bytes of one gradient message (and of the model sent down)",
+    "worker_bandwidth": "bytes/s of each worker's link (default: free)",
+    "master_bandwidth": "bytes/s of the master's link (default: free)",
+    "message_overhead": "seconds the receiver spends per message besides its bytes",
+    "decode_seconds": "seconds from the decodable moment to the end of the iteration",
+    "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
+    "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
+}
+"""Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
+
+
+def add_cost_arguments(p: argparse.ArgumentParser) -> None:
+    """``--costs FILE`` and one flag per :data:`COST_FLAGS` field."""
+    g = p.add_argument_group("costs (a flag wins over --costs)")
+    g.add_argument("--costs", type=Path, default=None, metavar="FILE.json", help="calibration file of cost fields")
+    for name, text in COST_FLAGS.items():
+        g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, metavar="X", help=text)
+    g.add_argument("--no-broadcast", action="store_true", help="the model is not sent down each iteration")
+
+
+def costs_from_args(args: argparse.Namespace) -> Costs:
+    """The costs of ``--costs`` with the flags given on top."""
+    values: dict[str, Any] = {}
+    if args.costs is not None:
+        values = Costs.from_json(args.costs).to_dict()
+    for name in COST_FLAGS:
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given
+    if args.no_broadcast:
+        values["broadcast"] = False
+    return Costs.from_mapping(values)
+
+
+def _configurations(args: argparse.Namespace) -> tuple[list[GradientCode], list[str]]:
+    """The codes to simulate, and why the (scheme, s) pairs that have no configuration were skipped."""
+    if args.code_param:
+        if len(args.scheme) != 1:
+            raise ValueError("--code-param sets one scheme's parameters: give exactly one --scheme with it.")
+        return [make_code(args.scheme[0], **dict(args.code_param))], []
+    codes: dict[str, GradientCode] = {}
+    skipped = []
+    for scheme, s in itertools.product(args.scheme, args.s):
+        try:
+            code = code_class(scheme).for_stragglers(args.n, s)
+        except ValueError as exc:
+            skipped.append(f"{scheme} n={args.n} s={s}: {exc}")
+            continue
+        codes.setdefault(repr(code), code)
+    if not codes:
+        raise ValueError("No configuration to simulate: " + " | ".join(skipped))
+    return list(codes.values()), skipped
+
+
+def _delays(args: argparse.Namespace) -> DelayModel:
+    return make_delay_model(args.straggler, dict(args.straggler_param), args.seed)
+
+
+def _parameters(code: GradientCode) -> str:
+    shown = {k: v for k, v in code._params().items() if k not in ("seed", "shifts")}
+    return " ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def simulation_row(code: GradientCode, costs: Costs, iterations: int, delays: DelayModel) -> dict[str, Any]:
+    """One table row: the scheme, its parameters, its worker processes and the simulated summary."""
+    topology = code.topology()
+    result = simulate(code, costs, iterations, delays)
+    return {
+        "scheme": type(code).name,
+        "parameters": _parameters(code),
+        "workers": code.n if topology is None else topology.num_workers,
+        **result.summary(),
+    }
+
+
+def format_rows(rows: Sequence[dict[str, Any]], *, extra: Sequence[tuple[str, str]] = ()) -> str:
+    """The rows as an aligned text table (seconds in ms, bytes in MB)."""
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("scheme", "scheme", str),
+        ("parameters", "parameters", str),
+        ("workers", "workers", lambda v: f"{int(v)}"),
+        ("median_seconds", "median ms", lambda v: f"{1e3 * v:.2f}"),
+        ("p10_seconds", "p10 ms", lambda v: f"{1e3 * v:.2f}"),
+        ("p90_seconds", "p90 ms", lambda v: f"{1e3 * v:.2f}"),
+        ("total_seconds", "K iterations s", lambda v: f"{v:.3f}"),
+        ("master_bytes_per_iteration", "MB/iter at master", lambda v: f"{v / 1e6:.3f}"),
+    ]
+    columns += [(key, head, str) for key, head in extra]
+    table = [[head for _, head, _ in columns]]
+    table += [[fmt(row[key]) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
+
+
+def _simulate_command(args: argparse.Namespace) -> int:
+    if args.iterations < 1:
+        raise ValueError(f"--iterations must be >= 1, not {args.iterations}.")
+    costs = costs_from_args(args)
+    delays = _delays(args)
+    codes, skipped = _configurations(args)
+    rows = [simulation_row(code, costs, args.iterations, delays) for code in codes]
+    print(f"{args.iterations} simulated iterations; delays {delays!r}")
+    print(format_rows(rows))
+    for note in skipped:
+        print(f"skipped {note}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        clean = [{k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()} for r in rows]
+        args.json.write_text(json.dumps({"costs": costs.to_dict(), "delays": repr(delays), "rows": clean}, indent=1))
+    return 0
+
+
+def add_simulate_command(
+    sub: Any, *, scheme: Callable[[str], str], key_value: Callable[[str], tuple[str, Any]]
+) -> argparse.ArgumentParser:
+    """Register ``gradcode simulate`` on the subparsers ``sub`` (``scheme``/``key_value``: the CLI's own types)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate", help="simulate schemes at any n (up to thousands) under a delay model and calibrated costs"
+    )
+    p.add_argument("--scheme", type=scheme, nargs="+", default=["binary"], help="one or more schemes to compare")
+    p.add_argument("--n", type=int, default=8, help="workers (default: %(default)s)")
+    p.add_argument("--s", type=int, nargs="+", default=[1], help="stragglers to tolerate, one or more (default: 1)")
+    p.add_argument(
+        "--code-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="explicit parameters of the one --scheme (repeatable), e.g. L=2 for coded_reduce",
+    )  # fmt: skip
+    p.add_argument("--straggler", default="none", choices=DELAY_MODEL_NAMES, help="delay model (default: none)")
+    p.add_argument(
+        "--straggler-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="a delay model parameter, as for `gradcode run`",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the delay model (default: 0)")
+    p.add_argument("--iterations", type=int, default=100, help="iterations simulated, K (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
+    add_cost_arguments(p)
+    p.set_defaults(handler=_simulate_command)
+    return p
+
+
+def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    table = [list(head), *[list(line) for line in lines]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gradcode.common.plan import code_from_spec, plan, read_history
+
+    for name in ("iterations", "top", "show"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, not {getattr(args, name)}.")
+    reports, spec = read_history(args.history)
+    if args.spec is not None:
+        spec = json.loads(args.spec.read_text(encoding="utf-8"))
+    if spec is None:
+        raise ValueError(
+            f"No job spec beside {args.history} ({args.history.with_suffix('.spec.json').name}); give --spec FILE "
+            "(the master writes it beside the history)."
+        )
+    rows, fits = plan(
+        reports,
+        code_from_spec(spec),
+        base=costs_from_args(args),
+        iterations=args.iterations,
+        bootstrap=args.bootstrap,
+        top=args.top,
+    )
+    print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
+    for f in fits:
+        print(
+            f"  worker {f.worker_id}: shift {1e3 * f.shift:.2f} ms, mean excess {1e3 / f.rate:.2f} ms "
+            f"({f.observed} observed, {f.censored} late)"
+        )
+    print(
+        f"Ranked by simulated mean seconds per iteration (K = {args.iterations}; 5-95 % bootstrap over "
+        f"{args.bootstrap} resamples of the history for the top {args.top}); the first is the recommendation:"
+    )
+    head = ("rank", "scheme", "parameters", "workers", "mean ms", "5% ms", "95% ms", "K iterations s")
+    lines = [
+        (
+            str(r.rank), r.scheme, r.parameters, str(r.workers), f"{1e3 * r.mean_seconds:.2f}",
+            f"{1e3 * r.low_seconds:.2f}", f"{1e3 * r.high_seconds:.2f}", f"{r.total_seconds:.3f}",
+        )
+        for r in rows[: args.show]
+    ]  # fmt: skip
+    print(_table(head, lines))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        clean = [
+            {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(f).items()} for f in fits
+        ]
+        args.json.write_text(json.dumps({"fits": clean, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+def planned_configuration(
+    history: Path, spec: Path | None = None, *, iterations: int = 100
+) -> tuple[str, dict[str, Any]]:
+    """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
+    what ``gradcode run --plan HISTORY`` runs."""
+    from gradcode.common.plan import code_from_spec, plan, read_history
+
+    reports, beside = read_history(history)
+    job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
+    if job is None:
+        raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
+    rows, _ = plan(reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1)
+    best = rows[0]
+    print(
+        f"plan from {history}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
+        f"{1e3 * best.mean_seconds:.1f} ms per iteration; runner-up "
+        + (f"{rows[1].scheme} {rows[1].parameters} {1e3 * rows[1].mean_seconds:.1f} ms" if len(rows) > 1 else "none"),
+        flush=True,
+    )
+    return best.scheme, best.code_params
+
+
+def add_plan_command(sub: Any) -> argparse.ArgumentParser:
+    """Register ``gradcode plan HISTORY`` on the subparsers ``sub``."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="recommend a configuration from a job's history: fit each worker, simulate, rank"
+    )
+    p.add_argument("history", type=Path, help="<run_dir>/<job>.jsonl the master writes (or a saved .json history)")
+    p.add_argument("--spec", type=Path, default=None, help="the job's spec (default: <history>.spec.json beside it)")
+    p.add_argument("--iterations", type=int, default=100, help="iterations per simulation, K (default: %(default)s)")
+    p.add_argument("--bootstrap", type=int, default=10, help="bootstrap resamples of the history (default: 10)")
+    p.add_argument("--top", type=int, default=5, help="configurations given a bootstrap interval (default: 5)")
+    p.add_argument("--show", type=int, default=10, help="rows printed (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the fits and all rows")
+    add_cost_arguments(p)
+    p.set_defaults(handler=_plan_command)
+    return p

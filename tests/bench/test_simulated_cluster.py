@@ -1,0 +1,50 @@
+"""The simulator against the committed emulated-cluster run (docs/results/cluster.json): nothing is started."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradcode.bench.output import RESULTS
+from gradcode.bench.simulated_cluster import compare
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_the_fit_reproduces_its_rows_and_predicts_the_others_within_the_documented_ratios() -> None:
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    costs, rows = compare(result)
+    assert costs.worker_seconds > 0 and costs.message_overhead > 0 and (costs.parent_decode_seconds or 0) > 0
+    fitted = [r for r in rows if r["fitted"]]
+    assert len(fitted) == 3 and all(r["ratio"] == pytest.approx(1.0, abs=1e-3) for r in fitted)
+    predicted = [r for r in rows if not r["fitted"]]
+    assert len(predicted) == 21 and all(0.83 <= r["ratio"] <= 1.09 for r in predicted)  # the docstring's range
+    assert sum(r["within_15pct"] for r in predicted) >= 19
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_a_run_of_one_n_is_refused_as_its_own_calibration_and_predicted_from_another() -> None:
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    one_n = {**result, "ns": [6], "summary": [e for e in result["summary"] if e["n"] == 6]}
+    with pytest.raises(ValueError, match="two n"):
+        compare(one_n)
+    costs, rows = compare(one_n, result)
+    assert not any(r["fitted"] for r in rows) and len(rows) == 8
+    assert costs == compare(result)[0]
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_the_fitted_costs_feed_gradcode_simulate(tmp_path: Path) -> None:
+    from gradcode.bench.simulated_cluster import main as compare_main
+    from gradcode.client.__main__ import main as gradcode_main
+
+    costs = tmp_path / "costs.json"
+    assert compare_main(["--write-costs", str(costs)]) == 0
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--scheme", "uncoded", "--n", "24", "--s", "0", "--costs", str(costs), "--json", str(out)]
+    assert gradcode_main([*argv, "--iterations", "2"]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    measured = next(e["median_s"] for e in json.loads((RESULTS / "cluster.json").read_text())["summary"]
+                    if e["n"] == 24 and e["system"] == "uncoded" and e["stragglers"] == 0)  # fmt: skip
+    assert row["median_seconds"] == pytest.approx(measured, rel=1e-3)  # a row the costs were fitted on

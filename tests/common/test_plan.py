@@ -1,0 +1,118 @@
+"""The planner: censored fits of each worker from a history, and configurations ranked by simulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradcode.client.__main__ import main
+from gradcode.common.codes import make_code
+from gradcode.common.plan import candidate_codes, fit_workers, plan, read_history
+
+N = 8
+SHIFT = 0.01
+
+
+def history(excess: list[float], iterations: int, *, late: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Reports as the master writes them: each worker takes SHIFT + Exp(mean excess[w]); the round decodes at the
+    (N - late)-th time and the ``late`` slowest are cancelled (no timing, listed late), with pool ids 10..17."""
+    rng = np.random.default_rng(seed)
+    reports = []
+    for t in range(iterations):
+        times = SHIFT + rng.exponential(excess)
+        order = np.argsort(times)
+        kept, cut = order[: N - late], order[N - late :]
+        reports.append(
+            {
+                "iteration": t + 1,
+                "timings": [{"worker_id": 10 + int(w), "seconds": float(times[w])} for w in kept],
+                "late_workers": sorted(10 + int(w) for w in cut),
+                "used_workers": sorted(10 + int(w) for w in kept),
+            }
+        )
+    return reports
+
+
+def test_censored_fit_recovers_a_straggler_that_dropping_late_rounds_would_call_fast() -> None:
+    excess = [0.01] * (N - 1) + [0.2]
+    reports = history(excess, 300, late=2)
+    fits = fit_workers(reports)
+    assert [f.worker_id for f in fits] == list(range(10, 18))
+    slow = fits[-1]
+    assert slow.censored > 200  # mostly late
+    assert 1.0 / slow.rate == pytest.approx(0.2, rel=0.3)
+    observed = [t["seconds"] for r in reports for t in r["timings"] if t["worker_id"] == 17]
+    assert np.mean(observed) - SHIFT < 0.2 / 2  # what a fit that dropped the late rounds would believe
+    for f in fits[:-1]:
+        assert 1.0 / f.rate == pytest.approx(0.01, rel=0.3) and f.shift == pytest.approx(SHIFT, abs=1e-3)
+
+
+def test_plan_recommends_tolerating_the_two_slow_hosts_with_an_interval_and_runners_up() -> None:
+    codes = [make_code("uncoded", n=N), make_code("fractional", n=N, s=1), make_code("binary", n=N, s=2)]
+    fractional = codes[1]
+    partner = next(w for w in range(1, N) if fractional.partitions_of_worker(w) == fractional.partitions_of_worker(0))
+    excess = [0.5 if w in (0, partner) else 0.001 for w in range(N)]  # both hosts of one fractional group slow
+    reports = history(excess, 80, late=0, seed=1)
+    rows, _ = plan(reports, make_code("uncoded", n=N), iterations=60, bootstrap=8, top=2, candidates=codes)
+    assert [r.scheme for r in rows] == ["binary", "fractional", "uncoded"]
+    best = rows[0]
+    assert best.low_seconds <= best.mean_seconds <= best.high_seconds and best.low_seconds < best.high_seconds
+    assert best.mean_seconds < 0.1 < rows[-1].mean_seconds  # uncoded waits for the 0.5 s stragglers
+    assert rows[-1].low_seconds == rows[-1].high_seconds == rows[-1].mean_seconds  # outside the top: no bootstrap
+
+
+def test_candidates_are_exact_and_include_the_trees_that_fit() -> None:
+    codes = candidate_codes(6)
+    names = {type(c).name for c in codes}
+    assert "ignore_stragglers" not in names and {"binary", "fractional", "uncoded"} <= names
+    trees = [c for c in codes if c.topology() is not None]
+    assert trees and all(c.topology().num_workers == 6 for c in trees)  # type: ignore[union-attr]
+
+
+def test_gradcode_plan_reads_the_masters_history_and_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in history([0.001] * (N - 1) + [0.3], 40, late=0)))
+    (tmp_path / "job.spec.json").write_text(json.dumps({"code": {"name": "uncoded", "params": {"n": N}}}))
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(path), "--iterations", "20", "--bootstrap", "3", "--top", "2", "--show", "4"]
+    assert main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "worker 17:" in printed and "rank" in printed
+    saved = json.loads(out.read_text())
+    assert saved["rows"][0]["rank"] == 1 and saved["rows"][0]["scheme"] != "uncoded"
+    reports, spec = read_history(path)
+    assert len(reports) == 40 and spec is not None
+
+
+def test_gradcode_plan_refuses_a_file_without_reports_or_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"job_id": "x"}) + "\n")
+    assert main(["plan", str(empty)]) == 1
+    assert "no iteration reports" in capsys.readouterr().err
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text(json.dumps(history([0.01] * N, 3, late=0)[0]) + "\n")
+    assert main(["plan", str(lone)]) == 1
+    assert "--spec" in capsys.readouterr().err
+
+
+def test_run_plan_replaces_the_scheme_with_the_recommendation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.client.__main__ import _apply_plan, _spec_from_args, build_parser
+    from gradcode.common.wire import dict_from_struct
+
+    path = tmp_path / "job.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in history([0.001] * (N - 1) + [0.3], 30, late=0)))
+    (tmp_path / "job.spec.json").write_text(json.dumps({"code": {"name": "uncoded", "params": {"n": N}}}))
+    args = build_parser().parse_args(["run", "--scheme", "uncoded", "--n", str(N), "--plan", str(path)])
+    _apply_plan(args)
+    assert args.scheme != "uncoded" and "plan from" in capsys.readouterr().out
+    spec = _spec_from_args(args)
+    assert spec.code.name == args.scheme
+    make_code(spec.code.name, **dict_from_struct(spec.code.params))  # the spec builds the recommended code

@@ -1,0 +1,154 @@
+"""The job simulator: hand-computable timelines, the codes' own decoders, the live delay models, trees, speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Observation
+from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
+from gradcode.common.simulate import Costs, IterationOutcome, simulate
+from gradcode.common.stragglers import FixedDelay, ShiftedExponential
+
+
+def test_uncoded_waits_for_every_worker_and_the_master_link_serialises_them() -> None:
+    # 4 workers, each a quarter of the data; 1-byte messages over a 1 B/s master link, free worker links.
+    costs = Costs(compute_seconds=1.0, message_bytes=1.0, master_bandwidth=1.0, broadcast=False)
+    result = simulate(make_code("uncoded", n=4), costs, 3)
+    assert result.seconds.tolist() == [0.25 + 4.0] * 3  # all ready at 0.25, then one second each
+    assert result.master_bytes.tolist() == [4.0] * 3
+    # the model down: four concurrent transfers share the link, all hold it at 4 s
+    down = simulate(make_code("uncoded", n=4), Costs(compute_seconds=1.0, message_bytes=1.0, master_bandwidth=1.0), 1)
+    assert down.seconds.tolist() == [4.0 + 0.25 + 4.0]
+    assert down.master_bytes.tolist() == [8.0]
+
+
+def test_per_message_overhead_and_decode_time_add_at_the_receiver() -> None:
+    costs = Costs(compute_seconds=1.0, message_overhead=0.5, decode_seconds=0.125)
+    assert simulate(make_code("uncoded", n=4), costs, 1).seconds.tolist() == [0.25 + 4 * 0.5 + 0.125]
+
+
+def test_a_tolerated_straggler_costs_nothing_an_untolerated_one_costs_its_delay() -> None:
+    costs = Costs(compute_seconds=1.0)
+    delays = FixedDelay(10.0, workers=[2])
+    fractional = simulate(make_code("fractional", n=4, s=1), costs, 2, delays)
+    assert fractional.seconds.tolist() == [0.5, 0.5]  # load (s + 1) / n = 1/2, worker 2's partner answers
+    assert all(2 in o.late for o in fractional.outcomes)
+    uncoded = simulate(make_code("uncoded", n=4), costs, 2, delays)
+    assert uncoded.seconds.tolist() == [10.25, 10.25]
+
+
+def test_the_delays_are_the_live_models_draws_for_the_same_worker_and_iteration() -> None:
+    model = FixedDelay(5.0, random_worker=True, num_workers=6, count=1, seed=7)
+    result = simulate(make_code("fractional", n=6, s=1), Costs(compute_seconds=1.0), 20, model, first_iteration=3)
+    for outcome in result.outcomes:
+        (straggler,) = model.stragglers(outcome.iteration)
+        assert straggler in outcome.late  # its group partner decoded in its place
+        assert outcome.seconds == pytest.approx(2 / 6)
+    assert [o.iteration for o in result.outcomes] == list(range(3, 23))
+
+
+def test_the_decode_moment_is_the_codes_own_online_decoder_on_arrival_order() -> None:
+    code = make_code("binary", n=8, s=2)
+    delays = ShiftedExponential(0.0, 1.0, seed=3)
+    result = simulate(code, Costs(), 30, delays)
+    assignment = code.static_assignment()
+    for outcome in result.outcomes:
+        order = sorted(range(8), key=lambda w: delays.delay(w, outcome.iteration))
+        decoder = code.decoder(assignment)
+        first = next(i for i, w in enumerate(order) if any(decoder.add(r) for r in assignment.rows[w]))
+        assert outcome.seconds == delays.delay(order[first], outcome.iteration)
+        assert code.decodes(outcome.used, assignment)
+
+
+def test_a_dynamic_code_gets_the_observation_of_the_previous_outcome() -> None:
+    code = make_code("dynamic_clustered", n=12, clusters=4, load=2, clusters_per_worker=2)
+    seen: list[IterationOutcome | None] = []
+
+    def observe(iteration: int, last: IterationOutcome | None) -> Observation | None:
+        seen.append(last)
+        return None if last is None else Observation(straggling=tuple(w in last.late for w in range(12)))
+
+    static = code.static_assignment()
+    cluster_zero = sorted(static.owner[row] for row in range(code.cluster_size))[:2]  # load 2: tolerates one
+    result = simulate(code, Costs(compute_seconds=1.0), 5, FixedDelay(1.0, workers=cluster_zero), observe=observe)
+    assert seen[0] is None and seen[1:] == result.outcomes[:-1]
+    # Algorithm 1 moves the two fixed stragglers of static cluster 0 apart from the second iteration on
+    assert result.seconds[0] > result.seconds[-1] == pytest.approx(2 / 12)
+
+
+def test_a_tree_matches_the_independent_monte_carlo_of_theorem_2s_model() -> None:
+    """CodedReduce n = 3, s = 1, L = 2 in Theorem 2's model: our parents decode with the CompAlloc decoder, the
+    Monte Carlo of coded_reduce.py counts n - s arrivals; the means agree (any n - s rows decode, fewer never)."""
+    n, s, depth, d, a, mu, t_c = 3, 1, 2, 120.0, 0.01, 1.0, 0.05
+    code = make_code("coded_reduce", n=n, s=s, L=depth)
+    load = 1.0 / sum((n / (s + 1)) ** level for level in (1, 2))
+    costs = Costs(compute_seconds=a * d, message_overhead=t_c, broadcast=False)
+    delays = ShiftedExponential(0.0, mu, scale=load * d, seed=1)
+    simulated = simulate(code, costs, 2000, delays).seconds.mean()
+    reference = simulate_coded_reduce_latency(n, depth, s, d=d, a=a, mu=mu, t_c=t_c, iterations=20_000).mean()
+    assert simulated == pytest.approx(reference, rel=0.04)
+
+
+def test_costs_refuse_what_is_not_a_cost_and_round_trip_through_json(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="compute_seconds"):
+        Costs(compute_seconds=-1.0)
+    with pytest.raises(ValueError, match="master_bandwidth"):
+        Costs(master_bandwidth=0.0)
+    with pytest.raises(ValueError, match="worker_speed"):
+        Costs(worker_speed=(1.0, 0.0))
+    with pytest.raises(ValueError, match=r"Unknown cost field\(s\) \['compute'\]"):
+        Costs.from_mapping({"compute": 1.0})
+    costs = Costs(compute_seconds=0.5, message_bytes=8e5, master_bandwidth=1e9, worker_speed=(1.0, 2.0))
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs.to_dict()))
+    assert Costs.from_json(path) == costs
+    with pytest.raises(ValueError, match="iterations"):
+        simulate(make_code("uncoded", n=2), costs, 0)
+
+
+def test_a_slower_host_computes_its_share_slower() -> None:
+    costs = Costs(compute_seconds=1.0, worker_speed=(1.0, 1.0, 1.0, 0.5))
+    assert simulate(make_code("uncoded", n=4), costs, 1).seconds.tolist() == [0.5]
+
+
+def test_two_thousand_workers_simulate_in_seconds() -> None:
+    """Above PRIMARIES_MAX_WORKERS no decoding set is sought: uncoded took 4 s and clustered 52 s per iteration."""
+    costs = Costs(compute_seconds=1.0, message_bytes=8e5, worker_bandwidth=1.25e8, master_bandwidth=1.25e9)
+    for code in (
+        make_code("binary", n=2000, s=99),
+        make_code("uncoded", n=2000),
+        make_code("clustered", n=2000, clusters=200, load=3),
+    ):
+        started = time.perf_counter()
+        result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0))
+        assert time.perf_counter() - started < 10.0, code
+        assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
+
+
+def test_the_primaries_cross_the_masters_link_before_backups_ready_at_the_same_moment() -> None:
+    code = make_code("binary", n=12, s=1)
+    costs = Costs(message_bytes=1.0, master_bandwidth=1.0, broadcast=False)
+    found = code.decoding_set(code.static_assignment(), list(range(12)))
+    assert found is not None and len(found) < 11
+    with_primaries = simulate(code, costs, 2)
+    assert with_primaries.seconds.tolist() == [float(len(found))] * 2  # one second per message, the set first
+    assert with_primaries.master_bytes.tolist() == [float(len(found))] * 2
+    alike = simulate(code, costs, 2, primaries=False)
+    assert alike.seconds[0] > len(found)  # fed in link (index) order, a complete class arrives later
+
+
+def test_a_tree_parent_spends_its_own_decode_time_once_per_iteration() -> None:
+    code = make_code("coded_reduce", n=3, s=1, L=2)
+    base = Costs(compute_seconds=1.0)
+    plain = simulate(code, base, 1).seconds[0]
+    slow_parents = simulate(code, Costs(compute_seconds=1.0, parent_decode_seconds=0.5), 1).seconds[0]
+    assert slow_parents == pytest.approx(plain + 0.5)
+    with pytest.raises(ValueError, match="parent_decode_seconds"):
+        Costs(parent_decode_seconds=-1.0)
