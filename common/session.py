@@ -53,6 +53,7 @@ __all__ = [
     "SessionProtocolError",
     "SessionStream",
     "control_problem",
+    "ready_chunk",
     "serve_session",
     "started_chunk",
     "status_chunk",
@@ -98,6 +99,11 @@ def started_chunk(request_id: int) -> bytes:
     return worker_pb2.GradientChunk(request_id=request_id, started=True).SerializeToString()
 
 
+def ready_chunk(request_id: int) -> bytes:
+    """Sent for a Session request that asked ``hold`` when its messages are computed and kept, waiting to be pulled."""
+    return worker_pb2.GradientChunk(request_id=request_id, ready=True).SerializeToString()
+
+
 _END = object()
 """Queued for a SessionCompute after its last chunk when it ended OK."""
 
@@ -124,6 +130,10 @@ class SessionCompute:
         :meth:`~gradcode.common.wire.MessageAssembler.place`); None: they arrive as received bytes."""
         self.started = False
         """The worker said its computation began (the request asked ``report_start``)."""
+        self.ready = False
+        """The worker said its messages are computed and held until :meth:`promote` (the request asked ``hold``)."""
+        self.on_ready: Callable[[], None] | None = None
+        """Called when :attr:`ready` becomes true (a round waiting for news wakes up)."""
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -146,7 +156,8 @@ class SessionCompute:
         return True
 
     def promote(self) -> None:
-        """Ask the worker to compute this backup's remaining messages at normal priority (if still running)."""
+        """Ask the worker to compute this backup's remaining messages at normal priority (if still running), and
+        to send the messages it holds (``hold``)."""
         if not self.ended:
             self.session._promote(self.request_id)
 
@@ -279,6 +290,11 @@ class Session:
                 if chunk.meta.started:  # news of the computation, not part of a message
                     compute.started = True
                     continue
+                if chunk.meta.ready:  # a held backup's messages wait to be pulled
+                    compute.ready = True
+                    if compute.on_ready is not None:
+                        compute.on_ready()
+                    continue
                 if not chunk.meta.HasField("status"):
                     compute._deliver(chunk)
                     continue
@@ -378,6 +394,7 @@ class Caller:
         request.CopyFrom(head)
         request.ClearField("request_id")  # a call, not a Session request: no in-band status
         request.report_start = False
+        request.hold = False  # a call cannot be promoted: it sends its messages
         return self._compute_call(request.SerializeToString() + body)  # type: ignore[no-any-return]
 
     async def _dial(self) -> None:
