@@ -32,7 +32,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ from gradcode.v1 import worker_pb2
 __all__ = [
     "EXACT_TOLERANCE",
     "FLOAT32_TOLERANCE",
+    "HOLD_OVERDUE_FACTOR",
     "Certified",
     "ChunkStream",
     "Decoded",
@@ -70,6 +71,11 @@ EXACT_TOLERANCE = 1e-9
 """Largest certified relative error of a decode called exact (float64 and complex128 messages)."""
 FLOAT32_TOLERANCE = 1e-5
 """The same bound when the workers send float32 messages."""
+
+
+HOLD_OVERDUE_FACTOR = 2.0
+"""A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
+the latest expected worker that finished (:meth:`Round._overdue_at`)."""
 
 
 def decode_tolerance(dtype: np.dtype[Any] | type) -> float:
@@ -185,6 +191,13 @@ class Certified:
 
 Received = ReceivedChunk | worker_pb2.GradientChunk
 """A chunk as a stream yields it."""
+
+
+class _Ready:
+    """Queued in a gather when a held backup says its messages are ready (:attr:`SessionCompute.ready`)."""
+
+
+_READY = _Ready()
 
 _finishing: set[asyncio.Task[None]] = set()
 """Stream tasks a gather cancelled (or that wait for an end of stream), held until they end."""
@@ -368,15 +381,34 @@ class Round:
         return functools.partial(self.shared.message, source.worker_id)
 
     def _promote_completing(
-        self, backups: Iterable[int], computing: Iterable[int], streams: dict[int, ChunkStream]
+        self,
+        backups: Iterable[int],
+        computing: Iterable[int],
+        streams: dict[int, ChunkStream],
+        first: Collection[int] = (),
     ) -> None:
         """Promote the ``backups`` that complete the messages of the workers that answered and of those still
-        ``computing`` (a minimal set)."""
+        ``computing`` (a minimal set), preferring those in ``first`` (held backups whose messages are ready), then
+        those promoted already."""
         decoder = self.decoder
         given = [*self.finished, *computing]
-        preference = sorted(backups, key=lambda w: (w not in self.promoted, w))  # those promoted already first
+        preference = sorted(backups, key=lambda w: (w not in first, w not in self.promoted, w))
         chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
         self._promote(chosen, streams)
+
+    def _overdue_at(self, backups: Collection[int]) -> float | None:
+        """When the (at most ``s``) expected workers still out are overdue, the moment a held backup that is ready
+        gets pulled (:meth:`gather`): :data:`HOLD_OVERDUE_FACTOR` times the round's time to the latest expected
+        worker that finished, on :func:`time.perf_counter`'s clock; None before any has finished (the hedge
+        covers that).
+
+        A simple rule on purpose (a backup strategy could own it): the expected workers share the receiver's
+        link, so on a slow link the last of them finishes up to one message's transfer after the one before;
+        twice the time the others took is past that, yet a frozen worker (one that began, so the rules before
+        hold wait for it) costs at most that time plus the pulled message's transfer, instead of the hedge's
+        twice the median round."""
+        times = [t for w, t in self.finished.items() if w not in backups]
+        return self.started + HOLD_OVERDUE_FACTOR * max(times) if times else None
 
     def _promote(self, backups: Iterable[int], streams: dict[int, ChunkStream]) -> None:
         for w in backups:
@@ -410,7 +442,11 @@ class Round:
         fail, the backups that complete the messages without it are promoted too. While every expected worker
         still out has begun, nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after
         the round started, a round still not decodable promotes every backup still out (more than ``s`` expected
-        workers may hang, or one that began may never finish).
+        workers may hang, or one that began may never finish). A backup asked to ``hold`` its messages computes them
+        but sends only a notice that they are ready (:attr:`~gradcode.common.session.SessionCompute.ready`) until
+        promoted, which pulls them: every rule above pulls the held backups it promotes, and while the round is not
+        decodable, a held backup is ready and at most ``s`` expected workers are still out past :meth:`_overdue_at`,
+        the backups that complete the messages in hand are pulled too, the ready ones first (once per gather).
 
         ``reask_after(worker)`` (the owner's policy; None: never) is how long an expected worker may stay silent: one
         from which nothing at all has come that long after it was asked, while the round is not decodable, has its
@@ -421,7 +457,7 @@ class Round:
         gather (reload a worker that lost the job, then :meth:`join` it) instead of after it; a worker that
         joins and answers has its failure taken back.
         """
-        queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | _Ready | None]] = asyncio.Queue()
         streams: dict[int, ChunkStream] = {}
         tasks: dict[int, asyncio.Task[None]] = {}
         failures: dict[int, WorkerFailure] = {}
@@ -485,6 +521,7 @@ class Round:
             streams[worker_id] = stream
             if isinstance(stream, SessionCompute):  # on a link: payloads received straight into the message
                 stream.place = assembler.place
+                stream.on_ready = functools.partial(queue.put_nowait, (worker_id, _READY))
                 stream.consume(functools.partial(receive, worker_id, assembler))
             else:
                 tasks[worker_id] = asyncio.create_task(pump(worker_id, assembler, stream), name=f"gather-w{worker_id}")
@@ -534,13 +571,23 @@ class Round:
         hedge_at = self.started + promote_after if backups and promote_after is not None else None
         promoted = False
         """This gather has promoted the backups completing the expected workers' messages."""
+        pulled = False
+        """This gather has pulled held backups for overdue expected workers."""
 
         def done() -> bool:
             return decoder.decodable and (enough is None or enough())
 
         def began(worker_id: int) -> bool:
-            """The worker said its computation began."""
+            """The worker said its computation began, or its message is arriving (a worker whose messages compute
+            in a few milliseconds sends no notice; on a slow link its message streams for longer than that)."""
+            if worker_id in heard:
+                return True
             return isinstance(stream := streams.get(worker_id), SessionCompute) and stream.started
+
+        def ready() -> set[int]:
+            """The held backups still out whose messages wait to be pulled."""
+            held = ((w, streams.get(w)) for w in pending & backups if w not in self.promoted)
+            return {w for w, stream in held if isinstance(stream, SessionCompute) and stream.ready}
 
         self._join = join
         try:
@@ -549,6 +596,11 @@ class Round:
                 if hedge_at is not None and now >= hedge_at:
                     self._promote(sorted(pending & backups), streams)
                     hedge_at = None
+                holding = not pulled and not decoder.decodable and 0 < len(out) <= decoder.code.s and ready()
+                pull_at = self._overdue_at(backups) if holding else None
+                if pull_at is not None and now >= pull_at:  # a held backup waits, an expected worker is overdue
+                    self._promote_completing(pending & backups, (), streams, first=ready())
+                    pulled, pull_at = True, None
                 if reask_at:
                     if decoder.decodable:  # gathering surplus (``enough``): nobody is needed any more
                         reask_at.clear()
@@ -560,12 +612,16 @@ class Round:
                 if not queue.empty():  # items that came together: no timer to arm for each
                     worker_id, item = queue.get_nowait()
                 else:
-                    wake = min((t for t in (deadline, hedge_at, *reask_at.values()) if t is not None), default=None)
+                    wake = min(
+                        (t for t in (deadline, hedge_at, pull_at, *reask_at.values()) if t is not None), default=None
+                    )
                     try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel of the caller
                         async with asyncio.timeout(None if wake is None else wake - now):
                             worker_id, item = await queue.get()
                     except TimeoutError:
-                        continue  # the hedge's or the deadline's turn, at the top of the loop
+                        continue  # the hedge's, the pull's or the deadline's turn, at the top of the loop
+                if isinstance(item, _Ready):
+                    continue  # news for the pull rule, at the top of the loop
                 if isinstance(item, CompletedMessage):
                     self.messages[item.row] = item
                     t0 = time.perf_counter()
