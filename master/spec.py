@@ -46,9 +46,11 @@ __all__ = [
     "DEFAULT_BACKUP_PRIORITY",
     "DEFAULT_EVALUATE_EVERY",
     "DEFAULT_ITERATION_DEADLINE_SECONDS",
+    "DEFAULT_SURPLUS",
     "DEFAULT_TEST_FRACTION",
     "EXACT_TOLERANCE",
     "FLOAT32_TOLERANCE",
+    "SURPLUS_MODES",
     "JobPlan",
     "JobSpecError",
     "plan_job",
@@ -114,6 +116,11 @@ class JobPlan:
         return self.spec.backup_priority
 
     @property
+    def surplus(self) -> str:
+        """What backups do with their computed messages: ``push``, ``hold`` or ``auto`` (:data:`SURPLUS_MODES`)."""
+        return self.spec.surplus
+
+    @property
     def tolerance(self) -> float:
         return FLOAT32_TOLERANCE if self.message_dtype == common_pb2.DTYPE_FLOAT32 else EXACT_TOLERANCE
 
@@ -152,6 +159,7 @@ def plan_job(
     _check_stragglers(spec, num_workers)
     _check_integrity(spec, code)
     _check_backup_priority(spec)
+    _check_surplus(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
     _check_worker_ids(spec, num_workers, topology, known_worker_ids)
@@ -382,6 +390,10 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
 
 BACKUP_PRIORITIES = ("low", "normal")
 DEFAULT_BACKUP_PRIORITY = "low"
+SURPLUS_MODES = ("push", "hold", "auto")
+"""JobSpec.surplus: backups stream their messages at once (push), keep them until the round pulls them (hold), or
+hold where the payload would cross the network and push where it goes through shared memory (auto)."""
+DEFAULT_SURPLUS = "auto"
 
 
 def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
@@ -403,6 +415,11 @@ def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
 def _check_backup_priority(spec: master_pb2.JobSpec) -> None:
     """How backups are asked, defaulting to :data:`DEFAULT_BACKUP_PRIORITY`."""
     _check_choice(spec, "backup_priority", "backup priority", BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY)
+
+
+def _check_surplus(spec: master_pb2.JobSpec) -> None:
+    """What backups do with their messages, defaulting to :data:`DEFAULT_SURPLUS`."""
+    _check_choice(spec, "surplus", "surplus mode", SURPLUS_MODES, DEFAULT_SURPLUS)
 
 
 def _check_choice(spec: master_pb2.JobSpec, name: str, kind: str, choices: tuple[str, ...], default: str) -> None:
