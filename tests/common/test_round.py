@@ -487,3 +487,34 @@ async def test_a_ready_held_backup_is_pulled_only_once_an_expected_worker_that_b
         np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
         for session in sessions:
             session.close()
+
+
+async def test_an_expected_worker_whose_message_is_arriving_is_waited_for_not_covered_by_backups() -> None:
+    """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 sent no started notice (a message computed inline
+    sends none) but the first chunk of its message has arrived: when 2 answers, 0 is streaming, not straggling,
+    so nothing is promoted; the rest of 0's message completes the decode."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(11).standard_normal((4, 30))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
+    wires, sessions, sources = _session_sources(code, expected={0, 2})
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0))
+    await asyncio.sleep(0.01)
+    request_id = wires[0].requests[-1].request_id
+    chunks = [parse_chunk(raw) for raw in message_chunk_bytes(
+        messages[0], job_id="j", iteration=0, worker_id=0, row=0, request_id=request_id, final=True, chunk_bytes=80
+    )]  # fmt: skip
+    assert len(chunks) > 1
+    wires[0].inbox.put_nowait(chunks[0])
+    await asyncio.sleep(0.01)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    await asyncio.sleep(0.1)
+    assert not any(wire.promoted for wire in wires) and not gather.done()
+    for chunk in chunks[1:]:
+        wires[0].inbox.put_nowait(chunk)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and not round_.promoted and round_.used_workers == [0, 2]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
