@@ -26,6 +26,7 @@ from google.protobuf import json_format
 
 from gradcode.common.models import TrainingMetrics
 from gradcode.common.round import Decoded, Round
+from gradcode.common.session import TRAFFIC
 from gradcode.common.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
@@ -111,10 +112,13 @@ def failure_report(
 
 
 def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
-    """Who was late, asked as a backup or promoted, and what the consistency checks found, in the report's terms
-    (pool ids)."""
+    """Who was late, asked as a backup or promoted, what the consistency checks found, in the report's terms (pool
+    ids), and the bytes the job's Computes carried since its last report (:data:`~gradcode.common.session.TRAFFIC`)."""
     integrity = round_.integrity
+    bytes_sent, bytes_received = TRAFFIC.take(round_.job_id)  # since the job's last report
     return {
+        "bytes_sent": bytes_sent,
+        "bytes_received": bytes_received,
         "late_workers": sorted(pool_ids[w] for w in round_.stragglers),
         "backup_workers": sorted(pool_ids[w] for w in round_.backups),
         "promoted_workers": sorted(pool_ids[w] for w in round_.promoted),

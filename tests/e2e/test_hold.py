@@ -56,6 +56,7 @@ async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Pat
         info, reports = await run_job(cluster.master_address, _spec(cluster))
         _assert_exact_and_only_pulled_backups_used(info, reports)
         assert all(r.backup_workers for r in reports)
+        assert all(r.bytes_sent > 0 and r.bytes_received > 0 for r in reports), "each report counts its bytes"
         served = sum(metric_total(port, "gradcode_computes_served_total") for port in ports)
         asked = sum(4 - len(r.backup_workers) + len(r.promoted_workers) for r in reports)
         assert served <= asked < 4 * len(reports), (served, asked)  # an unpulled backup never finished a Compute

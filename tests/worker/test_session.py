@@ -17,9 +17,10 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
 from gradcode.common.round import ChunkStream, WorkerFailure
-from gradcode.common.session import CallError, Session, status_chunk
+from gradcode.common.session import TRAFFIC, CallError, Session, status_chunk
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
+    SESSION_METHOD,
     MessageAssembler,
     Serialized,
     model_request_bytes,
@@ -406,3 +407,45 @@ async def test_hold_without_backup_is_refused(channel: grpc.aio.Channel, session
         with pytest.raises(CallError) as refused:
             await _messages(session.compute(head, model_request_bytes(random_params())), head)
         assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT and "set backup too" in refused.value.details
+
+
+async def test_a_sessions_bytes_count_for_its_job_as_the_stream_carried_them(channel: grpc.aio.Channel) -> None:
+    """TRAFFIC counts every request (with its model), cancel and chunk of a job's Computes at its serialized size
+    plus gRPC's 5-byte message prefix: the same bytes the stream's serializers handled, recorded here beside it.
+    Each message's payload is its 8 bytes per element; the rest is a few dozen bytes of header and trailer."""
+    sent: list[int] = []
+    received: list[int] = []
+
+    def serialize(message: Any) -> bytes:
+        raw = serialize_chunk(message)
+        sent.append(len(raw))
+        return raw
+
+    def parse(raw: bytes) -> Any:
+        received.append(len(raw))
+        return parse_chunk(raw)
+
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(CYCLIC, 0, job_id="counted"), data_for(CYCLIC, 0, partitions))
+        TRAFFIC.take("counted")
+        method = channel.stream_stream(SESSION_METHOD, request_serializer=serialize, response_deserializer=parse)
+        session = Session(method())
+        try:
+            rows = CYCLIC.static_assignment().rows[0]
+            head = _head("counted", 0, rows, 0)
+            await _messages(session.compute(head, model_request_bytes(random_params())), head)
+            head = _head("counted", 0, rows, 1)
+            head.backup = head.hold = True
+            held = session.compute(head, model_request_bytes(random_params()))
+            await _wait_until(lambda: held.ready)
+            held.cancel()
+            await _wait_until(lambda: len(received) == len(rows) + 2)  # the messages, the notice, the status
+        finally:
+            session.close()
+        out, came = TRAFFIC.take("counted")
+        assert out == sum(sent) + 5 * len(sent) and len(sent) == 3  # two requests and a cancel
+        assert came == sum(received) + 5 * len(received)
+        payload = 8 * message_length(softmax_model(), statistics=False) * len(rows)
+        assert payload < sum(received[: len(rows)]) < payload + 100 * len(rows)
+        assert TRAFFIC.take("counted") == (0, 0), "taken"
