@@ -35,3 +35,14 @@ def test_bench_subcommand_passes_the_rest_to_the_benchmark() -> None:
     assert args.benchmark == "training" and args.bench_args == ["--quick", "--out", "/tmp/x"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "no-such-benchmark"])
+
+
+def test_run_sizes_a_generated_dataset_and_chooses_the_surplus_mode() -> None:
+    argv = ["run", "--dataset", "linear", "--model", "linear", "--samples", "600", "--features", "1000000"]
+    spec = _spec_from_args(build_parser().parse_args([*argv, "--surplus", "hold"]))
+    assert (spec.dataset.num_samples, spec.dataset.num_features, spec.surplus) == (600, 10**6, "hold")
+    default = _spec_from_args(build_parser().parse_args(["run"]))
+    assert (default.dataset.num_samples, default.dataset.num_features, default.surplus) == (0, 0, "")
+    for bad in (["--samples", "-1"], ["--features", "many"], ["--surplus", "pull"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", *bad])
