@@ -33,7 +33,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,7 +382,13 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, {accuracy}, "
         f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
+        f"; master received/sent {_megabytes(r.bytes_received for r in reports)}/"
+        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median)"
     )
+
+
+def _megabytes(values: Iterable[int]) -> str:
+    return f"{statistics.median(values) / 1e6:.3g}"
 
 
 async def _demo(args: argparse.Namespace) -> int:
