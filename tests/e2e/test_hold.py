@@ -49,8 +49,9 @@ def _own_machine(i: int, ports: list[int]) -> list[str]:
 
 
 async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Path) -> None:
-    """A held backup computes (its compute seconds count) but answers a Compute in full only when pulled: the
-    workers' answered Computes are at most the expected and pulled ones, and a backup never pulled sent no byte."""
+    """A held backup answers a Compute in full only when pulled: the workers' answered Computes are at most the
+    expected and pulled ones, and a backup never pulled sent no byte (that it computes at once is
+    tests/worker/test_session.py's)."""
     ports = [free_port() for _ in range(4)]
     with start_cluster(4, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
         info, reports = await run_job(cluster.master_address, _spec(cluster))
@@ -60,10 +61,8 @@ async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Pat
         served = sum(metric_total(port, "gradcode_computes_served_total") for port in ports)
         asked = sum(4 - len(r.backup_workers) + len(r.promoted_workers) for r in reports)
         assert served <= asked < 4 * len(reports), (served, asked)  # an unpulled backup never finished a Compute
-        for w, port in enumerate(ports):
+        for w, port in enumerate(ports):  # (whether a backup finished computing before its round decoded is load's)
             backup = all(cluster.ids[w] in r.backup_workers for r in reports)
-            if backup:
-                assert metric_total(port, "gradcode_compute_seconds_total") > 0, f"backup {w} computed at once"
             if backup and not any(cluster.ids[w] in r.promoted_workers for r in reports):
                 assert metric_total(port, "gradcode_bytes_sent_total") == 0, f"backup {w}, never pulled, sent bytes"
 
