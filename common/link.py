@@ -105,6 +105,8 @@ class PlacedFrame:
 
     head: Any
     payload: memoryview
+    size: int = 0
+    """The whole frame's length (its first bytes and the payload)."""
 
 
 FramePlacer = Callable[[memoryview, int], "tuple[Any, int, memoryview] | None"]
@@ -130,6 +132,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._big: memoryview | None = None
         self._big_head: Any = None
         """The placer's head of the frame being received into :attr:`_big` (None: not placed)."""
+        self._big_size = 0
+        """The length of the frame being received into :attr:`_big`."""
         self._big_filled = 0
         self.placer: FramePlacer | None = None
         """Decides where the tail of each large frame is received (:class:`PlacedFrame`); None: all frames whole."""
@@ -174,7 +178,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._big_filled += nbytes
             if self._big_filled == len(self._big):
                 frame, head, self._big, self._big_head = self._big, self._big_head, None, None
-                self._deliver(frame if head is None else PlacedFrame(head, frame))
+                self._deliver(frame if head is None else PlacedFrame(head, frame, self._big_size))
             return
         self._end += nbytes
         self._split()
@@ -201,6 +205,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 if placed is None:  # a buffer of its own, not zeroed: every byte is received into it
                     placed = None, 0, np.empty(length, dtype=np.uint8).data
                 self._big_head, offset, self._big = placed
+                self._big_size = length
                 self._big[: have - offset] = staged[offset:]
                 self._big_filled = have - offset
                 self._start = self._end = 0
@@ -289,6 +294,9 @@ class LinkStream:
     """The caller's end of a link, shaped like a ``Worker.Session`` call: ``write`` requests, iterate the chunks,
     ``cancel`` to close (what :class:`~gradcode.common.session.Session` runs on)."""
 
+    framing_bytes = _LENGTH.size
+    """Bytes the link adds to each message it carries (its length)."""
+
     def __init__(self, protocol: FrameProtocol, peer: str) -> None:
         self.protocol = protocol
         self.peer = peer
@@ -327,7 +335,7 @@ class LinkStream:
             except LinkClosedError as exc:
                 raise self._unavailable(exc) from None
             if isinstance(frame, PlacedFrame):
-                yield ReceivedChunk(meta=frame.head, data=frame.payload, placed=True)
+                yield ReceivedChunk(meta=frame.head, data=frame.payload, placed=True, nbytes=frame.size)
             else:
                 yield parse_chunk(frame)
 

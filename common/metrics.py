@@ -20,6 +20,8 @@ Where each is recorded:
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
+  :data:`COMPUTE_BYTES_SENT` and :data:`COMPUTE_BYTES_RECEIVED`, the Computes' bytes, as the streams carry them
+  (:class:`gradcode.common.session.Traffic`; each iteration's share is in its report);
 * worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`,
   :data:`SHARED_BYTES_SENT`.
 """
@@ -46,6 +48,8 @@ __all__ = [
     "BYTES_SENT",
     "COMPUTES_CANCELLED",
     "COMPUTES_SERVED",
+    "COMPUTE_BYTES_RECEIVED",
+    "COMPUTE_BYTES_SENT",
     "COMPUTE_SECONDS",
     "JOBS_FINISHED",
     "LOAD_BYTES_SENT",
@@ -133,6 +137,18 @@ WORKERS_KNOWN = Gauge("gradcode_workers_known", "Workers the master knows (UP or
 JOBS_FINISHED = Counter(
     "gradcode_jobs_finished", "Jobs that ended, by final state.", ["state"], registry=MASTER_REGISTRY
 )
+COMPUTE_BYTES_SENT = Counter(
+    "gradcode_compute_bytes_sent",
+    "Bytes the master sent to workers on their Computes (requests with the model, cancels, promotions), counted "
+    "at the stream: serialized size plus the stream's per-message framing (gRPC's 5 bytes, a link's 4).",
+    registry=MASTER_REGISTRY,
+)  # fmt: skip
+COMPUTE_BYTES_RECEIVED = Counter(
+    "gradcode_compute_bytes_received",
+    "Bytes the master received from workers on their Computes (messages, notices, statuses), counted at the "
+    "stream like gradcode_compute_bytes_sent; payloads left in shared memory do not count.",
+    registry=MASTER_REGISTRY,
+)  # fmt: skip
 LOAD_BYTES_SENT = Counter(
     "gradcode_load_bytes_sent",
     "Bytes of LoadJob chunks the master sent to workers (serialized size): the data it streams, or with "

@@ -46,7 +46,7 @@ from gradcode.common.clock import MONOTONIC, Clock
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import CombinationBound, relative_bound
-from gradcode.common.session import CallError, ChunkStream, DeliversItems
+from gradcode.common.session import CallError, ChunkStream, DeliversItems, Holds
 from gradcode.common.shared_memory import SharedDirectory
 from gradcode.common.wire import (
     CompletedMessage,
@@ -193,6 +193,16 @@ class Certified:
 
 Received = ReceivedChunk | worker_pb2.GradientChunk
 """A chunk as a stream yields it."""
+
+
+class _Ready:
+    """Queued in a gather when a held backup says its messages are ready (:class:`~gradcode.common.session.Holds`):
+    it wakes the loop, so the strategies look again."""
+
+
+_READY = _Ready()
+Item = CompletedMessage | BaseException | _Ready | None
+"""What the gather's queue carries for a worker: a message, the exception that ended its stream, news, or its end."""
 
 _finishing: set[asyncio.Task[None]] = set()
 """Stream tasks a gather cancelled (or that wait for an end of stream), held until they end."""
@@ -472,7 +482,7 @@ class Gathering:
         self.round = round_
         self.strategies = strategies
         self.on_failure = on_failure
-        self.queue: asyncio.Queue[tuple[int, CompletedMessage | BaseException | None]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, Item]] = asyncio.Queue()
         self.streams: dict[int, ChunkStream] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.failures: dict[int, WorkerFailure] = {}
@@ -499,8 +509,15 @@ class Gathering:
         return self.queue.empty()
 
     def began(self, worker_id: int) -> bool:
-        """The worker said its computation began (a stream that :class:`~gradcode.common.session.ReportsStart`)."""
-        return getattr(self.streams.get(worker_id), "started", False) is True
+        """The worker said its computation began (a stream that :class:`~gradcode.common.session.ReportsStart`), or
+        its message is arriving (a worker whose messages compute in a few milliseconds sends no notice; on a slow
+        link its message streams for longer than that)."""
+        return worker_id in self.heard or getattr(self.streams.get(worker_id), "started", False) is True
+
+    def ready(self) -> set[int]:
+        """The held backups still out whose messages wait to be pulled (:class:`~gradcode.common.session.Holds`)."""
+        held = (w for w in self.pending & self.backups if w not in self.round.promoted)
+        return {w for w in held if getattr(self.streams.get(w), "ready", False) is True}
 
     def promote(self, workers: Iterable[int]) -> None:
         """Ask these backups to compute at normal priority (those whose streams are
@@ -584,6 +601,8 @@ class Gathering:
             self.queue.put_nowait((worker_id, exc))
             return
         self.streams[worker_id] = stream
+        if hasattr(stream, "on_ready"):  # a held backup's news wakes the loop
+            cast(Holds, stream).on_ready = functools.partial(self.queue.put_nowait, (worker_id, _READY))
         if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
             direct = cast(DeliversItems, stream)
             direct.place = assembler.place
@@ -608,7 +627,7 @@ class Gathering:
             times.append(deadline)
         return min(times, default=None)
 
-    async def _next(self, deadline: float | None, now: float) -> tuple[int, CompletedMessage | BaseException | None]:
+    async def _next(self, deadline: float | None, now: float) -> tuple[int, Item]:
         """The next item to take; TimeoutError when the deadline or a strategy's turn comes first."""
         if not self.queue.empty():  # items that came together: no timer to arm for each
             return self.queue.get_nowait()
@@ -616,9 +635,12 @@ class Gathering:
         async with self.round.clock.timeout(None if wake is None else wake - now):
             return await self.queue.get()
 
-    def _take(self, worker_id: int, item: CompletedMessage | BaseException | None) -> None:
-        """A message for the decoder, or the end of a worker's stream (delivered, or failed)."""
+    def _take(self, worker_id: int, item: Item) -> None:
+        """A message for the decoder, or the end of a worker's stream (delivered, or failed); news (a held backup is
+        ready) only wakes the loop."""
         round_ = self.round
+        if isinstance(item, _Ready):
+            return
         if isinstance(item, CompletedMessage):
             round_.messages[item.row] = item
             t0 = time.perf_counter()

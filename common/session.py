@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from gradcode.common import metrics
 from gradcode.common.status import status_code
 from gradcode.common.wire import (
     SESSION_METHOD,
@@ -40,11 +41,14 @@ from gradcode.common.wire import (
     compute_stream,
     parse_chunk,
     serialize_chunk,
+    serialized_size,
 )
 from gradcode.v1 import worker_pb2
 
 __all__ = [
+    "GRPC_MESSAGE_PREFIX_BYTES",
     "MAX_SESSION_REQUESTS",
+    "TRAFFIC",
     "CallError",
     "Caller",
     "ChunkStream",
@@ -55,7 +59,9 @@ __all__ = [
     "SessionCompute",
     "SessionProtocolError",
     "SessionStream",
+    "Traffic",
     "control_problem",
+    "ready_chunk",
     "serve_session",
     "started_chunk",
     "status_chunk",
@@ -94,9 +100,17 @@ class ReportsStart(Protocol):
 
 
 class Promotable(Protocol):
-    """A stream's optional capability: ask a backup to compute at normal priority."""
+    """A stream's optional capability: ask a backup to compute at normal priority (a held one: to send)."""
 
     def promote(self) -> None: ...
+
+
+class Holds(Protocol):
+    """A stream's optional capability: a held backup's ``ready`` turns true when its messages wait to be pulled,
+    and ``on_ready`` (set by the consumer) is called then."""
+
+    ready: bool
+    on_ready: Callable[[], None] | None
 
 
 class CallError(Exception):
@@ -126,6 +140,48 @@ def started_chunk(request_id: int) -> bytes:
     return worker_pb2.GradientChunk(request_id=request_id, started=True).SerializeToString()
 
 
+def ready_chunk(request_id: int) -> bytes:
+    """Sent for a Session request that asked ``hold`` when its messages are computed and kept, waiting to be pulled."""
+    return worker_pb2.GradientChunk(request_id=request_id, ready=True).SerializeToString()
+
+
+GRPC_MESSAGE_PREFIX_BYTES = 5
+"""What gRPC adds to each message of a stream (a compressed flag and a 4-byte length); HTTP/2's frames, TLS's records
+and TCP's segments are below what a process counts."""
+
+
+class Traffic:
+    """Bytes a receiver's Computes carried, by job: what it sent (requests with their models, cancels, promotions)
+    and what it received (every chunk: messages, notices, statuses), each counted as it went through the stream
+    (its serialized size plus the stream's framing of it: :data:`GRPC_MESSAGE_PREFIX_BYTES`, or a link's length).
+    Payloads left in shared memory do not cross the stream and do not count. The master reads (and resets) a job's
+    totals with each iteration's report (:meth:`take`), so bytes of an iteration that arrive after its report (the
+    rest of a cancelled message) count in the next one."""
+
+    JOBS = 4096
+    """Jobs remembered; the oldest is forgotten beyond (a tree parent counts its jobs too, and nobody takes them)."""
+
+    def __init__(self) -> None:
+        self._jobs: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+
+    def add(self, job_id: str, *, sent: int = 0, received: int = 0) -> None:
+        totals = self._jobs.get(job_id)
+        if totals is None:
+            totals = self._jobs[job_id] = [0, 0]
+            if len(self._jobs) > self.JOBS:
+                self._jobs.popitem(last=False)
+        totals[0] += sent
+        totals[1] += received
+
+    def take(self, job_id: str) -> tuple[int, int]:
+        """Bytes (sent, received) for ``job_id`` since the last take."""
+        sent, received = self._jobs.pop(job_id, (0, 0))
+        return sent, received
+
+
+TRAFFIC = Traffic()
+"""This process's Compute traffic (every :class:`Session`, and every Compute call a :class:`Caller` makes)."""
+
 _END = object()
 """Queued for a SessionCompute after its last chunk when it ended OK."""
 
@@ -152,6 +208,10 @@ class SessionCompute:
         :meth:`~gradcode.common.wire.MessageAssembler.place`); None: they arrive as received bytes."""
         self.started = False
         """The worker said its computation began (the request asked ``report_start``)."""
+        self.ready = False
+        """The worker said its messages are computed and held until :meth:`promote` (the request asked ``hold``)."""
+        self.on_ready: Callable[[], None] | None = None
+        """Called when :attr:`ready` becomes true (a round waiting for news wakes up)."""
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -174,9 +234,10 @@ class SessionCompute:
         return True
 
     def promote(self) -> None:
-        """Ask the worker to compute this backup's remaining messages at normal priority (if still running)."""
+        """Ask the worker to compute this backup's remaining messages at normal priority (if still running), and
+        to send the messages it holds (``hold``)."""
         if not self.ended:
-            self.session._promote(self.request_id)
+            self.session._promote(self.request_id, self.job_id)
 
     def consume(self, sink: Sink) -> None:
         """Pass every item to ``sink`` as the session reads it (those already here at once), instead of iterating:
@@ -228,7 +289,9 @@ class Session:
         self._cancelled: collections.OrderedDict[int, str] = collections.OrderedDict()
         """Job ids of the requests cancelled lately, by request id, until their status arrives."""
         self._ids = itertools.count(1)
-        self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized, str]] = asyncio.Queue()
+        """What to write: the request it belongs to (not sent once ended; None: a control), the bytes, the job."""
+        self._framing: int = getattr(stream, "framing_bytes", GRPC_MESSAGE_PREFIX_BYTES)
         self.error: BaseException | None = None
         """Why the stream broke (None while it is open)."""
         place_with = getattr(stream, "place_with", None)  # a link can receive payloads where their consumer says
@@ -260,7 +323,7 @@ class Session:
             compute._deliver(self.error)
             return compute
         self._computes[request_id] = compute
-        self._outbox.put_nowait((compute, (head.SerializeToString(), body)))  # a link sends the model uncopied
+        self._outbox.put_nowait((compute, (head.SerializeToString(), body), head.job_id))  # a link: the model uncopied
         return compute
 
     def _place(self, meta: worker_pb2.GradientChunk, nbytes: int) -> memoryview | None:
@@ -276,20 +339,23 @@ class Session:
             if len(self._cancelled) > _CANCELLED_REMEMBERED:
                 self._cancelled.popitem(last=False)
             cancel = worker_pb2.ComputeRequest(request_id=request_id, cancel=True).SerializeToString()
-            self._outbox.put_nowait((None, cancel))
+            self._outbox.put_nowait((None, cancel, compute.job_id))
 
-    def _promote(self, request_id: int) -> None:
+    def _promote(self, request_id: int, job_id: str) -> None:
         if self.error is None:
             promote = worker_pb2.ComputeRequest(request_id=request_id, promote=True).SerializeToString()
-            self._outbox.put_nowait((None, promote))
+            self._outbox.put_nowait((None, promote, job_id))
 
     async def _write(self) -> None:
         while True:
-            compute, data = await self._outbox.get()
+            compute, data, job_id = await self._outbox.get()
             if compute is not None and compute.ended:
                 continue  # cancelled before its turn: not sent at all
             try:
                 await self._call.write(data)
+                nbytes = serialized_size(data) + self._framing
+                TRAFFIC.add(job_id, sent=nbytes)
+                metrics.COMPUTE_BYTES_SENT.inc(nbytes)
             except Exception as exc:  # the stream broke
                 if not isinstance(exc, (grpc.aio.AioRpcError, CallError)):  # the reader breaks it, with its status
                     await asyncio.wait({self._reader}, timeout=1.0)
@@ -300,12 +366,18 @@ class Session:
         try:
             async for chunk in self._call:
                 compute = self._computes.get(chunk.meta.request_id)
+                self._count(chunk, compute)
                 if compute is None:  # the rest of a cancelled request
                     if chunk.meta.HasField("status"):
                         self._late_status(chunk.meta.request_id, chunk.meta.status)
                     continue
                 if chunk.meta.started:  # news of the computation, not part of a message
                     compute.started = True
+                    continue
+                if chunk.meta.ready:  # a held backup's messages wait to be pulled
+                    compute.ready = True
+                    if compute.on_ready is not None:
+                        compute.on_ready()
                     continue
                 if not chunk.meta.HasField("status"):
                     compute._deliver(chunk)
@@ -327,6 +399,14 @@ class Session:
         except Exception as exc:  # a malformed chunk: nothing on this stream can be trusted any more
             self._break(exc)
             self._call.cancel()
+
+    def _count(self, chunk: ReceivedChunk, compute: SessionCompute | None) -> None:
+        """Count a chunk's bytes for its request's job (a cancelled request's too, while remembered)."""
+        nbytes = chunk.nbytes + self._framing
+        metrics.COMPUTE_BYTES_RECEIVED.inc(nbytes)
+        job_id = compute.job_id if compute is not None else self._cancelled.get(chunk.meta.request_id)
+        if job_id is not None:
+            TRAFFIC.add(job_id, received=nbytes)
 
     def _late_status(self, request_id: int, status: worker_pb2.CallStatus) -> None:
         job_id = self._cancelled.pop(request_id, None)
@@ -390,7 +470,7 @@ class Caller:
         if self._linked is not None and not self._linked.broken:
             return self._linked.compute(head, body)
         if self.serves_sessions is False:
-            return self._compute_call(head.SerializeToString() + body)  # type: ignore[no-any-return]
+            return _CountedCall(self._compute_call, head.SerializeToString() + body, head.job_id)
         if self._session is None or self._session.broken:
             self._session = Session.on(self.channel, self.on_lost_job)
         if self.serves_links is not False and self._dialing is None:
@@ -406,7 +486,8 @@ class Caller:
         request.CopyFrom(head)
         request.ClearField("request_id")  # a call, not a Session request: no in-band status
         request.report_start = False
-        return self._compute_call(request.SerializeToString() + body)  # type: ignore[no-any-return]
+        request.hold = False  # a call cannot be promoted: it sends its messages
+        return _CountedCall(self._compute_call, request.SerializeToString() + body, head.job_id)
 
     async def _dial(self) -> None:
         assert self._link is not None
@@ -436,6 +517,31 @@ class Caller:
             if session is not None:
                 session.close()
         self._linked = self._session = None
+
+
+class _CountedCall:
+    """A Compute call (``call``, with the serialized request) whose bytes count in :data:`TRAFFIC` as they go."""
+
+    def __init__(self, call: Callable[[bytes], Any], request: bytes, job_id: str) -> None:
+        self.job_id = job_id
+        self.inner: ChunkStream = call(request)
+        nbytes = len(request) + GRPC_MESSAGE_PREFIX_BYTES
+        TRAFFIC.add(job_id, sent=nbytes)
+        metrics.COMPUTE_BYTES_SENT.inc(nbytes)
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
+        async for chunk in self.inner:
+            if isinstance(chunk, ReceivedChunk):
+                nbytes = chunk.nbytes + GRPC_MESSAGE_PREFIX_BYTES
+                TRAFFIC.add(self.job_id, received=nbytes)
+                metrics.COMPUTE_BYTES_RECEIVED.inc(nbytes)
+            yield chunk
+
+    def cancel(self) -> bool:
+        return self.inner.cancel()
 
 
 class _FirstCompute:

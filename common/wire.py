@@ -445,6 +445,8 @@ class ReceivedChunk:
     meta: worker_pb2.GradientChunk
     data: memoryview
     placed: bool = False
+    nbytes: int = 0
+    """The serialized chunk's size as it arrived (what the transport carried, its framing aside)."""
 
 
 Placer = Callable[[worker_pb2.GradientChunk, int], "memoryview | None"]
@@ -532,7 +534,7 @@ def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
         small = meta.data
         if small:
             meta.ClearField("data")
-        return ReceivedChunk(meta=meta, data=memoryview(small))
+        return ReceivedChunk(meta=meta, data=memoryview(small), nbytes=len(raw))
     size = len(raw)
     data = memoryview(b"")
     spans: list[tuple[int, int]] = []
@@ -544,7 +546,7 @@ def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
             data = memoryview(raw)[value:end]
         else:
             spans.append((start, end))
-    return ReceivedChunk(meta=_meta(raw, spans), data=data)
+    return ReceivedChunk(meta=_meta(raw, spans), data=data, nbytes=size)
 
 
 _MODEL_FIELD_TAG = _varint(worker_pb2.ComputeRequest.DESCRIPTOR.fields_by_name["model"].number << 3 | 2)

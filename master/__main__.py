@@ -27,6 +27,7 @@ from gradcode.common.security import add_security_arguments, refuse_if_exposed, 
 from gradcode.common.serving import install_shutdown_signals
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
+from gradcode.master.limits import MAX_FEATURES
 from gradcode.master.pool import MAX_WORKERS, worker_address
 
 DEFAULT_LISTEN = "127.0.0.1:50050"
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="most workers the pool holds (UP or DOWN) [GRADCODE_MAX_WORKERS] (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
+        "--max-features", type=int,
+        default=int(env_default("GRADCODE_MAX_FEATURES", str(MAX_FEATURES)) or MAX_FEATURES), metavar="P",
+        help="most features a job's dataset may have, hence the size of a linear model's parameter vector "
+        "(datasets stay under 1 GiB of features either way) [GRADCODE_MAX_FEATURES] (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--shared-memory",
         default=env_default("GRADCODE_SHARED_MEMORY", str(DEFAULT_ROOT)),
         metavar="DIR|off",
@@ -117,6 +124,7 @@ async def _serve(args: argparse.Namespace) -> None:
     node = MasterNode(
         args.host, args.port, workers=args.worker_list, run_dir=args.run_dir, data_dir=args.data_dir, grace=args.grace,
         security=args.security, max_workers=args.max_workers, max_data_file_bytes=args.max_data_file_bytes,
+        max_features=args.max_features,
         state_dir=args.state_dir, checkpoint_every=args.checkpoint_every,
         shared_memory=args.shared_memory_root, links=args.link == "on", machine_id=args.machine_id,
     )  # fmt: skip
@@ -164,6 +172,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"--checkpoint-every must be >= 1, not {args.checkpoint_every}.")
         if args.max_workers < 1:
             raise ValueError(f"--max-workers must be >= 1, not {args.max_workers}.")
+        if args.max_features < 1:
+            raise ValueError(f"--max-features must be >= 1, not {args.max_features}.")
         args.shared_memory_root = shared_memory_root(args.shared_memory)
     except ValueError as exc:
         parser.error(str(exc))

@@ -9,11 +9,15 @@ instance pulling a held backup's payload once it is needed) is one more method o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from gradcode.common.round import Gathering, GatherStrategy, Source, WorkerFailure
 
-__all__ = ["Hedging"]
+__all__ = ["HOLD_OVERDUE_FACTOR", "Hedging"]
+
+HOLD_OVERDUE_FACTOR = 2.0
+"""A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
+the latest expected worker that finished (:meth:`Hedging.pull_at`)."""
 
 
 class Hedging(GatherStrategy):
@@ -34,6 +38,12 @@ class Hedging(GatherStrategy):
     all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
     source opened again, once per gather (:meth:`Gathering.reopen`): a request lost on its way or stuck in a worker
     then costs that bound, not the iteration. Backups are silent by design and never are.
+
+    A backup asked to ``hold`` its messages (``JobSpec.surplus``) computes them but sends only a notice that they
+    are ready (:meth:`Gathering.ready`) until promoted, which pulls them: every rule above pulls the held backups it
+    promotes, and while the round is not decodable, a held backup is ready and at most ``s`` expected workers are
+    still out past :meth:`pull_at`, the backups that complete the messages in hand are pulled too, the ready ones
+    first (once per gather).
     """
 
     def __init__(
@@ -49,6 +59,8 @@ class Hedging(GatherStrategy):
         """This gather has promoted the backups completing the expected workers' messages."""
         self._reask_at: dict[int, float] = {}
         """When each expected worker, silent until then, is asked again (once)."""
+        self._pulled = False
+        """This gather has pulled held backups for overdue expected workers."""
 
     @property
     def gathering(self) -> Gathering:
@@ -78,13 +90,36 @@ class Hedging(GatherStrategy):
             self._reask_at[source.worker_id] = now + bound
 
     def wake_at(self) -> float | None:
-        return min((t for t in (self._hedge_at, *self._reask_at.values()) if t is not None), default=None)
+        times = (self._hedge_at, self.pull_at(), *self._reask_at.values())
+        return min((t for t in times if t is not None), default=None)
+
+    def pull_at(self) -> float | None:
+        """When the held backups that are ready get pulled (None: not now, or not before an expected worker finished:
+        the hedge covers that): :data:`HOLD_OVERDUE_FACTOR` times the round's time to the latest expected worker that
+        finished, while the round is not decodable and at most ``s`` expected workers are still out.
+
+        A simple rule on purpose: the expected workers share the receiver's link, so on a slow link the last of them
+        finishes up to one message's transfer after the one before; twice the time the others took is past that, yet
+        a frozen worker (one that began, so the rules before hold wait for it) costs at most that time plus the
+        pulled message's transfer, instead of the hedge's twice the median round."""
+        gathering = self.gathering
+        if self._pulled or gathering.decodable or not 0 < len(self._out) <= gathering.round.decoder.code.s:
+            return None
+        if not gathering.ready():
+            return None
+        round_ = gathering.round
+        times = [t for w, t in round_.finished.items() if w not in gathering.backups]
+        return round_.started + HOLD_OVERDUE_FACTOR * max(times) if times else None
 
     def tick(self, now: float) -> None:
         gathering = self.gathering
         if self._hedge_at is not None and now >= self._hedge_at:
             gathering.promote(sorted(gathering.pending & gathering.backups))
             self._hedge_at = None
+        pull_at = self.pull_at()
+        if pull_at is not None and now >= pull_at:  # a held backup waits, an expected worker is overdue
+            self._promote_completing(gathering.pending & gathering.backups, set(), first=gathering.ready())
+            self._pulled = True
         if self._reask_at:
             if gathering.decodable:  # gathering surplus (integrity): nobody is needed any more
                 self._reask_at.clear()
@@ -114,12 +149,13 @@ class Hedging(GatherStrategy):
             self._promote_completing(gathering.pending - out, computing)
             self._promoted = True
 
-    def _promote_completing(self, backups: set[int], computing: set[int]) -> None:
+    def _promote_completing(self, backups: set[int], computing: set[int], first: Collection[int] = ()) -> None:
         """Promote the ``backups`` that complete the messages of the workers that answered and of those still
-        ``computing`` (a minimal set)."""
+        ``computing`` (a minimal set), preferring those in ``first`` (held backups whose messages are ready), then
+        those promoted already."""
         gathering = self.gathering
         round_, decoder = gathering.round, gathering.round.decoder
         given = [*round_.finished, *computing]
-        preference = sorted(backups, key=lambda w: (w not in round_.promoted, w))  # those promoted already first
+        preference = sorted(backups, key=lambda w: (w not in first, w not in round_.promoted, w))
         chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
         gathering.promote(chosen)

@@ -46,14 +46,15 @@ MAX_PARTITIONS = 65_536
 MAX_SAMPLES = 10_000_000
 """Samples a dataset may have (``dataset.num_samples``, or the rows of a data file)."""
 MAX_FEATURES = 100_000
-"""Features per sample."""
+"""Features per sample, by default: the master's ``--max-features`` sets its own (a p = 10^6 model needs it raised;
+the dataset's bytes stay under :data:`MAX_DATASET_BYTES` either way)."""
 MAX_DATASET_BYTES = 1 << 30
 """float64 bytes of the feature matrix, samples x features x 8 (1 GiB)."""
 MAX_MODEL_BYTES = 64 << 20
 """float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
 MAX_NAME_CHARS = 128
 """Characters of a name a client picks from a list: code.name, model.kind, dataset.name, optimizer.kind,
-straggler.model, integrity, backup_priority."""
+straggler.model, integrity, backup_priority, surplus."""
 MAX_PATH_CHARS = 4096
 """Characters of ``dataset.path`` (Linux's PATH_MAX)."""
 MAX_OPTIONS = 64
@@ -91,12 +92,15 @@ def check_code_size(name: str, params: dict[str, object]) -> None:
         )
 
 
-def check_dataset_size(ds: master_pb2.DatasetSpec) -> None:
-    """Refuse a dataset larger than the caps before generating or loading it."""
+def check_dataset_size(ds: master_pb2.DatasetSpec, max_features: int = MAX_FEATURES) -> None:
+    """Refuse a dataset larger than the caps (``max_features``: the master's) before generating or loading it."""
     if ds.num_samples > MAX_SAMPLES:
         raise JobSpecError(f"JobSpec.dataset.num_samples is {ds.num_samples}; a job may use at most {MAX_SAMPLES}.")
-    if ds.num_features > MAX_FEATURES:
-        raise JobSpecError(f"JobSpec.dataset.num_features is {ds.num_features}; a job may use at most {MAX_FEATURES}.")
+    if ds.num_features > max_features:
+        raise JobSpecError(
+            f"JobSpec.dataset.num_features is {ds.num_features}; this master allows at most {max_features} "
+            "(its --max-features)."
+        )
     default_samples, default_features = _SYNTHETIC_DEFAULT_SIZE.get(ds.name, (0, 0))
     samples, features = ds.num_samples or default_samples, ds.num_features or default_features
     if samples * features * 8 > MAX_DATASET_BYTES:
@@ -114,6 +118,7 @@ _NAMES: tuple[tuple[str, Callable[[master_pb2.JobSpec], str]], ...] = (
     ("JobSpec.straggler.model", lambda s: s.straggler.model),
     ("JobSpec.integrity", lambda s: s.integrity),
     ("JobSpec.backup_priority", lambda s: s.backup_priority),
+    ("JobSpec.surplus", lambda s: s.surplus),
 )
 
 

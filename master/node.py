@@ -18,7 +18,7 @@ from gradcode.common.security import Security
 from gradcode.common.serving import ServiceNode, format_address
 from gradcode.common.shared_memory import DEFAULT_ROOT, remove_abandoned
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
-from gradcode.master.limits import MAX_DATA_FILE_BYTES
+from gradcode.master.limits import MAX_DATA_FILE_BYTES, MAX_FEATURES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
 from gradcode.master.service import MAX_FINISHED_JOBS, MasterServicer
 from gradcode.v1 import master_pb2, master_pb2_grpc
@@ -59,6 +59,7 @@ class MasterNode(ServiceNode):
         security: Security | None = None,
         max_workers: int = MAX_WORKERS,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
+        max_features: int = MAX_FEATURES,
         state_dir: str | Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         shared_memory: str | Path | None = DEFAULT_ROOT,
@@ -73,7 +74,7 @@ class MasterNode(ServiceNode):
         )
         self.servicer = MasterServicer(
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
-            max_data_file_bytes=max_data_file_bytes,
+            max_data_file_bytes=max_data_file_bytes, max_features=max_features,
             state_dir=None if state_dir is None else Path(state_dir), checkpoint_every=checkpoint_every,
             shared_memory=None if shared_memory is None else Path(shared_memory),
         )  # fmt: skip

@@ -27,6 +27,7 @@ from google.protobuf import json_format
 
 from gradcode.common.models import TrainingMetrics
 from gradcode.common.round import Decoded, Round
+from gradcode.common.session import TRAFFIC
 from gradcode.common.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
@@ -112,15 +113,18 @@ def failure_report(
 
 
 def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
-    """Who was late, asked as a backup or promoted, and what the consistency checks found, in the report's terms
-    (pool ids)."""
+    """Who was late, asked as a backup or promoted, what the consistency checks found, in the report's terms (pool
+    ids), and the bytes the job's Computes carried since its last report (:data:`~gradcode.common.session.TRAFFIC`)."""
     integrity = round_.integrity
     child_timings: dict[int, float] = {}
     late_children: set[int] = set()
     for message in round_.messages.values():  # a tree's first layer: what each parent saw of the nodes below it
         child_timings.update((pool_ids[c], s) for c, s in message.children_timings if c < len(pool_ids))
         late_children.update(pool_ids[c] for c in message.children_late if c < len(pool_ids))
+    bytes_sent, bytes_received = TRAFFIC.take(round_.job_id)  # since the job's last report
     return {
+        "bytes_sent": bytes_sent,
+        "bytes_received": bytes_received,
         "child_timings": [master_pb2.WorkerTiming(worker_id=c, seconds=s) for c, s in sorted(child_timings.items())],
         "late_children": sorted(late_children - child_timings.keys()),
         "late_workers": sorted(pool_ids[w] for w in round_.stragglers),

@@ -21,7 +21,9 @@ computes at low OS priority; one that shares its machine with other workers of t
 (:func:`sharing_a_machine`) computes nothing until promoted, since even idle-priority work would take memory
 bandwidth and cache from theirs. When expected workers are late, the round promotes the backups that
 replace them (:class:`~gradcode.master.hedging.Hedging`, the round's strategy); one not decoded by its hedge
-(:meth:`Primaries.hedge`) promotes them all.
+(:meth:`Primaries.hedge`) promotes them all. A backup asked to hold (``JobSpec.surplus``: "hold", or "auto" for a
+worker whose messages cross the network rather than shared memory) computes at once but sends its messages only
+when the round pulls them (promotes it), so surplus messages cost the master's link nothing.
 Dynamic codes are asked alike: they place each iteration from what every worker did in the last.
 """
 
@@ -384,11 +386,13 @@ class RoundPolicy:
         the expected workers that have not begun (:class:`~gradcode.master.hedging.Hedging`)."""
         backup = w in backups
         rows = it.assignment.rows[w]
+        body, shared = it.model.fields(w, shared=w in self.loader.shared_workers)
+        surplus = self.plan.surplus
+        hold = backup and (surplus == "hold" or (surplus == "auto" and not shared))
         head = worker_pb2.ComputeRequest(
             job_id=self.plan.job_id, iteration=it.t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
-            report_start=bool(backups) and not backup,
+            report_start=bool(backups) and not backup, hold=hold,
         )  # fmt: skip
-        body, shared = it.model.fields(w, shared=w in self.loader.shared_workers)
         worker = self.loader.workers[w]
         opened = 0
 

@@ -60,7 +60,7 @@ from gradcode.master.checkpoint import (
 )
 from gradcode.master.finished import FINAL_STATES, FinishedJob
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY, JobRunner
-from gradcode.master.limits import MAX_DATA_FILE_BYTES, check_free_form
+from gradcode.master.limits import MAX_DATA_FILE_BYTES, MAX_FEATURES, check_free_form
 from gradcode.master.pool import WorkerPool
 from gradcode.master.reporting import history_path
 from gradcode.master.spec import JobPlan, plan_job
@@ -92,18 +92,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         data_dir: Path | None = None,
         max_finished_jobs: int = MAX_FINISHED_JOBS,
         max_data_file_bytes: int = MAX_DATA_FILE_BYTES,
+        max_features: int = MAX_FEATURES,
         state_dir: Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         shared_memory: Path | None = DEFAULT_ROOT,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
+        if max_features < 1:
+            raise ValueError(f"Argument 'max_features' must be >= 1, not {max_features!r}.")
         if max_finished_jobs < 0:
             raise ValueError(f"Argument 'max_finished_jobs' must be >= 0, not {max_finished_jobs!r}.")
         self.pool = pool
         self.run_dir = run_dir
         self.data_dir = data_dir
         self.max_data_file_bytes = max_data_file_bytes
+        self.max_features = max_features
         self.max_finished_jobs = max_finished_jobs
         self.state_dir = state_dir
         self.checkpoint_every = checkpoint_every
@@ -187,7 +191,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         try:
             return await asyncio.to_thread(
                 plan_job, spec, known_worker_ids=known_worker_ids, data_dir=self.data_dir,
-                max_data_file_bytes=self.max_data_file_bytes,
+                max_data_file_bytes=self.max_data_file_bytes, max_features=self.max_features,
             )  # fmt: skip
         except MemoryError:
             raise ResourceExhaustedError(

@@ -46,9 +46,11 @@ __all__ = [
     "DEFAULT_BACKUP_PRIORITY",
     "DEFAULT_EVALUATE_EVERY",
     "DEFAULT_ITERATION_DEADLINE_SECONDS",
+    "DEFAULT_SURPLUS",
     "DEFAULT_TEST_FRACTION",
     "EXACT_TOLERANCE",
     "FLOAT32_TOLERANCE",
+    "SURPLUS_MODES",
     "JobPlan",
     "JobSpecError",
     "plan_job",
@@ -114,6 +116,11 @@ class JobPlan:
         return self.spec.backup_priority
 
     @property
+    def surplus(self) -> str:
+        """What backups do with their computed messages: ``push``, ``hold`` or ``auto`` (:data:`SURPLUS_MODES`)."""
+        return self.spec.surplus
+
+    @property
     def tolerance(self) -> float:
         return FLOAT32_TOLERANCE if self.message_dtype == common_pb2.DTYPE_FLOAT32 else EXACT_TOLERANCE
 
@@ -131,12 +138,14 @@ def plan_job(
     known_worker_ids: list[int] | None = None,
     data_dir: str | Path | None = None,
     max_data_file_bytes: int = limits.MAX_DATA_FILE_BYTES,
+    max_features: int = limits.MAX_FEATURES,
 ) -> JobPlan:
     """Validate ``spec`` and build its code, model, dataset and partitions; JobSpecError says what is wrong.
 
     ``known_worker_ids`` are the pool's ids, to check an explicit ``worker_ids`` list against.
     ``data_dir`` is the only directory a ``file`` dataset may be read from (None: file datasets are
-    refused) and ``max_data_file_bytes`` the largest such file. Sizes are checked against the ``MAX_*``
+    refused) and ``max_data_file_bytes`` the largest such file; ``max_features`` the most features a dataset may
+    have (the master's ``--max-features``). Sizes are checked against the ``MAX_*``
     caps before anything is built. Loads (or generates) the dataset, so callers on an event loop should
     run it in a thread.
     """
@@ -145,13 +154,14 @@ def plan_job(
     _check_job_id(spec)
     code, topology = _plan_code(spec)
     num_workers = code.n if topology is None else topology.num_workers
-    dataset, local = _plan_dataset(spec, data_dir, max_data_file_bytes)
+    dataset, local = _plan_dataset(spec, data_dir, max_data_file_bytes, max_features)
     model = _plan_model(spec, dataset)
     _check_optimizer_and_loop(spec, model)
     initial_params = _initial_params(spec, model)
     _check_stragglers(spec, num_workers)
     _check_integrity(spec, code)
     _check_backup_priority(spec)
+    _check_surplus(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
     _check_worker_ids(spec, num_workers, topology, known_worker_ids)
@@ -208,15 +218,15 @@ def _plan_code(spec: master_pb2.JobSpec) -> tuple[GradientCode, Topology | None]
 
 
 def _plan_dataset(
-    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int
+    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int, max_features: int
 ) -> tuple[Dataset, LocalDescription | None]:
     """The dataset (generated or loaded; for worker-local data, described), within the size caps."""
     ds = spec.dataset
     if ds.test_fraction == 0:
         ds.test_fraction = DEFAULT_TEST_FRACTION
-    limits.check_dataset_size(ds)
+    limits.check_dataset_size(ds, max_features)
     if ds.worker_local:
-        return _plan_local_dataset(spec, data_dir, max_file_bytes)
+        return _plan_local_dataset(spec, data_dir, max_file_bytes, max_features)
     if ds.name not in DATASET_NAMES:
         raise JobSpecError(f"Unknown dataset {ds.name!r}; valid names are {list(DATASET_NAMES)}.")
     options = dict(ds.options)
@@ -253,16 +263,17 @@ def _plan_dataset(
             raise
         raise JobSpecError(f"Dataset 'file' {ds.path!r} refused: {file_error(exc)}.") from None
     samples = dataset.num_train + len(dataset.y_test)
-    if dataset.num_features > limits.MAX_FEATURES or dataset.num_features * samples * 8 > limits.MAX_DATASET_BYTES:
+    if dataset.num_features > max_features or dataset.num_features * samples * 8 > limits.MAX_DATASET_BYTES:
         raise JobSpecError(
             f"Dataset {ds.name!r} has {samples} samples x {dataset.num_features} features; a job may use at most "
-            f"{limits.MAX_FEATURES} features and {limits.MAX_DATASET_BYTES >> 20} MiB of features."
+            f"{max_features} features (the master's --max-features) and {limits.MAX_DATASET_BYTES >> 20} MiB of "
+            "features."
         )
     return dataset, None
 
 
 def _plan_local_dataset(
-    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int
+    spec: master_pb2.JobSpec, data_dir: str | Path | None, max_file_bytes: int, max_features: int
 ) -> tuple[Dataset, LocalDescription]:
     """Worker-local data: its description (labels and held-out rows); the features stay on the workers."""
     ds = spec.dataset
@@ -292,10 +303,10 @@ def _plan_local_dataset(
             f"Dataset {ds.name!r} keeps no held-out rows (test_fraction {ds.test_fraction:g} of {local.num_rows}); "
             "worker-local data needs some for the test accuracy: raise dataset.test_fraction."
         )
-    if dataset.num_features > limits.MAX_FEATURES or local.num_rows > limits.MAX_SAMPLES:
+    if dataset.num_features > max_features or local.num_rows > limits.MAX_SAMPLES:
         raise JobSpecError(
             f"Dataset {ds.name!r} has {local.num_rows} samples x {dataset.num_features} features; a job may use at "
-            f"most {limits.MAX_SAMPLES} samples and {limits.MAX_FEATURES} features."
+            f"most {limits.MAX_SAMPLES} samples and {max_features} features (the master's --max-features)."
         )
     return dataset, local
 
@@ -382,6 +393,10 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
 
 BACKUP_PRIORITIES = ("low", "normal")
 DEFAULT_BACKUP_PRIORITY = "low"
+SURPLUS_MODES = ("push", "hold", "auto")
+"""JobSpec.surplus: backups stream their messages at once (push), keep them until the round pulls them (hold), or
+hold where the payload would cross the network and push where it goes through shared memory (auto)."""
+DEFAULT_SURPLUS = "auto"
 
 
 def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
@@ -403,6 +418,11 @@ def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
 def _check_backup_priority(spec: master_pb2.JobSpec) -> None:
     """How backups are asked, defaulting to :data:`DEFAULT_BACKUP_PRIORITY`."""
     _check_choice(spec, "backup_priority", "backup priority", BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY)
+
+
+def _check_surplus(spec: master_pb2.JobSpec) -> None:
+    """What backups do with their messages, defaulting to :data:`DEFAULT_SURPLUS`."""
+    _check_choice(spec, "surplus", "surplus mode", SURPLUS_MODES, DEFAULT_SURPLUS)
 
 
 def _check_choice(spec: master_pb2.JobSpec, name: str, kind: str, choices: tuple[str, ...], default: str) -> None:

@@ -45,7 +45,16 @@ from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost, descendants, upward_message
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
-__all__ = ["BACKUP_NICENESS", "COMPUTING", "Computing", "JobRuntime", "Message", "PartitionObserver", "backup_executor"]
+__all__ = [
+    "BACKUP_NICENESS",
+    "COMPUTING",
+    "Computing",
+    "JobRuntime",
+    "Message",
+    "PartitionObserver",
+    "backup_executor",
+    "until_promoted",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +134,18 @@ class Message:
     magnitude: float = math.nan
     r"""$\sum_j |b_j| \|g_j\|$: a leaf's (:meth:`IterationComputation.magnitude`), a parent's over its own part and
     its children's (:func:`~gradcode.worker.parent.upward_message`)."""
+
+
+async def until_promoted(flag: Cancellation, promotion: Cancellation) -> None:
+    """Wait until the receiver promotes a backup (``promotion`` set): a deferred backup before it computes, a held one
+    (``ComputeRequest.hold``) before it sends; ComputeCancelledError as soon as ``flag`` (its cancellation) is set."""
+    if promotion.is_set():
+        return
+    promoted = asyncio.create_task(promotion.wait())
+    try:
+        await flag.race(promoted, "its promotion")
+    finally:
+        promoted.cancel()
 
 
 class Computing:
@@ -245,12 +266,8 @@ class JobRuntime:
         computation = self.job.start(params, cancelled=flag, on_partition=on_partition)
         for index, row in enumerate(rows):
             await self._straggle(flag, delay / len(rows))
-            if deferred and promotion is not None and not promotion.is_set():
-                promoted = asyncio.create_task(promotion.wait())
-                try:
-                    await flag.race(promoted, "its promotion")
-                finally:
-                    promoted.cancel()
+            if deferred and promotion is not None:
+                await until_promoted(flag, promotion)
             if report_start and index == 0 and self.message_seconds >= INLINE_MESSAGE_SECONDS:
                 yield COMPUTING  # (an inline message goes out as soon)
             vector, seconds = await self._message(computation, row, promotion)

@@ -33,7 +33,7 @@ import asyncio
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ from gradcode.common.security import (
     new_process_secret,
     short,
 )
-from gradcode.common.session import SessionProtocolError, serve_session, started_chunk, status_chunk
+from gradcode.common.session import SessionProtocolError, ready_chunk, serve_session, started_chunk, status_chunk
 from gradcode.common.status import grpc_errors
 from gradcode.common.wire import (
     Serialized,
@@ -79,7 +79,7 @@ from gradcode.common.wire import (
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.runtime import Computing, JobRuntime, PartitionObserver
+from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
 from gradcode.worker.straggling import StragglerEmulation
 
 __all__ = [
@@ -332,6 +332,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 bad = int(np.count_nonzero(~np.isfinite(params)))
                 raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
             rows = job.check_rows(list(request.rows))
+            if request.hold and not request.backup:
+                raise ValueError(
+                    "hold is set without backup: only a backup may keep its messages until pulled (an expected "
+                    "worker's are needed at once); set backup too, or clear hold."
+                )
         except ValueError as exc:  # WireError is a ValueError
             raise InvalidRequestError(f"Compute refused: {exc}") from None
         if iteration < runtime.newest_iteration:
@@ -348,6 +353,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             ) from None
 
         flag = runtime.begin(iteration)
+        hold = runtime.promotion(iteration) if request.hold and request.request_id else None
+        """Set when the receiver pulls this held backup's messages (a Compute call cannot be promoted: it sends)."""
+        held: list[Message] = []
         try:
             sent = 0
             async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
@@ -355,19 +363,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     yield started_chunk(request.request_id)
                     continue
                 metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
-                sent += 1
-                final = sent == len(rows)
-                for chunk in message_chunk_pieces(
-                    m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
-                    compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
-                    approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
-                    children_singled_out=m.children_singled_out, children_quarantined=m.children_quarantined,
-                    children_timings=m.children_timings, children_late=m.children_late,
-                    chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
-                    shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
-                ):  # fmt: skip
-                    metrics.BYTES_SENT.inc(serialized_size(chunk))
-                    yield chunk
+                outgoing = [*held, m]  # a backup promoted while some were held: those go first
+                held = []
+                if hold is not None and not hold.is_set():
+                    held = outgoing  # kept until pulled; dropped with the request if it is cancelled
+                    if len(held) < len(rows):
+                        continue
+                    yield ready_chunk(request.request_id)
+                    await until_promoted(flag, hold)
+                    outgoing, held = held, []
+                for m in outgoing:
+                    sent += 1
+                    for chunk in self._message_chunks(m, request, runtime, final=sent == len(rows), shared=shared):
+                        metrics.BYTES_SENT.inc(serialized_size(chunk))
+                        yield chunk
             if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
                 yield status_chunk(request.request_id, grpc.StatusCode.OK)
             job.stats.add(iterations_completed=1)
@@ -386,8 +395,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finally:
             runtime.end(iteration, flag)
 
+    def _message_chunks(
+        self,
+        m: Message,
+        request: worker_pb2.ComputeRequest,
+        runtime: JobRuntime,
+        *,
+        final: bool,
+        shared: shared_memory.SharedPeer | None,
+    ) -> Iterator[Serialized]:
+        """The serialized chunks of message ``m`` answering ``request`` (its payload in shared memory with
+        ``shared``); ``final``: the request's last message, whose last chunk carries a Session's OK status."""
+        job, iteration = runtime.job, int(request.iteration)
+        return message_chunk_pieces(
+            m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
+            compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
+            approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
+            children_singled_out=m.children_singled_out, children_quarantined=m.children_quarantined,
+            children_timings=m.children_timings, children_late=m.children_late,
+            chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
+            shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
+        )  # fmt: skip
+
     def _promote(self, request: worker_pb2.ComputeRequest) -> None:
-        """The receiver needs the backup ``request`` asked for after all: its remaining work at normal priority."""
+        """The receiver needs the backup ``request`` asked for after all: its remaining work at normal priority, and
+        the messages it holds (``hold``) sent."""
         runtime = self.jobs.get(request.job_id)
         if runtime is not None:
             runtime.promotion(int(request.iteration)).set()

@@ -82,6 +82,8 @@ class System:
     scheme: str
     workers: int
     code_params: dict[str, int] = field(default_factory=dict)
+    surplus: str = ""
+    """JobSpec.surplus of a flat coded scheme (empty: the master's default)."""
 
     @property
     def first_layer(self) -> int:
@@ -89,20 +91,26 @@ class System:
         return self.code_params["n"] if self.scheme == "coded_reduce" else self.workers
 
 
-def systems_for(n: int) -> list[System]:
-    """What is compared at n workers: uncoded, fractional and binary with s = 1, the tree, the allreduce."""
-    systems = [
-        System("uncoded", "uncoded", n, {"n": n}),
-        System("fractional s=1", "fractional", n, {"n": n, "s": 1}),
-        System("binary s=1", "binary", n, {"n": n, "s": 1}),
-    ]
+SCHEMES = ("uncoded", "fractional", "binary", "coded_reduce", ALLREDUCE)
+"""What ``--systems`` may pick."""
+
+
+def systems_for(n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES) -> list[System]:
+    """What is compared at n workers: uncoded, fractional and binary with s = 1 (each with every ``surplus`` mode:
+    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``."""
+    systems = [System("uncoded", "uncoded", n, {"n": n})]
+    for scheme in ("fractional", "binary"):
+        systems += [
+            System(f"{scheme} s=1" + (f" {mode}" if mode else ""), scheme, n, {"n": n, "s": 1}, surplus=mode)
+            for mode in surplus
+        ]
     if n in TREES:
         children, layers = TREES[n]
         size = sum(children**layer for layer in range(1, layers + 1))
         tree = {"n": children, "s": 1, "L": layers}
         systems.append(System(f"tree n={children} L={layers}", "coded_reduce", size, tree))
     systems.append(System(ALLREDUCE, ALLREDUCE, n))
-    return systems
+    return [system for system in systems if system.scheme in schemes]
 
 
 # ---- the cluster on the testbed --------------------------------------------------------------------------------
@@ -278,7 +286,7 @@ def _spec(system: System, workload: Workload, delays: Delays, iterations: int, *
         num_samples=workload.num_samples, num_features=workload.num_features, test_fraction=workload.test_fraction,
         learning_rate=workload.learning_rate, l2=workload.l2, iterations=iterations, deadline_seconds=60.0,
         verify=verify, straggler=delays.model, straggler_params=delays.params, straggler_seed=delays.seed,
-        seed=workload.seed, wait_for_workers_seconds=START_TIMEOUT,
+        seed=workload.seed, wait_for_workers_seconds=START_TIMEOUT, surplus=system.surplus,
     )  # fmt: skip
 
 
@@ -309,11 +317,17 @@ async def _gradcode_job(
     if info.state != master_pb2.JOB_STATE_SUCCEEDED:
         raise RuntimeError(f"{system.name} at n = {system.workers} failed: {info.message}")
     counted = iterations - SKIP_ITERATIONS
+    counted_reports = [r for r in reports if r.iteration > SKIP_ITERATIONS]
     (start_bytes, start_throttled), (end_bytes, end_throttled) = counters[SKIP_ITERATIONS], counters[iterations]
     throttled = _per_iteration(start_throttled, end_throttled, counted)
     return {
         "elapsed_s": [r.elapsed_seconds for r in reports],
         "bytes": _per_iteration(start_bytes, end_bytes, counted),
+        "report_bytes": [  # what the master's reports say it received and sent (counted at its streams)
+            statistics.mean(r.bytes_received for r in counted_reports),
+            statistics.mean(r.bytes_sent for r in counted_reports),
+        ],
+        "promoted": statistics.mean(len(r.promoted_workers) for r in counted_reports),
         "master_throttled_s": throttled[0],
         "worker_throttled_s": max(throttled[1:]),
         "exact": all(r.exact for r in reports),
@@ -385,7 +399,7 @@ FLOOR_REPEATS = 4
 
 async def _measure(
     testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
-    data_root: Path,
+    data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
@@ -399,7 +413,7 @@ async def _measure(
                 num_samples=NUM_SAMPLES, num_features=NUM_FEATURES, n=n, iterations=iterations, model="linear",
                 dataset="linear", learning_rate=1e-5,
             )  # fmt: skip
-            systems = systems_for(n)
+            systems = systems_for(n, surplus, schemes)
             for system in systems:
                 if system.scheme == ALLREDUCE:
                     continue
@@ -413,7 +427,9 @@ async def _measure(
                 print(f"  verified {system.name:<16} n={n:<3} worst relative error {max(errors):.1e}", flush=True)
             data_dir = data_root / f"n{n}"
             data_dir.mkdir(parents=True, exist_ok=True)
-            ranks = AllreduceRanks(testbed, prepare_data(workload, data_dir), data_dir)
+            ranks = (
+                AllreduceRanks(testbed, prepare_data(workload, data_dir), data_dir) if ALLREDUCE in schemes else None
+            )
             try:
                 floors: dict[str, dict[str, float]] = {}
                 for round_ in range(rounds):
@@ -424,6 +440,7 @@ async def _measure(
                                 if stragglers else Delays("none")
                             )  # fmt: skip
                             if system.scheme == ALLREDUCE:
+                                assert ranks is not None
                                 job = await asyncio.to_thread(_allreduce_job, ranks, delays, iterations)
                             else:
                                 job = await _gradcode_job(
@@ -435,7 +452,8 @@ async def _measure(
                             rows.append(row)
                             print(_progress(row), flush=True)
             finally:
-                ranks.close()
+                if ranks is not None:
+                    ranks.close()
     return rows, verified
 
 
@@ -449,6 +467,9 @@ def _row(
         "code_params": system.code_params, "stragglers": stragglers, "round": round_,
         "median_s": median, "q1_s": q1, "q3_s": q3, "periods_s": periods,
         "master_in_bytes": job["bytes"][0], "master_out_bytes": job["bytes"][1],
+        "report_in_bytes": job.get("report_bytes", [math.nan] * 2)[0],
+        "report_out_bytes": job.get("report_bytes", [math.nan] * 2)[1],
+        "promoted_per_iteration": job.get("promoted", math.nan),
         "master_throttled_s": job["master_throttled_s"], "worker_throttled_s": job["worker_throttled_s"],
         "exact": job["exact"], "load": job["load"],
         **floor, "over_floor": median / floor["floor_s"],
@@ -461,6 +482,9 @@ def _progress(row: dict[str, Any]) -> str:
         f" {row['median_s'] * 1e3:8.1f} ms (IQR {row['q1_s'] * 1e3:.0f}-{row['q3_s'] * 1e3:.0f})"
         f"  master in/out {row['master_in_bytes'] / 1e6:5.2f}/{row['master_out_bytes'] / 1e6:5.2f} MB"
         f"  floor {row['floor_s'] * 1e3:6.1f} ms  x{row['over_floor']:.2f}  load {row['load'][0]:.2f}"
+        f"  reports in/out {row.get('report_in_bytes', math.nan) / 1e6:.2f}/"
+        f"{row.get('report_out_bytes', math.nan) / 1e6:.2f} MB"
+        f"  pulled {row.get('promoted_per_iteration', math.nan):.2f}"
     )
 
 
@@ -564,14 +588,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def run(
     *, ns: Sequence[int] = (6, 12), rounds: int = 1, iterations: int = 12, master_mbit: float = 200.0,
     worker_mbit: float = 1000.0, master_cpu: float = 50.0, worker_cpu: float | None = None, delay: float = 0.25,
-    out: Path = RESULTS,
+    out: Path = RESULTS, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
 ) -> dict[str, Any]:  # fmt: skip
     """Build the testbed, measure every system at every n, remove the testbed; print, save and return."""
     if any(n < 2 for n in ns) or not ns:
         raise ValueError(f"every n must be at least 2, not {list(ns)}.")
     if rounds < 1 or iterations <= SKIP_ITERATIONS + 2:
         raise ValueError(f"rounds must be >= 1 and iterations > {SKIP_ITERATIONS + 2}, not {rounds}, {iterations}.")
-    hosts_needed = max(max(s.workers for s in systems_for(n)) for n in ns)
+    hosts_needed = max(max(s.workers for s in systems_for(n, surplus, schemes)) for n in ns)
     cores = os.cpu_count() or 1
     if worker_cpu is None:  # every host its own share: all quotas together at most the machine's cores
         worker_cpu = max(1.0, math.floor((100 * cores - master_cpu) / hosts_needed))
@@ -586,7 +610,9 @@ def run(
             flush=True,
         )
         with EmulatedCluster(testbed, Path(tmp) / "cluster") as cluster:
-            rows, verified = asyncio.run(_measure(testbed, cluster, ns, rounds, iterations, delay, Path(tmp) / "data"))
+            rows, verified = asyncio.run(
+                _measure(testbed, cluster, ns, rounds, iterations, delay, Path(tmp) / "data", surplus, schemes)
+            )
     result: dict[str, Any] = {
         "p": NUM_FEATURES + 1,
         "num_samples": NUM_SAMPLES,
@@ -594,6 +620,8 @@ def run(
         "iterations": iterations,
         "rounds": rounds,
         "delay_s": delay,
+        "surplus": list(surplus),
+        "systems": list(schemes),
         "hosts": {
             "master": {"rate_mbit": master_mbit, "cpu_percent": master_cpu},
             "worker": {"rate_mbit": worker_mbit, "cpu_percent": worker_cpu, "count": hosts_needed},
@@ -639,6 +667,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--delay", type=float, default=0.25, help="the straggler's delay, seconds")
     parser.add_argument("--quick", action="store_true", help="n = 6, 6 iterations: a smoke run")
+    parser.add_argument(
+        "--surplus", nargs="+", choices=["push", "hold", "auto"], default=[""],
+        help="run fractional and binary once per mode: what their backups do with their messages (JobSpec.surplus; "
+        "default: the master's, auto, which on these hosts holds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--systems", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="only these systems (default: all)"
+    )  # fmt: skip
     add_out_argument(parser, "cluster")
     parser.add_argument(
         "--cleanup", action="store_true",
@@ -660,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(
             ns=args.n, rounds=args.rounds, iterations=args.iterations, master_mbit=args.master_mbit,
             worker_mbit=args.worker_mbit, master_cpu=args.master_cpu, worker_cpu=args.worker_cpu, delay=args.delay,
-            out=args.out,
+            out=args.out, surplus=args.surplus, schemes=args.systems,
         )  # fmt: skip
     return 0
 

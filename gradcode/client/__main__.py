@@ -36,7 +36,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,17 @@ def _scheme(text: str) -> str:
             f"unknown scheme {text!r}; valid schemes: {', '.join(names)} (`gradcode codes --n N --s S` compares them)"
         )
     return text
+
+
+def _count(text: str) -> int:
+    """A whole number >= 0 (a size; 0: the default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: the default), got {value}")
+    return value
 
 
 def _parameters_file(text: str) -> np.ndarray[Any, Any]:
@@ -166,9 +177,25 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "workers share cores their redundant work takes only idle CPU, or like the others (default: low)",
     )  # fmt: skip
     t.add_argument(
+        "--surplus", default="", choices=["push", "hold", "auto"],
+        help="what those backups do with their messages: push them at once, or hold them and send them only when "
+        "the round needs them (it pulls them when expected workers are late), saving the master's link the "
+        "bytes of every message the decode does not use; auto holds where messages cross the network and pushes "
+        "where they go through shared memory (default: auto)",
+    )  # fmt: skip
+    t.add_argument(
         "--dataset", default="digits",
         help="digits | gaussian_mixture | linear | file, or with --worker-data an installed dataset plugin "
         "(default: digits)",
+    )  # fmt: skip
+    t.add_argument(
+        "--samples", type=_count, default=0, metavar="N",
+        help="samples of a generated dataset (gaussian_mixture, linear; default 0: the dataset's own size)",
+    )  # fmt: skip
+    t.add_argument(
+        "--features", type=_count, default=0, metavar="P",
+        help="features of a generated dataset (default 0: the dataset's own; more than the master's "
+        "--max-features is refused)",
     )  # fmt: skip
     t.add_argument(
         "--dataset-path", default="",
@@ -249,6 +276,9 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "message_dtype": args.dtype,
         "integrity": args.integrity,
         "backup_priority": args.backup_priority,
+        "surplus": args.surplus,
+        "num_samples": args.samples,
+        "num_features": args.features,
         "initial_parameters": args.initial_parameters,
         "wait_for_workers_seconds": args.wait_for_workers,
     }
@@ -356,7 +386,13 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, {accuracy}, "
         f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
+        f"; master received/sent {_megabytes(r.bytes_received for r in reports)}/"
+        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median)"
     )
+
+
+def _megabytes(values: Iterable[int]) -> str:
+    return f"{statistics.median(values) / 1e6:.3g}"
 
 
 async def _demo(args: argparse.Namespace) -> int:

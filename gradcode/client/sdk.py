@@ -101,6 +101,7 @@ def build_job_spec(
     integrity: str = "",
     backup_priority: str = "",
     initial_parameters: npt.ArrayLike | None = None,
+    surplus: str = "",
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
 
@@ -110,6 +111,8 @@ def build_job_spec(
     complex128 for complex codes). ``integrity`` is the consistency policy (``off``, ``detect``,
     ``locate``; empty: the master's default). ``backup_priority`` is how each round asks the workers outside the
     decoding set it expects (``low``: at low OS priority, ``normal``; empty: the master's default, ``low``).
+    ``surplus`` is what those backups do with their messages: ``push`` them at once, ``hold`` them until the round
+    pulls them, or ``auto``: hold across the network, push through shared memory (empty: the master's, ``auto``).
     ``initial_parameters`` (a flat vector of the model's
     size) is where training starts instead of the model's own initial values. ``worker_data`` keeps
     the data on the workers (``DatasetSpec.worker_local``: each loads its own partitions from its
@@ -155,6 +158,7 @@ def build_job_spec(
         message_dtype=wire_dtype,  # type: ignore[arg-type]
         integrity=integrity,
         backup_priority=backup_priority,
+        surplus=surplus,
     )
     if initial_parameters is not None:
         start = np.asarray(initial_parameters, dtype=np.float64)

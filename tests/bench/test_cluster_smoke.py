@@ -91,6 +91,16 @@ def test_each_n_compares_a_tree_of_the_size_its_code_has(n: int) -> None:
     assert all(s.workers == s.first_layer == n for name, s in systems.items() if name != "coded_reduce")
 
 
+def test_flat_codes_run_once_per_surplus_mode_and_systems_can_be_picked() -> None:
+    picked = cluster.systems_for(6, ("push", "hold"), ("uncoded", "fractional"))
+    assert [(s.name, s.surplus) for s in picked] == [
+        ("uncoded", ""),
+        ("fractional s=1 push", "push"),
+        ("fractional s=1 hold", "hold"),
+    ]
+    assert [s.scheme for s in cluster.systems_for(6)] == list(cluster.SCHEMES)
+
+
 def test_host_specs_refuse_what_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="rate_mbit must be > 0"):
         HostSpec("m", 0, 50)

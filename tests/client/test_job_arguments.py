@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gradcode.client.__main__ import _spec_from_args, build_parser
+from gradcode.client.__main__ import _spec_from_args, _summary, build_parser
 from gradcode.client.sdk import build_job_spec
+from gradcode.v1 import master_pb2
 
 
 def test_run_exposes_the_test_fraction() -> None:
@@ -35,3 +36,22 @@ def test_bench_subcommand_passes_the_rest_to_the_benchmark() -> None:
     assert args.benchmark == "training" and args.bench_args == ["--quick", "--out", "/tmp/x"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "no-such-benchmark"])
+
+
+def test_run_sizes_a_generated_dataset_and_chooses_the_surplus_mode() -> None:
+    argv = ["run", "--dataset", "linear", "--model", "linear", "--samples", "600", "--features", "1000000"]
+    spec = _spec_from_args(build_parser().parse_args([*argv, "--surplus", "hold"]))
+    assert (spec.dataset.num_samples, spec.dataset.num_features, spec.surplus) == (600, 10**6, "hold")
+    default = _spec_from_args(build_parser().parse_args(["run"]))
+    assert (default.dataset.num_samples, default.dataset.num_features, default.surplus) == (0, 0, "")
+    for bad in (["--samples", "-1"], ["--features", "many"], ["--surplus", "pull"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", *bad])
+
+
+def test_the_run_summary_gives_the_masters_bytes_per_iteration() -> None:
+    reports = [
+        master_pb2.IterationReport(iteration=t, wall_seconds=0.1, exact=True, bytes_received=r, bytes_sent=4_800_000)
+        for t, r in enumerate((2_400_000, 2_500_000, 9_000_000))
+    ]
+    assert _summary("fractional", reports).endswith("; master received/sent 2.5/4.8 MB per iteration (median)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,9 +14,9 @@ from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.round import ChunkStream, Round, Source
-from gradcode.common.session import Session, started_chunk, status_chunk
+from gradcode.common.session import Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
-from gradcode.master.hedging import Hedging
+from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
 from gradcode.v1 import worker_pb2
 
 
@@ -194,6 +195,10 @@ class _SessionWire:
     def begin(self) -> None:
         """Say the last request's computation began (it asked ``report_start``)."""
         self.inbox.put_nowait(parse_chunk(started_chunk(self.requests[-1].request_id)))
+
+    def ready(self) -> None:
+        """Say the last request's messages are computed and held (it asked ``hold``)."""
+        self.inbox.put_nowait(parse_chunk(ready_chunk(self.requests[-1].request_id)))
 
     def fail(self) -> None:
         """End the last request UNAVAILABLE, as a worker killed mid-computation does."""
@@ -498,3 +503,85 @@ async def test_promotion_and_start_news_are_stream_capabilities_not_a_session_ty
             await gather
         assert round_.decodable and round_.used_workers == [0, 2] and 3 not in round_.promoted
         np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+
+
+async def test_a_ready_held_backup_is_pulled_only_once_an_expected_worker_that_began_is_overdue() -> None:
+    """Binary, n = 6, s = 1: the round expects {0, 2, 4}; the backups hold their messages and say they are ready.
+    0 and 4 said they began, so when 2 and 4 answer nothing is promoted (the rules before hold wait for 0 until
+    the hedge). Held backups waiting, 0 is overdue at HOLD_OVERDUE_FACTOR times the time 4 took: the ready backups
+    completing 2's and 4's messages are pulled then, not before, and decode exactly. A round whose expected worker
+    answers before that pulls nothing: the held messages are never used."""
+    code = make_code("binary", n=6, s=1)
+    g = np.random.default_rng(10).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    for zero_answers in (False, True):
+        wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+        round_ = Round(code.decoder(), job_id="j", iteration=0, length=20)
+        gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=5.0)]))
+        await asyncio.sleep(0.01)
+        for w in (0, 4):
+            wires[w].begin()
+        for w in (1, 3, 5):
+            wires[w].ready()
+        wires[2].answer(messages[2], worker_id=2, row=2)
+        await asyncio.sleep(0.1)
+        wires[4].answer(messages[4], worker_id=4, row=4)
+        async with asyncio.timeout(2.0):
+            while 4 not in round_.finished:
+                await asyncio.sleep(0.001)
+        overdue = round_.started + HOLD_OVERDUE_FACTOR * round_.finished[4]
+        if zero_answers:
+            wires[0].answer(messages[0], worker_id=0, row=0)
+        else:
+            async with asyncio.timeout(2.0):
+                while not round_.promoted:
+                    await asyncio.sleep(0.001)
+            assert time.perf_counter() >= overdue
+            async with asyncio.timeout(2.0):  # the promotions on their way to the workers
+                while {w for w in range(6) if wires[w].promoted} != round_.promoted:
+                    await asyncio.sleep(0.001)
+            pulled = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[2, 4])
+            assert pulled and round_.promoted == set(pulled)
+            for w in pulled:
+                wires[w].answer(messages[w], worker_id=w, row=w)
+        async with asyncio.timeout(5.0):
+            await gather
+        assert round_.decodable
+        if zero_answers:
+            assert not round_.promoted and round_.used_workers == [0, 2, 4]
+        else:
+            assert 0 not in round_.used_workers and round_.stragglers == [0]
+        np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+        for session in sessions:
+            session.close()
+
+
+async def test_an_expected_worker_whose_message_is_arriving_is_waited_for_not_covered_by_backups() -> None:
+    """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 sent no started notice (a message computed inline
+    sends none) but the first chunk of its message has arrived: when 2 answers, 0 is streaming, not straggling,
+    so nothing is promoted; the rest of 0's message completes the decode."""
+    code = make_code("binary", n=4, s=1)
+    g = np.random.default_rng(11).standard_normal((4, 30))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
+    wires, sessions, sources = _session_sources(code, expected={0, 2})
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=30)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    await asyncio.sleep(0.01)
+    request_id = wires[0].requests[-1].request_id
+    chunks = [parse_chunk(raw) for raw in message_chunk_bytes(
+        messages[0], job_id="j", iteration=0, worker_id=0, row=0, request_id=request_id, final=True, chunk_bytes=80
+    )]  # fmt: skip
+    assert len(chunks) > 1
+    wires[0].inbox.put_nowait(chunks[0])
+    await asyncio.sleep(0.01)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    await asyncio.sleep(0.1)
+    assert not any(wire.promoted for wire in wires) and not gather.done()
+    for chunk in chunks[1:]:
+        wires[0].inbox.put_nowait(chunk)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and not round_.promoted and round_.used_workers == [0, 2]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()

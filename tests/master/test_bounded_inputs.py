@@ -62,6 +62,7 @@ FREE_FORM_REFUSALS = [
     ("long straggler", _with(lambda s: setattr(s.straggler, "model", "s" * 500)), "JobSpec.straggler.model has", "128"),
     ("long integrity", _with(lambda s: setattr(s, "integrity", "i" * 500)), "JobSpec.integrity has 500", "128"),
     ("long backup", _with(lambda s: setattr(s, "backup_priority", "b" * 500)), "JobSpec.backup_priority has", "128"),
+    ("long surplus", _with(lambda s: setattr(s, "surplus", "h" * 500)), "JobSpec.surplus has 500", "128"),
     ("long path", _with(lambda s: setattr(s.dataset, "path", "p/" * 5000)), "JobSpec.dataset.path has 10000", "4096"),
     (
         "many options",

@@ -216,7 +216,7 @@ async def test_model_reply_carries_the_parameters() -> None:
         ),
         (
             spec(dataset=master_pb2.DatasetSpec(name="linear", num_features=10**6)),
-            r"dataset.num_features is 1000000; a job may use at most 100000",
+            r"dataset.num_features is 1000000; this master allows at most 100000 \(its --max-features\)",
         ),
         (
             spec(dataset=master_pb2.DatasetSpec(name="gaussian_mixture", num_samples=10**7, num_features=1000)),
@@ -325,3 +325,16 @@ def test_a_data_file_larger_than_the_cap_is_refused_unread(tmp_path: Path) -> No
     with pytest.raises(JobSpecError, match=r"Dataset file 'big.csv' has \d+ bytes; this master loads at most 100 "):
         plan_job(file_spec("big.csv"), data_dir=tmp_path, max_data_file_bytes=100)
     assert plan_job(file_spec("big.csv"), data_dir=tmp_path, max_data_file_bytes=size).dataset.num_train > 0
+
+
+def test_the_feature_cap_is_the_masters_to_set() -> None:
+    """MAX_FEATURES is only the default: a master with a higher --max-features plans a wider generated dataset,
+    one with a lower cap refuses a dataset wider than it, built-in or generated, and says which option it is."""
+    wide = spec(dataset=master_pb2.DatasetSpec(name="linear", num_samples=24, num_features=150_000))
+    wide.model.kind = "linear"
+    with pytest.raises(JobSpecError, match=r"num_features is 150000; this master allows at most 100000"):
+        plan_job(wide)
+    plan = plan_job(wide, max_features=200_000)
+    assert plan.dataset.num_features == 150_000 and plan.model.num_params == 150_001
+    with pytest.raises(JobSpecError, match=r"at most 50 features \(the master's --max-features\)"):
+        plan_job(spec(), max_features=50)  # digits: 64 features

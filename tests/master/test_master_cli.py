@@ -1,4 +1,4 @@
-"""The master's command line: the --shared-memory flag."""
+"""The master's command line: the --shared-memory and --max-features flags."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from gradcode.common.shared_memory import DEFAULT_ROOT
 from gradcode.master.__main__ import parse_arguments, shared_memory_root
+from gradcode.master.limits import MAX_FEATURES
 
 
 def test_shared_memory_is_a_directory_or_off(tmp_path: Path) -> None:
@@ -26,3 +27,11 @@ def test_a_missing_shared_memory_directory_is_a_usage_error(tmp_path: Path, caps
         parse_arguments(["--shared-memory", str(missing)])
     assert exit_info.value.code == 2
     assert "--shared-memory" in capsys.readouterr().err
+
+
+def test_max_features_defaults_to_the_cap_and_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_arguments([]).max_features == MAX_FEATURES == 100_000
+    assert parse_arguments(["--max-features", "1000000"]).max_features == 10**6
+    with pytest.raises(SystemExit) as exit_info:
+        parse_arguments(["--max-features", "0"])
+    assert exit_info.value.code == 2 and "--max-features must be >= 1, not 0" in capsys.readouterr().err

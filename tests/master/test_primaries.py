@@ -8,7 +8,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Assignment
 from gradcode.master.pool import PoolWorker
 from gradcode.master.rounds import Primaries, sharing_a_machine
-from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, JobSpecError, plan_job
+from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, DEFAULT_SURPLUS, SURPLUS_MODES, JobSpecError, plan_job
 from tests.master.test_job_spec import spec
 
 
@@ -59,6 +59,19 @@ def test_job_spec_backup_priority_defaults_to_low_and_is_validated() -> None:
     assert plan_job(spec(backup_priority="normal")).backup_priority == "normal"
     with pytest.raises(JobSpecError, match=r"JobSpec.backup_priority 'idle' is not a backup priority; valid ones are"):
         plan_job(spec(backup_priority="idle"))
+
+
+def test_job_spec_surplus_defaults_to_auto_and_is_validated() -> None:
+    assert plan_job(spec()).surplus == DEFAULT_SURPLUS == "auto"
+    for mode in SURPLUS_MODES:
+        assert plan_job(spec(surplus=mode)).surplus == mode
+    refused = (
+        r"JobSpec.surplus 'pull' is not a surplus mode; valid ones are \['push', 'hold', 'auto'\] \(empty: the default"
+    )
+    with pytest.raises(JobSpecError, match=refused):
+        plan_job(spec(surplus="pull"))
+    with pytest.raises(ValueError, match=r"JobSpec\.surplus"):  # a JobSpecError is a ValueError
+        plan_job(spec(surplus="HOLD"))
 
 
 def test_backups_are_deferred_only_on_a_machine_that_runs_another_worker_of_the_job() -> None:

@@ -12,13 +12,15 @@ import grpc
 import numpy as np
 import pytest
 
+from gradcode.common import metrics
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.models import message_length
 from gradcode.common.round import ChunkStream, WorkerFailure
-from gradcode.common.session import CallError, Session, status_chunk
+from gradcode.common.session import TRAFFIC, CallError, Session, status_chunk
 from gradcode.common.wire import (
     CHANNEL_OPTIONS,
+    SESSION_METHOD,
     MessageAssembler,
     Serialized,
     model_request_bytes,
@@ -329,3 +331,121 @@ async def test_a_request_that_asks_report_start_hears_when_its_computation_begin
         await _messages(stream, inline)
         assert not stream.started
         assert not session.broken
+
+
+def _sent() -> float:
+    """Message bytes this process's workers have sent (the worker's own counter)."""
+    return float(metrics.BYTES_SENT._value.get())
+
+
+async def test_a_held_backup_computes_at_once_says_ready_and_sends_only_when_pulled(
+    channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
+) -> None:
+    """With ``hold``, a backup computes its messages without waiting for a promotion, says they are ready (a notice,
+    no message bytes), and sends them, exact, only once promoted; cancelled while ready, it drops them unsent."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
+        runtime = served_worker.servicer.jobs["job"]
+        stats = runtime.job.stats
+        theta = random_params()
+        rows = CYCLIC.static_assignment().rows[0]
+        heads = [_head("job", 0, rows, t) for t in range(2)]
+        for head in heads:
+            head.backup = head.hold = True
+
+        before = _sent()
+        stream = session.compute(heads[0], model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, heads[0]))
+        await _wait_until(lambda: stream.ready)
+        assert stats.partitions_computed == 2  # computed at once, unlike a deferred backup
+        await asyncio.sleep(0.2)
+        assert not reader.done() and _sent() == before  # held: nothing of the message crossed the stream
+        stream.promote()
+        for row, vector in (await reader).items():
+            _assert_close(vector, expected_message(CYCLIC, row, theta, partitions))
+        assert _sent() > before
+
+        before = _sent()
+        stream = session.compute(heads[1], model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, heads[1]))
+        await _wait_until(lambda: stream.ready)
+        assert stream.cancel()
+        await _wait_until(lambda: stats.calls_cancelled == 1)
+        await asyncio.sleep(0.05)
+        assert not runtime.active and _sent() == before  # dropped, never sent
+        reader.cancel()
+        assert not session.broken
+
+
+async def test_a_held_backup_promoted_before_it_is_ready_sends_as_it_computes(
+    channel: grpc.aio.Channel, session: Session
+) -> None:
+    """Promoted during its emulated delay, a held backup has nothing to hold: no ready notice, its messages
+    follow as computed."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = await _load_slow_job(channel, 0.3)
+        theta = random_params()
+        head = _head("job", 0, CYCLIC.static_assignment().rows[0], 0)
+        head.backup = head.hold = True
+        stream = session.compute(head, model_request_bytes(theta))
+        reader = asyncio.create_task(_messages(stream, head))
+        await asyncio.sleep(0.1)
+        stream.promote()
+        for row, vector in (await reader).items():
+            _assert_close(vector, expected_message(CYCLIC, row, theta, partitions))
+        assert not stream.ready
+
+
+async def test_hold_without_backup_is_refused(channel: grpc.aio.Channel, session: Session) -> None:
+    """An expected worker's messages are needed at once: hold without backup is INVALID_ARGUMENT, saying so."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
+        head = _head("job", 0, CYCLIC.static_assignment().rows[0], 0)
+        head.hold = True
+        with pytest.raises(CallError) as refused:
+            await _messages(session.compute(head, model_request_bytes(random_params())), head)
+        assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT and "set backup too" in refused.value.details
+
+
+async def test_a_sessions_bytes_count_for_its_job_as_the_stream_carried_them(channel: grpc.aio.Channel) -> None:
+    """TRAFFIC counts every request (with its model), cancel and chunk of a job's Computes at its serialized size
+    plus gRPC's 5-byte message prefix: the same bytes the stream's serializers handled, recorded here beside it.
+    Each message's payload is its 8 bytes per element; the rest is a few dozen bytes of header and trailer."""
+    sent: list[int] = []
+    received: list[int] = []
+
+    def serialize(message: Any) -> bytes:
+        raw = serialize_chunk(message)
+        sent.append(len(raw))
+        return raw
+
+    def parse(raw: bytes) -> Any:
+        received.append(len(raw))
+        return parse_chunk(raw)
+
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(3)
+        await _load(channel, job_setup(CYCLIC, 0, job_id="counted"), data_for(CYCLIC, 0, partitions))
+        TRAFFIC.take("counted")
+        method = channel.stream_stream(SESSION_METHOD, request_serializer=serialize, response_deserializer=parse)
+        session = Session(method())
+        try:
+            rows = CYCLIC.static_assignment().rows[0]
+            head = _head("counted", 0, rows, 0)
+            await _messages(session.compute(head, model_request_bytes(random_params())), head)
+            head = _head("counted", 0, rows, 1)
+            head.backup = head.hold = True
+            held = session.compute(head, model_request_bytes(random_params()))
+            await _wait_until(lambda: held.ready)
+            held.cancel()
+            await _wait_until(lambda: len(received) == len(rows) + 2)  # the messages, the notice, the status
+        finally:
+            session.close()
+        out, came = TRAFFIC.take("counted")
+        assert out == sum(sent) + 5 * len(sent) and len(sent) == 3  # two requests and a cancel
+        assert came == sum(received) + 5 * len(received)
+        payload = 8 * message_length(softmax_model(), statistics=False) * len(rows)
+        assert payload < sum(received[: len(rows)]) < payload + 100 * len(rows)
+        assert TRAFFIC.take("counted") == (0, 0), "taken"

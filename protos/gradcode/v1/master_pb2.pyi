@@ -135,7 +135,7 @@ class TreeSpec(_message.Message):
     def __init__(self, parent_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every", "integrity", "backup_priority", "initial_parameters")
+    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every", "integrity", "backup_priority", "surplus", "initial_parameters")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class JobSpec(_message.Message):
     EVALUATE_EVERY_FIELD_NUMBER: _ClassVar[int]
     INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     BACKUP_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SURPLUS_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     code: _common_pb2.CodeSpec
@@ -175,8 +176,9 @@ class JobSpec(_message.Message):
     evaluate_every: int
     integrity: str
     backup_priority: str
+    surplus: str
     initial_parameters: _common_pb2.Tensor
-    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ..., integrity: _Optional[str] = ..., backup_priority: _Optional[str] = ..., initial_parameters: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ..., integrity: _Optional[str] = ..., backup_priority: _Optional[str] = ..., surplus: _Optional[str] = ..., initial_parameters: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("job_id", "state", "message", "iterations_done", "spec")
@@ -213,7 +215,7 @@ class WorkerTiming(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class IterationReport(_message.Message):
-    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity", "backup_workers", "promoted_workers", "unchecked_workers", "child_timings", "late_children")
+    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity", "backup_workers", "promoted_workers", "unchecked_workers", "bytes_received", "bytes_sent", "child_timings", "late_children")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +239,8 @@ class IterationReport(_message.Message):
     BACKUP_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     UNCHECKED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     CHILD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     LATE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
@@ -262,9 +266,11 @@ class IterationReport(_message.Message):
     backup_workers: _containers.RepeatedScalarFieldContainer[int]
     promoted_workers: _containers.RepeatedScalarFieldContainer[int]
     unchecked_workers: _containers.RepeatedScalarFieldContainer[int]
+    bytes_received: int
+    bytes_sent: int
     child_timings: _containers.RepeatedCompositeFieldContainer[WorkerTiming]
     late_children: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., error_bound: _Optional[float] = ..., consistency_checks: _Optional[int] = ..., suspect_workers: _Optional[_Iterable[int]] = ..., integrity: _Optional[str] = ..., backup_workers: _Optional[_Iterable[int]] = ..., promoted_workers: _Optional[_Iterable[int]] = ..., unchecked_workers: _Optional[_Iterable[int]] = ..., child_timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., late_children: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., error_bound: _Optional[float] = ..., consistency_checks: _Optional[int] = ..., suspect_workers: _Optional[_Iterable[int]] = ..., integrity: _Optional[str] = ..., backup_workers: _Optional[_Iterable[int]] = ..., promoted_workers: _Optional[_Iterable[int]] = ..., unchecked_workers: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., child_timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., late_children: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("job_id",)

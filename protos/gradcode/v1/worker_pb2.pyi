@@ -177,7 +177,7 @@ class LoadJobReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory_proof: _Optional[str] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred", "report_start")
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred", "report_start", "hold")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class ComputeRequest(_message.Message):
     PROMOTE_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     REPORT_START_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -202,7 +203,8 @@ class ComputeRequest(_message.Message):
     promote: bool
     deferred: bool
     report_start: bool
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ..., report_start: _Optional[bool] = ...) -> None: ...
+    hold: bool
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ..., report_start: _Optional[bool] = ..., hold: _Optional[bool] = ...) -> None: ...
 
 class SharedModel(_message.Message):
     __slots__ = ("length", "crc32c")
@@ -255,7 +257,7 @@ class ChildTiming(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status", "started")
+    __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status", "started", "ready")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +270,7 @@ class GradientChunk(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -280,7 +283,8 @@ class GradientChunk(_message.Message):
     request_id: int
     status: CallStatus
     started: bool
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ..., shared_payload: _Optional[bool] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., started: _Optional[bool] = ...) -> None: ...
+    ready: bool
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., row: _Optional[int] = ..., offset: _Optional[int] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[MessageTrailer, _Mapping]] = ..., shared_payload: _Optional[bool] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., started: _Optional[bool] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "details", "children_lost")
