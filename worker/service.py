@@ -41,6 +41,7 @@ import grpc
 import numpy as np
 
 from gradcode.common import metrics, shared_memory
+from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import all_finite
 from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import (
@@ -80,7 +81,7 @@ from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
 from gradcode.worker.parent import ParentRunner
 from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
-from gradcode.worker.straggling import StragglerEmulation
+from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = [
     "MAX_JOBS",
@@ -296,10 +297,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
         return self.link.offer(scope=job_of(bearer_of(context)))  # a link opened with a job token: that job only
 
-    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:  # noqa: C901 (issue 26: split after the hold change lands here)
+    async def _compute(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
+        runtime, params, rows, delay = self._admit(request)
+        job, iteration = runtime.job, int(request.iteration)
+        flag = runtime.begin(iteration)
+        try:
+            async for chunk in self._answer(request, runtime, params, rows, delay, flag):
+                yield chunk
+            job.stats.add(iterations_completed=1)
+            metrics.COMPUTES_SERVED.inc()
+        except ComputeCancelledError:
+            metrics.COMPUTES_CANCELLED.inc()
+            raise AbortedError(
+                f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
+                "was ended or replaced."
+            ) from None
+        except asyncio.CancelledError:
+            job.stats.add(calls_cancelled=1)
+            metrics.COMPUTES_CANCELLED.inc()
+            logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
+            raise
+        finally:
+            runtime.end(iteration, flag)
+
+    def _admit(self, request: worker_pb2.ComputeRequest) -> tuple[JobRuntime, Array, tuple[int, ...], float]:
+        """The job's runtime, the model, the rows and this iteration's emulated delay of a Compute this worker
+        serves; a gradcode refusal (PERMISSION_DENIED, FAILED_PRECONDITION, INVALID_ARGUMENT, ABORTED) otherwise."""
         scope = CALL_SCOPE.get()
         if scope is not None and request.job_id != scope:
             raise PermissionDeniedError(
@@ -314,23 +340,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"{request.worker_id}."
             )
         iteration = int(request.iteration)
-        shared = runtime.shared if request.HasField("shared_model") else None
         try:
             job.check_iteration(iteration)  # before anything records it as the newest
-            if request.HasField("shared_model"):
-                if shared is None:
-                    raise ValueError(
-                        "the request names a shared-memory model, but this worker did not accept the job's "
-                        "shared-memory offer; send the model inline."
-                    )
-                params = job.check_params(shared.read_model(request.shared_model))
-            elif request.model.dtype != common_pb2.DTYPE_FLOAT64:
-                raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
-            else:
-                params = job.check_params(array_from_tensor(request.model))
-            if not all_finite(params):
-                bad = int(np.count_nonzero(~np.isfinite(params)))
-                raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
+            params = self._model_of(request, runtime)
             rows = job.check_rows(list(request.rows))
             if request.hold and not request.backup:
                 raise ValueError(
@@ -351,49 +363,65 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"Compute refused: the straggler delay model of job {job.job_id!r} fails for worker {job.worker_id}, "
                 f"iteration {iteration}: {exc}"
             ) from None
+        return runtime, params, rows, delay
 
-        flag = runtime.begin(iteration)
-        hold = runtime.promotion(iteration) if request.hold and request.request_id else None
+    @staticmethod
+    def _model_of(request: worker_pb2.ComputeRequest, runtime: JobRuntime) -> Array:
+        """The request's model (inline, or in the job's shared memory), checked; ValueError saying what is wrong."""
+        job = runtime.job
+        if request.HasField("shared_model"):
+            if runtime.shared is None:
+                raise ValueError(
+                    "the request names a shared-memory model, but this worker did not accept the job's "
+                    "shared-memory offer; send the model inline."
+                )
+            params = job.check_params(runtime.shared.read_model(request.shared_model))
+        elif request.model.dtype != common_pb2.DTYPE_FLOAT64:
+            raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
+        else:
+            params = job.check_params(array_from_tensor(request.model))
+        if not all_finite(params):
+            bad = int(np.count_nonzero(~np.isfinite(params)))
+            raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
+        return params
+
+    async def _answer(
+        self,
+        request: worker_pb2.ComputeRequest,
+        runtime: JobRuntime,
+        params: Array,
+        rows: tuple[int, ...],
+        delay: float,
+        flag: Cancellation,
+    ) -> AsyncIterator[Serialized]:
+        """The chunks of the requested rows as they are computed: the started notice, each message (a held backup's
+        kept until pulled, after its ready notice), and a Session's OK status had no message carried it."""
+        shared = runtime.shared if request.HasField("shared_model") else None
+        hold = runtime.promotion(int(request.iteration)) if request.hold and request.request_id else None
         """Set when the receiver pulls this held backup's messages (a Compute call cannot be promoted: it sends)."""
         held: list[Message] = []
-        try:
-            sent = 0
-            async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
-                if isinstance(m, Computing):
-                    yield started_chunk(request.request_id)
+        sent = 0
+        async for m in runtime.messages(request, params, rows, delay, flag, self.on_partition):
+            if isinstance(m, Computing):
+                yield started_chunk(request.request_id)
+                continue
+            metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
+            outgoing = [*held, m]  # a backup promoted while some were held: those go first
+            held = []
+            if hold is not None and not hold.is_set():
+                held = outgoing  # kept until pulled; dropped with the request if it is cancelled
+                if len(held) < len(rows):
                     continue
-                metrics.COMPUTE_SECONDS.inc(m.compute_seconds)
-                outgoing = [*held, m]  # a backup promoted while some were held: those go first
-                held = []
-                if hold is not None and not hold.is_set():
-                    held = outgoing  # kept until pulled; dropped with the request if it is cancelled
-                    if len(held) < len(rows):
-                        continue
-                    yield ready_chunk(request.request_id)
-                    await until_promoted(flag, hold)
-                    outgoing, held = held, []
-                for m in outgoing:
-                    sent += 1
-                    for chunk in self._message_chunks(m, request, runtime, final=sent == len(rows), shared=shared):
-                        metrics.BYTES_SENT.inc(serialized_size(chunk))
-                        yield chunk
-            if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
-                yield status_chunk(request.request_id, grpc.StatusCode.OK)
-            job.stats.add(iterations_completed=1)
-            metrics.COMPUTES_SERVED.inc()
-        except ComputeCancelledError:
-            metrics.COMPUTES_CANCELLED.inc()
-            raise AbortedError(
-                f"Iteration {iteration} of job {job.job_id!r} was abandoned: a later iteration started, or the job "
-                "was ended or replaced."
-            ) from None
-        except asyncio.CancelledError:
-            job.stats.add(calls_cancelled=1)
-            metrics.COMPUTES_CANCELLED.inc()
-            logger.debug("job %r iteration %d: call cancelled by the receiver", job.job_id, iteration)
-            raise
-        finally:
-            runtime.end(iteration, flag)
+                yield ready_chunk(request.request_id)
+                await until_promoted(flag, hold)
+                outgoing, held = held, []
+            for message in outgoing:
+                sent += 1
+                for chunk in self._message_chunks(message, request, runtime, final=sent == len(rows), shared=shared):
+                    metrics.BYTES_SENT.inc(serialized_size(chunk))
+                    yield chunk
+        if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
+            yield status_chunk(request.request_id, grpc.StatusCode.OK)
 
     def _message_chunks(
         self,
