@@ -26,7 +26,7 @@
 
 Invalid parameters of library calls raise plain ``ValueError`` (or ``KeyError`` for an unknown
 message/scheme name) with a message that says what would be valid. The gRPC status each error maps
-to on the wire is decided in one place, :mod:`gradcode.common.status`.
+to on the wire is decided in one place, :mod:`gradcode.common.transport.status`.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gradcode.client.sdk import GradcodeClient, JobFailedError, build_job_spec
     from gradcode.common.codes import GradientCode, make_code
-    from gradcode.common.models import Model, available_models, make_model
-    from gradcode.common.plugins import ModelFactory
+    from gradcode.common.training.models import Model, available_models, make_model
+    from gradcode.common.training.plugins import ModelFactory
 
 __all__ = [
     "GradcodeClient",
@@ -49,10 +49,10 @@ _LAZY = {
     "build_job_spec": "gradcode.client.sdk",
     "GradientCode": "gradcode.common.codes",
     "make_code": "gradcode.common.codes",
-    "Model": "gradcode.common.models",
-    "available_models": "gradcode.common.models",
-    "make_model": "gradcode.common.models",
-    "ModelFactory": "gradcode.common.plugins",
+    "Model": "gradcode.common.training.models",
+    "available_models": "gradcode.common.training.models",
+    "make_model": "gradcode.common.training.models",
+    "ModelFactory": "gradcode.common.training.plugins",
 }
 
 

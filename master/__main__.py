@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradcode.common.cli import (
+from gradcode.common.ops.cli import (
     add_data_arguments,
     add_service_arguments,
     check_data_arguments,
@@ -23,9 +23,9 @@ from gradcode.common.cli import (
     service_address,
     start_metrics,
 )
-from gradcode.common.security import add_security_arguments, refuse_if_exposed, security_from_args
-from gradcode.common.serving import install_shutdown_signals
-from gradcode.common.shared_memory import DEFAULT_ROOT
+from gradcode.common.transport.security import add_security_arguments, refuse_if_exposed, security_from_args
+from gradcode.common.transport.serving import install_shutdown_signals
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_FEATURES
 from gradcode.master.pool import MAX_WORKERS, worker_address
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from gradcode.common.metrics import MASTER_REGISTRY
+    from gradcode.common.ops.metrics import MASTER_REGISTRY
     from gradcode.master.node import MasterNode
 
     node = MasterNode(

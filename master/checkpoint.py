@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
-from gradcode.common.data import npz_declared_arrays
+from gradcode.common.training.data import npz_declared_arrays
 from gradcode.master.limits import MAX_MODEL_BYTES, MAX_SPEC_BYTES, MAX_WORKERS
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.v1 import master_pb2
@@ -205,7 +205,8 @@ def _array_limits(name: str) -> int | None:
 def check_declared_sizes(data: bytes, *, source: str = "checkpoint") -> None:
     """Refuse a checkpoint whose arrays' headers declare more than a job may hold, before any is decompressed.
 
-    The data-file path's header check (:func:`gradcode.common.data.npz_declared_arrays`) read on the checkpoint:
+    The data-file path's header check (:func:`gradcode.common.training.data.npz_declared_arrays`) read on the
+    checkpoint:
     a member no checkpoint has, or one declaring more than its limit (the spec :data:`MAX_SPEC_BYTES`, each
     optimizer array :data:`MAX_MODEL_BYTES`, the header :data:`MAX_HEADER_BYTES`, the observation
     ``MAX_WORKERS`` speeds), is a CheckpointError saying so: a few compressed megabytes cannot expand into

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gradcode.common.wire import tensor_from_array
+from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.reporting import read_history
 from gradcode.v1 import master_pb2

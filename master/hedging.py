@@ -1,17 +1,17 @@
-"""The master's backups and hedges inside one round's gather: a :class:`~gradcode.common.round.GatherStrategy`.
+"""The master's backups and hedges inside one round's gather: a :class:`~gradcode.common.gather.round.GatherStrategy`.
 
-The round (:mod:`gradcode.common.round`) only collects; every decision the master takes while it gathers, beyond
+The round (:mod:`gradcode.common.gather.round`) only collects; every decision the master takes while it gathers, beyond
 whom to ask (:class:`~gradcode.master.rounds.Primaries`), is here: which backups to promote when expected workers
 are late, promoting every backup at the hedge, and asking a silent worker again. A new decision about backups (for
 instance pulling a held backup's payload once it is needed) is one more method of :class:`Hedging` acting through
-:meth:`Gathering.promote <gradcode.common.round.Gathering.promote>`.
+:meth:`Gathering.promote <gradcode.common.gather.round.Gathering.promote>`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from gradcode.common.round import Gathering, GatherStrategy, Source, WorkerFailure
+from gradcode.common.gather.round import Gathering, GatherStrategy, Source, WorkerFailure
 
 __all__ = ["HOLD_OVERDUE_FACTOR", "Hedging"]
 
@@ -21,7 +21,8 @@ the latest expected worker that finished (:meth:`Hedging.pull_at`)."""
 
 
 class Hedging(GatherStrategy):
-    """One gather's backups and hedges (a fresh one per :meth:`Round.gather <gradcode.common.round.Round.gather>`).
+    """One gather's backups and hedges (a fresh one per :meth:`Round.gather
+    <gradcode.common.gather.round.Round.gather>`).
 
     The sources not asked as backups (:attr:`Source.backup`) are the ones the round expects to decode from. When
     an expected worker ends without the round decoding, and at most ``s`` of the expected workers still out have

@@ -5,12 +5,12 @@
 1. pick the workers and load the job onto them (:mod:`gradcode.master.loading`);
 2. each iteration: ``code.assign(observation)`` (dynamic codes choose rows from the stragglers seen in
    the previous iteration), run the round (:mod:`gradcode.master.rounds`: ask, retry, give up at the
-   deadline), decode it (:meth:`gradcode.common.round.Round.decode`), verify it (optional) and step a
+   deadline), decode it (:meth:`gradcode.common.gather.round.Round.decode`), verify it (optional) and step a
    copy of the optimizer (:mod:`gradcode.master.step`). The step and ``iterations_done`` are committed
    together, so GetModel never runs ahead of its iteration number; ``wall_seconds`` ends there. A
    report is ``exact`` only when the decode is exact, its certified error bound (``error_bound``)
    is within the job's tolerance, no message it used was decoded approximately by a tree parent,
-   and (under the ``detect``/``locate`` integrity policies, :mod:`gradcode.common.integrity`) no
+   and (under the ``detect``/``locate`` integrity policies, :mod:`gradcode.common.gather.integrity`) no
    consistency check of the surplus messages failed;
 3. report: the training loss and accuracy come from the decode itself (workers append their
    partitions' summed loss and correct count to every message; :mod:`gradcode.master.reporting`), so
@@ -60,12 +60,12 @@ import numpy as np
 
 from gradcode.common.codes.base import Observation
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.logs import set_log_context
-from gradcode.common.metrics import job_state_label
-from gradcode.common.models import TrainingMetrics, training_metrics
-from gradcode.common.round import Decoded, Round
-from gradcode.common.shared_memory import DEFAULT_ROOT, SharedDirectory
-from gradcode.common.wire import tensor_from_array
+from gradcode.common.gather.round import Decoded, Round
+from gradcode.common.ops.logs import set_log_context
+from gradcode.common.ops.metrics import job_state_label
+from gradcode.common.training.models import TrainingMetrics, training_metrics
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT, SharedDirectory
+from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master import reporting
 from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.loading import WorkerLoader

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gradcode.common.codes.registry import code_class
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import JobSpecError
-from gradcode.common.security import short
-from gradcode.common.wire import MAX_ITERATIONS
+from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES
+from gradcode.common.transport.security import short
+from gradcode.common.transport.wire import MAX_ITERATIONS
 from gradcode.v1 import master_pb2
 
 __all__ = [
@@ -70,7 +70,7 @@ MAX_SPEC_BYTES = MAX_MODEL_BYTES + (4 << 20)
 """Serialized bytes of a whole JobSpec: ``initial_parameters`` (at most :data:`MAX_MODEL_BYTES`) and room for the
 rest, which the caps above bound."""
 _SYNTHETIC_DEFAULT_SIZE = {"gaussian_mixture": (2000, 20), "linear": (1000, 50), "digits": (1797, 64)}
-"""(samples, features) a dataset has when the spec leaves them 0 (see gradcode.common.data.load_dataset)."""
+"""(samples, features) a dataset has when the spec leaves them 0 (see gradcode.common.training.data.load_dataset)."""
 
 
 def check_code_size(name: str, params: dict[str, object]) -> None:

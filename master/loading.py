@@ -31,12 +31,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.common import metrics
-from gradcode.common.data import Dataset
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.security import job_token
-from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import code_spec, partition_chunks, row_definition
+from gradcode.common.ops import metrics
+from gradcode.common.training.data import Dataset
+from gradcode.common.transport.security import job_token
+from gradcode.common.transport.shared_memory import SharedDirectory
+from gradcode.common.transport.wire import code_spec, partition_chunks, row_definition
 from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
@@ -105,7 +105,7 @@ class WorkerLoader:
         self.pool = pool
         self.shared = shared
         """The job's shared-memory directory, offered to the workers whose messages come to the master
-        (:mod:`gradcode.common.shared_memory`); None: every payload goes through gRPC."""
+        (:mod:`gradcode.common.transport.shared_memory`); None: every payload goes through gRPC."""
         self.shared_workers: set[int] = set()
         """Worker indices whose last LoadJob proved they read the job's shared-memory directory."""
         self.transports: dict[int, str] = {}

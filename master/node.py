@@ -1,6 +1,6 @@
 """MasterNode: the master's gRPC server, worker pool and jobs, with a run()/shutdown()/async-with lifecycle.
 
-The lifecycle is :class:`gradcode.common.serving.ServiceNode`'s: on shutdown health goes NOT_SERVING, running
+The lifecycle is :class:`gradcode.common.transport.serving.ServiceNode`'s: on shutdown health goes NOT_SERVING, running
 jobs are cancelled (their watchers' streams end), in-flight calls get ``grace`` seconds, then the
 worker channels close. ``async with MasterNode(...) as node`` serves until the block ends;
 ``node.address`` is the bound ``host:port``.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 
-from gradcode.common.security import Security
-from gradcode.common.serving import ServiceNode, format_address
-from gradcode.common.shared_memory import DEFAULT_ROOT, remove_abandoned
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.serving import ServiceNode, format_address
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT, remove_abandoned
 from gradcode.master.job import DEFAULT_CHECKPOINT_EVERY
 from gradcode.master.limits import MAX_DATA_FILE_BYTES, MAX_FEATURES
 from gradcode.master.pool import MAX_WORKERS, WorkerPool
@@ -36,11 +36,12 @@ class MasterNode(ServiceNode):
 
     Keyword options: ``workers`` (fixed addresses), ``run_dir`` (job histories), ``data_dir`` (the only
     directory ``file`` datasets may be read from; None refuses them), ``grace``, ``max_finished_jobs``,
-    ``security`` (TLS and tokens, :class:`gradcode.common.security.Security`; default plaintext and open)
+    ``security`` (TLS and tokens, :class:`gradcode.common.transport.security.Security`; default plaintext and open)
     ``max_workers`` (the pool's bound), ``state_dir`` (job checkpoints; None keeps none),
     ``checkpoint_every``, ``shared_memory`` (the root of the jobs' shared-memory directories; None: none),
-    ``links`` (ask workers for links, :mod:`gradcode.common.link`) and ``machine_id`` (the master's, default
-    :func:`gradcode.common.machine.default_machine_id`: only workers of this machine id, or of none, are offered
+    ``links`` (ask workers for links, :mod:`gradcode.common.transport.link`) and ``machine_id`` (the master's, default
+    :func:`gradcode.common.transport.machine.default_machine_id`: only workers of this machine id, or of none, are
+    offered
     shared memory). Started on a state directory, the node resumes the jobs that were running.
     """
 

@@ -1,7 +1,7 @@
 r"""First-order optimizers the master applies to the decoded gradient.
 
 The workers' messages decode to the *summed* gradient $\sum_j g_j$ over all training samples
-(:mod:`gradcode.common.models`); the master turns it into the gradient of the regularised mean loss
+(:mod:`gradcode.common.training.models`); the master turns it into the gradient of the regularised mean loss
 
 $$\nabla F(\theta) = \tfrac{1}{N} \sum_j g_j(\theta) + \lambda \theta ,$$
 

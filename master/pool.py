@@ -13,10 +13,10 @@ A worker that comes back has lost its jobs; job runners see that through :meth:`
 and reload it.
 
 Who a worker is: every worker process sends, with each registration, the random secret it made at
-start (:func:`gradcode.common.security.new_process_secret`); the instance id it also sends is a label
+start (:func:`gradcode.common.transport.security.new_process_secret`); the instance id it also sends is a label
 that anyone may learn from ``Worker.Hello`` and proves nothing. The master challenges the address with
 a fresh nonce and admits the registration only if the process answering there returns the HMAC of the
-nonce under *that* secret (:func:`gradcode.common.security.proves`). So a registration naming another
+nonce under *that* secret (:func:`gradcode.common.transport.security.proves`). So a registration naming another
 worker's address is refused (ALREADY_EXISTS) while that worker answers there, whatever else it knows
 (join secret, instance id, Hello's proofs of nonces of its choosing), and the worker keeps its place and
 its token.
@@ -59,13 +59,13 @@ from gradcode.common.exceptions import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from gradcode.common.link import link_opener
-from gradcode.common.machine import default_machine_id
-from gradcode.common.metrics import set_workers_up
-from gradcode.common.security import Security, check_process_secret, new_nonce, proves, short
-from gradcode.common.serving import format_address, parse_address
-from gradcode.common.session import Caller, ChunkStream
-from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.common.ops.metrics import set_workers_up
+from gradcode.common.transport.link import link_opener
+from gradcode.common.transport.machine import default_machine_id
+from gradcode.common.transport.security import Security, check_process_secret, new_nonce, proves, short
+from gradcode.common.transport.serving import format_address, parse_address
+from gradcode.common.transport.session import Caller, ChunkStream
+from gradcode.common.transport.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -133,7 +133,8 @@ MAX_REMOVED_REMEMBERED = 10_000
 
 
 def worker_address(address: str) -> str:
-    """A worker's ``host:port`` in canonical form (:func:`gradcode.common.serving.parse_address`, port not 0)."""
+    """A worker's ``host:port`` in canonical form (:func:`gradcode.common.transport.serving.parse_address`, port not
+    0)."""
     if len(address) > MAX_ADDRESS_CHARS:
         raise ValueError(f"Worker address {short(address)} is longer than {MAX_ADDRESS_CHARS} characters.")
     host, port = parse_address(address, what="Worker address")
@@ -184,7 +185,7 @@ class PoolWorker:
     caller: Caller | None = field(default=None, repr=False)
     """This worker's Computes, on a Session over :attr:`channel` (opened by the first Compute)."""
     links: bool = True
-    """Ask the worker for a link (:mod:`gradcode.common.link`) to carry the Computes instead of gRPC."""
+    """Ask the worker for a link (:mod:`gradcode.common.transport.link`) to carry the Computes instead of gRPC."""
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
@@ -208,18 +209,20 @@ class PoolWorker:
         return self.call_token
 
     def compute(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
-        """One Compute on this worker (:class:`~gradcode.common.session.Caller`: on its Session, opened with the
+        """One Compute on this worker (:class:`~gradcode.common.transport.session.Caller`: on its Session, opened with
+        the
         channel): ``head``, the worker's own fields, followed by ``body``, the iteration's model fields serialized
         once for every worker. The chunks' payloads stay views into the bytes gRPC delivered."""
         return self._caller().compute(head, body)
 
     def compute_call(self, head: worker_pb2.ComputeRequest, body: bytes = b"") -> ChunkStream:
-        """The same Compute as :meth:`compute`, as a call of its own (:meth:`~gradcode.common.session.Caller.call`):
+        """The same Compute as :meth:`compute`, as a call of its own
+        (:meth:`~gradcode.common.transport.session.Caller.call`):
         a request asked again after it went unanswered on the worker's Session or link."""
         return self._caller().call(head, body)
 
     def _caller(self) -> Caller:
-        """This worker's :class:`~gradcode.common.session.Caller`, opening the channel if needed."""
+        """This worker's :class:`~gradcode.common.transport.session.Caller`, opening the channel if needed."""
         _ = self.stub  # opens the channel if needed
         if self.caller is None:
             channel = self.channel
@@ -288,11 +291,12 @@ class WorkerPool:
         if max_workers < 1:
             raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
         self.machine_id = default_machine_id() if machine_id is None else machine_id
-        """The machine the master runs on (:mod:`gradcode.common.machine`): only workers registered with this id,
+        """The machine the master runs on (:mod:`gradcode.common.transport.machine`): only workers registered with this
+        id,
         or with none, are offered shared memory."""
         self.security = security or Security()
         self.links = links
-        """Ask workers for links (:mod:`gradcode.common.link`); False keeps every Compute on gRPC."""
+        """Ask workers for links (:mod:`gradcode.common.transport.link`); False keeps every Compute on gRPC."""
         self.max_workers = max_workers
         self._next_id = 0
         self._workers: dict[int, PoolWorker] = {}

@@ -1,10 +1,10 @@
 """What a job tells its watchers: IterationReports, their metrics, and the history file.
 
 Worker ids in reports are the pool's ids (as in ListWorkers). A report is built from the iteration's
-:class:`~gradcode.common.round.Round` (:func:`iteration_report`, or :func:`failure_report` when the
+:class:`~gradcode.common.gather.round.Round` (:func:`iteration_report`, or :func:`failure_report` when the
 iteration could not be decoded). Its training loss and accuracy come from the decode itself (the
 workers append their partitions' summed loss and correct count to every message, which decode with
-the gradient's coefficients: :func:`~gradcode.common.models.training_metrics`), so they are exact,
+the gradient's coefficients: :func:`~gradcode.common.training.models.training_metrics`), so they are exact,
 free, and describe the point the iteration's gradient was evaluated at (the parameters before the
 step; Nesterov's look-ahead point). Nothing here touches the whole dataset per iteration:
 :func:`evaluate` computes the held-out accuracy every ``evaluate_every`` iterations, in a thread,
@@ -25,10 +25,10 @@ from typing import Any, TextIO
 import numpy as np
 from google.protobuf import json_format
 
-from gradcode.common.models import TrainingMetrics
-from gradcode.common.round import Decoded, Round
-from gradcode.common.session import TRAFFIC
-from gradcode.common.wire import message_to_dict
+from gradcode.common.gather.round import Decoded, Round
+from gradcode.common.training.models import TrainingMetrics
+from gradcode.common.transport.session import TRAFFIC
+from gradcode.common.transport.wire import message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
@@ -114,7 +114,8 @@ def failure_report(
 
 def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     """Who was late, asked as a backup or promoted, what the consistency checks found, in the report's terms (pool
-    ids), and the bytes the job's Computes carried since its last report (:data:`~gradcode.common.session.TRAFFIC`)."""
+    ids), and the bytes the job's Computes carried since its last report
+    (:data:`~gradcode.common.transport.session.TRAFFIC`)."""
     integrity = round_.integrity
     child_timings: dict[int, float] = {}
     late_children: set[int] = set()

@@ -1,4 +1,4 @@
-"""The master's use of a :class:`~gradcode.common.round.Round`: whom to ask, when to retry, when to give up.
+"""The master's use of a :class:`~gradcode.common.gather.round.Round`: whom to ask, when to retry, when to give up.
 
 Each iteration the master asks every UP worker that has rows (one Compute each, a request on the
 worker's Session, through one round, which stops at the first decodable moment and cancels the rest).
@@ -11,7 +11,7 @@ children that lost the job (they restarted: their Compute answered NOT_FOUND) in
 error; they are reloaded at once, so a node that restarts anywhere in the tree comes back into the job
 (its parent is reloaded too when the node was issued a new call token).
 
-The job's consistency policy (:mod:`gradcode.common.integrity`) says how long a decodable round goes on
+The job's consistency policy (:mod:`gradcode.common.gather.integrity`) says how long a decodable round goes on
 gathering surplus messages and judges them; a worker it quarantines is marked DOWN and never asked
 again by this job.
 
@@ -41,11 +41,11 @@ import grpc
 
 from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.integrity import IntegrityPolicy
-from gradcode.common.models import message_length
-from gradcode.common.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
-from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import dtype_from_wire, model_request_bytes
+from gradcode.common.gather.integrity import IntegrityPolicy
+from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
+from gradcode.common.training.models import message_length
+from gradcode.common.transport.shared_memory import SharedDirectory
+from gradcode.common.transport.wire import dtype_from_wire, model_request_bytes
 from gradcode.master.hedging import Hedging
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader

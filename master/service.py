@@ -1,7 +1,7 @@
 """The Master gRPC service: worker registry and the job control API for clients.
 
 Every refusal is a gRPC status with a precise message, raised as an error of
-:mod:`gradcode.common.exceptions` and mapped by :func:`gradcode.common.status.grpc_errors`:
+:mod:`gradcode.common.exceptions` and mapped by :func:`gradcode.common.transport.status.grpc_errors`:
 INVALID_ARGUMENT for a bad spec or request, NOT_FOUND for an unknown or evicted job, ALREADY_EXISTS for
 a duplicate job id, FAILED_PRECONDITION when too few workers are up and the spec does not wait,
 RESOURCE_EXHAUSTED when planning a job runs out of memory despite the size caps of
@@ -37,7 +37,6 @@ from typing import Any
 
 import grpc
 
-from gradcode.common import metrics
 from gradcode.common.exceptions import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -47,10 +46,11 @@ from gradcode.common.exceptions import (
     RequestError,
     ResourceExhaustedError,
 )
-from gradcode.common.logs import log_context
-from gradcode.common.security import short
-from gradcode.common.shared_memory import DEFAULT_ROOT
-from gradcode.common.status import grpc_errors
+from gradcode.common.ops import metrics
+from gradcode.common.ops.logs import log_context
+from gradcode.common.transport.security import short
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT
+from gradcode.common.transport.status import grpc_errors
 from gradcode.master.checkpoint import (
     Checkpoint,
     CheckpointError,

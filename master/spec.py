@@ -4,8 +4,8 @@
 :class:`~gradcode.common.exceptions.JobSpecError` with the precise reason, so CreateJob can refuse a
 bad spec before anything starts. Sizes are checked against the caps of :mod:`gradcode.master.limits`
 before anything is built, and a ``file`` dataset must lie inside the master's data directory
-(:mod:`gradcode.common.datafile`). A ``worker_local`` dataset is only described here
-(:func:`gradcode.common.datasets.describe`: its labels and held-out rows); the workers load their own
+(:mod:`gradcode.common.training.datafile`). A ``worker_local`` dataset is only described here
+(:func:`gradcode.common.training.datasets.describe`: its labels and held-out rows); the workers load their own
 partitions. The code says what the job needs (its size, its topology), so no
 scheme is named here: a code with a topology (a CodedReduce tree, ``L > 1``) takes a worker process
 for every node, and ``JobSpec.tree``, if given, must equal the implied topology.
@@ -26,17 +26,17 @@ from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.consistency import uncheckable
 from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
-from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
-from gradcode.common.datafile import data_file as file_in_data_dir
-from gradcode.common.datafile import error_reason, file_error
-from gradcode.common.datasets import FILE_OPTIONS, DataSource, LocalDescription, describe
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
-from gradcode.common.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
-from gradcode.common.models import Model, available_models, make_model
-from gradcode.common.plugins import PluginError, model_dtype, unknown_model
-from gradcode.common.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
-from gradcode.common.stragglers import DELAY_MODEL_NAMES, make_delay_model
-from gradcode.common.wire import array_from_tensor, dict_from_struct
+from gradcode.common.gather.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
+from gradcode.common.gather.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
+from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, make_delay_model
+from gradcode.common.training.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from gradcode.common.training.datafile import data_file as file_in_data_dir
+from gradcode.common.training.datafile import error_reason, file_error
+from gradcode.common.training.datasets import FILE_OPTIONS, DataSource, LocalDescription, describe
+from gradcode.common.training.models import Model, available_models, make_model
+from gradcode.common.training.plugins import PluginError, model_dtype, unknown_model
+from gradcode.common.transport.wire import array_from_tensor, dict_from_struct
 from gradcode.master import limits
 from gradcode.master.optimizer import OPTIMIZER_KINDS, make_optimizer
 from gradcode.v1 import common_pb2, master_pb2
@@ -107,7 +107,7 @@ class JobPlan:
 
     @property
     def integrity(self) -> str:
-        """The consistency policy: ``off``, ``detect`` or ``locate`` (:mod:`gradcode.common.integrity`)."""
+        """The consistency policy: ``off``, ``detect`` or ``locate`` (:mod:`gradcode.common.gather.integrity`)."""
         return self.spec.integrity
 
     @property
@@ -400,7 +400,7 @@ DEFAULT_SURPLUS = "auto"
 
 
 def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:
-    """The consistency policy, defaulting to the master's (:data:`~gradcode.common.integrity.DEFAULT_INTEGRITY`);
+    """The consistency policy, defaulting to the master's (:data:`~gradcode.common.gather.integrity.DEFAULT_INTEGRITY`);
     a checking policy is refused for a code with rows no surplus can ever check (every decode would be unchecked,
     never exact)."""
     _check_choice(spec, "integrity", "consistency policy", INTEGRITY_POLICIES, DEFAULT_INTEGRITY)

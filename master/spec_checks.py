@@ -3,7 +3,7 @@
 Every float a caller sends (in ``code.params``, ``extra``, the straggler parameters and the scalar
 fields) must be finite: a NaN or an infinity is refused here with a message naming the field, instead
 of surfacing later as an internal error or a NaN model. Strings are bounded, and error texts echo at
-most a short prefix of them (:func:`gradcode.common.security.short`).
+most a short prefix of them (:func:`gradcode.common.transport.security.short`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from gradcode.common.security import short
-from gradcode.common.wire import MAX_JOB_ID_CHARS
+from gradcode.common.transport.security import short
+from gradcode.common.transport.wire import MAX_JOB_ID_CHARS
 from gradcode.v1 import master_pb2
 
 __all__ = ["MAX_JOB_ID_CHARS", "MAX_STRUCT_VALUES", "SpecCheckError", "check_job_id", "check_spec_numbers"]

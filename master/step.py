@@ -1,7 +1,7 @@
 """From a decoded gradient to the next model: verify it (optional), then step a copy of the optimizer.
 
 Both take the decoded *summed* gradient (the gradient part of the decoded message, without the
-training statistics the workers append; see :func:`gradcode.common.models.training_metrics`).
+training statistics the workers append; see :func:`gradcode.common.training.models.training_metrics`).
 
 Verify mode compares the decoded gradient with the centralized one and refuses to step when an
 exact decode is off by more than the plan's tolerance. The step runs on a copy of the optimizer, so a
@@ -19,7 +19,7 @@ import numpy as np
 
 from gradcode.common.codes.numerics import relative_error
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.round import Decoded
+from gradcode.common.gather.round import Decoded
 from gradcode.master.optimizer import Optimizer, mean_gradient
 from gradcode.master.spec import JobPlan
 

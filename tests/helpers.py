@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.common.models import make_model, message_length
-from gradcode.common.security import hello_proof, new_process_secret
-from gradcode.common.session import serve_session
-from gradcode.common.wire import message_chunks, struct_from_dict
+from gradcode.common.training.models import make_model, message_length
+from gradcode.common.transport.security import hello_proof, new_process_secret
+from gradcode.common.transport.session import serve_session
+from gradcode.common.transport.wire import message_chunks, struct_from_dict
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -84,7 +84,8 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
             yield worker_pb2.GradientChunk.FromString(chunk)  # the generated handlers serialize messages
 
     async def Session(self, requests: AsyncIterator[worker_pb2.ComputeRequest], context: Any) -> None:  # noqa: N802
-        """The master's Computes on one stream (:func:`gradcode.common.session.serve_session`), lying alike."""
+        """The master's Computes on one stream (:func:`gradcode.common.transport.session.serve_session`), lying
+        alike."""
 
         async def write(chunk: bytes) -> None:
             await context.write(worker_pb2.GradientChunk.FromString(chunk))

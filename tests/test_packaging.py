@@ -80,7 +80,7 @@ def test_wheel_and_sdist_from_a_checkout_without_links(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         held = {name for name in archive.namelist() if ".dist-info/" not in name}
     assert held == _wheel_sources(checkout)
-    assert {"gradcode/py.typed", "gradcode/v1/worker.proto", "gradcode/common/round.py"} <= held
+    assert {"gradcode/py.typed", "gradcode/v1/worker.proto", "gradcode/common/gather/round.py"} <= held
 
     with tarfile.open(sdist) as archive:
         in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
@@ -92,9 +92,11 @@ def test_wheel_and_sdist_from_a_checkout_without_links(tmp_path: Path) -> None:
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
     subprocess.run([*pip, str(wheel)], check=True, capture_output=True)
     probe = (
-        "import json, gradcode.client.sdk, gradcode.common.round, gradcode.v1.worker_pb2, gradcode.v1.worker_pb2_grpc;"
+        "import json, gradcode.client.sdk, gradcode.common.gather.round, gradcode.v1.worker_pb2,"
+        " gradcode.v1.worker_pb2_grpc;"
         "from gradcode.bench.output import RESULTS;"
-        "print(json.dumps([m.__file__ for m in (gradcode.client.sdk, gradcode.common.round, gradcode.v1.worker_pb2)]));"
+        "print(json.dumps([m.__file__ for m in"
+        " (gradcode.client.sdk, gradcode.common.gather.round, gradcode.v1.worker_pb2)]));"
         "print(json.dumps(str(RESULTS)))"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
@@ -110,11 +112,14 @@ def test_wheel_and_sdist_from_a_checkout_without_links(tmp_path: Path) -> None:
 def test_a_checkout_imports_its_own_folders() -> None:
     """From the repository's root (``python -m``, pytest, ``PYTHONPATH=.``) gradcode/ holds no subpackage
     folders: gradcode's own finder maps them, so tracebacks and coverage name the real files."""
-    probe = "import gradcode.common.round as r, gradcode.v1.worker_pb2_grpc as g; print(r.__file__); print(g.__file__)"
+    probe = (
+        "import gradcode.common.gather.round as r, gradcode.v1.worker_pb2_grpc as g; print(r.__file__);"
+        " print(g.__file__)"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     printed = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, check=True, capture_output=True)
     assert printed.stdout.decode().split() == [
-        str(ROOT / "common" / "round.py"),
+        str(ROOT / "common" / "gather" / "round.py"),
         str(ROOT / "protos" / "gradcode" / "v1" / "worker_pb2_grpc.py"),
     ]
 
@@ -122,7 +127,7 @@ def test_a_checkout_imports_its_own_folders() -> None:
 @pytest.mark.parametrize("name", sorted(set(SETUPTOOLS["package-dir"]) - {"gradcode"}))
 def test_a_mapped_folder_refuses_its_folder_name(name: str) -> None:
     """``import common.round`` at a checkout's root would load a second copy of every class beside
-    ``gradcode.common.round``'s; the folder refuses any name but its package's."""
+    ``gradcode.common.gather.round``'s; the folder refuses any name but its package's."""
     folder_name = SETUPTOOLS["package-dir"][name].replace("/", ".")
     refused = subprocess.run([sys.executable, "-c", f"import {folder_name}"], cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode == 1

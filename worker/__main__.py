@@ -12,7 +12,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gradcode.common.cli import (
+from gradcode.common.ops.cli import (
     add_data_arguments,
     add_service_arguments,
     check_data_arguments,
@@ -22,9 +22,9 @@ from gradcode.common.cli import (
     service_address,
     start_metrics,
 )
-from gradcode.common.security import add_security_arguments, refuse_if_exposed, security_from_args
-from gradcode.common.serving import install_shutdown_signals, parse_address
-from gradcode.common.wire import MAX_MESSAGE_BYTES
+from gradcode.common.transport.security import add_security_arguments, refuse_if_exposed, security_from_args
+from gradcode.common.transport.serving import install_shutdown_signals, parse_address
+from gradcode.common.transport.wire import MAX_MESSAGE_BYTES
 
 __all__ = ["ADVERTISE_AUTO", "build_parser", "main", "parse_arguments"]
 
@@ -179,7 +179,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
         max_total_bytes=int(args.memory_budget * 1024**3), max_jobs=args.max_jobs, security=args.security,
         data_dir=args.data_dir, max_data_file_bytes=args.max_data_file_bytes, link_port=args.link_port,
     )  # fmt: skip
-    from gradcode.common.metrics import WORKER_REGISTRY
+    from gradcode.common.ops.metrics import WORKER_REGISTRY
 
     # Metrics first: a taken metrics port stops the process before it registers, and the ready line
     # below promises every port.

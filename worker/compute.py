@@ -3,7 +3,7 @@ r"""What a worker computes, without any gRPC: its job's data and the coded messa
 A job arrives as a :class:`~gradcode.v1.worker_pb2.JobSetup` followed by the data of every
 partition its rows need, in :class:`~gradcode.v1.worker_pb2.PartitionData` chunks; or, with
 ``JobSetup.local_data``, the setup alone, and the worker loads its partitions from its own data
-directory (:mod:`gradcode.common.datasets`).
+directory (:mod:`gradcode.common.training.datasets`).
 :class:`JobBuilder` validates each piece as it arrives (offsets, sizes, which partitions the rows
 need, a cap on the total bytes) and :meth:`JobBuilder.finish` returns the immutable :class:`WorkerJob`.
 
@@ -14,7 +14,7 @@ share a partition, and checks a cancellation flag between partitions, so a call 
 given up on stops early instead of delaying the next iteration.
 
 With ``JobSetup.append_statistics`` each $g_j$ is extended to $[g_j, \ell_j, c_j]$
-(:meth:`~gradcode.common.models.Model.gradient_and_statistics`: the partition's summed loss and
+(:meth:`~gradcode.common.training.models.Model.gradient_and_statistics`: the partition's summed loss and
 score), so every message carries the coded training statistics too and is
 :attr:`WorkerJob.message_length` long.
 """
@@ -33,12 +33,19 @@ import numpy as np
 
 from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import message_rounding, squared_norm, weighted_sum
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES, error_reason, file_error
-from gradcode.common.datasets import DataSource, load_partitions
 from gradcode.common.exceptions import ComputeCancelledError, JobSetupError, JobSpecError
-from gradcode.common.models import Model, make_model, message_length
-from gradcode.common.plugins import PluginError, model_dtype
-from gradcode.common.wire import COMPLEX128, FLOAT32, FLOAT64, MAX_ITERATIONS, MAX_JOB_ID_CHARS, MESSAGE_DTYPES
+from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES, error_reason, file_error
+from gradcode.common.training.datasets import DataSource, load_partitions
+from gradcode.common.training.models import Model, make_model, message_length
+from gradcode.common.training.plugins import PluginError, model_dtype
+from gradcode.common.transport.wire import (
+    COMPLEX128,
+    FLOAT32,
+    FLOAT64,
+    MAX_ITERATIONS,
+    MAX_JOB_ID_CHARS,
+    MESSAGE_DTYPES,
+)
 from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = [
@@ -468,7 +475,8 @@ class JobBuilder:
         return end
 
     def _load_local(self, local: worker_pb2.LocalData) -> None:
-        """Load every needed partition from this worker's data (:func:`gradcode.common.datasets.load_partitions`)."""
+        """Load every needed partition from this worker's data
+        (:func:`gradcode.common.training.datasets.load_partitions`)."""
         source = DataSource(
             name=local.dataset, path=local.path, options=dict(local.options),
             num_samples=int(local.num_samples) or None, num_features=int(local.num_features) or None,

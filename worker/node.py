@@ -6,7 +6,7 @@ Usage::
         print(node.address)
         await node.run()  # until node.shutdown() (or a signal handler in __main__) stops it
 
-The lifecycle is :class:`gradcode.common.serving.ServiceNode`'s: ``run()`` returns only after shutdown
+The lifecycle is :class:`gradcode.common.transport.serving.ServiceNode`'s: ``run()`` returns only after shutdown
 completes; ``shutdown()`` is idempotent and safe before start; health goes NOT_SERVING first, then
 in-flight calls get ``grace`` seconds.
 
@@ -20,7 +20,7 @@ Each registration also carries this process's secret (made at start, held by the
 answering at the advertised address proves that secret, and answers a token only to its holder.
 
 With a join secret, the registration reply carries the call token the master issued this process;
-from then on LoadJob/Compute/EndJob answer only that token (:class:`~gradcode.common.security.CallToken`),
+from then on LoadJob/Compute/EndJob answer only that token (:class:`~gradcode.common.transport.security.CallToken`),
 and a later reply's token (a restarted master's) replaces it. Before the first registration they
 answer nobody, nor after the master refused a registration because another process answers at this
 worker's address (ALREADY_EXISTS) or this process was removed (PERMISSION_DENIED): its token is revoked.
@@ -37,12 +37,12 @@ from pathlib import Path
 
 import grpc
 
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES
-from gradcode.common.link import LinkServer
-from gradcode.common.machine import default_machine_id
-from gradcode.common.security import CallToken, Security
-from gradcode.common.serving import ServiceNode, format_address, is_loopback, parse_address, source_address
-from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES
+from gradcode.common.transport.link import LinkServer
+from gradcode.common.transport.machine import default_machine_id
+from gradcode.common.transport.security import CallToken, Security
+from gradcode.common.transport.serving import ServiceNode, format_address, is_loopback, parse_address, source_address
+from gradcode.common.transport.wire import CHANNEL_OPTIONS
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.compute import MAX_JOB_BYTES
 from gradcode.worker.service import MAX_JOBS, MAX_TOTAL_BYTES, WorkerServicer, add_worker_service
@@ -110,13 +110,14 @@ class WorkerNode(ServiceNode):
         reregister_seconds: interval between re-registrations once registered.
         max_job_bytes: cap on the data one job may hold on this worker.
         chunk_bytes: payload bytes per gradient chunk this worker sends (None: sized to each message,
-            :func:`~gradcode.common.wire.chunk_bytes_for`).
+            :func:`~gradcode.common.transport.wire.chunk_bytes_for`).
         max_total_bytes: cap on the data all jobs together may hold on this worker.
         max_jobs: cap on the jobs held at once.
         data_dir: the only directory worker-local jobs read data files from (None: they may only generate).
         max_data_file_bytes: largest data file such a job may read.
-        security: TLS and the join secret (:class:`gradcode.common.security.Security`); default plaintext, open.
-        link_port: port of this worker's link (:mod:`gradcode.common.link`: Sessions over plain TCP, with the
+        security: TLS and the join secret (:class:`gradcode.common.transport.security.Security`); default plaintext,
+        open.
+        link_port: port of this worker's link (:mod:`gradcode.common.transport.link`: Sessions over plain TCP, with the
             gRPC server's TLS) on ``host``; 0 picks a free one; None serves no link.
     """
 

@@ -2,7 +2,7 @@
 
 A worker whose JobSetup has ``parent`` set is an inner node of a tree. For each Compute call it
 sends the same model and iteration to its children (child ``i`` computes the child code's static
-rows of worker ``i``), runs one :class:`~gradcode.common.round.Round` (the same gather-and-decode
+rows of worker ``i``), runs one :class:`~gradcode.common.gather.round.Round` (the same gather-and-decode
 the master runs) with the child code's decoder, whose decode is the sum of the children's messages.
 Its upward message for every requested row is its own coded message for that row plus that sum
 (Reisizadeh et al., Algorithm 2: $m_v = a_{f(v)} [m_{children}] + g_{\\mathcal{D}(v)}$).
@@ -21,7 +21,7 @@ approximate) the parent's messages are marked approximate.
 Only the job's message dtype is accepted from children (plus complex128 for a complex child code).
 
 Integrity: under the job's consistency policy (``ParentRole.integrity``) the parent runs the master's
-:class:`~gradcode.common.integrity.IntegrityPolicy` on its own round, so it checks its children's surplus
+:class:`~gradcode.common.gather.integrity.IntegrityPolicy` on its own round, so it checks its children's surplus
 messages exactly as the master checks its own: it waits for the surplus that checks every child it uses,
 decodes around a child the checks single out and names it in its messages' trailer
 (``children_singled_out``), quarantines a repeat offender (asks it no more; ``children_quarantined``), and
@@ -43,12 +43,12 @@ from gradcode.common.codes.base import Array, Assignment, GradientCode
 from gradcode.common.codes.numerics import message_rounding, underflow_unit, unit_roundoff
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
-from gradcode.common.integrity import INTEGRITY_POLICIES, IntegrityPolicy
-from gradcode.common.link import link_opener
-from gradcode.common.round import Decoded, Round, Source, WorkerFailure, decode_tolerance
-from gradcode.common.security import Security
-from gradcode.common.session import Caller
-from gradcode.common.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
+from gradcode.common.gather.integrity import INTEGRITY_POLICIES, IntegrityPolicy
+from gradcode.common.gather.round import Decoded, Round, Source, WorkerFailure, decode_tolerance
+from gradcode.common.transport.link import link_opener
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.session import Caller
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
 from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]
@@ -188,7 +188,7 @@ class ParentRunner:
         self.certified_length = certified_length
         self.wait_seconds = float(role.wait_seconds) or None
         self.links = not role.no_links
-        """Ask the children for links (:mod:`gradcode.common.link`); False: their gRPC Sessions only."""
+        """Ask the children for links (:mod:`gradcode.common.transport.link`); False: their gRPC Sessions only."""
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
         self._bearers = [c.call_token or None for c in role.children]

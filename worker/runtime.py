@@ -7,7 +7,7 @@ emulation, its parent role when it is an inner tree node, and the computations r
 * a leaf computes its own rows in a worker thread, spreading the emulated delay over its messages (a
   worker with several messages, e.g. partial stragglers, still delivers its first ones early);
 * a parent asks its children first (its :class:`~gradcode.worker.parent.ParentRunner` gathers and
-  decodes them, one :class:`~gradcode.common.round.Round`), then sleeps its own delay and computes its
+  decodes them, one :class:`~gradcode.common.gather.round.Round`), then sleeps its own delay and computes its
   own rows meanwhile, and adds the two (Reisizadeh et al., Algorithm 2): its emulated slowness never
   holds up its children's work. Its messages are approximate when the children's decode was not
   exact, and name the children that lost the job (:func:`~gradcode.worker.parent.children_lost`).
@@ -38,8 +38,8 @@ from typing import Any
 
 from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
-from gradcode.common.round import Round
-from gradcode.common.shared_memory import SharedPeer
+from gradcode.common.gather.round import Round
+from gradcode.common.transport.shared_memory import SharedPeer
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, children_lost, descendants, upward_message
@@ -177,7 +177,7 @@ class JobRuntime:
     """By iteration, set when the receiver promotes this worker's backup computation of it."""
     shared: SharedPeer | None = None
     """The receiver's shared-memory directory, when this worker accepted its offer
-    (:func:`gradcode.common.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
+    (:func:`gradcode.common.transport.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
 
     def begin(self, iteration: int) -> Cancellation:
         """Start a computation of ``iteration``: it becomes the newest, older ones still running are

@@ -5,7 +5,7 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
 * ``LoadJob`` (client streaming): a ``setup`` chunk, then the partition data (or, for worker-local
   data, nothing: the worker loads its partitions from its ``--data-dir``); replaces an earlier job with
   the same id. A refused stream is read to its end before the refusal is sent: a grpc.aio client
-  still writing could see INTERNAL in its place (:func:`gradcode.common.status.grpc_errors`).
+  still writing could see INTERNAL in its place (:func:`gradcode.common.transport.status.grpc_errors`).
 * ``Compute`` (server streaming): one iteration; applies the job's straggler emulation as a
   cancellable sleep, spread over the worker's messages (a straggler is slow, not dead), computes
   the rows in a worker thread and streams each one as soon as it is ready. When the receiver
@@ -16,7 +16,7 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
   (INVALID_ARGUMENT). EndJob, a replacing LoadJob or a newer iteration
   wake an abandoned call from its straggler sleep at once.
 * ``Session`` (bidirectional): many Computes on one long-lived stream, what the master and tree parents
-  use (:mod:`gradcode.common.session`): each request runs as ``Compute`` would, its chunks tagged with
+  use (:mod:`gradcode.common.transport.session`): each request runs as ``Compute`` would, its chunks tagged with
   its ``request_id`` and its status sent in band; a cancel request does what cancelling the call does (the
   request ends CANCELLED). Every request gets a status, a malformed one a precise refusal; a message that is
   not a ComputeRequest ends the call INVALID_ARGUMENT. When the node shuts down its sessions take no new
@@ -24,7 +24,7 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,
-mapped by :func:`gradcode.common.status.grpc_errors`); the server keeps serving.
+mapped by :func:`gradcode.common.transport.status.grpc_errors`); the server keeps serving.
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.common import metrics, shared_memory
 from gradcode.common.codes.base import Array
 from gradcode.common.codes.numerics import all_finite
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.exceptions import (
     AbortedError,
     ChildrenUnavailableError,
@@ -55,9 +53,12 @@ from gradcode.common.exceptions import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from gradcode.common.link import LinkServer
-from gradcode.common.logs import set_log_context
-from gradcode.common.security import (
+from gradcode.common.ops import metrics
+from gradcode.common.ops.logs import set_log_context
+from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES
+from gradcode.common.transport import shared_memory
+from gradcode.common.transport.link import LinkServer
+from gradcode.common.transport.security import (
     CALL_SCOPE,
     MAX_NONCE_BYTES,
     Security,
@@ -67,9 +68,15 @@ from gradcode.common.security import (
     new_process_secret,
     short,
 )
-from gradcode.common.session import SessionProtocolError, ready_chunk, serve_session, started_chunk, status_chunk
-from gradcode.common.status import grpc_errors
-from gradcode.common.wire import (
+from gradcode.common.transport.session import (
+    SessionProtocolError,
+    ready_chunk,
+    serve_session,
+    started_chunk,
+    status_chunk,
+)
+from gradcode.common.transport.status import grpc_errors
+from gradcode.common.transport.wire import (
     Serialized,
     array_from_tensor,
     children_lost_metadata,
@@ -257,7 +264,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Compute(  # noqa: N802 - proto name
         self, request: worker_pb2.ComputeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Serialized]:
-        """Serialized GradientChunks (:func:`~gradcode.common.wire.message_chunk_pieces`); register the servicer
+        """Serialized GradientChunks (:func:`~gradcode.common.transport.wire.message_chunk_pieces`); register the
+        servicer
         with :func:`add_worker_service`, whose Compute sends them as they are."""
         CALL_SCOPE.set(job_of(bearer_of(context)))  # this call's task only
         try:
@@ -272,7 +280,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         requests: AsyncIterator[worker_pb2.ComputeRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
-        """Computes on one long-lived stream (:func:`gradcode.common.session.serve_session`): each request as
+        """Computes on one long-lived stream (:func:`gradcode.common.transport.session.serve_session`): each request as
         Compute would answer it, its chunks tagged with its ``request_id``, then its status. A message that is not
         a ComputeRequest ends the stream with INVALID_ARGUMENT."""
         CALL_SCOPE.set(job_of(bearer_of(context)))  # this call's task, and the computations it starts
@@ -285,14 +293,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def serve_session(
         self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
     ) -> None:
-        """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.link.LinkServer`)."""
+        """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.transport.link.LinkServer`)."""
         await serve_session(requests, write, self._compute, self.closing, self._promote)
 
     @grpc_errors
     async def OpenLink(  # noqa: N802 - proto name
         self, request: worker_pb2.OpenLinkRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> worker_pb2.LinkOffer:
-        """A port and a one-time token for a Session over plain TCP (:mod:`gradcode.common.link`)."""
+        """A port and a one-time token for a Session over plain TCP (:mod:`gradcode.common.transport.link`)."""
         if self.link is None or self.closing.is_set():
             raise FailedPreconditionError("This worker serves no link (started with --link-port off, or stopping).")
         return self.link.offer(scope=job_of(bearer_of(context)))  # a link opened with a job token: that job only
@@ -529,7 +537,7 @@ def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.nda
 
 def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:
     """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute sends the
-    serialized chunks it yields as they are (:func:`~gradcode.common.wire.serialize_chunk`)."""
+    serialized chunks it yields as they are (:func:`~gradcode.common.transport.wire.serialize_chunk`)."""
     recorder = _HandlerRecorder()
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
     compute, session = recorder.handlers["Compute"], recorder.handlers["Session"]

@@ -13,8 +13,8 @@ import threading
 from typing import Any, TypeVar
 
 from gradcode.common.exceptions import ComputeCancelledError
-from gradcode.common.stragglers import make_delay_model
-from gradcode.common.wire import dict_from_struct
+from gradcode.common.sim.stragglers import make_delay_model
+from gradcode.common.transport.wire import dict_from_struct
 from gradcode.v1 import common_pb2
 
 __all__ = ["Cancellation", "StragglerEmulation"]

@@ -103,7 +103,7 @@ be made equal.
 Data layout contract
 --------------------
 Partition $j$ (column $j$ of $B$) must hold the fraction ``partition_weights[j]`` of the samples;
-which samples does not matter, only the proportions (``gradcode.common.data.partition_indices`` takes these
+which samples does not matter, only the proportions (``gradcode.common.training.data.partition_indices`` takes these
 weights directly; :meth:`BinaryCodeBase.partition_sizes` rounds the exact cut points instead). For
 ``binary`` the weights are uniform ($1 / n$); for ``binary_heterogeneous`` they are not, and an
 equal split would overload the slow workers and break the equal-expected-time allocation (the

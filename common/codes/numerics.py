@@ -661,7 +661,8 @@ def bound_combination(
       ``length`` $= p$ certified coordinates. Negligible unless the gradient itself is near the subnormal
       range, where it rightly refuses "exact".
 
-    The norms $\nu_i$ are sums of squares accumulated in float64 (:class:`~gradcode.common.wire.MessageAssembler`),
+    The norms $\nu_i$ are sums of squares accumulated in float64
+    (:class:`~gradcode.common.transport.wire.MessageAssembler`),
     whose own rounding and underflow are covered by inflating them to
     $\nu_i (1 + \gamma_p) + \sqrt{p\,\eta_{64}}$ (a square below the float64 range loses at most $\eta_{64}$).
 

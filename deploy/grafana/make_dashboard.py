@@ -1,4 +1,4 @@
-"""Write ``gradcode.json``, the Grafana dashboard for the metrics of ``common/metrics.py``.
+"""Write ``gradcode.json``, the Grafana dashboard for the metrics of ``common/ops/metrics.py``.
 
 Run ``python deploy/grafana/make_dashboard.py`` after changing a panel; ``tests/deploy/test_grafana.py`` checks
 that the file is what this script writes and that every query names a metric the services export.

@@ -56,7 +56,7 @@ from gradcode.bench.testbed import HostSpec, Testbed, TestbedUnavailableError, c
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
-from gradcode.common.serving import BLAS_THREAD_VARIABLES
+from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 from gradcode.v1 import master_pb2
 
 __all__ = ["EmulatedCluster", "System", "main", "run", "systems_for"]

@@ -33,10 +33,10 @@ from gradcode.bench.output import cpu_seconds
 from gradcode.client.sdk import code_params_for
 from gradcode.common.codes.base import Array, GradientCode, OnlineDecoder
 from gradcode.common.codes.registry import make_code
-from gradcode.common.data import Dataset, load_dataset, partition_indices
-from gradcode.common.models import Model, make_model, message_length
-from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
-from gradcode.common.shared_memory import DEFAULT_ROOT
+from gradcode.common.training.data import Dataset, load_dataset, partition_indices
+from gradcode.common.training.models import Model, make_model, message_length
+from gradcode.common.transport.serving import limit_blas_threads, reuse_large_buffers
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT
 from gradcode.master.optimizer import Optimizer, make_optimizer, mean_gradient
 
 __all__ = ["BareJob", "BarePool"]

@@ -46,7 +46,7 @@ STRAGGLERS: dict[str, dict[str, Any]] = {
     "shifted_exponential": {"shift": 0.005, "rate": 50.0},
     "pareto": {"shape": 1.5, "scale": 0.01},
 }
-"""Delay models (common.stragglers) and their parameters: none; s random workers 100 ms slow every
+"""Delay models (common.sim.stragglers) and their parameters: none; s random workers 100 ms slow every
 iteration (Tandon et al., Fig. 4); 5 ms + Exp(mean 20 ms) per worker; Pareto with t0 = 10 ms, shape 1.5."""
 
 

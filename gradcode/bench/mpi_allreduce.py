@@ -7,7 +7,7 @@ its standard input (a JSON object: straggler model, parameters, seed, iterations
 runs it, and rank 0 writes one JSON line with the result on its standard output, behind :data:`RESULT_MARK`.
 
 Each iteration every rank sleeps its straggler delay, computes the partial gradient of its partition with the
-same model code as gradcode's workers (:meth:`~gradcode.common.models.Model.gradient_and_statistics`), sums it
+same model code as gradcode's workers (:meth:`~gradcode.common.training.models.Model.gradient_and_statistics`), sums it
 with ``MPI_Iallreduce`` and applies the same Nesterov step (:mod:`gradcode.master.optimizer`), exactly as the
 gloo baseline does. Blocking Open MPI calls busy-poll, which on an oversubscribed host (more ranks than cores,
 as here) takes the cores the ranks that still compute need; so every wait — for the sum, for the next command —
@@ -49,14 +49,14 @@ def _wait(request: Any, poll: float = POLL_SECONDS) -> None:
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - runs under mpirun
     args = sys.argv[1:] if argv is None else argv
     data_dir, workload = Path(args[0]), json.loads(args[1])
-    from gradcode.common.serving import BLAS_THREAD_VARIABLES
+    from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 
     for var in BLAS_THREAD_VARIABLES:
         os.environ[var] = "1"
     from mpi4py import MPI
 
-    from gradcode.common.models import make_model, training_metrics
-    from gradcode.common.stragglers import make_delay_model
+    from gradcode.common.sim.stragglers import make_delay_model
+    from gradcode.common.training.models import make_model, training_metrics
     from gradcode.master.optimizer import make_optimizer, mean_gradient
 
     comm = MPI.COMM_WORLD

@@ -37,7 +37,7 @@ from gradcode.common.codes.numerics import (
 )
 from gradcode.common.codes.registry import available_codes, code_class, make_code
 from gradcode.common.exceptions import NumericallyUnsafeError
-from gradcode.common.round import EXACT_TOLERANCE
+from gradcode.common.gather.round import EXACT_TOLERANCE
 
 COLUMNS = 32
 SPREAD_ORDERS = 6.0

@@ -1,6 +1,6 @@
 r"""The papers' timing results from gradcode's own codes: each paper's number beside the simulator's.
 
-Every row runs :func:`gradcode.common.simulate.simulate` on the registered schemes (their assignments and online
+Every row runs :func:`gradcode.common.sim.simulate.simulate` on the registered schemes (their assignments and online
 decoders) with the live straggler models; nothing here re-implements a code. ``gradcode bench papers`` prints
 the rows; ``tests/bench/test_papers.py`` asserts each headline on small sizes.
 
@@ -52,8 +52,8 @@ from gradcode.bench.output import load_average
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode, Observation
 from gradcode.common.codes.coded_reduce import coded_reduce_latency_bounds, optimal_load
-from gradcode.common.simulate import Costs, IterationOutcome, ObservationPolicy, simulate
-from gradcode.common.stragglers import FixedDelay, GilbertElliot, Pareto, ShiftedExponential
+from gradcode.common.sim.simulate import Costs, IterationOutcome, ObservationPolicy, simulate
+from gradcode.common.sim.stragglers import FixedDelay, GilbertElliot, Pareto, ShiftedExponential
 
 __all__ = [
     "PaperRow",

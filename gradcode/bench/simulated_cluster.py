@@ -3,7 +3,7 @@
     python -m gradcode.bench.simulated_cluster [--results docs/results/cluster.json]
 
 Reads a finished cluster run (nothing is started) and simulates every gradcode row of it with
-:func:`gradcode.common.simulate.simulate`: the same scheme and parameters, the same straggler draws
+:func:`gradcode.common.sim.simulate.simulate`: the same scheme and parameters, the same straggler draws
 (``FixedDelay`` of one random worker, seeded by the round as the benchmark does), the hosts' link rates as
 bandwidths, 0.8 MB float64 messages (p = 1e5). Three costs the run does not state are fitted, the rest of the
 rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota spends per iteration on the model
@@ -16,7 +16,7 @@ On the committed run (n = 6, 12, 24; 200 / 1000 Mbit/s; 50 % / 12 % of a core; 2
 ``worker_seconds`` 67 ms, ``message_overhead`` 0.24 ms and ``parent_decode_seconds`` 82 ms, and 19 of the 21
 predicted rows are within 15 % (ratios 0.84-1.08; every tree 0.93-1.02). The two outside are fractional at
 n = 6 (0.84, 0.85): the simulator lets the primaries' messages cross the master's link before the backups'
-(:func:`~gradcode.common.simulate.simulate`'s ``primaries``), while the live backups, computing at the lowest
+(:func:`~gradcode.common.sim.simulate.simulate`'s ``primaries``), while the live backups, computing at the lowest
 priority on hosts of their own, still share the link with them; at n = 6 that sharing is a larger part of
 the iteration. Binary without the primaries rule was 1.22-1.25 at n = 24 (every worker sending at once, the
 decoder fed in link order).
@@ -36,8 +36,8 @@ import numpy as np
 
 from gradcode.bench.output import RESULTS
 from gradcode.common.codes import make_code
-from gradcode.common.simulate import Costs, simulate
-from gradcode.common.stragglers import FixedDelay, NoDelay
+from gradcode.common.sim.simulate import Costs, simulate
+from gradcode.common.sim.stragglers import FixedDelay, NoDelay
 
 __all__ = ["calibrate", "compare", "main"]
 

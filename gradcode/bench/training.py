@@ -15,9 +15,9 @@ of the same data as gradcode's uncoded worker of that rank: ``torch.distributed`
 and an MPI allreduce through mpi4py on Open MPI (:mod:`gradcode.bench.mpi_allreduce`; it waits by polling
 with sleeps, since blocking Open MPI busy-polls and starves the ranks still computing on shared cores;
 skipped, saying so, where ``mpirun`` or mpi4py is missing). Every step each rank computes its partial
-gradient with the same model code (:meth:`~gradcode.common.models.Model.gradient_and_statistics`), the ranks
+gradient with the same model code (:meth:`~gradcode.common.training.models.Model.gradient_and_statistics`), the ranks
 sum it, and every rank applies the same Nesterov step (:mod:`gradcode.master.optimizer`) — a data-parallel
-loop as DDP runs it. All systems draw per-worker delays from the same :mod:`gradcode.common.stragglers` model
+loop as DDP runs it. All systems draw per-worker delays from the same :mod:`gradcode.common.sim.stragglers` model
 with the same seed: rank r sleeps ``delay(r, t)`` before computing iteration t, exactly as gradcode's worker r
 does. Headline ratios are against the faster allreduce of the same round (``allreduce`` in the tables).
 
@@ -93,11 +93,11 @@ from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import make_code
-from gradcode.common.data import load_dataset, partition_indices
-from gradcode.common.models import make_model
-from gradcode.common.serving import BLAS_THREAD_VARIABLES
-from gradcode.common.stragglers import DelayModel, make_delay_model
-from gradcode.common.wire import dict_from_struct
+from gradcode.common.sim.stragglers import DelayModel, make_delay_model
+from gradcode.common.training.data import load_dataset, partition_indices
+from gradcode.common.training.models import make_model
+from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
+from gradcode.common.transport.wire import dict_from_struct
 from gradcode.master.spec import BACKUP_PRIORITIES, DEFAULT_BACKUP_PRIORITY
 
 __all__ = [
@@ -189,7 +189,7 @@ def step_size(X: np.ndarray[Any, Any], iterations: int = 30) -> float:
 # ---- delays --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Delays:
-    """A straggler model every system draws from: a :mod:`gradcode.common.stragglers` name, parameters, seed."""
+    """A straggler model every system draws from: a :mod:`gradcode.common.sim.stragglers` name, parameters, seed."""
 
     model: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -359,8 +359,8 @@ def allreduce_rank(
     import torch
     import torch.distributed as dist
 
-    from gradcode.common.models import training_metrics
-    from gradcode.common.stragglers import make_delay_model
+    from gradcode.common.sim.stragglers import make_delay_model
+    from gradcode.common.training.models import training_metrics
     from gradcode.master.optimizer import make_optimizer, mean_gradient
 
     torch.set_num_threads(1)

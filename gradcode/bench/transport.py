@@ -8,7 +8,7 @@ Everything runs on loopback with real processes, in one run, so the limits are t
 job with p parameters (one sample, one partition, one row: the compute is tiny), for p in {1e4, 1e5, 1e6,
 4e6}. This process plays the master: it sends a Compute on the worker's Session (the model, 8p bytes, down,
 as the master does), reassembles the streamed message (8p bytes, up) with
-:class:`gradcode.common.wire.MessageAssembler` and stops the clock when the message is complete. ``transport
+:class:`gradcode.common.transport.wire.MessageAssembler` and stops the clock when the message is complete. ``transport
 = total - compute``, where ``compute`` is the worker's own ``compute_seconds`` from the message trailer; the
 transport rate is ``16p bytes / transport``. It is compared with, measured in rounds interleaved with the
 Compute calls (so slow drift of a shared machine hits all of them alike), medians over the rounds:
@@ -19,10 +19,10 @@ Compute calls (so slow drift of a shared machine hits all of them alike), median
   plain TCP socket on 127.0.0.1 (``sendall`` of the whole buffer, ``recv_into`` in 4 MiB pieces): the
   machine's loopback TCP limit for this pattern;
 * ``memcpy``: ``numpy.copyto`` of the same 16p bytes between two preallocated arrays;
-* ``link``: the same Compute on the worker's link (:mod:`gradcode.common.link`: the Session over plain TCP
+* ``link``: the same Compute on the worker's link (:mod:`gradcode.common.transport.link`: the Session over plain TCP
   that the master uses by default), called right after the one on the gRPC Session;
 * ``shared``: the same Compute through a shared-memory directory this process offered and the worker
-  accepted (:mod:`gradcode.common.shared_memory`): the model written once into its tmpfs slot, the
+  accepted (:mod:`gradcode.common.transport.shared_memory`): the model written once into its tmpfs slot, the
   message left in the worker's slot, only header and trailer on the worker's link.
 
 The master's ``ingest`` over gRPC and over the link (first chunk of the message to the complete message) is
@@ -38,7 +38,7 @@ check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, it
 loops) and the socket.
 
 **Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (its
-``--chunk-bytes`` option; default :data:`gradcode.common.wire.DEFAULT_CHUNK_BYTES`)
+``--chunk-bytes`` option; default :data:`gradcode.common.transport.wire.DEFAULT_CHUNK_BYTES`)
 set to 64 KiB, 256 KiB, 1 MiB and 4 MiB, one worker process per size, all alive at once and called
 round-robin.
 
@@ -114,13 +114,13 @@ from gradcode.bench.output import (
 )
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
-from gradcode.common.cli import freeze_startup_objects
-from gradcode.common.link import open_link
-from gradcode.common.security import Security
-from gradcode.common.serving import limit_blas_threads, reuse_large_buffers
-from gradcode.common.session import Session
-from gradcode.common.shared_memory import DEFAULT_ROOT, SharedDirectory
-from gradcode.common.wire import (
+from gradcode.common.ops.cli import freeze_startup_objects
+from gradcode.common.transport.link import open_link
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.serving import limit_blas_threads, reuse_large_buffers
+from gradcode.common.transport.session import Session
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT, SharedDirectory
+from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     DEFAULT_CHUNK_BYTES,
     MessageAssembler,
@@ -142,7 +142,8 @@ FULL_SIZES = (10_000, 100_000, 1_000_000, 4_000_000)
 QUICK_SIZES = (10_000, 100_000)
 FULL_CHUNKS: tuple[int | None, ...] = (None, 256 * KiB, 1 * MiB, 4 * MiB, 8 * MiB)
 QUICK_CHUNKS: tuple[int | None, ...] = (None, 64 * KiB)
-"""Worker chunk sizes swept; None is the default, :func:`gradcode.common.wire.chunk_bytes_for` the message size."""
+"""Worker chunk sizes swept; None is the default, :func:`gradcode.common.transport.wire.chunk_bytes_for` the message
+size."""
 FULL_CHUNK_P = 1_000_000
 QUICK_CHUNK_P = 100_000
 FULL_TLS_P = 1_000_000
@@ -957,8 +958,8 @@ async def _grpc_round_trip(address: str, calls: int) -> float:
 
 def worker_compute_time(n: int, s: int, repeats: int, workload: Workload | None = None) -> float:
     """Median seconds of one worker's gradient over its s + 1 partitions of ``workload``'s training set."""
-    from gradcode.common.data import load_dataset
-    from gradcode.common.models import make_model
+    from gradcode.common.training.data import load_dataset
+    from gradcode.common.training.models import make_model
 
     workload = workload or DIGITS
     dataset = load_dataset(

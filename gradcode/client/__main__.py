@@ -52,10 +52,10 @@ from gradcode.client.simulation import add_plan_command, add_simulate_command, p
 from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
-from gradcode.common.models import available_models, make_model, save_params
-from gradcode.common.plugins import model_dtype
-from gradcode.common.security import Security, add_security_arguments, security_from_args
-from gradcode.common.wire import dict_from_struct, message_to_dict
+from gradcode.common.training.models import available_models, make_model, save_params
+from gradcode.common.training.plugins import model_dtype
+from gradcode.common.transport.security import Security, add_security_arguments, security_from_args
+from gradcode.common.transport.wire import dict_from_struct, message_to_dict
 from gradcode.v1 import master_pb2
 
 DEFAULT_MASTER = "127.0.0.1:50050"

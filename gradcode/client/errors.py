@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from gradcode.common.security import Security
+from gradcode.common.transport.security import Security
 
 __all__ = ["explain_rpc_error"]
 

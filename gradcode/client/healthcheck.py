@@ -16,7 +16,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gradcode.common.security import Security, add_security_arguments, security_from_args
+from gradcode.common.transport.security import Security, add_security_arguments, security_from_args
 
 
 def is_serving(address: str, timeout: float = 3.0, security: Security | None = None, service: str = "") -> bool:

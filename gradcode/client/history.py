@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gradcode.common.metrics import first_decodable_seconds
-from gradcode.common.wire import message_to_dict
+from gradcode.common.ops.metrics import first_decodable_seconds
+from gradcode.common.transport.wire import message_to_dict
 from gradcode.v1 import master_pb2
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from gradcode.common.serving import BLAS_THREAD_VARIABLES
+from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 
 __all__ = ["LocalCluster", "ServiceProcess", "service_env"]
 

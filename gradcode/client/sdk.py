@@ -23,8 +23,8 @@ import numpy.typing as npt
 
 from gradcode.common.codes.registry import code_class
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.security import Security, security_from_env
-from gradcode.common.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict, tensor_from_array
+from gradcode.common.transport.security import Security, security_from_env
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, array_from_tensor, struct_from_dict, tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 __all__ = [

@@ -1,10 +1,10 @@
-"""``gradcode simulate`` and ``gradcode plan``: what configurations would do, from :mod:`gradcode.common.simulate`
-and :mod:`gradcode.common.plan`.
+"""``gradcode simulate`` and ``gradcode plan``: what configurations would do, from :mod:`gradcode.common.sim.simulate`
+and :mod:`gradcode.common.sim.plan`.
 
     gradcode simulate --scheme binary fractional uncoded --n 120 --s 3 --straggler pareto \\
         --straggler-param shape=1.1 --straggler-param scale=0.01 --compute-seconds 0.5 --iterations 200
 
-Costs come from ``--costs FILE.json`` (the fields of :class:`~gradcode.common.simulate.Costs`) and the flags,
+Costs come from ``--costs FILE.json`` (the fields of :class:`~gradcode.common.sim.simulate.Costs`) and the flags,
 a flag winning over the file. Prints one row per configuration; ``--json FILE`` writes the rows and the costs.
 
     gradcode plan runs/job-1.jsonl --iterations 100 --bootstrap 10
@@ -24,8 +24,8 @@ from typing import Any
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import code_class, make_code
-from gradcode.common.simulate import Costs, simulate
-from gradcode.common.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
+from gradcode.common.sim.simulate import Costs, simulate
+from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 
 __all__ = [
     "COST_FLAGS",
@@ -187,7 +187,7 @@ def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
 def _plan_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from gradcode.common.plan import code_from_spec, plan, read_history
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history
 
     for name in ("iterations", "top", "show"):
         if getattr(args, name) < 1:
@@ -241,7 +241,7 @@ def planned_configuration(
 ) -> tuple[str, dict[str, Any]]:
     """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
     what ``gradcode run --plan HISTORY`` runs."""
-    from gradcode.common.plan import code_from_spec, plan, read_history
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history
 
     reports, beside = read_history(history)
     job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from gradcode.common.models import MODEL_DTYPES, FloatArray, Model
+from gradcode.common.training.models import MODEL_DTYPES, FloatArray, Model
 from gradcode.common.validation import check_int
 
 __all__ = ["TorchModel", "default_device"]

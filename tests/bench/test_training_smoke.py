@@ -15,7 +15,7 @@ import pytest
 
 from gradcode.bench import training
 from gradcode.common.codes.registry import code_class, make_code
-from gradcode.common.stragglers import make_delay_model
+from gradcode.common.sim.stragglers import make_delay_model
 
 
 @pytest.mark.slow

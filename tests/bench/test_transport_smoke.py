@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench import transport
-from gradcode.common.wire import chunk_bytes_for
+from gradcode.common.transport.wire import chunk_bytes_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,8 +13,8 @@ import pytest
 
 from gradcode.bench import wide
 from gradcode.bench.floor import BarePool
-from gradcode.common.data import load_dataset
-from gradcode.common.models import make_model
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import make_model
 from gradcode.master.optimizer import make_optimizer, mean_gradient
 
 

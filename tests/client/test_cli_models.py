@@ -9,7 +9,7 @@ import pytest
 
 from gradcode.client.__main__ import _spec_from_args, build_parser, export_model
 from gradcode.client.sdk import build_job_spec
-from gradcode.common.models import make_model
+from gradcode.common.training.models import make_model
 from gradcode.v1 import common_pb2
 
 

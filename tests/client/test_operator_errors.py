@@ -13,7 +13,7 @@ import pytest
 
 from gradcode.client.__main__ import _spec_from_args, build_parser, main
 from gradcode.common.codes.registry import make_code
-from gradcode.common.stragglers import FixedDelay
+from gradcode.common.sim.stragglers import FixedDelay
 
 UNREACHABLE = "127.0.0.1:9"
 """A master address nothing listens at (discard port): a test that reaches it has gone too far."""

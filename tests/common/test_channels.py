@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from gradcode.common.security import Security
-from gradcode.common.wire import CHANNEL_OPTIONS, RECONNECT_BACKOFF_MS
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, RECONNECT_BACKOFF_MS
 
 DOWN_SECONDS = 20.0
 

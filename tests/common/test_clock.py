@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gradcode.common.clock import ManualClock
+from gradcode.common.gather.clock import ManualClock
 
 
 async def test_sleepers_wake_in_order_at_their_own_times_and_timeouts_expire_on_the_clock() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradcode.common.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
-from gradcode.common.models import make_model
+from gradcode.common.training.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
+from gradcode.common.training.models import make_model
 
 
 def _same(a: Dataset, b: Dataset) -> bool:

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradcode.common.data import load_dataset, open_data_file
-from gradcode.common.datasets import DataSource, dataset_plugin, describe, load_partitions
 from gradcode.common.exceptions import JobSetupError, JobSpecError
-from gradcode.common.plugins import DATASET_ENTRY_POINT_GROUP, PluginError, _discover
-from gradcode.common.wire import struct_from_dict
+from gradcode.common.training.data import load_dataset, open_data_file
+from gradcode.common.training.datasets import DataSource, dataset_plugin, describe, load_partitions
+from gradcode.common.training.plugins import DATASET_ENTRY_POINT_GROUP, PluginError, _discover
+from gradcode.common.transport.wire import struct_from_dict
 from gradcode.master.loading import WorkerLoader
 from gradcode.master.pool import WorkerPool
 from gradcode.master.spec import JobPlan, plan_job
@@ -317,7 +317,7 @@ def test_verify_and_an_empty_held_out_set_are_refused_for_worker_local_data() ->
 # ---- dataset plugins ------------------------------------------------------------------------------------
 PLUGIN_MODULE = """
 import numpy as np
-from gradcode.common.data import DataTable
+from gradcode.common.training.data import DataTable
 
 
 class Ramp(DataTable):

@@ -1,4 +1,4 @@
-"""A worker's link (:mod:`gradcode.common.link`) on real sockets: framing, the one-time token, TLS, and the
+"""A worker's link (:mod:`gradcode.common.transport.link`) on real sockets: framing, the one-time token, TLS, and the
 Session over it against the same Session over gRPC, on a real worker node."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from gradcode.bench.transport import _linear_job
 from gradcode.client.certs import CertificateSet, make_certificates
-from gradcode.common import link
-from gradcode.common.link import (
+from gradcode.common.transport import link
+from gradcode.common.transport.link import (
     FrameProtocol,
     LinkClosedError,
     LinkRefusedError,
@@ -27,9 +27,9 @@ from gradcode.common.link import (
     PlacedFrame,
     open_link,
 )
-from gradcode.common.security import Security
-from gradcode.common.session import Caller, Session
-from gradcode.common.wire import (
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.session import Caller, Session
+from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     MessageAssembler,
     ReceivedChunk,

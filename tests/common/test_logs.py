@@ -1,4 +1,4 @@
-"""common.logs: JSON and text lines carry the job and iteration set by whoever runs them."""
+"""common.ops.logs: JSON and text lines carry the job and iteration set by whoever runs them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gradcode.common.cli import add_service_arguments
-from gradcode.common.logs import configure_logging, current_iteration, current_job_id, log_context, set_log_context
+from gradcode.common.ops.cli import add_service_arguments
+from gradcode.common.ops.logs import configure_logging, current_iteration, current_job_id, log_context, set_log_context
 
 log = logging.getLogger("gradcode.test")
 

@@ -12,7 +12,8 @@ import pytest
 
 from gradcode.worker.node import default_machine_id
 
-# What a worker registers by default (gradcode.worker.node re-exports the one rule of gradcode.common.machine).
+# What a worker registers by default (gradcode.worker.node re-exports the one rule of
+# gradcode.common.transport.machine).
 PRINT_ID = "from gradcode.worker.node import default_machine_id; print(default_machine_id())"
 
 

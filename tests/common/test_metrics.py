@@ -1,8 +1,8 @@
-"""common.metrics.record_iteration: one report's numbers land in the master's metrics."""
+"""common.ops.metrics.record_iteration: one report's numbers land in the master's metrics."""
 
 from __future__ import annotations
 
-from gradcode.common import metrics
+from gradcode.common.ops import metrics
 from gradcode.v1 import master_pb2
 from tests.helpers import free_port
 

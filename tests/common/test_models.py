@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradcode.common.models import (
+from gradcode.common.training.models import (
     MODEL_KINDS,
     NUM_STATISTICS,
     LinearPredictor,

@@ -11,7 +11,7 @@ import pytest
 
 from gradcode.client.__main__ import main
 from gradcode.common.codes import make_code
-from gradcode.common.plan import candidate_codes, fit_workers, plan, read_history
+from gradcode.common.sim.plan import candidate_codes, fit_workers, plan, read_history
 
 N = 8
 SHIFT = 0.01
@@ -105,7 +105,7 @@ def test_run_plan_replaces_the_scheme_with_the_recommendation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gradcode.client.__main__ import _apply_plan, _spec_from_args, build_parser
-    from gradcode.common.wire import dict_from_struct
+    from gradcode.common.transport.wire import dict_from_struct
 
     path = tmp_path / "job.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in history([0.001] * (N - 1) + [0.3], 30, late=0)))

@@ -16,12 +16,18 @@ import numpy as np
 import pytest
 
 import gradcode
-from gradcode.common.data import load_dataset
-from gradcode.common.models import MODEL_KINDS, LinearRegression, SoftmaxRegression, available_models, make_model
-from gradcode.common.plugins import MODEL_ENTRY_POINT_GROUP, PluginError, _load, model_plugins
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import (
+    MODEL_KINDS,
+    LinearRegression,
+    SoftmaxRegression,
+    available_models,
+    make_model,
+)
+from gradcode.common.training.plugins import MODEL_ENTRY_POINT_GROUP, PluginError, _load, model_plugins
 
 PLUGIN_MODULE = """
-from gradcode.common.models import SoftmaxRegression
+from gradcode.common.training.models import SoftmaxRegression
 
 
 class ScaledSoftmax(SoftmaxRegression):

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
-from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
-from gradcode.common.round import ChunkStream, Round, Source
-from gradcode.common.session import Session, ready_chunk, started_chunk, status_chunk
-from gradcode.common.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
+from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
+from gradcode.common.gather.round import ChunkStream, Round, Source
+from gradcode.common.transport.session import Session, ready_chunk, started_chunk, status_chunk
+from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
 from gradcode.v1 import worker_pb2
 

@@ -15,8 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.security import Security, short
-from gradcode.common.session import CallError
+from gradcode.common.transport.security import Security, short
+from gradcode.common.transport.session import CallError
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
@@ -167,7 +167,7 @@ async def test_token_without_tls_on_loopback_and_reflection_switch() -> None:
 
 
 async def test_plaintext_beyond_loopback_is_logged_loudly_when_allowed(caplog: pytest.LogCaptureFixture) -> None:
-    from gradcode.common.serving import start_server
+    from gradcode.common.transport.serving import start_server
 
     for host, loud in (("127.0.0.1", False), ("0.0.0.0", True)):
         caplog.clear()
@@ -186,7 +186,7 @@ def test_secrets_never_appear_in_a_repr() -> None:
 def test_flags_and_variables(monkeypatch: pytest.MonkeyPatch, certs: CertificateSet) -> None:
     import argparse
 
-    from gradcode.common.security import add_security_arguments, security_from_args
+    from gradcode.common.transport.security import add_security_arguments, security_from_args
 
     def parse(role: str, *argv: str) -> Security:
         parser = argparse.ArgumentParser()
@@ -338,9 +338,9 @@ async def test_a_job_token_opens_one_jobs_computes_and_nothing_else() -> None:
     """What a tree parent is given for a child (a job token): Compute, Session and OpenLink for that job's requests
     only — never LoadJob or EndJob, never another job's request (on a Session or on a link), and nothing once the
     child holds another call token."""
-    from gradcode.common.link import open_link
-    from gradcode.common.security import job_token
-    from gradcode.common.session import Session
+    from gradcode.common.transport.link import open_link
+    from gradcode.common.transport.security import job_token
+    from gradcode.common.transport.session import Session
 
     security = Security(join_secret=JOIN)
     async with asyncio.timeout(TIMEOUT), MasterNode(grace=0.2, security=security) as master:
@@ -381,7 +381,7 @@ async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply
     """The master may use a token it minted before its RegisterWorker reply arrived: such a call waits."""
     from collections import namedtuple
 
-    from gradcode.common.security import AUTH_METADATA_KEY, CallToken
+    from gradcode.common.transport.security import AUTH_METADATA_KEY, CallToken
 
     details = namedtuple("details", "method invocation_metadata")
     token = CallToken()
@@ -412,7 +412,7 @@ async def test_a_call_with_a_token_being_issued_waits_for_the_registration_reply
 
 # ---- safe by default: plaintext without secrets listens on loopback only ---------------------------------------
 def test_listening_beyond_loopback_needs_tls_and_a_join_secret_or_an_explicit_insecure() -> None:
-    from gradcode.common.security import ExposedError, refuse_if_exposed
+    from gradcode.common.transport.security import ExposedError, refuse_if_exposed
 
     tls = {"cert": Path("node.pem"), "key": Path("node-key.pem")}  # only whether they are set matters here
     allowed = [
@@ -437,8 +437,8 @@ def test_listening_beyond_loopback_needs_tls_and_a_join_secret_or_an_explicit_in
 
 
 async def test_a_server_never_binds_an_exposed_address_without_security() -> None:
-    from gradcode.common.security import ExposedError
-    from gradcode.common.serving import start_server
+    from gradcode.common.transport.security import ExposedError
+    from gradcode.common.transport.serving import start_server
 
     with pytest.raises(ExposedError, match=r"Refusing to listen on 0\.0\.0\.0"):
         await start_server("0.0.0.0", 0, registrars=[], service_names=["gradcode.v1.Worker"])

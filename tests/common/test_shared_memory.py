@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradcode.common.shared_memory import SharedDirectory, SharedPeer, accept, remove_abandoned
-from gradcode.common.wire import MessageAssembler, WireError, message_chunks
+from gradcode.common.transport.shared_memory import SharedDirectory, SharedPeer, accept, remove_abandoned
+from gradcode.common.transport.wire import MessageAssembler, WireError, message_chunks
 from gradcode.v1 import worker_pb2
 
 

@@ -13,8 +13,8 @@ import pytest
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Observation
 from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
-from gradcode.common.simulate import Costs, IterationOutcome, simulate
-from gradcode.common.stragglers import FixedDelay, ShiftedExponential
+from gradcode.common.sim.simulate import Costs, IterationOutcome, simulate
+from gradcode.common.sim.stragglers import FixedDelay, ShiftedExponential
 
 
 def test_uncoded_waits_for_every_worker_and_the_master_link_serialises_them() -> None:

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from gradcode.common import exceptions
-from gradcode.common.status import STATUS_CODES, status_code
+from gradcode.common.transport.status import STATUS_CODES, status_code
 
 
 @pytest.mark.parametrize(

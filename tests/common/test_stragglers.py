@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from gradcode.common.stragglers import (
+from gradcode.common.sim.stragglers import (
     DELAY_MODEL_NAMES,
     DelayModel,
     FixedDelay,

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradcode.common.wire import (
+from gradcode.common.transport.wire import (
     DEFAULT_CHUNK_BYTES,
     MAX_CHUNK_BYTES,
     MessageAssembler,
@@ -312,7 +312,7 @@ def test_message_to_dict_keeps_integers_as_numbers() -> None:
     files and saved specs keep their own types, and ParseDict reads them back unchanged."""
     from google.protobuf.json_format import ParseDict
 
-    from gradcode.common.wire import message_to_dict
+    from gradcode.common.transport.wire import message_to_dict
     from gradcode.v1 import common_pb2, master_pb2
 
     spec = master_pb2.JobSpec(

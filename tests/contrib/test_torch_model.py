@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from gradcode.common.codes import code_class
-from gradcode.common.data import Dataset, load_dataset, partition_indices
-from gradcode.common.models import available_models, make_model
+from gradcode.common.training.data import Dataset, load_dataset, partition_indices
+from gradcode.common.training.models import available_models, make_model
 from gradcode.contrib.torch_model import TorchModel
 from gradcode.master.spec import FLOAT32_TOLERANCE
 from gradcode.v1 import common_pb2, worker_pb2

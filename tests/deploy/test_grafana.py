@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from gradcode.common import metrics
+from gradcode.common.ops import metrics
 from gradcode.v1 import master_pb2
 
 ROOT = Path(__file__).resolve().parents[2]

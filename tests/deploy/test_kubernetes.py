@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gradcode.client import healthcheck
-from gradcode.common.security import add_security_arguments
+from gradcode.common.transport.security import add_security_arguments
 from gradcode.master import __main__ as master_main
 from gradcode.master.node import MASTER_SERVICE_NAME
 from gradcode.worker import __main__ as worker_main

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gradcode.client.launch import LocalCluster, ServiceProcess
 from gradcode.client.sdk import GradcodeClient, ReportCallback
-from gradcode.common.wire import struct_from_dict
+from gradcode.common.transport.wire import struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 START_TIMEOUT = 60.0

@@ -17,9 +17,9 @@ import grpc
 import numpy as np
 import pytest
 
-from gradcode.common.security import new_process_secret
-from gradcode.common.serving import start_server
-from gradcode.common.wire import tensor_from_array
+from gradcode.common.transport.security import new_process_secret
+from gradcode.common.transport.serving import start_server
+from gradcode.common.transport.wire import tensor_from_array
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.helpers import HostileWorker, Mangle, fixed_delay

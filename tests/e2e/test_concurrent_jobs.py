@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.wire import struct_from_dict
+from gradcode.common.transport.wire import struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2
 from tests.e2e.conftest import start_cluster
 from tests.e2e.test_training import EXACT

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from gradcode.client.__main__ import _summary
-from gradcode.common.integrity import QUARANTINE_AFTER
-from gradcode.common.serving import ServingHandle, start_server
-from gradcode.common.wire import array_from_tensor
+from gradcode.common.gather.integrity import QUARANTINE_AFTER
+from gradcode.common.transport.serving import ServingHandle, start_server
+from gradcode.common.transport.wire import array_from_tensor
 from gradcode.v1 import master_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.e2e.test_training import centralized_gd

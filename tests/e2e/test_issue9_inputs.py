@@ -21,8 +21,8 @@ import pytest
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.codes.registry import make_code
-from gradcode.common.security import Security, new_process_secret
-from gradcode.common.wire import tensor_from_array
+from gradcode.common.transport.security import Security, new_process_secret
+from gradcode.common.transport.wire import tensor_from_array
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec
 from tests.helpers import free_port

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from gradcode.common.data import load_dataset
-from gradcode.common.models import available_models, make_model
-from gradcode.common.wire import array_from_tensor
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import available_models, make_model
+from gradcode.common.transport.wire import array_from_tensor
 from gradcode.master.optimizer import make_optimizer, mean_gradient
 from gradcode.master.spec import FLOAT32_TOLERANCE
 from gradcode.v1 import common_pb2, master_pb2

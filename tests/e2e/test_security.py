@@ -23,7 +23,7 @@ import pytest
 from gradcode.client.certs import CertificateSet, make_certificates
 from gradcode.client.launch import LocalCluster, ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.security import Security, new_process_secret
+from gradcode.common.transport.security import Security, new_process_secret
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode, default_machine_id
 

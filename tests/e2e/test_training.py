@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes.registry import make_code
-from gradcode.common.data import load_dataset
-from gradcode.common.models import make_model
-from gradcode.common.stragglers import make_delay_model
-from gradcode.common.wire import array_from_tensor, dict_from_struct
+from gradcode.common.sim.stragglers import make_delay_model
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import make_model
+from gradcode.common.transport.wire import array_from_tensor, dict_from_struct
 from gradcode.v1 import common_pb2, master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.helpers import fixed_delay

@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 import pytest
 
-from gradcode.common.wire import array_from_tensor
+from gradcode.common.transport.wire import array_from_tensor
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job
 from tests.e2e.test_training import EXACT, centralized_gd

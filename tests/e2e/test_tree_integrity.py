@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from gradcode.common.serving import start_server
-from gradcode.common.wire import array_from_tensor, struct_from_dict
+from gradcode.common.transport.serving import start_server
+from gradcode.common.transport.wire import array_from_tensor, struct_from_dict
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.e2e.test_training import centralized_gd

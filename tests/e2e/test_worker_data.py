@@ -18,8 +18,8 @@ import pytest
 
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
-from gradcode.common.data import load_dataset
-from gradcode.common.models import make_model
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import make_model
 from gradcode.master.optimizer import make_optimizer, mean_gradient
 from gradcode.v1 import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, master_stub, run_job

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gradcode.common.security import Security, new_process_secret
+from gradcode.common.transport.security import Security, new_process_secret
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.node import MasterNode
 from gradcode.master.pool import (

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 
-from gradcode.common.datafile import error_reason
+from gradcode.common.training.datafile import error_reason
 from gradcode.master import limits
 from gradcode.master.checkpoint import Checkpoint, CheckpointError
 from gradcode.master.optimizer import make_optimizer

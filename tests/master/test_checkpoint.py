@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes.base import Observation
-from gradcode.common.data import load_dataset
-from gradcode.common.models import make_model
-from gradcode.common.wire import array_from_tensor, tensor_from_array
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import make_model
+from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.master.checkpoint import Checkpoint, CheckpointError, checkpoint_path, saved_checkpoints
 from gradcode.master.optimizer import make_optimizer
 from gradcode.v1 import master_pb2

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import array_from_tensor, tensor_from_array
+from gradcode.common.transport.shared_memory import SharedDirectory
+from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.master.rounds import _ModelRequest
 from gradcode.v1 import worker_pb2
 

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gradcode.common.wire import Serialized
+from gradcode.common.transport.wire import Serialized
 from gradcode.master import loading
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2

@@ -16,10 +16,10 @@ import pytest
 from gradcode.client.__main__ import _summary
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.numerics import contiguous_survivor_sets, relative_error
-from gradcode.common.integrity import DEFAULT_INTEGRITY, QUARANTINE_AFTER, IntegrityPolicy
-from gradcode.common.models import TrainingMetrics
-from gradcode.common.round import Round, Source
-from gradcode.common.wire import message_chunks
+from gradcode.common.gather.integrity import DEFAULT_INTEGRITY, QUARANTINE_AFTER, IntegrityPolicy
+from gradcode.common.gather.round import Round, Source
+from gradcode.common.training.models import TrainingMetrics
+from gradcode.common.transport.wire import message_chunks
 from gradcode.master.reporting import iteration_report
 from gradcode.master.spec import JobSpecError, plan_job
 from gradcode.v1 import master_pb2

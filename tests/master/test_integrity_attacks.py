@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 from gradcode.client.__main__ import _summary, main
-from gradcode.common.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.consistency import check_consistency, uncheckable
 from gradcode.common.codes.numerics import relative_error
-from gradcode.common.integrity import QUARANTINE_AFTER, IntegrityPolicy
-from gradcode.common.models import TrainingMetrics
-from gradcode.common.round import Round, Source
-from gradcode.common.wire import message_chunks
+from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
+from gradcode.common.gather.integrity import QUARANTINE_AFTER, IntegrityPolicy
+from gradcode.common.gather.round import Round, Source
+from gradcode.common.training.models import TrainingMetrics
+from gradcode.common.transport.wire import message_chunks
 from gradcode.master.reporting import iteration_report
 from gradcode.master.spec import JobSpecError, plan_job
 from gradcode.v1 import master_pb2

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from gradcode.common.exceptions import AbortedError
-from gradcode.common.wire import Serialized
+from gradcode.common.transport.wire import Serialized
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.node import WorkerNode

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes.registry import available_codes
-from gradcode.common.stragglers import Pareto, make_delay_model
-from gradcode.common.wire import array_from_tensor, struct_from_dict
+from gradcode.common.sim.stragglers import Pareto, make_delay_model
+from gradcode.common.transport.wire import array_from_tensor, struct_from_dict
 from gradcode.master import limits
 from gradcode.master.job import JobRunner
 from gradcode.master.pool import WorkerPool

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gradcode.common.shared_memory import DEFAULT_ROOT
+from gradcode.common.transport.shared_memory import DEFAULT_ROOT
 from gradcode.master.__main__ import parse_arguments, shared_memory_root
 from gradcode.master.limits import MAX_FEATURES
 

@@ -21,12 +21,12 @@ import grpc
 import numpy as np
 import pytest
 
-from gradcode.common.data import load_dataset
-from gradcode.common.models import Model, make_model
-from gradcode.common.round import Round
-from gradcode.common.security import hello_proof, new_process_secret
-from gradcode.common.serving import ServingHandle, start_server
-from gradcode.common.wire import MessageAssembler, array_from_tensor, message_chunks, struct_from_dict
+from gradcode.common.gather.round import Round
+from gradcode.common.training.data import load_dataset
+from gradcode.common.training.models import Model, make_model
+from gradcode.common.transport.security import hello_proof, new_process_secret
+from gradcode.common.transport.serving import ServingHandle, start_server
+from gradcode.common.transport.wire import MessageAssembler, array_from_tensor, message_chunks, struct_from_dict
 from gradcode.master import reporting, service
 from gradcode.master.node import MasterNode
 from gradcode.master.spec import JobPlan

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from gradcode.common.metrics import WORKER_REGISTRY
-from gradcode.common.shared_memory import SharedDirectory
+from gradcode.common.ops.metrics import WORKER_REGISTRY
+from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.master.node import MasterNode
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2
 from gradcode.worker.node import WorkerNode

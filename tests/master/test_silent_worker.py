@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from gradcode.common.wire import Serialized
+from gradcode.common.transport.wire import Serialized
 from gradcode.master.node import MasterNode
 from gradcode.master.rounds import AnswerTimes
 from gradcode.v1 import master_pb2, master_pb2_grpc, worker_pb2

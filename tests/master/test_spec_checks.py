@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from gradcode.common.data import MAX_FILE_ARRAY_BYTES, load_dataset
-from gradcode.common.wire import struct_from_dict
+from gradcode.common.training.data import MAX_FILE_ARRAY_BYTES, load_dataset
+from gradcode.common.transport.wire import struct_from_dict
 from gradcode.master.node import MasterNode
 from gradcode.master.spec_checks import SpecCheckError, check_spec_numbers
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc

@@ -15,7 +15,7 @@ import pytest
 
 from gradcode.common.codes.coded_reduce import CompAllocCode, simulate_coded_reduce
 from gradcode.common.codes.registry import make_code
-from gradcode.common.wire import code_spec, dict_from_struct
+from gradcode.common.transport.wire import code_spec, dict_from_struct
 from gradcode.master.job import JobRunner
 from gradcode.master.pool import PoolWorker, WorkerPool
 from gradcode.master.spec import JobPlan, JobSpecError, plan_job
@@ -136,7 +136,7 @@ async def test_what_the_master_loads_decodes_bottom_up_to_the_centralized_gradie
             return own
         children = [c.worker_id for c in setup.parent.children]
         decoder = child_code.decoder()
-        for c in arrivals[w]:  # like common.round: stop at the first decodable moment
+        for c in arrivals[w]:  # like common.gather.round: stop at the first decodable moment
             if decoder.add(child_code.static_assignment().rows[children.index(c)][0]):
                 break
         decoding = decoder.decoding()

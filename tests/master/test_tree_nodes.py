@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gradcode.common import metrics
-from gradcode.common.security import Security
-from gradcode.common.wire import struct_from_dict
+from gradcode.common.ops import metrics
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.wire import struct_from_dict
 from gradcode.master.node import MasterNode
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc
 from gradcode.worker.node import WorkerNode

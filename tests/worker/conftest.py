@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes.base import Array, GradientCode
-from gradcode.common.models import Model, make_model
-from gradcode.common.serving import ServingHandle, start_server
+from gradcode.common.training.models import Model, make_model
+from gradcode.common.transport.serving import ServingHandle, start_server
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.service import WorkerServicer, add_worker_service
 

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from gradcode.common.serving import is_loopback, source_address
+from gradcode.common.transport.serving import is_loopback, source_address
 from gradcode.worker.node import advertised_address
 
 PORT = 50061

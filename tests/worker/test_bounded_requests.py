@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes import make_code
-from gradcode.common.link import open_link
-from gradcode.common.security import Security
-from gradcode.common.session import MAX_SESSION_REQUESTS, Session
-from gradcode.common.wire import (
+from gradcode.common.transport.link import open_link
+from gradcode.common.transport.security import Security
+from gradcode.common.transport.session import MAX_SESSION_REQUESTS, Session
+from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     MAX_ITERATIONS,
     MAX_JOB_ID_CHARS,

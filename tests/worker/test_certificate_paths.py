@@ -3,7 +3,8 @@ with a true error above the tolerance.
 
 Every message is formed by the worker's own code (:class:`~gradcode.worker.compute.IterationComputation`: message,
 magnitude, rounding, with the partial gradients put in its cache in place of a model's), serialized with the wire's
-``message_chunks`` as the worker service sends it, gathered and certified by :class:`~gradcode.common.round.Round`;
+``message_chunks`` as the worker service sends it, gathered and certified by
+:class:`~gradcode.common.gather.round.Round`;
 a tree parent's message is :func:`~gradcode.worker.parent.upward_message` of its children's round, as
 :class:`~gradcode.worker.runtime.JobRuntime` forms it. Only gRPC is left out (the e2e suite covers it).
 The true error is against the correctly rounded sum of the partial gradients (``math.fsum``).
@@ -24,9 +25,9 @@ from hypothesis import strategies as st
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.coded_reduce import CodedReduceCode
-from gradcode.common.models import make_model
-from gradcode.common.round import Decoded, Round, Source, decode_tolerance
-from gradcode.common.wire import message_chunks
+from gradcode.common.gather.round import Decoded, Round, Source, decode_tolerance
+from gradcode.common.training.models import make_model
+from gradcode.common.transport.wire import message_chunks
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import IterationComputation, RowSpec, WorkerJob
 from gradcode.worker.parent import upward_message

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes.registry import make_code
-from gradcode.common.wire import CHANNEL_OPTIONS, tensor_from_array
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, tensor_from_array
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from gradcode.worker.service import WorkerServicer
 

@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from gradcode.common.codes import GradientCode, make_code
-from gradcode.common.serving import start_server
-from gradcode.common.wire import CHANNEL_OPTIONS, struct_from_dict
+from gradcode.common.transport.serving import start_server
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, struct_from_dict
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.helpers import HostileWorker
 from tests.worker.conftest import (

@@ -16,9 +16,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.common.codes import make_code
-from gradcode.common.round import WorkerFailure
-from gradcode.common.session import ChunkStream, Session
-from gradcode.common.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, tensor_from_array
+from gradcode.common.gather.round import WorkerFailure
+from gradcode.common.transport.session import ChunkStream, Session
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, MessageAssembler, model_request_bytes, tensor_from_array
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from tests.helpers import fixed_delay
 from tests.worker.conftest import (

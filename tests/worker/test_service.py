@@ -17,9 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
-from gradcode.common.models import message_length
-from gradcode.common.shared_memory import SharedDirectory, accept
-from gradcode.common.wire import (
+from gradcode.common.training.models import message_length
+from gradcode.common.transport.shared_memory import SharedDirectory, accept
+from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     MessageAssembler,
     Serialized,

@@ -1,5 +1,6 @@
 """Worker.Session on a real grpc.aio server on loopback: many Computes on one stream, in-band statuses,
-cancellation, a draining worker, and request ids (the caller's end is :class:`gradcode.common.session.Session`)."""
+cancellation, a draining worker, and request ids (the caller's end is
+:class:`gradcode.common.transport.session.Session`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
-from gradcode.common import metrics
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
-from gradcode.common.models import message_length
-from gradcode.common.round import ChunkStream, WorkerFailure
-from gradcode.common.session import TRAFFIC, CallError, Session, status_chunk
-from gradcode.common.wire import (
+from gradcode.common.gather.round import ChunkStream, WorkerFailure
+from gradcode.common.ops import metrics
+from gradcode.common.training.models import message_length
+from gradcode.common.transport.session import TRAFFIC, CallError, Session, status_chunk
+from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     SESSION_METHOD,
     MessageAssembler,

@@ -9,7 +9,7 @@ import pytest
 
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.codes.registry import code_class
-from gradcode.common.models import NUM_STATISTICS, Model, make_model, training_metrics
+from gradcode.common.training.models import NUM_STATISTICS, Model, make_model, training_metrics
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import build_job
 from tests.worker.conftest import partition_data, row_definition

@@ -4,12 +4,12 @@ Through gRPC, every message a worker sends or receives passes its HTTP/2 framing
 its threads before the event loop sees it, and the master's ingest of a streamed gradient reaches about half
 of what loopback TCP moves (``bench.transport``). A *link* carries exactly what ``Worker.Session`` carries --
 ComputeRequest from the caller, GradientChunk back -- each message as one frame (its length as 4 bytes
-big-endian, then the message), so :class:`~gradcode.common.session.Session` and
-:func:`~gradcode.common.session.serve_session` run on it unchanged. A large frame is received straight into
+big-endian, then the message), so :class:`~gradcode.common.transport.session.Session` and
+:func:`~gradcode.common.transport.session.serve_session` run on it unchanged. A large frame is received straight into
 a buffer of its own (:class:`FrameProtocol`): the kernel's copy is the only one before parsing. A large
 GradientChunk's payload goes further, straight into the message it belongs to: once its fields have arrived,
 the Session asks the request's consumer where (:meth:`LinkStream.place_with`,
-:meth:`~gradcode.common.wire.MessageAssembler.place`), so the master never copies it.
+:meth:`~gradcode.common.transport.wire.MessageAssembler.place`), so the master never copies it.
 
 Trust: the caller asks for a link with ``Worker.OpenLink`` on its gRPC channel, which the worker's
 interceptor has already authenticated like a Compute, and gets a port and a one-time token (32 random
@@ -37,11 +37,11 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gradcode.common import metrics
-from gradcode.common.security import CALL_SCOPE, Security
-from gradcode.common.serving import parse_address
-from gradcode.common.session import CallError, SessionProtocolError, status_chunk
-from gradcode.common.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
+from gradcode.common.ops import metrics
+from gradcode.common.transport.security import CALL_SCOPE, Security
+from gradcode.common.transport.serving import parse_address
+from gradcode.common.transport.session import CallError, SessionProtocolError, status_chunk
+from gradcode.common.transport.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -292,7 +292,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
 class LinkStream:
     """The caller's end of a link, shaped like a ``Worker.Session`` call: ``write`` requests, iterate the chunks,
-    ``cancel`` to close (what :class:`~gradcode.common.session.Session` runs on)."""
+    ``cancel`` to close (what :class:`~gradcode.common.transport.session.Session` runs on)."""
 
     framing_bytes = _LENGTH.size
     """Bytes the link adds to each message it carries (its length)."""
@@ -380,7 +380,7 @@ async def open_link(channel: grpc.aio.Channel, address: str, security: Security,
 
 
 def link_opener(channel: grpc.aio.Channel, address: str, security: Security) -> Callable[[], Awaitable[LinkStream]]:
-    """What a :class:`~gradcode.common.session.Caller` calls to open a link to the worker at ``address``."""
+    """What a :class:`~gradcode.common.transport.session.Caller` calls to open a link to the worker at ``address``."""
     return functools.partial(open_link, channel, address, security, OPEN_TIMEOUT_SECONDS)
 
 
@@ -411,7 +411,7 @@ class LinkServer:
 
     def offer(self, scope: str | None = None) -> worker_pb2.LinkOffer:
         """A new one-time token for one caller (who reached us through the authenticated gRPC server); its link
-        computes only job ``scope`` when one is given (:data:`~gradcode.common.security.CALL_SCOPE`)."""
+        computes only job ``scope`` when one is given (:data:`~gradcode.common.transport.security.CALL_SCOPE`)."""
         if self._server is None:
             raise RuntimeError("LinkServer.offer() before start()")
         now = time.monotonic()

@@ -1,10 +1,10 @@
 """Small helpers every gradcode gRPC server shares (worker and master).
 
 * :func:`start_server` — the canonical grpc.aio sequence: create the server with
-  :data:`~gradcode.common.wire.CHANNEL_OPTIONS`, register the servicers, the health service
+  :data:`~gradcode.common.transport.wire.CHANNEL_OPTIONS`, register the servicers, the health service
   (grpcio-health-checking) and server reflection (grpcio-reflection), bind ``host:port`` (port 0
   picks a free port) and start; TLS, the token interceptor and whether reflection is served come from
-  :class:`~gradcode.common.security.Security`. Returns a :class:`ServingHandle`.
+  :class:`~gradcode.common.transport.security.Security`. Returns a :class:`ServingHandle`.
 * :meth:`ServingHandle.stop` — graceful stop: health goes NOT_SERVING *before* the grace period, so
   parents and the master stop routing to a node that is leaving; then in-flight calls get ``grace``
   seconds to finish.
@@ -37,8 +37,8 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gradcode.common.security import CallToken, Security, refuse_if_exposed, warn_if_exposed
-from gradcode.common.wire import CHANNEL_OPTIONS
+from gradcode.common.transport.security import CallToken, Security, refuse_if_exposed, warn_if_exposed
+from gradcode.common.transport.wire import CHANNEL_OPTIONS
 
 __all__ = [
     "BLAS_THREAD_VARIABLES",
@@ -162,7 +162,7 @@ async def start_server(
     TLS credentials, the authentication interceptor (health stays open) and whether reflection is served;
     ``call_token`` is the token a registering worker's master issues it (:meth:`Security.interceptor`).
     Raises ``OSError`` when ``host:port`` cannot be bound (in use, or not an address of this machine), and
-    :class:`~gradcode.common.security.ExposedError` when ``host`` is not loopback and ``security`` has no TLS
+    :class:`~gradcode.common.transport.security.ExposedError` when ``host`` is not loopback and ``security`` has no TLS
     or no join secret, unless it says ``insecure``.
     """
     security = security or Security()

@@ -313,7 +313,7 @@ _DATA_TAG = _varint(_DATA_FIELD << 3 | 2)  # wire type 2: length-delimited
 
 
 Serialized = bytes | tuple[bytes | memoryview, ...]
-"""A serialized message, whole or as pieces whose concatenation it is. A link (:mod:`gradcode.common.link`)
+"""A serialized message, whole or as pieces whose concatenation it is. A link (:mod:`gradcode.common.transport.link`)
 writes the pieces as they are, so a large payload is not copied to put a few bytes in front of it; gRPC gets them
 joined (:func:`serialize_chunk`). The pieces must not change once handed over (Python 3.12's transports keep
 references to them until sent)."""
@@ -364,7 +364,7 @@ def message_chunk_pieces(
     (never copied here); protobuf serializes only the small fields.
 
     ``shared`` hands the payload (little-endian, contiguous) to the receiver's shared-memory directory
-    (:mod:`gradcode.common.shared_memory`); when it returns True the message is one chunk with
+    (:mod:`gradcode.common.transport.shared_memory`); when it returns True the message is one chunk with
     ``shared_payload`` set and no data, else (the write failed) it travels inline as usual.
     ``request_id`` tags every chunk with the Session request it answers (0: a Compute call); ``final`` (the
     request's last message) also marks its last chunk with the request's OK status, which saves the Session

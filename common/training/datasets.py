@@ -2,19 +2,19 @@
 
 A job with ``DatasetSpec.worker_local`` names a dataset — a built-in (``file``, ``digits``,
 ``gaussian_mixture``, ``linear``) or a plugin installed under the entry-point group
-``gradcode.datasets`` (:func:`gradcode.common.plugins.load_dataset_plugin`): nothing is imported from a
+``gradcode.datasets`` (:func:`gradcode.common.training.plugins.load_dataset_plugin`): nothing is imported from a
 name the network sends unless it is installed here. A plugin is any object with an ``open`` method::
 
     [project.entry-points."gradcode.datasets"]
-    my_data = "my_package.data:plugin"      # plugin.open(source) -> gradcode.common.data.DataTable
+    my_data = "my_package.data:plugin"      # plugin.open(source) -> gradcode.common.training.data.DataTable
 
-that returns a :class:`~gradcode.common.data.DataTable`: the number of rows and features, every row's
+that returns a :class:`~gradcode.common.training.data.DataTable`: the number of rows and features, every row's
 label and selected rows. ``source`` (:class:`DataSource`) carries the job's path, options and seed, and
 resolves paths inside this process's data directory with the same rules as the master's
 (:func:`DataSource.resolve`).
 
 Both sides split the rows with the same seeded functions as the master-streamed path
-(:func:`~gradcode.common.data.split_rows`, then :func:`~gradcode.common.data.partition_indices`), so
+(:func:`~gradcode.common.training.data.split_rows`, then :func:`~gradcode.common.training.data.partition_indices`), so
 the same seeds give the same partitions and the same gradients. The master (:func:`describe`) reads
 only the labels (their count gives the mean, their values the task and classes) and the held-out
 rows; a worker (:func:`load_partitions`) reads only its partitions' rows — from a memory-mapped
@@ -30,7 +30,8 @@ from typing import Protocol
 
 import numpy as np
 
-from gradcode.common.data import (
+from gradcode.common.exceptions import JobSpecError
+from gradcode.common.training.data import (
     DATASET_NAMES,
     Dataset,
     DataTable,
@@ -45,9 +46,8 @@ from gradcode.common.data import (
     signed_labels,
     split_rows,
 )
-from gradcode.common.datafile import MAX_DATA_FILE_BYTES, data_file
-from gradcode.common.exceptions import JobSpecError
-from gradcode.common.plugins import PluginError, load_dataset_plugin
+from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES, data_file
+from gradcode.common.training.plugins import PluginError, load_dataset_plugin
 
 __all__ = ["DataSource", "DatasetPlugin", "LocalDescription", "dataset_plugin", "describe", "load_partitions"]
 
@@ -149,7 +149,8 @@ def _open(source: DataSource) -> DataTable:
     table = dataset_plugin(source.name).open(source)
     if not isinstance(table, DataTable):
         raise PluginError(
-            f"Dataset plugin {source.name!r} returned a {type(table).__name__}, not a gradcode.common.data.DataTable."
+            f"Dataset plugin {source.name!r} returned a {type(table).__name__}, not a "
+            "gradcode.common.training.data.DataTable."
         )
     rows, features = getattr(table, "num_rows", None), getattr(table, "num_features", None)
     if not (

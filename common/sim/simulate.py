@@ -4,7 +4,7 @@ Nothing here re-implements a code: every iteration asks the scheme for its :clas
 such as GC-DC get an :class:`Observation` of the last iteration, as the master gives them), feeds the scheme's own
 :class:`OnlineDecoder` the message rows *in arrival order* and stops at the first moment it says decodable. Trees
 (a code with a :meth:`GradientCode.topology`, CodedReduce with ``L > 1``) run the same round at every parent with
-the topology's child code. Straggler delays are the live system's :class:`~gradcode.common.stragglers.DelayModel`
+the topology's child code. Straggler delays are the live system's :class:`~gradcode.common.sim.stragglers.DelayModel`
 objects, called with the same ``(worker_id, iteration)`` as the workers call them, so a simulation with a job's
 seed sees exactly the delays that job's workers sleep.
 
@@ -51,7 +51,7 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode, Observation
 from gradcode.common.codes.registry import make_code
 from gradcode.common.codes.topology import Topology
-from gradcode.common.stragglers import DelayModel, NoDelay
+from gradcode.common.sim.stragglers import DelayModel, NoDelay
 from gradcode.common.validation import check_int, check_number
 
 __all__ = [

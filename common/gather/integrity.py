@@ -42,7 +42,7 @@ from gradcode.common.codes.consistency import (
     parity_checks,
     uncheckable,
 )
-from gradcode.common.round import GatherStrategy, Integrity, Round
+from gradcode.common.gather.round import GatherStrategy, Integrity, Round
 
 __all__ = [
     "DEFAULT_INTEGRITY",

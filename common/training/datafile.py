@@ -24,7 +24,7 @@ MAX_DATA_FILE_BYTES = 2 << 30
 """Default largest data file on disk (2 GiB; ``--max-data-file-bytes`` of the master and of a worker): it
 holds any dataset within the master's size cap as a float64 ``.npz``, and a CSV of it (2-3x larger) mostly."""
 DATA_FILE_SUFFIXES = (".npz", ".csv", ".npy", ".parquet")
-"""The file formats a data directory may serve (see :func:`gradcode.common.data.load_dataset`)."""
+"""The file formats a data directory may serve (see :func:`gradcode.common.training.data.load_dataset`)."""
 
 
 def data_file(

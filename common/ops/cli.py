@@ -9,9 +9,9 @@ import os
 
 from prometheus_client import CollectorRegistry
 
-from gradcode.common.logs import LOG_FORMATS, configure_logging
-from gradcode.common.metrics import MetricsServer, start_metrics_server
-from gradcode.common.serving import format_address, limit_blas_threads, parse_address, reuse_large_buffers
+from gradcode.common.ops.logs import LOG_FORMATS, configure_logging
+from gradcode.common.ops.metrics import MetricsServer, start_metrics_server
+from gradcode.common.transport.serving import format_address, limit_blas_threads, parse_address, reuse_large_buffers
 
 __all__ = [
     "add_data_arguments",
@@ -34,7 +34,7 @@ def env_default(name: str, default: str | None) -> str | None:
 
 def add_data_arguments(parser: argparse.ArgumentParser, *, role: str) -> None:
     """``--data-dir`` and ``--max-data-file-bytes``: where this master or worker may read data files, and how large."""
-    from gradcode.common.datafile import DATA_DIR_ENV, DATA_FILE_SUFFIXES, MAX_DATA_FILE_BYTES
+    from gradcode.common.training.datafile import DATA_DIR_ENV, DATA_FILE_SUFFIXES, MAX_DATA_FILE_BYTES
 
     reads = (
         "the 'file' dataset may read"

@@ -31,9 +31,9 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from gradcode.common import metrics
-from gradcode.common.status import status_code
-from gradcode.common.wire import (
+from gradcode.common.ops import metrics
+from gradcode.common.transport.status import status_code
+from gradcode.common.transport.wire import (
     SESSION_METHOD,
     Placer,
     ReceivedChunk,
@@ -205,7 +205,7 @@ class SessionCompute:
         """The worker sent its status, the session broke, or the caller cancelled."""
         self.place: Placer | None = None
         """Where its large chunks' payloads go as they arrive on a link (the consumer's
-        :meth:`~gradcode.common.wire.MessageAssembler.place`); None: they arrive as received bytes."""
+        :meth:`~gradcode.common.transport.wire.MessageAssembler.place`); None: they arrive as received bytes."""
         self.started = False
         """The worker said its computation began (the request asked ``report_start``)."""
         self.ready = False
@@ -258,7 +258,7 @@ class SessionCompute:
 
 class SessionStream(Protocol):
     """What a :class:`Session` runs on: a ``Worker.Session`` call (``grpc.aio.StreamStreamCall``), or a worker's
-    link (:class:`gradcode.common.link.LinkStream`)."""
+    link (:class:`gradcode.common.transport.link.LinkStream`)."""
 
     def write(self, data: Serialized) -> Awaitable[None]: ...
 
@@ -429,7 +429,8 @@ class Session:
 
 
 LinkOpener = Callable[[], Awaitable[SessionStream]]
-"""Opens a link to a worker (:func:`gradcode.common.link.open_link` with its channel, address and security)."""
+"""Opens a link to a worker (:func:`gradcode.common.transport.link.open_link` with its channel, address and
+security)."""
 
 
 class Caller:
@@ -605,7 +606,7 @@ def control_problem(request: worker_pb2.ComputeRequest) -> str | None:
 Computation = Callable[[worker_pb2.ComputeRequest], AsyncIterator[Serialized]]
 """A worker's Compute: the serialized chunks answering one request, tagged with its ``request_id``, the last
 one carrying its OK status (:func:`status_chunk`, or a message's last chunk with ``status`` set); it raises a
-gradcode refusal (:data:`gradcode.common.status.STATUS_CODES`) to end with that status instead."""
+gradcode refusal (:data:`gradcode.common.transport.status.STATUS_CODES`) to end with that status instead."""
 
 
 async def serve_session(

@@ -11,7 +11,7 @@ r"""Datasets for gradcode jobs and the deterministic split of samples into data 
 
 :func:`split_rows` is the seeded train/test split and :func:`partition_indices` splits the training
 samples into the ``k`` partitions of a gradient code in the proportions ``code.partition_weights``:
-a worker that loads its own partitions (:mod:`gradcode.common.datasets`) uses both exactly as the
+a worker that loads its own partitions (:mod:`gradcode.common.training.datasets`) uses both exactly as the
 master does, so the same seeds give the same partitions. :func:`open_data_file` reads a data file's
 shape, labels or selected rows (a memory-mapped ``.npy`` reads only those rows).
 """
@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from gradcode.common.models import MODEL_KINDS
+from gradcode.common.training.models import MODEL_KINDS
 from gradcode.common.validation import check_int
 
 __all__ = [
@@ -73,7 +73,8 @@ class Dataset:
         num_classes: number of classes, 0 for regression.
         model_kind: the natural model (``"softmax"``, ``"logistic"`` or ``"linear"``).
         true_params: for synthetic data, the generating parameters in that model's layout
-            (:mod:`gradcode.common.models`), so experiments can report $\\|\\theta - \\theta_*\\|^2 / \\|\\theta_*\\|^2$
+            (:mod:`gradcode.common.training.models`), so experiments can report $\\|\\theta - \\theta_*\\|^2 /
+            \\|\\theta_*\\|^2$
             (CodedReduce eq. (11)); ``None`` otherwise.
     """
 
@@ -257,7 +258,7 @@ def split_rows(
     """The rows of a ``total``-row dataset kept for training and for testing (in that shuffled order).
 
     Shuffles with ``seed``, keeps ``num_samples`` (if given), holds out ``test_fraction`` for testing:
-    what :func:`load_dataset` does, so a worker reading its own rows (:mod:`gradcode.common.datasets`)
+    what :func:`load_dataset` does, so a worker reading its own rows (:mod:`gradcode.common.training.datasets`)
     gets exactly the master's training set. ValueError names ``name`` when the sizes do not fit.
     """
     if num_samples is not None and num_samples > total:
@@ -313,7 +314,7 @@ def generate(name: str, *, num_samples: int | None, num_features: int | None, se
     """Every row of the built-in dataset ``name`` (``digits``, ``gaussian_mixture`` or ``linear``), from ``seed``.
 
     The master splits it (:func:`load_dataset`); a worker with worker-local data generates the same rows
-    and keeps its partitions' (:mod:`gradcode.common.datasets`).
+    and keeps its partitions' (:mod:`gradcode.common.training.datasets`).
     """
     generators: dict[str, Callable[..., Generated]] = {
         "digits": _digits,
@@ -354,7 +355,7 @@ def _gaussian_mixture(*, num_samples: int | None, num_features: int | None, seed
     Our reading: $\mu_1, \mu_2 \sim N(0, I_p)$ and $\beta^* \sim N(0, I_p / p)$, so that $2 x^\top \beta^*$
     stays of order one whatever $p$ and the labels are noisy but learnable. The paper's sizes are
     $d = 554400$, $p = 100$; the defaults here are 2000 × 20. ``true_params`` is the generating
-    logistic model in :class:`~gradcode.common.models.LogisticRegression` layout: $[-2\beta^*, 0]$.
+    logistic model in :class:`~gradcode.common.training.models.LogisticRegression` layout: $[-2\beta^*, 0]$.
     """
     d = 2000 if num_samples is None else num_samples
     p = 20 if num_features is None else num_features
@@ -373,7 +374,7 @@ def _linear(*, num_samples: int | None, num_features: int | None, seed: int) -> 
     r"""CodedReduce §VI eq. (10): $y_j = x_j^\top \theta_* + z_j$, $x_j, \theta_* \sim N(0, I_p)$, $z_j \sim N(0, 1)$.
 
     The paper uses $(d, p) = (7644, 6500)$; the defaults here are 1000 × 50. ``true_params`` is
-    $[\theta_*, 0]$ in :class:`~gradcode.common.models.LinearRegression` layout, for the normalized error
+    $[\theta_*, 0]$ in :class:`~gradcode.common.training.models.LinearRegression` layout, for the normalized error
     rate of eq. (11).
     """
     d = 1000 if num_samples is None else num_samples
@@ -582,7 +583,7 @@ def open_data_file(
     """Open a ``.npz`` (arrays ``X``, ``y``), ``.csv`` (label last), ``.npy`` (features; ``labels_path`` is the
     labels' ``.npy``) or ``.parquet`` (``label_column``, default the last) data file; ValueError says what is wrong.
 
-    Paths are used as given: callers confine them first (:func:`gradcode.common.datafile.data_file`).
+    Paths are used as given: callers confine them first (:func:`gradcode.common.training.datafile.data_file`).
     """
     file = Path(path)
     if not file.is_file():

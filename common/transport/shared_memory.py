@@ -8,7 +8,7 @@ and trailer (with the CRC-32C of the payload) still travel on it.
 
 1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) and offers it in
    ``JobSetup.shared_memory`` only to a worker registered with the receiver's own machine id, or with none
-   (:mod:`gradcode.common.machine`: one boot, network namespace and host name), after writing a fresh random
+   (:mod:`gradcode.common.transport.machine`: one boot, network namespace and host name), after writing a fresh random
    nonce for that worker into the file ``probe-<worker>`` (:meth:`SharedDirectory.offer`). The offer names the
    directory, never the nonce.
 2. The worker reads the nonce there (:func:`accept`: the directory is its own user's, private, and takes a new
@@ -59,7 +59,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from gradcode.common.wire import FLOAT64, WireError
+from gradcode.common.transport.wire import FLOAT64, WireError
 from gradcode.v1 import worker_pb2
 
 __all__ = [

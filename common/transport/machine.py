@@ -3,7 +3,8 @@ identity.
 
 Workers that share a machine id share cores (the master keeps their backups from computing speculatively), and
 only a worker of the master's own machine id is offered the job's shared-memory directory (which it must then
-prove it reads: :mod:`gradcode.common.shared_memory`). The Linux boot id alone names a kernel, so every network
+prove it reads: :mod:`gradcode.common.transport.shared_memory`). The Linux boot id alone names a kernel, so every
+network
 namespace and container on one kernel would count as one machine: emulated hosts (a network namespace each) and
 containers that mount one ``/dev/shm`` would exchange payloads through it instead of their network, and hold
 their backups back as if they shared cores. Hence the rule of :func:`default_machine_id`.

@@ -21,7 +21,7 @@ Where each is recorded:
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
   :data:`COMPUTE_BYTES_SENT` and :data:`COMPUTE_BYTES_RECEIVED`, the Computes' bytes, as the streams carry them
-  (:class:`gradcode.common.session.Traffic`; each iteration's share is in its report);
+  (:class:`gradcode.common.transport.session.Traffic`; each iteration's share is in its report);
 * worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`,
   :data:`SHARED_BYTES_SENT`.
 """

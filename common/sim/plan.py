@@ -11,12 +11,12 @@ time is only known to exceed the round's). The planner:
    $\hat c_w$). A late worker thus counts as "at least this slow" instead of being dropped (dropping it would
    make a straggler look fast). The shift is taken as the worker's compute for the history's data share (its
    rows under the history's code: ``--spec``, or ``<job>.spec.json`` beside the history), so under another
-   configuration with share $x$ it becomes $c_w x / x_{hist}$ (:class:`~gradcode.common.simulate.Costs`'
+   configuration with share $x$ it becomes $c_w x / x_{hist}$ (:class:`~gradcode.common.sim.simulate.Costs`'
    ``compute_seconds`` and ``worker_speed``); the exponential part is the worker's delay, the same in every
-   configuration (:class:`FittedDelays`, a :class:`~gradcode.common.stragglers.DelayModel`).
+   configuration (:class:`FittedDelays`, a :class:`~gradcode.common.sim.stragglers.DelayModel`).
 2. **simulates** every exact configuration with the history's number of worker processes — each registered
    exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
-   workers fit — with :func:`~gradcode.common.simulate.simulate` and ranks them by mean seconds per iteration.
+   workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration.
 3. **bootstraps** the leaders: the history's iterations are resampled with replacement, the fit and simulation
    repeated, and the 5th-95th percentiles of the mean are the uncertainty shown.
 
@@ -38,8 +38,8 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
-from gradcode.common.simulate import Costs, simulate
-from gradcode.common.stragglers import DelayModel
+from gradcode.common.sim.simulate import Costs, simulate
+from gradcode.common.sim.stragglers import DelayModel
 from gradcode.common.validation import check_int
 
 __all__ = [

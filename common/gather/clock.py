@@ -1,4 +1,5 @@
-"""The clock a :class:`~gradcode.common.round.Round` reads and waits on: the real one, or one a test moves by hand.
+"""The clock a :class:`~gradcode.common.gather.round.Round` reads and waits on: the real one, or one a test moves by
+hand.
 
 A round's policy is made of times: its start, when each worker finished, its deadline, a strategy's hedge or
 re-asking bound. It reads them from a :class:`Clock` (:meth:`Clock.now`) and waits on it (:meth:`Clock.timeout`),

@@ -8,17 +8,17 @@ A plugin is a distribution that declares, in its ``pyproject.toml``::
 
 where ``build_my_net`` is a :class:`ModelFactory`: called as
 ``build_my_net(num_features=..., num_classes=..., dtype=...)`` it returns a
-:class:`gradcode.common.models.Model` (for a PyTorch network, a
+:class:`gradcode.common.training.models.Model` (for a PyTorch network, a
 :class:`gradcode.contrib.torch_model.TorchModel`). A job names the plugin (``ModelSpec.kind = "my_net"``);
-the master and every worker build it with :func:`gradcode.common.models.make_model`, which looks only
+the master and every worker build it with :func:`gradcode.common.training.models.make_model`, which looks only
 at the names installed on that machine. Nothing is ever imported from a module name or path that
 arrives over the network: an unknown name is refused with the list of what is installed.
 
-Plugins may not reuse a built-in name (:data:`gradcode.common.models.MODEL_KINDS`); two installed
+Plugins may not reuse a built-in name (:data:`gradcode.common.training.models.MODEL_KINDS`); two installed
 distributions declaring the same name are refused by name (ambiguous) rather than picked at random.
 
 Dataset plugins (:data:`DATASET_ENTRY_POINT_GROUP`) are found the same way: an entry point names an
-object with the :class:`gradcode.common.datasets.DatasetPlugin` methods, which a worker uses to load
+object with the :class:`gradcode.common.training.datasets.DatasetPlugin` methods, which a worker uses to load
 its own partitions (worker-local data) and the master to learn the dataset's shape, labels and
 held-out rows; :func:`load_dataset_plugin` resolves a name against what is installed here only.
 """
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from gradcode.common.models import Model
+    from gradcode.common.training.models import Model
 
 __all__ = [
     "DATASET_ENTRY_POINT_GROUP",
@@ -92,7 +92,7 @@ def _discover(group: str = MODEL_ENTRY_POINT_GROUP) -> dict[str, list[EntryPoint
 
 def model_plugins() -> dict[str, str]:
     """Installed model plugins: name -> ``module:attribute`` (what its distribution registered), sorted."""
-    from gradcode.common.models import MODEL_KINDS
+    from gradcode.common.training.models import MODEL_KINDS
 
     return {
         name: " | ".join(ep.value for ep in eps)
@@ -103,7 +103,7 @@ def model_plugins() -> dict[str, str]:
 
 def unknown_model(name: str) -> PluginError:
     """The error for a model name that is neither built in nor an installed plugin: it lists the valid ones."""
-    from gradcode.common.models import available_models
+    from gradcode.common.training.models import available_models
 
     return PluginError(
         f"Unknown model kind {name!r}; valid kinds are {available_models()} (the built-in models, then the plugins "
@@ -113,7 +113,7 @@ def unknown_model(name: str) -> PluginError:
 
 def load_model_factory(name: str) -> ModelFactory:
     """The factory the installed plugin ``name`` registered; :class:`PluginError` says why not."""
-    from gradcode.common.models import MODEL_KINDS
+    from gradcode.common.training.models import MODEL_KINDS
 
     if name in MODEL_KINDS:
         raise PluginError(f"{name!r} is a built-in model, not a plugin.")

@@ -13,9 +13,9 @@ A caller may call :meth:`Round.gather` again on the same round with other source
 policy asks workers that came back); what already arrived is kept. The round only collects: what its owner
 decides meanwhile is a :class:`GatherStrategy` handed to the gather (tree parents hand none, or integrity's wait
 rule): the master's backups and hedges (:class:`gradcode.master.hedging.Hedging`), or the consistency checks'
-wait for surplus messages past the first decodable moment (:class:`gradcode.common.integrity.WaitForChecks`).
+wait for surplus messages past the first decodable moment (:class:`gradcode.common.gather.integrity.WaitForChecks`).
 What a stream can do beyond yielding chunks (place payloads, say its computation began, be promoted) are
-optional capabilities of :class:`~gradcode.common.session.ChunkStream`. :meth:`Round.decode` then combines the
+optional capabilities of :class:`~gradcode.common.transport.session.ChunkStream`. :meth:`Round.decode` then combines the
 decodable set into a :class:`Decoded` without changing the round.
 
 Every decode carries an error certificate (:meth:`Decoding.certify
@@ -42,13 +42,13 @@ from typing import Any, cast
 import grpc
 import numpy as np
 
-from gradcode.common.clock import MONOTONIC, Clock
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import CombinationBound, relative_bound
-from gradcode.common.session import CallError, ChunkStream, DeliversItems, Holds
-from gradcode.common.shared_memory import SharedDirectory
-from gradcode.common.wire import (
+from gradcode.common.gather.clock import MONOTONIC, Clock
+from gradcode.common.transport.session import CallError, ChunkStream, DeliversItems, Holds
+from gradcode.common.transport.shared_memory import SharedDirectory
+from gradcode.common.transport.wire import (
     CompletedMessage,
     MessageAssembler,
     ReceivedChunk,
@@ -196,7 +196,8 @@ Received = ReceivedChunk | worker_pb2.GradientChunk
 
 
 class _Ready:
-    """Queued in a gather when a held backup says its messages are ready (:class:`~gradcode.common.session.Holds`):
+    """Queued in a gather when a held backup says its messages are ready
+    (:class:`~gradcode.common.transport.session.Holds`):
     it wakes the loop, so the strategies look again."""
 
 
@@ -262,10 +263,11 @@ class Round:
     ) -> None:
         self.decoder = decoder
         self.clock = clock
-        """What the round's times are read from and waited on (a test's :class:`~gradcode.common.clock.ManualClock`
+        """What the round's times are read from and waited on (a test's
+        :class:`~gradcode.common.gather.clock.ManualClock`
         runs a gather without sleeping)."""
         self.shared = shared
-        """Where the sources with ``shared`` leave their payloads (:mod:`gradcode.common.shared_memory`)."""
+        """Where the sources with ``shared`` leave their payloads (:mod:`gradcode.common.transport.shared_memory`)."""
         self.job_id = job_id
         self.iteration = iteration
         self.length = length
@@ -412,7 +414,7 @@ class Round:
         stops at the first decodable moment. What else its owner decides while it gathers is a
         :class:`GatherStrategy` of ``strategies``: promoting backups and asking silent workers again (the master's
         :class:`~gradcode.master.hedging.Hedging`), going on past the first decodable moment until surplus messages
-        are enough to check (:class:`~gradcode.common.integrity.WaitForChecks`). Returns the failures of this
+        are enough to check (:class:`~gradcode.common.gather.integrity.WaitForChecks`). Returns the failures of this
         attempt (also recorded in :attr:`failed`); on expiry :attr:`timed_out` is set.
 
         ``on_failure(worker, failure)`` hears of each failure as it comes, so the owner can act on it within the
@@ -468,7 +470,8 @@ class Gathering:
     """One :meth:`Round.gather` under way: its streams, the workers still out, and what a :class:`GatherStrategy`
     may do to them (:meth:`promote`, :meth:`reopen`).
 
-    A Session's chunks are received as the session reads them (:class:`~gradcode.common.session.DeliversItems`),
+    A Session's chunks are received as the session reads them
+    (:class:`~gradcode.common.transport.session.DeliversItems`),
     another stream's (a Compute call) by a task that iterates it; each message is reassembled and checked as its
     chunks arrive, and handed to the round's decoder in the loop (:meth:`run`), the only reader of the queue.
     """
@@ -509,19 +512,21 @@ class Gathering:
         return self.queue.empty()
 
     def began(self, worker_id: int) -> bool:
-        """The worker said its computation began (a stream that :class:`~gradcode.common.session.ReportsStart`), or
+        """The worker said its computation began (a stream that
+        :class:`~gradcode.common.transport.session.ReportsStart`), or
         its message is arriving (a worker whose messages compute in a few milliseconds sends no notice; on a slow
         link its message streams for longer than that)."""
         return worker_id in self.heard or getattr(self.streams.get(worker_id), "started", False) is True
 
     def ready(self) -> set[int]:
-        """The held backups still out whose messages wait to be pulled (:class:`~gradcode.common.session.Holds`)."""
+        """The held backups still out whose messages wait to be pulled
+        (:class:`~gradcode.common.transport.session.Holds`)."""
         held = (w for w in self.pending & self.backups if w not in self.round.promoted)
         return {w for w in held if getattr(self.streams.get(w), "ready", False) is True}
 
     def promote(self, workers: Iterable[int]) -> None:
         """Ask these backups to compute at normal priority (those whose streams are
-        :class:`~gradcode.common.session.Promotable`; once each per round: :attr:`Round.promoted`)."""
+        :class:`~gradcode.common.transport.session.Promotable`; once each per round: :attr:`Round.promoted`)."""
         promoted = self.round.promoted
         for w in workers:
             promote: Callable[[], None] | None = getattr(self.streams.get(w), "promote", None)

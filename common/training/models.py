@@ -33,7 +33,7 @@ read it from cache, so ``X`` crosses the memory bus once per gradient instead of
 of these models once the data outgrows the cache. Besides the two products a block costs only its
 $R_b$ and loss; the score is counted once over the whole $Z$.
 
-:class:`Model` is also the protocol a model plugin implements (see :mod:`gradcode.common.plugins`):
+:class:`Model` is also the protocol a model plugin implements (see :mod:`gradcode.common.training.plugins`):
 what the master and the workers call is its public surface — :attr:`~Model.num_params`,
 :meth:`~Model.init_params`, :meth:`~Model.loss_and_gradient` (summed over the batch),
 :meth:`~Model.statistics` (the counts a metric needs), :meth:`~Model.predict`,
@@ -467,7 +467,7 @@ def save_params(params: FloatArray, path: str | Path) -> list[Path]:
 
 def available_models() -> list[str]:
     """Every model name :func:`make_model` accepts on this machine: the built-ins, then installed plugins."""
-    from gradcode.common.plugins import model_plugins
+    from gradcode.common.training.plugins import model_plugins
 
     return [*MODEL_KINDS, *model_plugins()]
 
@@ -478,7 +478,7 @@ def make_model(kind: str, *, num_features: int, num_classes: int = 2, dtype: Any
     ``num_classes`` is ignored by ``"linear"``, must be 2 for ``"logistic"`` and at least 2 for
     ``"softmax"``; a plugin gets it as given. ``dtype`` (float64 or float32) is the type a plugin
     computes in; the built-in numpy models always compute in float64 (their float32 messages are
-    rounded by the worker). An unknown name raises :class:`~gradcode.common.plugins.PluginError` (a
+    rounded by the worker). An unknown name raises :class:`~gradcode.common.training.plugins.PluginError` (a
     ValueError) listing :func:`available_models`.
     """
     try:
@@ -489,7 +489,7 @@ def make_model(kind: str, *, num_features: int, num_classes: int = 2, dtype: Any
         raise ValueError(f"Argument 'dtype' must be float64 or float32, not {dtype!r}.")
     if kind in MODEL_KINDS:
         return _make_builtin(kind, num_features=num_features, num_classes=num_classes)
-    from gradcode.common.plugins import PluginError, load_model_factory
+    from gradcode.common.training.plugins import PluginError, load_model_factory
 
     factory = load_model_factory(kind)
     try:

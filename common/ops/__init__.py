@@ -1,0 +1,1 @@
+"""What every process shares to be run and watched: command-line flags, logs and metrics."""

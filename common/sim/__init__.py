@@ -1,0 +1,1 @@
+"""Straggler models (emulated in experiments, simulated at any scale), the simulator and the planner."""

@@ -1,0 +1,1 @@
+"""What a job trains: models, datasets and their partitioning, data files and plugins."""
