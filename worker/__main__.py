@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--name", default=env_default("GRADCODE_NAME", None),
-        help="label shown by the master (default: the hostname) [GRADCODE_NAME]",
+        help="label shown by the master (default: the hostname; auto: the name this host's address resolves back "
+        "to, e.g. a compose replica's <project>-worker-<n> where the hostname is the container id) [GRADCODE_NAME]",
     )  # fmt: skip
     parser.add_argument(
         "--machine-id", default=env_default("GRADCODE_MACHINE_ID", None),

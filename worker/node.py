@@ -84,6 +84,31 @@ def advertised_address(host: str, port: int, master_address: str | None, adverti
     return format_address(to_master or "127.0.0.1", port)
 
 
+NAME_FROM_DNS = "auto"
+"""``--name auto``: the name this host's address resolves back to (:func:`worker_name`)."""
+
+
+def dns_name(host: str) -> str | None:
+    """The first label of the name ``host``'s address resolves back to (None when it resolves to none).
+
+    In a docker-compose replica the hostname is the container id, while the network's DNS names the container
+    ``<project>-worker-<n>``: that is the name an operator knows it by."""
+    try:
+        name = socket.gethostbyaddr(socket.gethostbyname(host))[0]
+    except OSError:  # no address, or no name for it
+        return None
+    return name.split(".", 1)[0] or None
+
+
+def worker_name(name: str | None) -> str:
+    """The label a worker registers with: ``name``; for :data:`NAME_FROM_DNS`, its hostname's address resolved back
+    to a name (:func:`dns_name`); by default, and when that finds none, the hostname."""
+    if name and name != NAME_FROM_DNS:
+        return name
+    hostname = socket.gethostname()
+    return (dns_name(hostname) if name == NAME_FROM_DNS else None) or hostname
+
+
 _REVOKING = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED)
 """Refusals of a registration after which this process's call token is dropped: another process answers at
 its address, or it was removed from the pool."""
@@ -103,7 +128,7 @@ class WorkerNode(ServiceNode):
             address with this machine's hostname when listening on all interfaces; by default (None) the listen
             address with, when listening on all interfaces, the address this namespace reaches the master from
             (:func:`advertised_address`).
-        name: free-form label sent to the master (default: the hostname).
+        name: free-form label sent to the master (default: the hostname; ``"auto"``: :func:`worker_name`).
         machine_id: which machine this worker runs on, sent to the master (default: :func:`default_machine_id`):
             workers with one id share cores, so the master does not have their backups compute speculatively.
         grace: seconds in-flight calls get to finish on shutdown.
@@ -148,7 +173,7 @@ class WorkerNode(ServiceNode):
         super().__init__(host, port, grace=grace, security=security)
         self.master_address = master_address
         self.advertise_address = advertise_address
-        self.name = name or socket.gethostname()
+        self.name = worker_name(name)
         self.machine_id = default_machine_id() if machine_id is None else machine_id
         self.reregister_seconds = reregister_seconds
         self.instance_id = secrets.token_hex(16)

@@ -7,6 +7,7 @@ No Docker engine runs on the development or CI machines; this keeps the file fro
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import yaml
 
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.v1 import master_pb2, master_pb2_grpc
+from gradcode.worker.node import dns_name
 
 pytestmark = pytest.mark.e2e
 
@@ -106,6 +108,13 @@ def test_compose_services_run_the_demo_as_described(tmp_path: Path) -> None:
         # the loopback listen host here) and registers under it.
         assert worker_svc["command"][-2:] == ["--advertise", "auto"]
         assert _registered(master_address, len(addresses)) == set(addresses)
+        # ... under the name its address resolves back to (`--name auto`; in compose, <project>-worker-<n>)
+        assert worker_svc["command"][2:4] == ["--name", "auto"]
+        with grpc.insecure_channel(master_address) as channel:
+            names = {
+                w.name for w in master_pb2_grpc.MasterStub(channel).ListWorkers(master_pb2.ListWorkersRequest()).workers
+            }
+        assert names == {dns_name(socket.gethostname()) or socket.gethostname()}, names
 
         client_svc = spec["client"]
         client_argv = [_local(part, master_address, runs) for part in _argv(client_svc["command"])]

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from gradcode.common.transport.serving import is_loopback, source_address
-from gradcode.worker.node import advertised_address
+from gradcode.worker.node import advertised_address, dns_name, worker_name
 
 PORT = 50061
 
@@ -53,3 +53,12 @@ def test_a_worker_in_a_namespace_with_loopback_alone_advertises_loopback() -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "True", done.stdout
+
+
+def test_a_worker_named_auto_takes_the_name_its_address_resolves_back_to() -> None:
+    """docker-compose names a replica's container ``<project>-worker-<n>`` in its network's DNS, while its hostname
+    is the container id: ``--name auto`` registers the former (issue 30). Here: loopback's name, from /etc/hosts."""
+    assert dns_name("127.0.0.1") == socket.gethostbyaddr("127.0.0.1")[0].split(".")[0]
+    assert dns_name("no-such-host.invalid") is None
+    assert worker_name("w-3") == "w-3" and worker_name(None) == socket.gethostname()
+    assert worker_name("auto") == (dns_name(socket.gethostname()) or socket.gethostname())
