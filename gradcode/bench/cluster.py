@@ -65,7 +65,8 @@ ALLREDUCE = "allreduce"
 """The gloo ring allreduce baseline (:func:`gradcode.bench.training.allreduce_rank`), one rank per worker host."""
 MASTER_PORT, WORKER_PORT, RENDEZVOUS_PORT = 50050, 50051, 29500
 NUM_FEATURES = 99_999
-"""p = 1e5 parameters (features + bias): the largest generated dataset the master accepts."""
+"""p = 1e5 parameters (features + bias) by default (``--features``: the master is started with ``--max-features``
+to match, so p = 1e6 runs too)."""
 NUM_SAMPLES = 48
 """Enough for every partition of the largest configuration (24 workers); the gradient itself is cheap."""
 TREES = {6: (2, 2), 12: (3, 2), 24: (4, 2)}
@@ -118,7 +119,11 @@ class EmulatedCluster:
     """A testbed with a master on host ``m`` and ``workers_per_host`` gradcode workers on every other host,
     started and stopped together; :attr:`client_address` reaches the master from this process."""
 
-    def __init__(self, testbed: Testbed, run_dir: Path, *, workers_per_host: int = 1) -> None:
+    def __init__(
+        self, testbed: Testbed, run_dir: Path, *, workers_per_host: int = 1, max_features: int = NUM_FEATURES
+    ) -> None:
+        self.max_features = max_features
+        """The master's ``--max-features``: the largest generated dataset it accepts."""
         self.testbed = testbed
         self.run_dir = run_dir
         self.workers_per_host = workers_per_host
@@ -149,7 +154,7 @@ class EmulatedCluster:
         master = self.testbed.hosts["m"]
         # --insecure: plaintext beyond loopback, on the testbed's private bridge, which nothing else reaches.
         argv = [*python, "gradcode.master", "--listen", self.master_address, "--run-dir", str(self.run_dir),
-                "--shared-memory", "off", "--insecure"]  # fmt: skip
+                "--shared-memory", "off", "--insecure", "--max-features", str(self.max_features)]  # fmt: skip
         self.master = ServiceProcess(master.command(argv), log_path=logs / "master.log", env=service_env())
         self.master.wait_ready(START_TIMEOUT)
         self.testbed.forward("m", self.run_dir / "master.sock", MASTER_PORT)
@@ -399,7 +404,7 @@ FLOOR_REPEATS = 4
 
 async def _measure(
     testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
-    data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
+    data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, features: int = NUM_FEATURES,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
@@ -410,7 +415,7 @@ async def _measure(
         roles = [h.role for h in testbed.hosts.values() if h.role != "m"]
         for n in ns:
             workload = Workload(
-                num_samples=NUM_SAMPLES, num_features=NUM_FEATURES, n=n, iterations=iterations, model="linear",
+                num_samples=NUM_SAMPLES, num_features=features, n=n, iterations=iterations, model="linear",
                 dataset="linear", learning_rate=1e-5,
             )  # fmt: skip
             systems = systems_for(n, surplus, schemes)
@@ -589,8 +594,11 @@ def run(
     *, ns: Sequence[int] = (6, 12), rounds: int = 1, iterations: int = 12, master_mbit: float = 200.0,
     worker_mbit: float = 1000.0, master_cpu: float = 50.0, worker_cpu: float | None = None, delay: float = 0.25,
     out: Path = RESULTS, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
+    features: int = NUM_FEATURES,
 ) -> dict[str, Any]:  # fmt: skip
     """Build the testbed, measure every system at every n, remove the testbed; print, save and return."""
+    if features < 1:
+        raise ValueError(f"features must be at least 1, not {features}.")
     if any(n < 2 for n in ns) or not ns:
         raise ValueError(f"every n must be at least 2, not {list(ns)}.")
     if rounds < 1 or iterations <= SKIP_ITERATIONS + 2:
@@ -609,12 +617,14 @@ def run(
             f" {worker_cpu:g}% of a core, {worker_mbit:g} Mbit/s each way; load {load_start}",
             flush=True,
         )
-        with EmulatedCluster(testbed, Path(tmp) / "cluster") as cluster:
+        with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             rows, verified = asyncio.run(
-                _measure(testbed, cluster, ns, rounds, iterations, delay, Path(tmp) / "data", surplus, schemes)
+                _measure(
+                    testbed, cluster, ns, rounds, iterations, delay, Path(tmp) / "data", surplus, schemes, features
+                )
             )
     result: dict[str, Any] = {
-        "p": NUM_FEATURES + 1,
+        "p": features + 1,
         "num_samples": NUM_SAMPLES,
         "ns": list(ns),
         "iterations": iterations,
@@ -668,6 +678,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.25, help="the straggler's delay, seconds")
     parser.add_argument("--quick", action="store_true", help="n = 6, 6 iterations: a smoke run")
     parser.add_argument(
+        "--features", type=int, default=NUM_FEATURES,
+        help=f"features of the linear model (p = features + 1; default {NUM_FEATURES}: p = 1e5; 999999: p = 1e6)",
+    )  # fmt: skip
+    parser.add_argument(
         "--surplus", nargs="+", choices=["push", "hold", "auto"], default=[""],
         help="run fractional and binary once per mode: what their backups do with their messages (JobSpec.surplus; "
         "default: the master's, auto, which on these hosts holds)",
@@ -696,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(
             ns=args.n, rounds=args.rounds, iterations=args.iterations, master_mbit=args.master_mbit,
             worker_mbit=args.worker_mbit, master_cpu=args.master_cpu, worker_cpu=args.worker_cpu, delay=args.delay,
-            out=args.out, surplus=args.surplus, schemes=args.systems,
+            out=args.out, surplus=args.surplus, schemes=args.systems, features=args.features,
         )  # fmt: skip
     return 0
 

@@ -101,6 +101,11 @@ def test_flat_codes_run_once_per_surplus_mode_and_systems_can_be_picked() -> Non
     assert [s.scheme for s in cluster.systems_for(6)] == list(cluster.SCHEMES)
 
 
+def test_a_run_refuses_a_model_without_features_before_building_anything() -> None:
+    with pytest.raises(ValueError, match="features must be at least 1, not 0"):
+        cluster.run(ns=[6], features=0)
+
+
 def test_host_specs_refuse_what_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="rate_mbit must be > 0"):
         HostSpec("m", 0, 50)
