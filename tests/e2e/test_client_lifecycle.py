@@ -51,12 +51,13 @@ def _jobs_listing(master: str) -> dict[str, tuple[str, int]]:
 def test_run_prints_the_id_detaches_on_ctrl_c_and_watch_reattaches(tmp_path: Path) -> None:
     with start_cluster(NUM_WORKERS, tmp_path / "cluster") as cluster:
         master = cluster.master_address
-        # 3 of the 4 workers are 0.2 s slow in every iteration (which ones changes), so an iteration takes
-        # at least 0.2 s and the run lasts long enough to be interrupted.
+        # 3 of the 4 workers are 0.5 s slow in every iteration (which ones changes), so an iteration takes
+        # at least 0.5 s and the run lasts long enough to be interrupted (at 0.2 s a CI run beside a chaos run
+        # once finished all 30 iterations before this process saw the third and sent Ctrl-C).
         run = subprocess.Popen(
             _gradcode(
                 "run", "--master", master, "--scheme", "cyclic", "--n", str(NUM_WORKERS), "--s", "1",
-                "--iterations", str(ITERATIONS), "--straggler", "fixed", "--straggler-param", "delay_seconds=0.2",
+                "--iterations", str(ITERATIONS), "--straggler", "fixed", "--straggler-param", "delay_seconds=0.5",
                 "--straggler-param", "random_worker=true", "--straggler-param", f"num_workers={NUM_WORKERS}",
                 "--straggler-param", "count=3", "--out", str(tmp_path / "run"),
             ),
