@@ -48,20 +48,26 @@ def _jobs_listing(master: str) -> dict[str, tuple[str, int]]:
     return {row.split()[0]: (row.split()[1], int(row.split()[2])) for row in rows if not row.startswith("evicted")}
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """The client's SIGINT as a terminal delivers it: a suite started in the background of a shell without job
+    control inherits SIGINT ignored (POSIX), and the client would then rightly ignore Ctrl-C too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_run_prints_the_id_detaches_on_ctrl_c_and_watch_reattaches(tmp_path: Path) -> None:
     with start_cluster(NUM_WORKERS, tmp_path / "cluster") as cluster:
         master = cluster.master_address
-        # 3 of the 4 workers are 0.5 s slow in every iteration (which ones changes), so an iteration takes
-        # at least 0.5 s and the run lasts long enough to be interrupted (at 0.2 s a CI run beside a chaos run
-        # once finished all 30 iterations before this process saw the third and sent Ctrl-C).
+        # 3 of the 4 workers are 0.2 s slow in every iteration (which ones changes), so an iteration takes
+        # at least 0.2 s and the run lasts long enough to be interrupted.
         run = subprocess.Popen(
             _gradcode(
                 "run", "--master", master, "--scheme", "cyclic", "--n", str(NUM_WORKERS), "--s", "1",
-                "--iterations", str(ITERATIONS), "--straggler", "fixed", "--straggler-param", "delay_seconds=0.5",
+                "--iterations", str(ITERATIONS), "--straggler", "fixed", "--straggler-param", "delay_seconds=0.2",
                 "--straggler-param", "random_worker=true", "--straggler-param", f"num_workers={NUM_WORKERS}",
                 "--straggler-param", "count=3", "--out", str(tmp_path / "run"),
             ),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=service_env(),
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )  # fmt: skip
         try:
             assert run.stdout is not None
