@@ -100,8 +100,7 @@ def upward_message(
     * the parent's own part (:func:`~gradcode.common.codes.numerics.message_rounding`: $w$ products, the cast
       to the message dtype, underflow);
     * the add and the cast of the sum: $(u_{64} + 2u)(\|own\| + \|d\|) + \sqrt{p}\,\eta$ ($u$, $\eta$ of
-      ``dtype``; :func:`~gradcode.common.codes.numerics.underflow_unit`), with $\|d\|$ at most the decode's
-      magnitude plus its certified error.
+      ``dtype``; :func:`~gradcode.common.codes.numerics.underflow_unit`).
 
     The receiver takes this error in place of its own estimate of the message's rounding
     (:func:`~gradcode.common.codes.numerics.certify_combination`, ``sender_errors``).
@@ -111,7 +110,9 @@ def upward_message(
     infinite, and the receiver's decode not exact.
     """
     u = unit_roundoff(dtype)
-    decoded_norm = decoded.magnitude + decoded.absolute_error  # >= ||g|| + its error >= ||decoded.vector||
+    # The decode's own norm (the round's Decoded.norm is only a lower bound of it): its magnitude plus error bounds it
+    # too, but loosely enough to call honest float32 trees with cancelling partials inexact.
+    decoded_norm = float(np.linalg.norm(decoded.vector[:length]))
     own_error = message_rounding(own_terms, own_magnitude, dtype, length)
     add = (unit_roundoff(np.float64) + 2 * u) * (own_magnitude + own_error + decoded_norm)
     add += math.sqrt(length) * underflow_unit(dtype)
