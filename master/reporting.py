@@ -120,8 +120,8 @@ def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     child_timings: dict[int, float] = {}
     late_children: set[int] = set()
     for message in round_.messages.values():  # a tree's first layer: what each parent saw of the nodes below it
-        child_timings.update((pool_ids[c], s) for c, s in message.children_timings if c < len(pool_ids))
-        late_children.update(pool_ids[c] for c in message.children_late if c < len(pool_ids))
+        child_timings.update((pool_ids[c], s) for c, s in message.subtree.timings if c < len(pool_ids))
+        late_children.update(pool_ids[c] for c in message.subtree.late if c < len(pool_ids))
     bytes_sent, bytes_received = TRAFFIC.take(round_.job_id)  # since the job's last report
     return {
         "bytes_sent": bytes_sent,

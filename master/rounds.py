@@ -372,7 +372,7 @@ class RoundPolicy:
 
     def _reload_lost(self, round_: Round, failures: Iterable[WorkerFailure]) -> None:
         """Reload the tree nodes the parents say lost the job (in their messages, or their errors)."""
-        lost = {c for m in round_.messages.values() for c in m.children_lost}
+        lost = {c for m in round_.messages.values() for c in m.subtree.lost}
         lost.update(c for f in failures for c in f.children_lost)
         workers, job_id = self.loader.workers, self.plan.job_id
         lost = {c for c in lost if 0 <= c < len(workers)}

@@ -48,7 +48,7 @@ from gradcode.common.gather.round import Decoded, Round, Source, WorkerFailure, 
 from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.session import Caller
-from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, dict_from_struct
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, Subtree, dict_from_struct
 from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]
@@ -59,18 +59,6 @@ logger = logging.getLogger(__name__)
 def children_lost(round_: Round) -> tuple[int, ...]:
     """The children that answered NOT_FOUND: they restarted and lost the job (the master reloads them)."""
     return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
-
-
-def descendants(round_: Round) -> tuple[tuple[tuple[int, float], ...], tuple[int, ...]]:
-    """The descendants that delivered in a parent's ``round_`` (its children, with their seconds in it, and what
-    their messages reported of theirs) and those decoded without (its children late or failed, and theirs): what
-    the parent's trailer tells the master of the nodes below it."""
-    timings = dict(round_.finished)
-    late = (set(round_.stragglers) | set(round_.failed)) - set(timings)
-    for message in round_.messages.values():
-        timings.update(message.children_timings)
-        late.update(message.children_late)
-    return tuple(sorted(timings.items())), tuple(sorted(late))
 
 
 @dataclass(frozen=True)
@@ -269,12 +257,25 @@ class ParentRunner:
         self.integrity.judge(round_, self.assignment)
         return round_
 
-    def verdict(self, round_: Round) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The children (job worker indices) the checks of ``round_`` singled out, and those quarantined now."""
+    def subtree(self, round_: Round) -> Subtree:
+        """What this parent's messages say of the nodes below it after ``round_`` (job worker indices): the children
+        that lost the job, those the checks singled out and quarantined now, the descendants that delivered (its
+        children, with their seconds in it, and what their messages reported of theirs) and those decoded without
+        (its children late or failed, and theirs)."""
         ids = [worker_id for worker_id, _, _ in self.children]
         integrity = round_.integrity
-        singled_out = () if integrity.singled_out is None else (ids[integrity.singled_out],)
-        return singled_out, tuple(ids[i] for i in integrity.quarantined)
+        timings = dict(round_.finished)
+        late = (set(round_.stragglers) | set(round_.failed)) - set(timings)
+        for message in round_.messages.values():
+            timings.update(message.subtree.timings)
+            late.update(message.subtree.late)
+        return Subtree(
+            lost=children_lost(round_),
+            singled_out=() if integrity.singled_out is None else (ids[integrity.singled_out],),
+            quarantined=tuple(ids[i] for i in integrity.quarantined),
+            timings=tuple(sorted(timings.items())),
+            late=tuple(sorted(late)),
+        )
 
     def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
         head = worker_pb2.ComputeRequest(

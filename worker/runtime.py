@@ -40,9 +40,10 @@ from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.gather.round import Round
 from gradcode.common.transport.shared_memory import SharedPeer
+from gradcode.common.transport.wire import NO_SUBTREE, Subtree
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
-from gradcode.worker.parent import ParentRunner, children_lost, descendants, upward_message
+from gradcode.worker.parent import ParentRunner, upward_message
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = [
@@ -121,16 +122,8 @@ class Message:
     """The sender's certified absolute error of this message: a leaf's rounding of a row of several partitions
     (:meth:`IterationComputation.rounding`), a parent's children's decode plus its own rounding
     (:func:`~gradcode.worker.parent.upward_message`); 0: the receiver bounds it from the row."""
-    children_lost: tuple[int, ...] = ()
-    """A parent's children that answered NOT_FOUND (restarted): the master reloads them."""
-    children_singled_out: tuple[int, ...] = ()
-    """A parent's children its consistency checks singled out (its decoded part leaves them out)."""
-    children_quarantined: tuple[int, ...] = ()
-    """Of those, the children the parent quarantined."""
-    children_timings: tuple[tuple[int, float], ...] = ()
-    """A parent's descendants that delivered, with their seconds as their own parents saw them."""
-    children_late: tuple[int, ...] = ()
-    """A parent's descendants decoded without (late in their parent's round)."""
+    subtree: Subtree = NO_SUBTREE
+    """A parent's word on the nodes below it (:meth:`~gradcode.worker.parent.ParentRunner.subtree`)."""
     magnitude: float = math.nan
     r"""$\sum_j |b_j| \|g_j\|$: a leaf's (:meth:`IterationComputation.magnitude`), a parent's over its own part and
     its children's (:func:`~gradcode.worker.parent.upward_message`)."""
@@ -341,9 +334,7 @@ class JobRuntime:
             job.job_id, request.iteration, decoded.used_workers, gathered.late, gathered.failed, decoded.exact,
             decoded.error_bound,
         )  # fmt: skip
-        lost = children_lost(gathered)
-        singled_out, quarantined = parent.verdict(gathered)
-        timings, late = descendants(gathered)
+        subtree = parent.subtree(gathered)
         out = []
         length = min(parent.certified_length or job.message_length, job.message_length)
         for row in rows:
@@ -351,9 +342,7 @@ class JobRuntime:
             up = upward_message(own[row], computation.magnitude(row), terms, decoded, job.row_dtype(row), length)
             out.append(
                 Message(
-                    row, up.vector, seconds, delay, not decoded.exact, up.decode_error, lost,
-                    children_singled_out=singled_out, children_quarantined=quarantined, magnitude=up.magnitude,
-                    children_timings=timings, children_late=late,
+                    row, up.vector, seconds, delay, not decoded.exact, up.decode_error, subtree, magnitude=up.magnitude
                 )
             )  # fmt: skip
         return out

@@ -446,9 +446,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return message_chunk_pieces(
             m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
             compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
-            approximate=m.approximate, decode_error=m.decode_error, children_lost=m.children_lost,
-            children_singled_out=m.children_singled_out, children_quarantined=m.children_quarantined,
-            children_timings=m.children_timings, children_late=m.children_late,
+            approximate=m.approximate, decode_error=m.decode_error, subtree=m.subtree,
             chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
             shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),
         )  # fmt: skip

@@ -154,9 +154,9 @@ class IntegrityPolicy:
         marks them DOWN. Nodes a tree parent singled out are named among the suspects, never the parent.
         """
         quarantine = self._judge(round_, assignment)
-        named = {c: m.worker_id for m in round_.messages.values() for c in m.children_singled_out}
+        named = {c: m.worker_id for m in round_.messages.values() for c in m.subtree.singled_out}
         by_parents = sorted(
-            {c for m in round_.messages.values() for c in m.children_quarantined} - set(self.quarantined)
+            {c for m in round_.messages.values() for c in m.subtree.quarantined} - set(self.quarantined)
         )
         if not named and not by_parents:
             return quarantine
@@ -197,7 +197,7 @@ class IntegrityPolicy:
             round_.integrity = Integrity(report.checks, tuple(suspects), trusted=False, note=note)
             return []
         culprit = report.located
-        flagged = any(m.approximate or m.children_singled_out for m in round_.messages.values() if
+        flagged = any(m.approximate or m.subtree.singled_out for m in round_.messages.values() if
                       assignment.owner[m.row] == culprit)  # fmt: skip
         decoded_around = round_.exclude([culprit])
         rest = assess(self.code, round_, assignment, leave_out=culprit) if decoded_around else None

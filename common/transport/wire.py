@@ -57,12 +57,14 @@ __all__ = [
     "MAX_JOB_ID_CHARS",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
+    "NO_SUBTREE",
     "SESSION_METHOD",
     "CompletedMessage",
     "MessageAssembler",
     "Placer",
     "ReceivedChunk",
     "Serialized",
+    "Subtree",
     "WireError",
     "array_from_tensor",
     "children_lost_from_metadata",
@@ -323,6 +325,53 @@ def serialized_size(message: Serialized) -> int:
     return len(message) if isinstance(message, bytes) else sum(len(piece) for piece in message)
 
 
+@dataclass(frozen=True)
+class Subtree:
+    """What a tree parent's message says of the nodes below it (job worker indices), in its trailer; a leaf's
+    message says nothing (:data:`NO_SUBTREE`)."""
+
+    lost: tuple[int, ...] = ()
+    """Its children that answered NOT_FOUND (restarted, lost the job): the master reloads them."""
+    singled_out: tuple[int, ...] = ()
+    """Its children its consistency checks singled out: its decoded part leaves them out."""
+    quarantined: tuple[int, ...] = ()
+    """Of those, the ones it quarantined (asks no more in this job)."""
+    timings: tuple[tuple[int, float], ...] = ()
+    """Its descendants that delivered, each with its seconds as its own parent saw it."""
+    late: tuple[int, ...] = ()
+    """Its descendants a parent decoded without (late or failed in that parent's round)."""
+
+    def write(self, trailer: worker_pb2.MessageTrailer) -> None:
+        trailer.children_lost.extend(self.lost)
+        trailer.children_singled_out.extend(self.singled_out)
+        trailer.children_quarantined.extend(self.quarantined)
+        for child, seconds in self.timings:
+            trailer.children_timings.add(worker_id=child, seconds=seconds)
+        trailer.children_late.extend(self.late)
+
+    @classmethod
+    def read(cls, trailer: worker_pb2.MessageTrailer) -> Subtree:
+        """The trailer's subtree (:data:`NO_SUBTREE` for a leaf's); WireError for a child's seconds that are not
+        finite and >= 0."""
+        if not (trailer.children_lost or trailer.children_singled_out or trailer.children_quarantined
+                or trailer.children_timings or trailer.children_late):  # fmt: skip
+            return NO_SUBTREE
+        timings = tuple((int(t.worker_id), float(t.seconds)) for t in trailer.children_timings)
+        if any(not (math.isfinite(seconds) and seconds >= 0) for _, seconds in timings):
+            raise WireError("a child's seconds that are not finite and >= 0")
+        return cls(
+            lost=tuple(int(c) for c in trailer.children_lost),
+            singled_out=tuple(int(c) for c in trailer.children_singled_out),
+            quarantined=tuple(int(c) for c in trailer.children_quarantined),
+            timings=timings,
+            late=tuple(int(c) for c in trailer.children_late),
+        )
+
+
+NO_SUBTREE = Subtree()
+"""A leaf's message: nothing below it."""
+
+
 def message_chunk_bytes(vector: Array, **kwargs: Any) -> Iterator[bytes]:
     """:func:`message_chunk_pieces` (same arguments), each chunk joined into bytes."""
     for chunk in message_chunk_pieces(vector, **kwargs):
@@ -340,11 +389,7 @@ def message_chunk_pieces(
     straggle_seconds: float = 0.0,
     approximate: bool = False,
     decode_error: float = 0.0,
-    children_lost: Sequence[int] = (),
-    children_singled_out: Sequence[int] = (),
-    children_quarantined: Sequence[int] = (),
-    children_timings: Sequence[tuple[int, float]] = (),
-    children_late: Sequence[int] = (),
+    subtree: Subtree = NO_SUBTREE,
     chunk_bytes: int | None = None,
     magnitude: float = math.nan,
     shared: Callable[[Array], bool] | None = None,
@@ -356,10 +401,8 @@ def message_chunk_pieces(
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is the
     sender's certified absolute error bound on its message (a leaf's rounding of several partitions, a parent's
-    decode and own rounding; 0: the receiver bounds it); ``children_lost`` names its children that lost the
-    job (answered NOT_FOUND); ``children_singled_out`` / ``children_quarantined`` the children its consistency
-    checks singled out / quarantined; ``children_timings`` (descendant, seconds) and ``children_late`` a parent's
-    descendants that delivered, and those it decoded without; ``magnitude`` is the sender's
+    decode and own rounding; 0: the receiver bounds it); ``subtree`` what a tree parent says of the nodes below it
+    (:class:`Subtree`); ``magnitude`` is the sender's
     $\sum_j |b_j| \|g_j\|$ (NaN: not sent). A chunk with data is two pieces, its fields and a view of the payload
     (never copied here); protobuf serializes only the small fields.
 
@@ -401,12 +444,7 @@ def message_chunk_pieces(
             meta.trailer.straggle_seconds = straggle_seconds
             meta.trailer.approximate = approximate
             meta.trailer.decode_error = decode_error
-            meta.trailer.children_lost.extend(children_lost)
-            meta.trailer.children_singled_out.extend(children_singled_out)
-            meta.trailer.children_quarantined.extend(children_quarantined)
-            for child, seconds in children_timings:
-                meta.trailer.children_timings.add(worker_id=child, seconds=seconds)
-            meta.trailer.children_late.extend(children_late)
+            subtree.write(meta.trailer)
             if math.isfinite(magnitude):
                 meta.trailer.magnitude = magnitude
             if final and request_id:
@@ -591,16 +629,8 @@ class CompletedMessage:
     decode_error: float = 0.0
     """The sender's certified absolute error bound on its message (a leaf summing several partitions: its rounding;
     a tree parent: its children's decode and its own rounding); 0: none sent, the receiver bounds it."""
-    children_lost: tuple[int, ...] = ()
-    """The sender's (a tree parent's) children that lost the job: the master reloads them."""
-    children_singled_out: tuple[int, ...] = ()
-    """The sender's (a tree parent's) children its consistency checks singled out: its decoded part leaves them out."""
-    children_quarantined: tuple[int, ...] = ()
-    """Of those, the children it quarantined (asks no more in this job)."""
-    children_timings: tuple[tuple[int, float], ...] = ()
-    """The sender's (a tree parent's) descendants that delivered, each with its seconds as its own parent saw it."""
-    children_late: tuple[int, ...] = ()
-    """The sender's descendants a parent decoded without (late in that parent's round)."""
+    subtree: Subtree = NO_SUBTREE
+    """What the sender, a tree parent, said of the nodes below it."""
     magnitude: float = math.nan
     r"""The sender's $\sum_j |b_j| \|g_j\|$ (a leaf's, from its trailer; NaN when not sent): makes the
     decode's error certificate rigorous for this message."""
@@ -704,9 +734,10 @@ class MessageAssembler:
             raise WireError(
                 f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
             )
-        timings = tuple((int(t.worker_id), float(t.seconds)) for t in chunk.trailer.children_timings)
-        if any(not (math.isfinite(seconds) and seconds >= 0) for _, seconds in timings):
-            raise WireError(f"Row {chunk.row} from {where} reports a child's seconds that are not finite and >= 0.")
+        try:
+            subtree = Subtree.read(chunk.trailer)
+        except WireError as exc:
+            raise WireError(f"Row {chunk.row} from {where} reports {exc}.") from None
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,
@@ -716,11 +747,7 @@ class MessageAssembler:
             approximate=chunk.trailer.approximate,
             norm=math.sqrt(self._squares),
             decode_error=chunk.trailer.decode_error,
-            children_lost=tuple(int(c) for c in chunk.trailer.children_lost),
-            children_singled_out=tuple(int(c) for c in chunk.trailer.children_singled_out),
-            children_quarantined=tuple(int(c) for c in chunk.trailer.children_quarantined),
-            children_timings=timings,
-            children_late=tuple(int(c) for c in chunk.trailer.children_late),
+            subtree=subtree,
             magnitude=magnitude,
         )
         self._done.add(chunk.row)

@@ -18,6 +18,7 @@ from gradcode.common.transport.wire import (
     MAX_CHUNK_BYTES,
     MessageAssembler,
     ReceivedChunk,
+    Subtree,
     WireError,
     array_from_tensor,
     children_lost_from_metadata,
@@ -170,11 +171,11 @@ def test_approximate_flag_travels_in_the_trailer() -> None:
 
 def test_a_parents_lost_children_travel_in_its_trailer_and_error_metadata() -> None:
     asm = _assembler()
-    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), children_lost=(4, 2))][-1]
-    assert done is not None and done.children_lost == (4, 2)
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), subtree=Subtree(lost=(4, 2)))][-1]
+    assert done is not None and done.subtree.lost == (4, 2)
     asm = _assembler()
     done = [asm.feed(parse_chunk(c.SerializeToString())) for c in _chunks(np.arange(1000.0))][-1]
-    assert done is not None and done.children_lost == ()
+    assert done is not None and done.subtree.lost == ()
     assert children_lost_from_metadata(children_lost_metadata([3, 5])) == (3, 5)
     assert children_lost_metadata([]) == () and children_lost_from_metadata(None) == ()
     assert children_lost_from_metadata((("other", "1"), ("gradcode-children-lost", "x,1"))) == ()
@@ -444,11 +445,11 @@ def test_a_chunk_that_fails_its_checks_is_not_placed_and_feed_says_why() -> None
 def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused() -> None:
     vec = np.arange(1000, dtype=np.float64)
     receiver = _assembler()
-    done = [receiver.feed(c) for c in _chunks(vec, children_timings=[(4, 0.25), (7, 0.5)], children_late=[9])]
+    done = [receiver.feed(c) for c in _chunks(vec, subtree=Subtree(timings=((4, 0.25), (7, 0.5)), late=(9,)))]
     assert done[-1] is not None
-    assert done[-1].children_timings == ((4, 0.25), (7, 0.5)) and done[-1].children_late == (9,)
+    assert done[-1].subtree.timings == ((4, 0.25), (7, 0.5)) and done[-1].subtree.late == (9,)
     for seconds in (math.nan, -1.0, math.inf):
         asm = _assembler()
         with pytest.raises(WireError, match="child's seconds"):
-            for chunk in _chunks(vec, children_timings=[(4, seconds)]):
+            for chunk in _chunks(vec, subtree=Subtree(timings=((4, seconds),))):
                 asm.feed(chunk)

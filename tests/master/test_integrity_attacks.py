@@ -25,7 +25,7 @@ from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.gather.integrity import QUARANTINE_AFTER, IntegrityPolicy
 from gradcode.common.gather.round import Round, Source
 from gradcode.common.training.models import TrainingMetrics
-from gradcode.common.transport.wire import message_chunks
+from gradcode.common.transport.wire import NO_SUBTREE, Subtree, message_chunks
 from gradcode.master.reporting import iteration_report
 from gradcode.master.spec import JobSpecError, plan_job
 from gradcode.v1 import master_pb2
@@ -369,7 +369,7 @@ async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around
             chunks = list(
                 message_chunks(
                     vector, job_id="j", iteration=t, worker_id=w, row=w, approximate=flagged,
-                    children_singled_out=(17,) if flagged else (), magnitude=_MAGNITUDES[id(code)][w],
+                    subtree=Subtree(singled_out=(17,)) if flagged else NO_SUBTREE, magnitude=_MAGNITUDES[id(code)][w],
                 )
             )  # fmt: skip
             stream = _FakeStream(chunks, 0.001 * w)
@@ -390,7 +390,7 @@ async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_th
     honest = messages(code, g)
     srcs = []
     for w in range(code.n):
-        extra = {"children_singled_out": (17,), "children_quarantined": (17,)} if w == 1 else {}
+        extra = {"subtree": Subtree(singled_out=(17,), quarantined=(17,))} if w == 1 else {}
         magnitude = _MAGNITUDES[id(code)][w]
         chunks = list(
             message_chunks(honest[w], job_id="j", iteration=0, worker_id=w, row=w, magnitude=magnitude, **extra)
