@@ -307,7 +307,7 @@ class IterationComputation:
         r"""Certified absolute error of row ``row``'s message (0 for a row of at most one partition: its receiver
         bounds that itself): the float64 sum of $w$ products, $\gamma_w(u_{64}) \mu$, its cast to the wire dtype,
         $u \mu (1 + \gamma_w)$, and underflow, $\sqrt{p}\,(w + 1)\,\eta$ (Higham, *Accuracy and Stability*, 2nd
-        ed., eqs. (2.8), (3.4), (4.3); :func:`~gradcode.common.codes.numerics.certify_combination` takes it in
+        ed., eqs. (2.8), (3.4), (4.3); :func:`~gradcode.common.codes.numerics.bound_combination` takes it in
         place of its own estimate of this term, which counts the receiver's columns, not the sender's terms)."""
         spec = self.job.rows[row]
         terms = len(spec.partitions)

@@ -91,7 +91,7 @@ def upward_message(
       ``dtype``; :func:`~gradcode.common.codes.numerics.underflow_unit`).
 
     The receiver takes this error in place of its own estimate of the message's rounding
-    (:func:`~gradcode.common.codes.numerics.certify_combination`, ``sender_errors``).
+    (:func:`~gradcode.common.codes.numerics.bound_combination`, ``sender_errors``).
 
     The magnitude sent up bounds $\sum_j |b_j|\|g_j\|$ of the whole row, so the receiver's own certificate
     covers cancellation in this parent's part however large its terms; an unknown child magnitude makes it

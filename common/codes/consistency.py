@@ -9,7 +9,7 @@ other worker's columns explain $Z$ as well (*locate*; needs at least two indepen
 tell the suspects apart).
 
 Rounding makes honest syndromes small, not zero. Each relation $t$ gets the threshold of
-:func:`~gradcode.common.codes.numerics.certify_combination` applied to the combination $y_t$ (its
+:func:`~gradcode.common.codes.numerics.bound_combination` applied to the combination $y_t$ (its
 combine, the workers' encode errors and the residual $y_t B_R \ne 0$ of a numerically computed null
 vector; the encode errors from the magnitudes $\sum_j |b_j| \|g_j\|$ the workers report, so partial
 gradients that cancel inside an honest message raise no alarm), times :data:`SYNDROME_SAFETY`; a

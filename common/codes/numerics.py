@@ -13,7 +13,7 @@ Every scheme, the construction guards, the benchmarks and the master's verify mo
   :func:`worst_combined_error` takes the worst over many decodings; *which* test gradients each
   decoding sees is the caller's (:func:`fresh_gaussian_gradients` or one shared draw), because that is
   what decides which random constructions a guard accepts.
-* **Error certificate** — :func:`certify_combination` (behind :meth:`Decoding.certify`): a bound on
+* **Error certificate** — :func:`bound_combination` (behind :meth:`Decoding.certify`): a bound on
   the relative error of one combined gradient from the weights, the rows and the message norms,
   cheap enough for every iteration; the master calls a decode exact when it is within the job's
   tolerance. :data:`PROMISED_RELATIVE_ERROR` is what the recommended schemes certify in float64.
@@ -52,7 +52,6 @@ __all__ = [
     "adversarial_straggler_sets",
     "all_finite",
     "bound_combination",
-    "certify_combination",
     "combined_error",
     "contiguous_survivor_sets",
     "decode_error",
@@ -270,10 +269,15 @@ def measure_decodings(
             magnitudes = np.abs(rows) @ np.linalg.norm(g, axis=1)  # what honest senders report
             profile = RowProfile.of(decoding.weights, rows)
             dtype = np.result_type(b.dtype, g.dtype)
-            certificate = certify_combination(
-                decoding.weights, profile, norms, float(np.linalg.norm(combined)), u=unit_roundoff(dtype),
-                magnitudes=magnitudes, length=g.shape[1], eta=underflow_unit(dtype),
-            )  # fmt: skip
+            certificate = bound_combination(
+                decoding.weights,
+                profile,
+                norms,
+                u=unit_roundoff(dtype),
+                magnitudes=magnitudes,
+                length=g.shape[1],
+                eta=underflow_unit(dtype),
+            ).certificate(float(np.linalg.norm(combined)))
             if not certificate.bound <= bound:
                 bound = certificate.bound
             if bound > stop_above:
@@ -459,10 +463,10 @@ class RowProfile:
     _constants: dict[tuple[float, float, int], _CertifyConstants] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-    """:func:`certify_combination`'s constants per (u, eta, length): a job asks for one or two."""
+    """:func:`bound_combination`'s constants per (u, eta, length): a job asks for one or two."""
 
     def constants(self, u: float, eta: float, length: int) -> _CertifyConstants:
-        """What :func:`certify_combination` needs of these rows that no message changes, computed once."""
+        """What :func:`bound_combination` needs of these rows that no message changes, computed once."""
         key = (u, eta, length)
         found = self._constants.get(key)
         if found is None:
@@ -483,7 +487,7 @@ class RowProfile:
 
 @dataclass(frozen=True)
 class _CertifyConstants:
-    """The terms of :func:`certify_combination` that depend only on the rows, ``u``, ``eta`` and ``length``: a
+    """The terms of :func:`bound_combination` that depend only on the rows, ``u``, ``eta`` and ``length``: a
     job's later rounds with the same survivor set pay only for what the messages change (issue 24's target:
     the certificate within 10% of the combine)."""
 
@@ -599,26 +603,6 @@ CERTIFY_PREFIX = 8192
 """Coordinates whose norm is a decode's first lower bound of its norm (:meth:`Decoding.certify_vector`)."""
 
 
-def certify_combination(
-    weights: Array,
-    profile: RowProfile,
-    message_norms: Array,
-    combined_norm: float,
-    *,
-    u: float,
-    magnitudes: Array | None = None,
-    length: int = 0,
-    eta: float = 0.0,
-    sender_errors: Array | None = None,
-) -> ErrorCertificate:
-    """:func:`bound_combination`'s certificate of a combination whose norm is ``combined_norm``."""
-    bound = bound_combination(
-        weights, profile, message_norms, u=u, magnitudes=magnitudes, length=length, eta=eta,
-        sender_errors=sender_errors,
-    )  # fmt: skip
-    return bound.certificate(combined_norm)
-
-
 def bound_combination(
     weights: Array,
     profile: RowProfile,
@@ -710,7 +694,7 @@ GUARD_EXHAUSTIVE_SETS = 1024
 
 
 def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) -> float:
-    r"""The largest relative bound :func:`certify_combination` can give this decoding on honest data of the guard's
+    r"""The largest relative bound :func:`bound_combination` can give this decoding on honest data of the guard's
     class (:data:`GUARD_COHERENCE`): what a construction guard compares with its limit, so that a code it accepts
     is one whose per-decode certificates stay within that limit (issue 24: "one guard, the certificate").
 
@@ -719,7 +703,7 @@ def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) ->
     $E \le \sum_j C_j x_j$ with
     $C_j = \sum_i |a_i| |b_{ij}| (\gamma_f + \gamma_{w_i}) + \sum_l |r_l|\,|b_{i(l) j}| / |b_{i(l) l}|$
     ($r$ the weights' residual, $i(l)$ the row that bounds partition $l$'s norm most tightly; the complex
-    constants as in :func:`certify_combination`). By Cauchy–Schwarz, $E \le \|C\|_2 (\sum_j x_j^2)^{1/2}
+    constants as in :func:`bound_combination`). By Cauchy–Schwarz, $E \le \|C\|_2 (\sum_j x_j^2)^{1/2}
     \le \|C\|_2 \|g\| / c$ for data of coherence $c$; the relative bound $E / (\|\hat g\| - E)$ is then
     at most $\beta / (1 - \beta)$, $\beta = \|C\|_2 / c$. No sampling: a true upper bound over that class,
     in float64 (``u``) for message dtypes no wider.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradcode.common.codes import make_code
-from gradcode.common.codes.numerics import RowProfile, certify_combination, unit_roundoff
+from gradcode.common.codes.numerics import RowProfile, bound_combination, unit_roundoff
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
 from tests.worker.conftest import (
@@ -240,8 +240,8 @@ def test_every_row_sends_its_magnitude_and_only_a_row_of_several_partitions_its_
             weights = np.ones(1)
             profile = RowProfile.of(weights, np.asarray(code.B)[[row]])
             u = unit_roundoff(np.float64)
-            without = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[np.nan])
-            with_it = certify_combination(weights, profile, [norm], norm, u=u, magnitudes=[magnitude])
+            without = bound_combination(weights, profile, [norm], u=u, magnitudes=[np.nan]).certificate(norm)
+            with_it = bound_combination(weights, profile, [norm], u=u, magnitudes=[magnitude]).certificate(norm)
             assert without.bound == pytest.approx(with_it.bound, rel=1e-12)
 
 
