@@ -29,9 +29,11 @@ from gradcode.common.transport.wire import (
     serialize_chunk,
 )
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.worker.runtime import JobRuntime
 from tests.helpers import fixed_delay
 from tests.worker.conftest import (
     TOLERANCE,
+    Partitions,
     ServedWorker,
     data_for,
     expected_message,
@@ -252,21 +254,28 @@ async def test_a_not_found_that_ends_a_cancelled_request_tells_who_lost_which_jo
             session.close()
 
 
+async def _backup_requests(
+    channel: grpc.aio.Channel, served_worker: ServedWorker, flag: str
+) -> tuple[Partitions, JobRuntime, Array, list[worker_pb2.ComputeRequest]]:
+    """Worker 0 of the cyclic job loaded with three partitions: the partitions, its runtime, a model, and its
+    requests for iterations 0 and 1 as a backup with ``flag`` (``deferred`` or ``hold``) set."""
+    partitions = make_partitions(3)
+    await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
+    heads = [_head("job", 0, CYCLIC.static_assignment().rows[0], t) for t in range(2)]
+    for head in heads:
+        head.backup = True
+        setattr(head, flag, True)
+    return partitions, served_worker.servicer.jobs["job"], random_params(), heads
+
+
 async def test_a_deferred_backup_computes_nothing_until_promoted_and_nothing_at_all_when_cancelled(
     channel: grpc.aio.Channel, session: Session, served_worker: ServedWorker
 ) -> None:
     """A backup that shares its machine with the receiver's other workers waits for its promotion before it
     computes a partition; cancelled first, it has computed none."""
     async with asyncio.timeout(TEST_TIMEOUT):
-        partitions = make_partitions(3)
-        await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
-        runtime = served_worker.servicer.jobs["job"]
+        partitions, runtime, theta, heads = await _backup_requests(channel, served_worker, "deferred")
         stats = runtime.job.stats
-        theta = random_params()
-        rows = CYCLIC.static_assignment().rows[0]
-        heads = [_head("job", 0, rows, t) for t in range(2)]
-        for head in heads:
-            head.backup = head.deferred = True
 
         stream = session.compute(heads[0], model_request_bytes(theta))
         reader = asyncio.create_task(_messages(stream, heads[0]))
@@ -345,15 +354,8 @@ async def test_a_held_backup_computes_at_once_says_ready_and_sends_only_when_pul
     """With ``hold``, a backup computes its messages without waiting for a promotion, says they are ready (a notice,
     no message bytes), and sends them, exact, only once promoted; cancelled while ready, it drops them unsent."""
     async with asyncio.timeout(TEST_TIMEOUT):
-        partitions = make_partitions(3)
-        await _load(channel, job_setup(CYCLIC, 0), data_for(CYCLIC, 0, partitions))
-        runtime = served_worker.servicer.jobs["job"]
+        partitions, runtime, theta, heads = await _backup_requests(channel, served_worker, "hold")
         stats = runtime.job.stats
-        theta = random_params()
-        rows = CYCLIC.static_assignment().rows[0]
-        heads = [_head("job", 0, rows, t) for t in range(2)]
-        for head in heads:
-            head.backup = head.hold = True
 
         before = _sent()
         stream = session.compute(heads[0], model_request_bytes(theta))
