@@ -1,11 +1,12 @@
 """What ``python -m gradcode.master`` and ``python -m gradcode.worker`` share: flags with environment defaults and the
-process set-up every gradcode service does before serving."""
+process set-up every gradcode service does before serving; and the aligned text tables commands print."""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import os
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -21,6 +22,7 @@ __all__ = [
     "prepare_process",
     "service_address",
     "start_metrics",
+    "text_table",
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -139,3 +141,10 @@ def start_metrics(
     server = start_metrics_server(host, args.metrics_port, registry)
     print(f"{name} metrics on http://{format_address(host, server.port)}/metrics", flush=True)
     return server
+
+
+def text_table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    """``head`` and ``lines`` as left-aligned columns two spaces apart."""
+    table = [list(head), *[list(line) for line in lines]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)

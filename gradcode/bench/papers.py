@@ -52,6 +52,7 @@ from gradcode.bench.output import load_average
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode, Observation
 from gradcode.common.codes.coded_reduce import coded_reduce_latency_bounds, optimal_load
+from gradcode.common.ops.cli import text_table
 from gradcode.common.sim.simulate import Costs, IterationOutcome, ObservationPolicy, simulate
 from gradcode.common.sim.stragglers import FixedDelay, GilbertElliot, Pareto, ShiftedExponential
 
@@ -265,11 +266,9 @@ def reisizadeh_latency(
 
 def format_rows(rows: Sequence[PaperRow]) -> str:
     head = ("paper", "setting", "quantity", "paper", "gradcode", "holds")
-    table = [head] + [
-        (r.paper, r.setting, r.quantity, r.paper_value, r.gradcode_value, "yes" if r.holds else "NO") for r in rows
-    ]
-    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
+    return text_table(
+        head, [(r.paper, r.setting, r.quantity, r.paper_value, r.gradcode_value, "yes" if r.holds else "NO") for r in rows]
+    )
 
 
 def run(*, quick: bool) -> list[PaperRow]:

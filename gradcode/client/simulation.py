@@ -24,6 +24,7 @@ from typing import Any
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import code_class, make_code
+from gradcode.common.ops.cli import text_table
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 
@@ -127,10 +128,7 @@ def format_rows(rows: Sequence[dict[str, Any]], *, extra: Sequence[tuple[str, st
         ("master_bytes_per_iteration", "MB/iter at master", lambda v: f"{v / 1e6:.3f}"),
     ]
     columns += [(key, head, str) for key, head in extra]
-    table = [[head for _, head, _ in columns]]
-    table += [[fmt(row[key]) for key, _, fmt in columns] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
+    return text_table([head for _, head, _ in columns], [[fmt(row[key]) for key, _, fmt in columns] for row in rows])
 
 
 def _simulate_command(args: argparse.Namespace) -> int:
@@ -178,12 +176,6 @@ def add_simulate_command(
     return p
 
 
-def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
-    table = [list(head), *[list(line) for line in lines]]
-    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in table)
-
-
 def _plan_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -226,7 +218,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         )
         for r in rows[: args.show]
     ]  # fmt: skip
-    print(_table(head, lines))
+    print(text_table(head, lines))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         clean = [
