@@ -122,22 +122,27 @@ def tandon_figure4(
 
 
 def halbawi_optimal_load(
-    n: int = 24, iterations: int = 1500, max_w: int | None = None
+    n: int = 24, iterations: int = 1500, max_w: int | None = None, seeds: int = 10
 ) -> tuple[PaperRow, dict[float, float]]:
     """Simulated mean time of Halbawi et al.'s delay model per load α = w/n (their Reed–Solomon code), for
-    w up to ``max_w`` (default n/3)."""
+    w up to ``max_w`` (default n/3): the median over ``seeds`` delay draws of each draw's mean over ``iterations``;
+    the row says in how many draws the optimum is the one of the medians."""
     t0, xi, total_compute = 0.001, 1.1, 0.035
     alpha_star = (t0 / (total_compute * xi)) ** (xi / (1 + xi))  # eq. (22)
     costs = Costs(compute_seconds=total_compute)
-    delays = Pareto(xi, t0, seed=22)
-    means: dict[float, float] = {}
+    per_seed: dict[float, list[float]] = {}
     for w in range(1, (max_w or n // 3) + 1):
         try:
             code = make_code("reed_solomon", n=n, k=n, w=w)
         except ValueError:
             continue  # a load the numerical guard refuses: not on the grid
-        means[w / n] = float(simulate(code, costs, iterations, delays).seconds.mean())
+        per_seed[w / n] = [
+            float(simulate(code, costs, iterations, Pareto(xi, t0, seed=seed)).seconds.mean()) for seed in range(seeds)
+        ]
+    means = {alpha: float(np.median(times)) for alpha, times in per_seed.items()}
     best = min(means, key=means.__getitem__)
+    draws = [{alpha: times[i] for alpha, times in per_seed.items()} for i in range(seeds)]
+    agreeing = sum(min(draw, key=draw.__getitem__) == best for draw in draws)
     below = max((a for a in means if a <= alpha_star), default=best)
     above = min((a for a in means if a >= alpha_star), default=best)
     row = PaperRow(
@@ -145,7 +150,8 @@ def halbawi_optimal_load(
         f"Pareto t0={t0} xi={xi}, N c_g={total_compute}, reed_solomon n={n}",
         "optimal load alpha*",
         "0.1477",
-        f"{best:.4f} (grid step 1/{n}; eq. (22) evaluates to {alpha_star:.4f})",
+        f"{best:.4f} (grid step 1/{n}, the optimum in {agreeing} of {seeds} draws; eq. (22) evaluates to "
+        f"{alpha_star:.4f})",
         best in (below, above),
     )
     return row, means
@@ -266,9 +272,10 @@ def reisizadeh_latency(
 
 def format_rows(rows: Sequence[PaperRow]) -> str:
     head = ("paper", "setting", "quantity", "paper", "gradcode", "holds")
-    return text_table(
-        head, [(r.paper, r.setting, r.quantity, r.paper_value, r.gradcode_value, "yes" if r.holds else "NO") for r in rows]
-    )
+    lines = [
+        (r.paper, r.setting, r.quantity, r.paper_value, r.gradcode_value, "yes" if r.holds else "NO") for r in rows
+    ]
+    return text_table(head, lines)
 
 
 def run(*, quick: bool) -> list[PaperRow]:

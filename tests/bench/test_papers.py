@@ -25,7 +25,7 @@ def test_tandon_figure4_naive_grows_with_the_delay_coded_schemes_stay_flat() -> 
 
 
 def test_halbawi_simulated_optimum_brackets_eq22() -> None:
-    row, means = halbawi_optimal_load(iterations=200, max_w=5)
+    row, means = halbawi_optimal_load(iterations=40, max_w=5)  # 10 draws of 40
     best = min(means, key=means.__getitem__)
     assert row.holds and best == pytest.approx(3 / 24) and 3 / 24 < 0.1477 < 4 / 24
     assert sorted(means) == pytest.approx([2 / 24, 3 / 24, 4 / 24, 5 / 24])  # w = 1 tolerates no straggler
