@@ -352,13 +352,12 @@ class Round:
             sender_errors=[m.decode_error for m in messages],
         )  # fmt: skip
 
-    def certify(self, vector: Array, bound: CombinationBound | None = None) -> Certified:
+    def certify(self, vector: Array, bound: CombinationBound) -> Certified:
         """Certified error of ``vector``'s gradient part, the decoding's combination (:class:`Certified`), from its
-        :meth:`error_bound` (computed here when not given), divided by a lower bound of the vector's norm
+        :meth:`error_bound` divided by a lower bound of the vector's norm
         (:meth:`~gradcode.common.codes.base.Decoding.certify_vector`)."""
         if self.decoding is None:
             raise ValueError("Nothing to certify: the gather did not reach a decodable set.")
-        bound = self.error_bound() if bound is None else bound
         certificate, norm = self.decoding.certify_vector(
             vector, bound, tolerance=self.tolerance, length=min(self.certified_length, self.length)
         )
