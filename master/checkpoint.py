@@ -28,6 +28,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Observation
 from gradcode.common.training.data import npz_declared_arrays
+from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master.limits import MAX_MODEL_BYTES, MAX_SPEC_BYTES, MAX_WORKERS
 from gradcode.master.optimizer import Optimizer, make_optimizer
 from gradcode.v1 import master_pb2
@@ -70,6 +71,15 @@ class Checkpoint:
     @property
     def job_id(self) -> str:
         return self.spec.job_id
+
+    def model_reply(self) -> master_pb2.ModelReply:
+        """GetModel's answer for the job as it stands here."""
+        return master_pb2.ModelReply(
+            job_id=self.job_id,
+            iteration=self.iteration,
+            parameters=tensor_from_array(self.optimizer.params),
+            model=self.spec.model,
+        )
 
     @property
     def resumable(self) -> bool:

@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.reporting import read_history
 from gradcode.v1 import master_pb2
@@ -62,12 +61,7 @@ class FinishedJob:
         )
 
     def model_reply(self) -> master_pb2.ModelReply:
-        return master_pb2.ModelReply(
-            job_id=self.job_id,
-            iteration=self.checkpoint.iteration,
-            parameters=tensor_from_array(self.checkpoint.optimizer.params),
-            model=self.checkpoint.spec.model,
-        )
+        return self.checkpoint.model_reply()
 
     async def watch(self) -> AsyncIterator[master_pb2.IterationReport]:
         """Its history's reports (none without a history file), read in a thread."""

@@ -65,7 +65,6 @@ from gradcode.common.ops.logs import set_log_context
 from gradcode.common.ops.metrics import job_state_label
 from gradcode.common.training.models import TrainingMetrics, training_metrics
 from gradcode.common.transport.shared_memory import DEFAULT_ROOT, SharedDirectory
-from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master import reporting
 from gradcode.master.checkpoint import Checkpoint
 from gradcode.master.loading import WorkerLoader
@@ -174,12 +173,7 @@ class JobRunner:
         )
 
     def model_reply(self) -> master_pb2.ModelReply:
-        return master_pb2.ModelReply(
-            job_id=self.job_id,
-            iteration=self.iterations_done,
-            parameters=tensor_from_array(self.optimizer.params),
-            model=self.plan.spec.model,
-        )
+        return self.checkpoint().model_reply()
 
     def start(self, on_done: Callable[[JobRunner], None] | None = None) -> None:
         """Run the job in the background; ``on_done(self)`` is called as soon as it has reached its final state."""
