@@ -1,10 +1,10 @@
 """The master's backups and hedges inside one round's gather: a :class:`~gradcode.common.gather.round.GatherStrategy`.
 
-The round (:mod:`gradcode.common.gather.round`) only collects; every decision the master takes while it gathers, beyond
-whom to ask (:class:`~gradcode.master.rounds.Primaries`), is here: which backups to promote when expected workers
-are late, promoting every backup at the hedge, and asking a silent worker again. A new decision about backups (for
-instance pulling a held backup's payload once it is needed) is one more method of :class:`Hedging` acting through
-:meth:`Gathering.promote <gradcode.common.gather.round.Gathering.promote>`.
+The round (:mod:`gradcode.common.gather.round`) only collects; every decision the master takes while it gathers,
+beyond whom to ask (:class:`~gradcode.common.gather.primaries.Primaries`), is here: which backups to promote when
+expected workers are late, promoting every backup at the hedge, asking a silent worker again, and pulling a held
+backup's messages once they are needed, each through the gather's actions
+(:class:`~gradcode.common.gather.round.Gathering`: ``promote``, ``reopen``).
 """
 
 from __future__ import annotations

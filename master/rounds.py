@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 
-from gradcode.common.codes.base import Array, Assignment, GradientCode
+from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.gather.integrity import IntegrityPolicy
+from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
 from gradcode.common.training.models import message_length
 from gradcode.common.transport.shared_memory import SharedDirectory
@@ -58,74 +59,6 @@ from gradcode.worker.straggling import StragglerEmulation
 __all__ = ["AnswerTimes", "Primaries", "RoundPolicy"]
 
 log = logging.getLogger(__name__)
-
-
-class Primaries:
-    """The workers a round expects to decode from; the round asks the others as backups.
-
-    The code picks a minimal decoding set (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`),
-    preferring the workers that answered the last round; the set is kept while its members keep answering, so a
-    persistently slow worker becomes a backup. Sets are cached by assignment, askable workers and the workers
-    that missed the last round (a decoding set costs up to ~10 ms to find at n = 16).
-
-    A set of n - s or more of the askable workers (any n - s decode a cyclic code) is no set: every worker is
-    expected. Its s backups would save s workers' work and cost a late start whenever one of the many expected
-    workers straggles. The training benchmark measured cyclic 1.13-1.17x slower with them (s = 1, no delay and
-    one worker delayed 0.25 s), but its next run put the same configuration twice at 1.07 and 1.27: within
-    the comparison's noise, so this rests on the argument more than on the figure. Fractional, binary and
-    Reed-Solomon, whose sets are n / (s + 1), ran 0.56-0.83x as long as with every worker asked alike (no delay and
-    one worker delayed 0.25 s) in both runs since backups on one machine wait to be promoted.
-    """
-
-    CACHED = 256
-    HEDGE_FACTOR = 2.0
-    """A round not decoded after this many times the median of the recent rounds' gathers promotes every backup."""
-    HEDGE_HISTORY = 16
-    FIRST_HEDGE_SECONDS = 1.0
-    """The hedge before any round has decoded."""
-
-    def __init__(self, code: GradientCode) -> None:
-        self.code = code
-        self._seconds: collections.deque[float] = collections.deque(maxlen=self.HEDGE_HISTORY)
-        self.current: frozenset[int] | None = None
-        self._assignment: Assignment | None = None
-        self._answered: frozenset[int] = frozenset()
-        self._cache: collections.OrderedDict[
-            tuple[tuple[tuple[int, ...], ...], frozenset[int], frozenset[int]], frozenset[int]
-        ] = collections.OrderedDict()
-
-    def choose(self, assignment: Assignment, askable: Sequence[int]) -> frozenset[int]:
-        """The decoding set this round expects among ``askable`` (all of them when together they do not decode)."""
-        everyone = frozenset(askable)
-        current = self.current
-        if current is not None and assignment == self._assignment and current <= everyone & self._answered:
-            return current
-        missed = everyone - self._answered
-        key = (assignment.rows, everyone, missed)
-        chosen = self._cache.get(key)
-        if chosen is None:
-            found = self.code.decoding_set(assignment, sorted(everyone, key=lambda w: (w in missed, w)))
-            small = found is not None and len(found) < len(everyone) - self.code.s
-            chosen = frozenset(found or ()) if small else everyone
-            self._cache[key] = chosen
-            if len(self._cache) > self.CACHED:
-                self._cache.popitem(last=False)
-        self.current, self._assignment = chosen, assignment
-        return chosen
-
-    def answered(self, workers: Iterable[int], seconds: float) -> None:
-        """The workers whose messages arrived in the round just decoded, and how long its gather took."""
-        self._answered = frozenset(workers)
-        self._seconds.append(seconds)
-
-    def hedge(self) -> float:
-        """Seconds after which a round not yet decoded promotes every backup still out: the promotion
-        :class:`~gradcode.master.hedging.Hedging` starts when expected workers end cannot start while more than
-        s of them hang (frozen, or slower than anything), and deferred backups would otherwise wait for the
-        iteration deadline."""
-        if not self._seconds:
-            return self.FIRST_HEDGE_SECONDS
-        return self.HEDGE_FACTOR * statistics.median(self._seconds)
 
 
 class AnswerTimes:

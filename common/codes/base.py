@@ -560,7 +560,7 @@ class GradientCode(ABC):
         Greedy: workers join in ``preference`` order until the rows decode, then each member, the latest first,
         is left out when the others still decode. No member can go (minimal); a smaller set may exist. The
         master asks the workers outside it as backups, and asks a set completing the messages in hand when an
-        expected worker is late (:class:`gradcode.master.rounds.Primaries`, :meth:`Round.gather`).
+        expected worker is late (:class:`gradcode.common.gather.primaries.Primaries`, :meth:`Round.gather`).
         """
         dec = self.decoder(assignment)
         if any(dec.add(r) for r in assignment.rows_of(given)):

@@ -51,6 +51,7 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode, Observation
 from gradcode.common.codes.registry import make_code
 from gradcode.common.codes.topology import Topology
+from gradcode.common.gather.primaries import Primaries
 from gradcode.common.sim.stragglers import DelayModel, NoDelay
 from gradcode.common.validation import check_int, check_number
 
@@ -295,9 +296,9 @@ def simulate(
 
     ``observe`` tells a dynamic code what it saw before each iteration (default: :func:`straggler_observation`,
     the master's rule); static codes ignore it. Iterations are numbered from ``first_iteration`` (the delay
-    models' ``iteration`` argument). ``primaries``: a static flat code's round expects a minimal decoding set
-    (:meth:`GradientCode.decoding_set`, preferring the workers the last decode used, as the master's
-    ``Primaries``: kept while its members' messages arrive before the decode, found again otherwise) and its
+    models' ``iteration`` argument). ``primaries``: a static flat code's round expects the minimal decoding set the
+    master would (:class:`~gradcode.common.gather.primaries.Primaries`: kept while its members' messages arrive
+    before the decode, found again otherwise) and its
     messages cross the link before backups ready at the same moment (the live backups compute at the lowest
     priority); a set of ``n - s`` or more is no set. Above :data:`PRIMARIES_MAX_WORKERS` workers every worker is
     asked alike.
@@ -318,9 +319,8 @@ def simulate(
     weights = code.partition_weights
     outcomes: list[IterationOutcome] = []
     last: IterationOutcome | None = None
-    current: frozenset[int] | None = None
+    chooser = Primaries(code) if primaries and static is not None and code.n <= PRIMARIES_MAX_WORKERS else None
     expected: frozenset[int] = frozenset()
-    arrived: frozenset[int] = frozenset(range(code.n))
     for t in range(first_iteration, first_iteration + iterations):
         assignment = static if static is not None else code.assign(observe(t, last))
         has_model = _down(0.0, code.n, costs, costs.master_bandwidth)
@@ -336,14 +336,14 @@ def simulate(
             start = float(has_model[w]) + delays.delay(w, t) + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
-        if primaries and static is not None and code.n <= PRIMARIES_MAX_WORKERS:
-            if current is None or not current <= arrived:  # the master keeps a set while its members answer
-                found = code.decoding_set(static, sorted(range(code.n), key=lambda w: (w not in arrived, w)))
-                current = frozenset(found) if found is not None and len(found) < code.n - code.s else frozenset()
-            expected = current
+        if chooser is not None and static is not None:
+            chosen = chooser.choose(static, range(code.n))
+            expected = frozenset() if len(chosen) == code.n else chosen  # every worker: all asked alike
         seconds, used, received, arrived = receiver.run(assignment, ready, expected)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
+        if chooser is not None:
+            chooser.answered(arrived, seconds)
         master_bytes = costs.message_bytes * ((code.n if costs.broadcast else 0) + received)
         used_set = set(used)
         late = tuple(w for w in range(code.n) if w not in used_set)

@@ -1,4 +1,5 @@
-"""Whom a round expects to decode from (master.rounds.Primaries), and the job option that turns backups off."""
+"""Whom a round expects to decode from (common.gather.primaries.Primaries), and the job option that turns backups
+off."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Assignment
+from gradcode.common.gather.primaries import Primaries
 from gradcode.master.pool import PoolWorker
-from gradcode.master.rounds import Primaries, sharing_a_machine
+from gradcode.master.rounds import sharing_a_machine
 from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, DEFAULT_SURPLUS, SURPLUS_MODES, JobSpecError, plan_job
 from tests.master.test_job_spec import spec
 
