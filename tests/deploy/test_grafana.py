@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -29,6 +30,7 @@ def _maker() -> ModuleType:
     return module
 
 
+@functools.cache
 def _exported() -> dict[str, set[str]]:
     """Every sample name the master and a worker export, with the labels it carries (a report recorded first, so
     the per-worker series exist)."""
