@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
 
 __all__ = [
-    "CERTIFY_PREFIX",
+    "CERTIFY_TAIL",
     "DEFAULT_MAX_DECODE_ERROR",
     "GUARD_COHERENCE",
     "GUARD_EXHAUSTIVE_SETS",
@@ -270,7 +270,6 @@ def measure_decodings(
             profile = RowProfile.of(decoding.weights, rows)
             dtype = np.result_type(b.dtype, g.dtype)
             certificate = bound_combination(
-                decoding.weights,
                 profile,
                 norms,
                 u=unit_roundoff(dtype),
@@ -453,6 +452,7 @@ class RowProfile:
         residual: $|\hat a B_F - \mathbf{1}|$ per partition, computed in extended precision: the
             weights' own error (zero for 0/1 codes; large for approximate schemes).
         complex_arithmetic: the rows or weights are complex (larger rounding constants).
+        weights: $|\hat a|$, the decoding weights' magnitudes (one per combined message).
     """
 
     magnitude: Array
@@ -460,6 +460,7 @@ class RowProfile:
     spread: Array
     residual: Array
     complex_arithmetic: bool
+    weights: Array
     _constants: dict[tuple[float, float, int], _CertifyConstants] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -482,7 +483,7 @@ class RowProfile:
         complex_arithmetic = bool(np.iscomplexobj(rows) or np.iscomplexobj(weights))
         wide = np.clongdouble if complex_arithmetic else np.longdouble
         residual = np.abs(np.asarray(weights).astype(wide) @ rows.astype(wide) - 1).astype(np.float64)
-        return cls(magnitude, support, spread, residual, complex_arithmetic)
+        return cls(magnitude, support, spread, residual, complex_arithmetic, np.abs(np.asarray(weights)))
 
 
 @dataclass(frozen=True)
@@ -494,19 +495,20 @@ class _CertifyConstants:
     norm_inflation: float
     r"""$1 + \gamma_p(u_{64})$: the float64 sums of squares' own rounding."""
     norm_floor: float
-    r"""$\sqrt{p\,\eta_{64}}$: what squares below the float64 range may have lost."""
+    r"""$\sqrt{p\,\eta_{64}}$ (at least :data:`_TINY`): what squares below the float64 range may have lost."""
     combine_gamma: float
     r"""$\gamma_f$ (times $\sqrt 2$ for complex arithmetic, $\gamma_{f+2}$), of the combine's $f$ products."""
-    row_gamma: Array
-    r"""$\gamma_{w_i}$ per row (the same complex constants), of each sender's sum."""
-    row_underflow: Array
-    r"""$\sqrt{p}\,\eta\,(w_i + 1)$ per row."""
-    single: Array
-    """Rows of at most one partition (their magnitude is known from their norm)."""
+    rows: tuple[tuple[float, float, float, float, bool], ...]
+    r"""Per row $i$: $|a_i|$; $\gamma_{w_i}$ (the same complex constants), of its sender's sum;
+    $\sqrt{p}\,\eta\,(w_i + 1)$; its spread $\rho_i$ (:class:`RowProfile`); and whether it has at most one
+    partition (its magnitude is then known from its norm). Python floats: at f <= 128 rows a loop over them costs
+    less than the numpy calls it replaces, which dominated the certificate at n = 8."""
     underflow: float
     r"""$\sqrt{p}\,(f + 2)\,\eta_{64}$: the combine's products."""
-    weight_error: bool
-    """Some partition's weights leave a residual (the weight term is needed)."""
+    weight_terms: tuple[tuple[int, float], ...]
+    r"""Per partition $l$ whose weights leave a residual $r_l$ (:class:`RowProfile`): the row $i(l)$ that bounds
+    its norm, $\|g_l\| \le \mu_{i(l)} / |b_{i(l) l}|$ (:func:`bounding_rows`, the construction guard's choice), and
+    $r_l / |b_{i(l) l}|$ (infinite when no row covers it)."""
 
     @classmethod
     def of(cls, profile: RowProfile, u: float, eta: float, length: int) -> _CertifyConstants:
@@ -516,14 +518,47 @@ class _CertifyConstants:
         extra = 2 if profile.complex_arithmetic else 0
         return cls(
             norm_inflation=1 + float(_gamma(length, u64)) if length else 1.0,
-            norm_floor=math.sqrt(length * eta64),
+            norm_floor=max(math.sqrt(length * eta64), _TINY),
             combine_gamma=scale * float(_gamma(f + extra, u)),
-            row_gamma=scale * _gamma(profile.support + extra, u),
-            row_underflow=(math.sqrt(length) * eta) * (profile.support + 1),
-            single=profile.support <= 1,
+            rows=tuple(
+                zip(
+                    profile.weights.tolist(),
+                    (scale * _gamma(profile.support + extra, u)).tolist(),
+                    ((math.sqrt(length) * eta) * (profile.support + 1)).tolist(),
+                    profile.spread.tolist(),
+                    (profile.support <= 1).tolist(),
+                    strict=True,
+                )
+            ),
             underflow=math.sqrt(length) * (f + 2) * eta64,
-            weight_error=bool(np.any(profile.residual > 0)),
+            weight_terms=_weight_terms(profile),
         )
+
+
+_TINY = float(np.finfo(np.float64).tiny)
+r"""The smallest normal float64: the floor of every norm the certificate takes, so that $\mu_i > 0$ and no term
+is $0 \cdot \infty$ (raising an upper bound keeps it one)."""
+
+
+def bounding_rows(magnitude: Array) -> Array:
+    r"""Per partition $l$, the row $i$ whose magnitude bounds $\|g_l\|$ most tightly for data of comparable
+    partition norms: least $\sum_j |b_{ij}| / |b_{il}|$ (-1 where no row covers it). The per-decode certificate
+    and the construction guard use the same row, so the guard bounds what the certificate computes."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(magnitude > 0, magnitude.sum(axis=1)[:, None] / magnitude, np.inf)
+    best = np.argmin(ratios, axis=0)
+    covered = np.isfinite(ratios[best, np.arange(ratios.shape[1])])
+    return np.where(covered, best, -1)
+
+
+def _weight_terms(profile: RowProfile) -> tuple[tuple[int, float], ...]:
+    """:attr:`_CertifyConstants.weight_terms` of ``profile``."""
+    rows = bounding_rows(profile.magnitude)
+    return tuple(
+        (int(i), float(r / profile.magnitude[i, part]) if i >= 0 else math.inf)
+        for part, (i, r) in enumerate(zip(rows, profile.residual, strict=True))
+        if r > 0
+    )
 
 
 def row_shape(rows: Array) -> tuple[Array, Array, Array]:
@@ -599,20 +634,20 @@ class CombinationBound:
         )  # fmt: skip
 
 
-CERTIFY_PREFIX = 8192
-"""Coordinates whose norm is a decode's first lower bound of its norm (:meth:`Decoding.certify_vector`)."""
+CERTIFY_TAIL = 8192
+"""Coordinates whose norm is a decode's first lower bound of its norm (:meth:`Decoding.certify_vector`): its last
+ones, which the blocked combine (:func:`weighted_sum`) wrote last and left in cache."""
 
 
 def bound_combination(
-    weights: Array,
     profile: RowProfile,
-    message_norms: Array,
+    message_norms: Sequence[float] | Array,
     *,
     u: float,
-    magnitudes: Array | None = None,
+    magnitudes: Sequence[float] | Array | None = None,
     length: int = 0,
     eta: float = 0.0,
-    sender_errors: Array | None = None,
+    sender_errors: Sequence[float] | Array | None = None,
 ) -> CombinationBound:
     r"""Bound the error of $\hat g = \sum_i a_i \hat m_i$ from the message norms $\nu_i = \|\hat m_i\|$; with
     $\|\hat g\|$ it certifies it (:meth:`CombinationBound.certificate`). Computed before the combine, it works on
@@ -637,8 +672,9 @@ def bound_combination(
       whose error includes its children's decode) has that absolute error taken instead of this term and its
       underflow share;
     * the weights: $\hat a B_F = \mathbf{1} + r$ makes the combination $\sum_j (1 + r_j) g_j$, an error
-      $\sum_j |r_j| \|g_j\|$, with $\|g_j\| \le \min_{i: b_{ij} \ne 0} \mu_i / |b_{ij}|$ ($r$ from
-      :class:`RowProfile`). A partition no received row covers leaves $E$ infinite;
+      $\sum_j |r_j| \|g_j\|$, with $\|g_j\| \le \mu_{i(j)} / |b_{i(j) j}|$ for the row $i(j)$ that
+      :func:`bounding_rows` picks ($r$ from :class:`RowProfile`). A partition no received row covers leaves $E$
+      infinite;
     * underflow (gradual, Higham eq. (2.8)): each of the $w_i$ products of a message and its cast may add
       $\eta$ (``eta``, :func:`underflow_unit` of the message dtype) per coordinate, and each of the $f$ products
       of the combine $\eta_{64}$: $\sqrt{p}\,(\eta \sum_i |a_i| (w_i + 1) + (f + 2)\eta_{64})$ over the
@@ -653,34 +689,41 @@ def bound_combination(
     The sum $E$ bounds $\|\hat g - g\|$ to first order in $u$; dividing by $\|g\| \ge \|\hat g\| - E$
     gives the relative bound.
     """
-    a = np.abs(np.asarray(weights))
     terms = profile.constants(u, eta, length)
-    nu = np.asarray(message_norms, dtype=np.float64) * terms.norm_inflation + terms.norm_floor
-    weighted = float(a @ nu)
+    f = len(terms.rows)
+    norms = _floats(message_norms, f, "message_norms")
+    reported = [math.nan] * f if magnitudes is None else _floats(magnitudes, f, "magnitudes")
+    sent = [0.0] * f if sender_errors is None else _floats(sender_errors, f, "sender_errors")
+    single_row = 1 / (1 - u) ** 2
+    weighted = encode = magnitude = 0.0
+    insides = []
+    for (a, gamma, floor, spread, single), norm, mu, error in zip(terms.rows, norms, reported, sent, strict=True):
+        nu = norm * terms.norm_inflation + terms.norm_floor
+        if magnitudes is None:
+            inside = spread * nu
+        elif mu == mu:  # reported (not NaN)
+            inside = max(mu, nu)
+        else:
+            inside = nu * single_row if single else math.inf
+        insides.append(inside)
+        if a:  # a zero weight on an uncertifiable row costs nothing
+            weighted += a * nu
+            encode += a * (error if error > 0 else gamma * inside + floor)
+            magnitude += a * inside
     combine = terms.combine_gamma * weighted  # (float64 arithmetic; u >= u64 keeps it a bound)
-    if magnitudes is None:
-        inside = profile.spread * nu
-    else:
-        reported = np.asarray(magnitudes, dtype=np.float64)
-        unknown = np.isnan(reported)
-        inside = np.maximum(reported, nu)
-        if unknown.any():
-            inside[unknown] = np.where(terms.single, nu / (1 - u) ** 2, math.inf)[unknown]
-    receiver = terms.row_gamma * inside + terms.row_underflow
-    if sender_errors is not None:
-        sent = np.asarray(sender_errors, dtype=np.float64)
-        receiver = np.where(sent > 0, sent, receiver)
-    used = a > 0
-    if used.all():
-        encode, magnitude = float(a @ receiver), float(a @ inside)
-    else:  # 0 * inf: a zero weight on an uncertifiable row costs nothing
-        encode, magnitude = float(a[used] @ receiver[used]), float(a[used] @ inside[used])
-    weight = 0.0
-    if terms.weight_error:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            per_partition = np.where(profile.magnitude > 0, inside[:, None] / profile.magnitude, np.inf).min(axis=0)
-            weight = float(np.sum(np.where(profile.residual > 0, profile.residual * per_partition, 0.0)))
+    weight = 0.0  # partitions whose weights leave a residual r_l: r_l ||g_l|| <= r_l mu_i(l) / |b_i(l) l|
+    for row, scale in terms.weight_terms:
+        weight += scale * insides[row]
     return CombinationBound(combine + encode + weight + terms.underflow, weighted, magnitude, u)
+
+
+def _floats(values: Sequence[float] | Array, count: int, what: str) -> list[float]:
+    """``values``, one per combined row, as Python floats."""
+    floats = values.astype(np.float64).tolist() if isinstance(values, np.ndarray) else [float(v) for v in values]
+    if len(floats) != count or (isinstance(values, np.ndarray) and values.ndim != 1):
+        shape = np.shape(values)
+        raise ValueError(f"Argument {what!r} must give one value per decoded row ({count}), not shape {shape}.")
+    return floats
 
 
 GUARD_COHERENCE = 0.5
@@ -718,13 +761,8 @@ def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) ->
     c = per_row @ profile.magnitude
     residual = profile.residual
     if np.any(residual > 0):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.where(
-                profile.magnitude > 0, profile.magnitude.sum(axis=1)[:, None] / profile.magnitude, np.inf
-            )  # row i's bound on x_l costs sum_j |b_ij| / |b_il| (per unit of the largest x_j)
-            best = np.argmin(ratios, axis=0)
-            covered = np.isfinite(ratios[best, np.arange(ratios.shape[1])])
-        if not covered.all():
+        best = bounding_rows(profile.magnitude)  # row i's bound on x_l costs sum_j |b_ij| / |b_il|
+        if np.any(best < 0):
             return math.inf
         tight = profile.magnitude[best] / profile.magnitude[best, np.arange(len(best))][:, None]
         c = c + residual @ tight

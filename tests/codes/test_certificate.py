@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gradcode.common.codes import GradientCode, available_codes, code_class, make_code
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import (
-    CERTIFY_PREFIX,
+    CERTIFY_TAIL,
     PROMISED_RELATIVE_ERROR,
     all_finite,
     contiguous_survivor_sets,
@@ -197,13 +197,13 @@ def test_all_finite_agrees_with_an_entrywise_scan(size: int, bad: list[tuple[int
     assert all_finite(values) == bool(np.isfinite(values).all())
 
 
-def _cyclic_decode(p: int, head_scale: float, seed: int = 0) -> tuple[Decoding, np.ndarray, np.ndarray, list[float]]:
-    """A cyclic (8, 1) decode of partial gradients whose first CERTIFY_PREFIX coordinates are ``head_scale`` times
+def _cyclic_decode(p: int, tail_scale: float, seed: int = 0) -> tuple[Decoding, np.ndarray, np.ndarray, list[float]]:
+    """A cyclic (8, 1) decode of partial gradients whose last CERTIFY_TAIL coordinates are ``tail_scale`` times
     the rest: the combined vector, the exact sum and the message norms."""
     code = make_code("cyclic", n=8, s=1, max_certified_error=math.inf)
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((code.k, p))
-    g[:, :CERTIFY_PREFIX] *= head_scale
+    g[:, p - CERTIFY_TAIL :] *= tail_scale
     partials = dict(enumerate(g))
     messages = {row: code.encode(row, partials) for row in range(code.n)}
     decoding = code.decode(list(range(1, 8)))
@@ -212,27 +212,27 @@ def _cyclic_decode(p: int, head_scale: float, seed: int = 0) -> tuple[Decoding, 
     return decoding, combined, exact_sum(g), norms
 
 
-@pytest.mark.parametrize("head_scale", [1.0, 1e-12, 0.0])
-def test_certify_vector_rests_on_a_lower_bound_of_the_norm_and_stays_above_the_error(head_scale: float) -> None:
-    """The prefix's norm serves when it certifies; a vector whose mass is past the prefix gets the whole norm, so
+@pytest.mark.parametrize("tail_scale", [1.0, 1e-12, 0.0])
+def test_certify_vector_rests_on_a_lower_bound_of_the_norm_and_stays_above_the_error(tail_scale: float) -> None:
+    """The tail's norm serves when it certifies; a vector whose mass is before the tail gets the whole norm, so
     an honest decode is still exact, and the bound is never below the true error nor below the full-norm one."""
-    p = 3 * CERTIFY_PREFIX
-    decoding, combined, want, norms = _cyclic_decode(p, head_scale)
+    p = 3 * CERTIFY_TAIL
+    decoding, combined, want, norms = _cyclic_decode(p, tail_scale)
     bound = decoding.error_bound(norms, length=p)
     certificate, norm = decoding.certify_vector(combined, bound, tolerance=1e-9, length=p)
     full_norm = float(np.linalg.norm(combined))
     full = decoding.certify(norms, full_norm, length=p)
     assert norm <= full_norm
-    if head_scale == 1.0:
-        assert norm == pytest.approx(float(np.linalg.norm(combined[:CERTIFY_PREFIX])))
+    if tail_scale == 1.0:
+        assert norm == pytest.approx(float(np.linalg.norm(combined[-CERTIFY_TAIL:])))
     else:
-        assert norm == full_norm  # the prefix alone could not certify: the whole norm was taken
+        assert norm == full_norm  # the tail alone could not certify: the whole norm was taken
     assert certificate.bound >= full.bound
     assert certificate.bound >= relative_error(combined, want)
     assert certificate.within(1e-9)
 
 
 def test_certify_vector_of_a_short_vector_takes_its_whole_norm() -> None:
-    decoding, combined, _, norms = _cyclic_decode(CERTIFY_PREFIX // 2, 1.0)
+    decoding, combined, _, norms = _cyclic_decode(CERTIFY_TAIL // 2, 1.0)
     _, norm = decoding.certify_vector(combined, decoding.error_bound(norms), tolerance=1e-9)
     assert norm == float(np.linalg.norm(combined))

@@ -240,8 +240,8 @@ def test_every_row_sends_its_magnitude_and_only_a_row_of_several_partitions_its_
             weights = np.ones(1)
             profile = RowProfile.of(weights, np.asarray(code.B)[[row]])
             u = unit_roundoff(np.float64)
-            without = bound_combination(weights, profile, [norm], u=u, magnitudes=[np.nan]).certificate(norm)
-            with_it = bound_combination(weights, profile, [norm], u=u, magnitudes=[magnitude]).certificate(norm)
+            without = bound_combination(profile, [norm], u=u, magnitudes=[np.nan]).certificate(norm)
+            with_it = bound_combination(profile, [norm], u=u, magnitudes=[magnitude]).certificate(norm)
             assert without.bound == pytest.approx(with_it.bound, rel=1e-12)
 
 
