@@ -24,6 +24,13 @@
         ├── PermissionDeniedError      PERMISSION_DENIED: e.g. a removed worker registering again
         └── ResourceExhaustedError     RESOURCE_EXHAUSTED: out of memory, a full pool, a worker's budget
 
+Errors that belong to one module are defined beside the code that raises them, in the same tree (a test walks
+every module to hold it): ``PluginError`` (training.plugins), ``LinkClosedError`` and ``LinkRefusedError``
+(transport.link, also ConnectionError), ``ExposedError`` (transport.security), ``CallError`` and
+``SessionProtocolError`` (transport.session), ``SpecCheckError`` (master.spec_checks), ``CheckpointError``
+(master.checkpoint), the pool's refusals (master.pool, under ``RequestError``) and ``TestbedUnavailableError``
+(bench.testbed). ``except GradcodeError`` catches every refusal gradcode means, and nothing else.
+
 Invalid parameters of library calls raise plain ``ValueError`` (or ``KeyError`` for an unknown
 message/scheme name) with a message that says what would be valid. The gRPC status each error maps
 to on the wire is decided in one place, :mod:`gradcode.common.transport.status`.

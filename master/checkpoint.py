@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
+from gradcode.common.exceptions import GradcodeError
 from gradcode.common.training.data import npz_declared_arrays
 from gradcode.common.transport.wire import tensor_from_array
 from gradcode.master.limits import MAX_MODEL_BYTES, MAX_SPEC_BYTES, MAX_WORKERS
@@ -52,7 +53,7 @@ FORMAT = "gradcode-checkpoint-1"
 _RESUMABLE = ("running", "cancelled", "failed")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(GradcodeError, ValueError):
     """A checkpoint that cannot be read or resumed; the message says why."""
 
 

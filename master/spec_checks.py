@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
+from gradcode.common.exceptions import GradcodeError
 from gradcode.common.transport.security import short
 from gradcode.common.transport.wire import MAX_JOB_ID_CHARS
 from gradcode.v1 import master_pb2
@@ -24,7 +25,7 @@ MAX_STRUCT_VALUES = 100_000
 """Numbers a Struct field (code.params, extra, straggler.params) may hold in all."""
 
 
-class SpecCheckError(ValueError):
+class SpecCheckError(GradcodeError, ValueError):
     """A JobSpec field is not acceptable; the message names it."""
 
 

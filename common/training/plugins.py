@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gradcode.common.exceptions import GradcodeError
+
 if TYPE_CHECKING:
     from gradcode.common.training.models import Model
 
@@ -56,7 +58,7 @@ DATASET_ENTRY_POINT_GROUP = "gradcode.datasets"
 _PLUGIN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 
-class PluginError(ValueError):
+class PluginError(GradcodeError, ValueError):
     """A plugin is unknown, ambiguous, fails to load, or is not what its group needs."""
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from gradcode.common.exceptions import GradcodeError
 from gradcode.common.ops import metrics
 from gradcode.common.transport.security import CALL_SCOPE, Security
 from gradcode.common.transport.serving import parse_address
@@ -90,11 +91,11 @@ _KEEPALIVE = (
 """A peer whose host vanished without closing is noticed within about 25 s, as gRPC's keepalive would."""
 
 
-class LinkClosedError(ConnectionError):
+class LinkClosedError(GradcodeError, ConnectionError):
     """The link's connection ended (the peer closed it, it broke, or a frame broke the protocol)."""
 
 
-class LinkRefusedError(ConnectionError):
+class LinkRefusedError(GradcodeError, ConnectionError):
     """The worker refused the link's hello (a token it did not offer, used or expired)."""
 
 

@@ -56,6 +56,8 @@ from typing import Any
 
 import grpc
 
+from gradcode.common.exceptions import GradcodeError
+
 __all__ = [
     "AUTH_METADATA_KEY",
     "CALL_SCOPE",
@@ -376,7 +378,7 @@ class Security:
         return f"{transport}, {'authentication: ' + ', '.join(auth) if auth else 'no authentication'}"
 
 
-class ExposedError(ValueError):
+class ExposedError(GradcodeError, ValueError):
     """A server would listen beyond loopback without TLS and a join secret, and ``--insecure`` was not given."""
 
 

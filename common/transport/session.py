@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from gradcode.common.exceptions import GradcodeError
 from gradcode.common.ops import metrics
 from gradcode.common.transport.status import status_code
 from gradcode.common.transport.wire import (
@@ -113,7 +114,7 @@ class Holds(Protocol):
     on_ready: Callable[[], None] | None
 
 
-class CallError(Exception):
+class CallError(GradcodeError):
     """A Compute on a session that ended with a status other than OK (the stream itself stays open)."""
 
     def __init__(self, code: grpc.StatusCode, details: str, children_lost: Sequence[int] = ()) -> None:
@@ -585,7 +586,7 @@ _ENDED_REMEMBERED = 1024
 from one naming no request, and to refuse an id used again."""
 
 
-class SessionProtocolError(ValueError):
+class SessionProtocolError(GradcodeError, ValueError):
     """The caller broke the Session stream itself (a message that is not a ComputeRequest): it ends with
     INVALID_ARGUMENT saying so; the worker keeps serving its other streams."""
 

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from gradcode.common.exceptions import GradcodeError
+
 __all__ = [
     "PREFIX",
     "SUBNET",
@@ -73,7 +75,7 @@ INTERFACE = "eth0"
 """Each host's one interface (in its own namespace; the bridge's port for it is ``p-<role>``)."""
 
 
-class TestbedUnavailableError(RuntimeError):
+class TestbedUnavailableError(GradcodeError, RuntimeError):
     """This machine (or this user) cannot build emulated hosts; the message says what is missing."""
 
 
