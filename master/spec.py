@@ -24,11 +24,11 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.consistency import uncheckable
+from gradcode.common.codes.numerics import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
 from gradcode.common.gather.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
-from gradcode.common.gather.round import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.training.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from gradcode.common.training.datafile import data_file as file_in_data_dir

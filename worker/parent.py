@@ -40,11 +40,11 @@ import grpc
 import numpy as np
 
 from gradcode.common.codes.base import Array, Assignment, GradientCode
-from gradcode.common.codes.numerics import message_rounding, underflow_unit, unit_roundoff
+from gradcode.common.codes.numerics import decode_tolerance, message_rounding, underflow_unit, unit_roundoff
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.gather.integrity import INTEGRITY_POLICIES, IntegrityPolicy
-from gradcode.common.gather.round import Decoded, Round, Source, WorkerFailure, decode_tolerance
+from gradcode.common.gather.round import Decoded, Round, Source, WorkerFailure
 from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.session import Caller

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from gradcode.common.codes.numerics import (
     CERTIFY_TAIL,
+    RANK_TOLERANCE,
     SPAN_TOLERANCE,
     CombinationBound,
     ErrorCertificate,
@@ -355,7 +356,7 @@ class SpanTracker:
         for _ in range(2):
             v -= q.T @ (q.conj() @ v)
         norm = np.linalg.norm(v)
-        if norm <= 1e-10 * norm0:
+        if norm <= RANK_TOLERANCE * norm0:
             return
         v /= norm
         if self._rank == self._basis.shape[0]:

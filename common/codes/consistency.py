@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from gradcode.common.codes.numerics import _gamma, row_shape, unit_roundoff
+from gradcode.common.codes.numerics import COVERAGE_TOLERANCE, NULL_SPACE_TOLERANCE, _gamma, row_shape, unit_roundoff
 
 if TYPE_CHECKING:
     from gradcode.common.codes.base import Assignment, Decoding, GradientCode
@@ -57,11 +57,6 @@ Array = npt.NDArray[Any]
 
 SYNDROME_SAFETY = 2.0
 """Factor on the rounding bound of each relation before a syndrome counts as a violation."""
-NULL_SPACE_TOLERANCE = 1e-9
-"""Singular values of the equilibrated received rows below this (relative) span the left null space."""
-COVERAGE_TOLERANCE = 1e-9
-"""Decoding weights of a worker are a combination of the relations when the least-squares residual is below
-this, relative to their norm (a larger one: the worker's rows are unchecked)."""
 
 
 @dataclass(frozen=True)
@@ -206,12 +201,16 @@ def coverable_rows(code: GradientCode) -> tuple[int, ...]:
     A row outside (every row of an uncoded scheme, partial_stragglers' naive rows) is never checked, whatever
     surplus arrives.
     """
-    b = np.asarray(code.B)
-    checks = np.abs(parity_checks(b))
+    return tuple(int(r) for r in np.flatnonzero(involved_rows(np.asarray(code.B))))
+
+
+def involved_rows(b_rows: Array) -> npt.NDArray[np.bool_]:
+    """Per row of ``b_rows``: whether some relation among these rows involves it (a check can cover it)."""
+    checks = np.abs(parity_checks(b_rows))
     if checks.size == 0:
-        return ()
-    involved = checks.max(axis=0) > COVERAGE_TOLERANCE * checks.max()
-    return tuple(int(r) for r in np.flatnonzero(involved))
+        return np.zeros(b_rows.shape[0], dtype=bool)
+    covered: npt.NDArray[np.bool_] = checks.max(axis=0) > COVERAGE_TOLERANCE * checks.max()
+    return covered
 
 
 def _rounding_thresholds(checks: Array, b_r: Array, norms: Array, magnitudes: Array, u: float) -> Array:

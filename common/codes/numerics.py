@@ -40,10 +40,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CERTIFY_TAIL",
+    "COVERAGE_TOLERANCE",
     "DEFAULT_MAX_DECODE_ERROR",
+    "EXACT_TOLERANCE",
+    "FLOAT32_TOLERANCE",
     "GUARD_COHERENCE",
     "GUARD_EXHAUSTIVE_SETS",
+    "NULL_SPACE_TOLERANCE",
     "PROMISED_RELATIVE_ERROR",
+    "RANK_TOLERANCE",
     "SPAN_TOLERANCE",
     "CombinationBound",
     "ErrorCertificate",
@@ -55,6 +60,7 @@ __all__ = [
     "combined_error",
     "contiguous_survivor_sets",
     "decode_error",
+    "decode_tolerance",
     "equilibrated_decoding_weights",
     "fresh_gaussian_gradients",
     "guard_certificate",
@@ -78,16 +84,37 @@ __all__ = [
 
 Array = npt.NDArray[Any]
 
-DEFAULT_MAX_DECODE_ERROR = 1e-9
-"""Relative decode error a real- or complex-valued code must stay under (float64)."""
+# Tolerances: every relative threshold gradcode's numerics compare against, in one family, here.
 
+EXACT_TOLERANCE = 1e-9
+"""Largest certified relative error of a decode called exact (float64 and complex128 messages)."""
+FLOAT32_TOLERANCE = 1e-5
+"""The same bound when the workers send float32 messages."""
+DEFAULT_MAX_DECODE_ERROR = EXACT_TOLERANCE
+"""Relative decode error a real- or complex-valued code's construction guard certifies by default (float64): the
+tolerance its decodes are then certified against."""
 PROMISED_RELATIVE_ERROR = 1e-12
 """Certified relative error the recommended schemes promise in float64 for n <= 128 (issue 10): binary
 and fractional always, cyclic where a draw certifies it (refused otherwise, suggesting binary)."""
-
 SPAN_TOLERANCE = 1e-9
 r"""The one span tolerance: a target $t$ counts as lying in the row span of $B_F$ when the relative
 residual $\|t - a B_F\| / \|t\|$ of the best weights $a$ is at most this."""
+RANK_TOLERANCE = 1e-10
+"""An online decoder's new row adds to the rank of the rows in hand when what it has outside their span is above
+this, relative to its norm."""
+NULL_SPACE_TOLERANCE = 1e-9
+"""Singular values of the equilibrated received rows below this (relative) span the left null space: the
+consistency relations among them."""
+COVERAGE_TOLERANCE = 1e-9
+"""A row takes part in a relation when its coefficient is above this, relative to the largest; a worker's decoding
+weights are a combination of the relations when the least-squares residual is below this, relative to their norm
+(a larger one: the worker's rows are unchecked)."""
+
+
+def decode_tolerance(dtype: npt.DTypeLike) -> float:
+    """The relative error a decode of messages of ``dtype`` may have and still be called exact."""
+    return FLOAT32_TOLERANCE if np.dtype(dtype) == np.float32 else EXACT_TOLERANCE
+
 
 ADVERSARIAL_SEARCH_POOL = 128
 ADVERSARIAL_SEARCH_CLIMBERS = 4

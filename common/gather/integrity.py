@@ -30,7 +30,6 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from gradcode.common.codes.consistency import (
     ConsistencyReport,
     check_consistency,
     decode_excluding,
-    parity_checks,
+    involved_rows,
     uncheckable,
 )
 from gradcode.common.gather.round import GatherStrategy, Integrity, Round
@@ -62,8 +61,6 @@ n - s + 1 answers, so with s workers persistently slow it costs the whole stragg
 iteration time in the benchmark), and 1.1-1.5x with no or random delays; a job opts in."""
 QUARANTINE_AFTER = 2
 """Under ``locate``, a worker singled out in this many iterations of a job is quarantined."""
-_COVERAGE = 1e-9
-"""A row takes part in a relation when its coefficient is above this (relative to the largest)."""
 
 
 @dataclass(frozen=True)
@@ -280,15 +277,15 @@ def _checks(count: int) -> str:
     return f"{count} check" + ("" if count == 1 else "s")
 
 
-def _coverage(code: GradientCode, rows: Sequence[int]) -> Any:
-    """Per received row: whether some relation among ``rows`` involves it."""
-    checks = np.abs(parity_checks(np.asarray(code.B)[list(rows)]))
-    if checks.size == 0:
-        return np.zeros(len(rows), dtype=bool)
-    return checks.max(axis=0) > _COVERAGE * checks.max()
-
-
 def _involved(code: GradientCode, rows: Sequence[int], assignment: Assignment) -> tuple[int, ...]:
     """Workers whose received rows take part in some relation (the suspects when none is singled out)."""
     owner: Mapping[int, int] = assignment.owner
-    return tuple(sorted({owner[r] for r, covered in zip(rows, _coverage(code, rows), strict=True) if covered}))
+    return tuple(
+        sorted(
+            {
+                owner[r]
+                for r, covered in zip(rows, involved_rows(np.asarray(code.B)[list(rows)]), strict=True)
+                if covered
+            }
+        )
+    )

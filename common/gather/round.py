@@ -24,9 +24,9 @@ gradient from the decoding weights, the code's rows, the norms of the messages i
 accumulated in float64 while its chunks arrived), the magnitudes $\\sum_j |b_j| \\|g_j\\|$ the senders report in
 their trailers (a message of several partitions without one cannot be certified: the decode is then not exact)
 and the errors senders certify for their own messages (a leaf summing several partitions, a tree parent:
-``decode_error``). The decode is ``exact`` only when that bound is
-within the round's tolerance (:func:`decode_tolerance`) and no message it used was flagged approximate by a
-tree parent.
+``decode_error``). The decode is ``exact`` only when that bound is within the round's tolerance
+(:func:`~gradcode.common.codes.numerics.decode_tolerance`) and no message it used was flagged approximate by a tree
+parent.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 
 from gradcode.common.codes.base import Array, Decoding, OnlineDecoder
 from gradcode.common.codes.consistency import decode_excluding
-from gradcode.common.codes.numerics import CombinationBound, relative_bound
+from gradcode.common.codes.numerics import CombinationBound, decode_tolerance, relative_bound
 from gradcode.common.gather.clock import MONOTONIC, Clock
 from gradcode.common.transport.session import CallError, ChunkStream, DeliversItems, Holds
 from gradcode.common.transport.shared_memory import SharedDirectory
@@ -58,8 +58,6 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import worker_pb2
 
 __all__ = [
-    "EXACT_TOLERANCE",
-    "FLOAT32_TOLERANCE",
     "Certified",
     "ChunkStream",
     "Decoded",
@@ -69,18 +67,7 @@ __all__ = [
     "Round",
     "Source",
     "WorkerFailure",
-    "decode_tolerance",
 ]
-
-EXACT_TOLERANCE = 1e-9
-"""Largest certified relative error of a decode called exact (float64 and complex128 messages)."""
-FLOAT32_TOLERANCE = 1e-5
-"""The same bound when the workers send float32 messages."""
-
-
-def decode_tolerance(dtype: np.dtype[Any] | type) -> float:
-    """The relative error a decode of messages of ``dtype`` may have and still be called exact."""
-    return FLOAT32_TOLERANCE if np.dtype(dtype) == np.float32 else EXACT_TOLERANCE
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ from gradcode.bench.output import add_out_argument, load_average, save
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
+    EXACT_TOLERANCE,
     PROMISED_RELATIVE_ERROR,
     relative_error,
     survivor_sets,
 )
 from gradcode.common.codes.registry import available_codes, code_class, make_code
 from gradcode.common.exceptions import NumericallyUnsafeError
-from gradcode.common.gather.round import EXACT_TOLERANCE
 
 COLUMNS = 32
 SPREAD_ORDERS = 6.0

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.coded_reduce import CodedReduceCode
-from gradcode.common.gather.round import Decoded, Round, Source, decode_tolerance
+from gradcode.common.codes.numerics import decode_tolerance
+from gradcode.common.gather.round import Decoded, Round, Source
 from gradcode.common.training.models import make_model
 from gradcode.common.transport.wire import message_chunks
 from gradcode.v1 import common_pb2, worker_pb2
