@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.ops import metrics
 from gradcode.common.training.data import Dataset
@@ -187,6 +188,7 @@ class WorkerLoader:
                                 worker_id=c,
                                 address=self.workers[c].address,
                                 call_token=self.child_bearer(c),
+                                descendants=sorted(descendants(topology, c)),
                             )
                             for c in children
                         ],

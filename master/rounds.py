@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 import grpc
 
 from gradcode.common.codes.base import Array, Assignment
+from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
@@ -141,6 +142,9 @@ class RoundPolicy:
         """When a silent worker is asked again within the round."""
         self._joining: Callable[[int], None] | None = None
         """Asks a worker in the round under way (:meth:`run`) once its reload is done; None between rounds."""
+        topology = plan.topology
+        self.subtrees = [frozenset[int]() if topology is None else descendants(topology, w) for w in range(plan.code.n)]
+        """The nodes below each worker the master asks: all its messages' trailers may name."""
 
     @property
     def plan(self) -> JobPlan:
@@ -335,7 +339,7 @@ class RoundPolicy:
             opened += 1
             return worker.compute(head, body) if opened == 1 else worker.compute_call(head, body)
 
-        return Source(worker_id=w, rows=tuple(rows), open=open_, shared=shared, backup=backup)
+        return Source(worker_id=w, rows=tuple(rows), open=open_, shared=shared, backup=backup, subtree=self.subtrees[w])
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""

@@ -120,6 +120,8 @@ class ChildChannel:
     channel: grpc.aio.Channel
     caller: Caller
     """The child's Computes, on a Session over :attr:`channel`, as the master asks its workers."""
+    subtree: frozenset[int] = frozenset()
+    """The nodes below the child (ChildSpec.descendants): all its messages' trailers may name."""
 
 
 class ParentRunner:
@@ -180,6 +182,8 @@ class ParentRunner:
         """Ask the children for links (:mod:`gradcode.common.transport.link`); False: their gRPC Sessions only."""
         self.assignment: Assignment = self.code.static_assignment()
         self.children = [(int(c.worker_id), c.address, self.assignment.rows[i]) for i, c in enumerate(role.children)]
+        self._subtrees = [frozenset(int(d) for d in c.descendants) for c in role.children]
+        """The nodes below each child (ChildSpec.descendants): all its messages' trailers may name."""
         self._bearers = [c.call_token or None for c in role.children]
         """Each child's call token (None: the token derived from the join secret, if any)."""
         dtype = np.dtype(message_dtype)
@@ -216,12 +220,14 @@ class ParentRunner:
             )
         if self._channels is None:
             self._channels = []
-            for (worker_id, address, rows), bearer in zip(self.children, self._bearers, strict=True):
+            for (worker_id, address, rows), bearer, subtree in zip(
+                self.children, self._bearers, self._subtrees, strict=True
+            ):
                 bearer = bearer or self.security.worker_call_token
                 channel = self.security.channel(address, bearer=bearer, options=CHANNEL_OPTIONS)
                 link = link_opener(channel, address, self.security) if self.links else None
                 caller = Caller(channel, f"child {worker_id} at {address}", link)
-                self._channels.append(ChildChannel(worker_id, address, rows, channel, caller))
+                self._channels.append(ChildChannel(worker_id, address, rows, channel, caller, subtree))
         return self._channels
 
     async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
@@ -282,7 +288,9 @@ class ParentRunner:
             job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, model=request.model,
             rows=list(child.rows),
         )  # fmt: skip
-        return Source(worker_id=child.worker_id, rows=child.rows, open=lambda: child.caller.compute(head))
+        return Source(
+            worker_id=child.worker_id, rows=child.rows, open=lambda: child.caller.compute(head), subtree=child.subtree
+        )
 
     def _describe_failure(self, result: Round) -> str:
         iteration = result.iteration

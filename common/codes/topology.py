@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["CodeRef", "CodeSize", "NodeRow", "Topology", "size_parameter"]
+__all__ = ["CodeRef", "CodeSize", "NodeRow", "Topology", "descendants", "size_parameter"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,15 @@ class Topology(Protocol):
     def wait_seconds(self, w: int, deadline_seconds: float) -> float:
         """How long parent ``w`` waits for its children within an iteration deadline (deeper: shorter)."""
         ...
+
+
+def descendants(topology: Topology, w: int) -> frozenset[int]:
+    """The worker indices below ``w`` in ``topology`` (empty for a leaf): the only nodes ``w``'s messages may speak
+    of (lost, singled out, quarantined, late, timed), so a lying node cannot name one outside its subtree."""
+    below: set[int] = set()
+    stack = list(topology.children(w))
+    while stack:
+        node = stack.pop()
+        below.add(node)
+        stack.extend(topology.children(node))
+    return frozenset(below)

@@ -147,8 +147,11 @@ class IntegrityPolicy:
         """Check ``round_``'s messages, set its :attr:`~Round.integrity` and decode around a culprit.
 
         Returns the workers to quarantine now (under ``locate``, singled out for the
-        :data:`QUARANTINE_AFTER`-th time; in a tree, also the nodes their parents quarantined); the caller
-        marks them DOWN. Nodes a tree parent singled out are named among the suspects, never the parent.
+        :data:`QUARANTINE_AFTER`-th time by this receiver's own checks); the caller marks them DOWN. Nodes a tree
+        parent singled out are named among the suspects, never the parent; those it quarantined are recorded for
+        this job only (:attr:`quarantined`) and not returned: the receiver has only the parent's word for it, and
+        a lying parent must not get an honest child marked DOWN for every job. (The round has already refused a
+        message that names a node outside its sender's subtree.)
         """
         quarantine = self._judge(round_, assignment)
         named = {c: m.worker_id for m in round_.messages.values() for c in m.subtree.singled_out}
@@ -164,10 +167,10 @@ class IntegrityPolicy:
         )
         for child in by_parents:
             self.quarantined[child] = "quarantined by its tree parent: its messages broke the code's relations"
-            note += f"; {self.describe(child)} quarantined by its parent"
+            note += f"; {self.describe(child)} quarantined by its parent (in this job)"
         suspects = tuple(sorted(set(integrity.suspects) | set(named)))
         round_.integrity = replace(integrity, suspects=suspects, note=note)
-        return quarantine + by_parents
+        return quarantine
 
     def _judge(self, round_: Round, assignment: Assignment) -> list[int]:
         """:meth:`judge` of this round's own messages."""

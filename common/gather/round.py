@@ -36,7 +36,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import grpc
@@ -82,6 +82,9 @@ class Source:
     """The call asks for shared-memory payloads (its request carries ``shared_model``)."""
     backup: bool = False
     """The call asks a backup (``ComputeRequest.backup``): the round expects to decode without it."""
+    subtree: frozenset[int] = frozenset()
+    """The worker indices below this worker in a tree (empty for a leaf and in a flat job): the only nodes its
+    messages' trailers and its failure's metadata may name (:class:`~gradcode.common.transport.wire.Subtree`)."""
 
 
 @dataclass(frozen=True)
@@ -481,6 +484,8 @@ class Gathering:
         """Workers asked whose stream has not ended."""
         self.heard: set[int] = set()
         """Workers from which something (a chunk, the end, a failure) came in this gather."""
+        self.refused: set[MessageAssembler] = set()
+        """The streams (by their assemblers) already ended by a failure: what else they deliver is dropped."""
         self.backups: set[int] = set()
         """The workers this gather's sources asked as backups (:attr:`Source.backup`)."""
 
@@ -548,9 +553,13 @@ class Gathering:
         self.queue.put_nowait((worker_id, exc))
 
     def _receive(self, worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
-        """One item of a worker's stream: a chunk, None at its end, or the exception that ended it."""
+        """One item of a worker's stream: a chunk, None at its end, or the exception that ended it. After a refusal
+        the stream's remaining items are dropped: the first reason is the one the round records."""
         self.heard.add(worker_id)
+        if assembler in self.refused:
+            return
         if isinstance(item, BaseException):
+            self.refused.add(assembler)
             self._fail(worker_id, item)
             return
         try:
@@ -561,6 +570,7 @@ class Gathering:
                 return
             done = assembler.feed(item)
         except Exception as exc:
+            self.refused.add(assembler)
             self._fail(worker_id, exc)
             return
         if done is not None:
@@ -583,7 +593,7 @@ class Gathering:
         assembler = MessageAssembler(
             job_id=round_.job_id, iteration=round_.iteration, worker_id=worker_id, rows=source.rows,
             length=round_.length, dtypes=round_.dtypes, norm_length=round_.certified_length,
-            shared=round_._shared_reader(source),
+            shared=round_._shared_reader(source), subtree=source.subtree,
         )  # fmt: skip
         try:
             stream = source.open()
@@ -643,11 +653,20 @@ class Gathering:
         if item is None:
             self._finish(worker_id)
         else:
-            self.failures[worker_id] = round_.failed[worker_id] = failure = WorkerFailure.from_exception(item)
+            self.failures[worker_id] = round_.failed[worker_id] = failure = self._failure(worker_id, item)
             if self.on_failure is not None:
                 self.on_failure(worker_id, failure)
         for strategy in self.strategies:
             strategy.ended(worker_id, failure)
+
+    def _failure(self, worker_id: int, exc: BaseException) -> WorkerFailure:
+        """The failure ``exc`` ends worker ``worker_id``'s stream with; of the children its metadata says lost the
+        job, only those below it count (a node cannot have others reloaded)."""
+        failure = WorkerFailure.from_exception(exc)
+        subtree = self.sources[worker_id].subtree
+        if any(c not in subtree for c in failure.children_lost):
+            failure = replace(failure, children_lost=tuple(c for c in failure.children_lost if c in subtree))
+        return failure
 
     async def run(self, deadline: float | None) -> None:
         """Take items until the round is decodable (and every strategy has enough), no source is left, or
@@ -682,7 +701,7 @@ class Gathering:
             worker_id, item = self.queue.get_nowait()
             if isinstance(item, BaseException) and worker_id in pending:
                 pending.discard(worker_id)
-                self.failures[worker_id] = round_.failed[worker_id] = WorkerFailure.from_exception(item)
+                self.failures[worker_id] = round_.failed[worker_id] = self._failure(worker_id, item)
         for w in list(pending):
             if all(r in round_.messages for r in self.sources[w].rows):  # delivered all; end-of-stream not seen yet
                 pending.discard(w)

@@ -341,6 +341,10 @@ class Subtree:
     late: tuple[int, ...] = ()
     """Its descendants a parent decoded without (late or failed in that parent's round)."""
 
+    def named(self) -> frozenset[int]:
+        """Every node this subtree report names."""
+        return frozenset((*self.lost, *self.singled_out, *self.quarantined, *(c for c, _ in self.timings), *self.late))
+
     def write(self, trailer: worker_pb2.MessageTrailer) -> None:
         trailer.children_lost.extend(self.lost)
         trailer.children_singled_out.extend(self.singled_out)
@@ -657,8 +661,12 @@ class MessageAssembler:
         dtypes: tuple[np.dtype[Any], ...] = (np.dtype("<f8"),),
         norm_length: int | None = None,
         shared: Callable[[int, np.dtype[Any], int], Array] | None = None,
+        subtree: frozenset[int] = frozenset(),
     ) -> None:
         self.job_id = job_id
+        self.subtree = subtree
+        """The worker indices below this worker in a tree (empty: a leaf, or a flat job): the only nodes its
+        trailers may name (:class:`Subtree`); a trailer that names another is refused."""
         self.shared = shared
         """Row ``r``'s shared-memory payload as ``length`` elements of ``dtype``, in place (the receiver asked this
         worker for shared payloads this iteration); None: a chunk with ``shared_payload`` is refused."""
@@ -738,6 +746,13 @@ class MessageAssembler:
             subtree = Subtree.read(chunk.trailer)
         except WireError as exc:
             raise WireError(f"Row {chunk.row} from {where} reports {exc}.") from None
+        outside = sorted(subtree.named() - self.subtree)
+        if outside:
+            below = sorted(self.subtree) if self.subtree else "none: it has no children"
+            raise WireError(
+                f"Row {chunk.row} from {where} names workers {outside} in its trailer (children lost, singled out, "
+                f"quarantined, late or timed); it may speak only of the workers below it ({below})."
+            )
         done = CompletedMessage(
             worker_id=self.worker_id,
             row=chunk.row,

@@ -170,7 +170,7 @@ def test_approximate_flag_travels_in_the_trailer() -> None:
 
 
 def test_a_parents_lost_children_travel_in_its_trailer_and_error_metadata() -> None:
-    asm = _assembler()
+    asm = _assembler(subtree=frozenset({2, 4}))
     done = [asm.feed(c) for c in _chunks(np.arange(1000.0), subtree=Subtree(lost=(4, 2)))][-1]
     assert done is not None and done.subtree.lost == (4, 2)
     asm = _assembler()
@@ -444,12 +444,45 @@ def test_a_chunk_that_fails_its_checks_is_not_placed_and_feed_says_why() -> None
 
 def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused() -> None:
     vec = np.arange(1000, dtype=np.float64)
-    receiver = _assembler()
+    receiver = _assembler(subtree=frozenset({4, 7, 9}))
     done = [receiver.feed(c) for c in _chunks(vec, subtree=Subtree(timings=((4, 0.25), (7, 0.5)), late=(9,)))]
     assert done[-1] is not None
     assert done[-1].subtree.timings == ((4, 0.25), (7, 0.5)) and done[-1].subtree.late == (9,)
     for seconds in (math.nan, -1.0, math.inf):
-        asm = _assembler()
+        asm = _assembler(subtree=frozenset({4}))
         with pytest.raises(WireError, match="child's seconds"):
             for chunk in _chunks(vec, subtree=Subtree(timings=((4, seconds),))):
                 asm.feed(chunk)
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        Subtree(lost=(3,)),
+        Subtree(singled_out=(3,)),
+        Subtree(quarantined=(3,)),
+        Subtree(timings=((3, 0.1),)),
+        Subtree(late=(3,)),
+        Subtree(singled_out=(4,), quarantined=(4, 3)),
+    ],
+    ids=["lost", "singled_out", "quarantined", "timings", "late", "one_of_two"],
+)
+@pytest.mark.parametrize("below", [frozenset(), frozenset({4, 5})], ids=["leaf", "parent"])
+def test_a_trailer_that_names_a_node_outside_its_senders_subtree_is_refused(
+    claim: Subtree, below: frozenset[int]
+) -> None:
+    """A lying node (a flat job's worker, or a tree parent speaking of another's subtree) cannot have an honest
+    worker reloaded, named a suspect or quarantined: its message is refused, naming the nodes it may speak of."""
+    asm = _assembler(subtree=below)
+    with pytest.raises(
+        WireError, match=r"names workers \[3(, 4)?\] in its trailer.*may speak only of the workers below"
+    ):
+        for chunk in _chunks(np.arange(1000.0), subtree=claim):
+            asm.feed(chunk)
+
+
+def test_a_trailer_naming_only_its_own_subtree_is_accepted() -> None:
+    asm = _assembler(subtree=frozenset({4, 5}))
+    claim = Subtree(lost=(5,), singled_out=(4,), quarantined=(4,), timings=((5, 0.1),), late=(4,))
+    done = [asm.feed(c) for c in _chunks(np.arange(1000.0), subtree=claim)][-1]
+    assert done is not None and done.subtree == claim

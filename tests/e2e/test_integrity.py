@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from gradcode.client.__main__ import _summary
 from gradcode.common.gather.integrity import QUARANTINE_AFTER
 from gradcode.common.transport.serving import ServingHandle, start_server
 from gradcode.common.transport.wire import array_from_tensor
-from gradcode.v1 import master_pb2, worker_pb2_grpc
+from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 from tests.e2e.conftest import Cluster, job_spec, master_stub, run_job, start_cluster
 from tests.e2e.test_training import centralized_gd
 from tests.helpers import HostileWorker, fixed_delay
@@ -37,9 +37,11 @@ def cluster5(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-async def _with_hostile(cluster: Cluster) -> tuple[HostileWorker, ServingHandle, list[int]]:
+async def _with_hostile(
+    cluster: Cluster, mangle: Callable[[worker_pb2.GradientChunk], None] = lambda chunk: None
+) -> tuple[HostileWorker, ServingHandle, list[int]]:
     """Start and register the hostile worker; the job's six pool ids with it at HOSTILE_INDEX."""
-    hostile = HostileWorker(value=1e3)  # well-formed, CRC-valid messages of 1e3s
+    hostile = HostileWorker(mangle, value=1e3)  # well-formed, CRC-valid messages of 1e3s
     handle = await start_server(
         "127.0.0.1",
         0,
@@ -136,3 +138,43 @@ async def test_two_slow_honest_workers_leave_the_liar_unchecked_and_every_iterat
     assert f"{iterations} of {iterations} iterations not exact, {iterations} of them unchecked" in info.message
     line = _summary("cyclic", reports)
     assert f"{iterations} of {iterations} iterations not exact" in line
+
+
+def _claims_others(chunk: worker_pb2.GradientChunk) -> None:
+    """A flat job's worker that says, in its trailer, that it quarantined job worker 0, that worker 1 lost the job
+    and that it singled out worker 3, as only a tree parent's trailer may say of its own children."""
+    if chunk.HasField("trailer"):
+        chunk.trailer.children_quarantined.append(0)
+        chunk.trailer.children_lost.append(1)
+        chunk.trailer.children_singled_out.append(3)
+
+
+async def test_a_worker_cannot_have_others_quarantined_reloaded_or_named_through_its_trailer(cluster5: Cluster) -> None:
+    """Before, the master believed any message's subtree claims: a flat job's worker that named worker 0 as
+    quarantined had it marked DOWN (for every job), worker 1 reloaded and worker 3 named a suspect, even with
+    integrity off. Now the round refuses a message that names a node outside its sender's subtree."""
+    cluster5.ensure_all_up()
+    hostile, handle, ids = await _with_hostile(cluster5, _claims_others)
+    bad, iterations, lr = ids[HOSTILE_INDEX], 4, 0.5
+    try:
+        spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=lr, worker_ids=ids)
+        async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
+            info, reports = await run_job(cluster5.master_address, spec)
+            model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+            workers = {w.worker_id: w for w in (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers}
+    finally:
+        await handle.stop(0)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert hostile.computes >= 1
+    assert all(r.exact for r in reports), [(r.iteration, r.integrity) for r in reports]
+    assert all(bad not in r.used_workers for r in reports)
+    assert bad in reports[0].failed_workers
+    for victim in (ids[0], ids[1], ids[3]):
+        assert all(victim not in r.suspect_workers and victim not in r.failed_workers for r in reports)
+        assert workers[victim].state == master_pb2.WORKER_STATE_UP, workers[victim]
+        assert "quarantined" not in workers[victim].last_error, workers[victim]
+    assert cluster5.local.master is not None
+    master_log = cluster5.local.master.log_path.read_text(errors="replace")
+    assert "names workers [0, 1, 3] in its trailer" in master_log  # the refusal, with its reason
+    params, _ = centralized_gd(iterations, lr)
+    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-9, atol=1e-12)

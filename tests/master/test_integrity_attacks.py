@@ -373,7 +373,8 @@ async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around
                 )
             )  # fmt: skip
             stream = _FakeStream(chunks, 0.001 * w)
-            srcs.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream))  # type: ignore[misc]
+            below = frozenset({17}) if flagged else frozenset()  # (a tree parent's subtree: it may name its child)
+            srcs.append(Source(w, tuple(rows_of[w]), lambda stream=stream: stream, subtree=below))  # type: ignore[misc]
         round_ = Round(code.decoder(), job_id="j", iteration=t, length=P)
         await round_.gather(srcs, timeout=5.0, strategies=policy.wait_rules(round_, code.static_assignment()))
         quarantined = policy.judge(round_, code.static_assignment())
@@ -384,7 +385,10 @@ async def test_a_node_whose_own_message_says_its_children_lied_is_decoded_around
     assert policy.quarantined == {} and policy.offences == {}
 
 
-async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_the_parent() -> None:
+async def test_the_leaf_a_parent_quarantined_is_recorded_for_the_job_never_marked_down_nor_the_parent() -> None:
+    """The receiver has only the parent's word that its child lied: it names the child and records the quarantine
+    for this job, but returns nobody to mark DOWN in the pool (a lying parent could otherwise have an honest child
+    refused by every job)."""
     code = make_code("cyclic", n=6, s=2)
     g = np.random.default_rng(13).standard_normal((code.k, P))
     honest = messages(code, g)
@@ -396,11 +400,12 @@ async def test_the_leaf_a_parent_quarantined_is_quarantined_by_the_master_not_th
             message_chunks(honest[w], job_id="j", iteration=0, worker_id=w, row=w, magnitude=magnitude, **extra)
         )
         stream = _FakeStream(chunks, 0.001 * w)
-        srcs.append(Source(w, (w,), lambda stream=stream: stream))  # type: ignore[misc]
+        below = frozenset({17}) if w == 1 else frozenset()
+        srcs.append(Source(w, (w,), lambda stream=stream: stream, subtree=below))  # type: ignore[misc]
     policy = IntegrityPolicy("locate", code)
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=P)
     await round_.gather(srcs, timeout=5.0, strategies=policy.wait_rules(round_, code.static_assignment()))
-    assert policy.judge(round_, code.static_assignment()) == [17]
+    assert policy.judge(round_, code.static_assignment()) == []
     assert set(policy.quarantined) == {17} and "by its tree parent" in policy.quarantined[17]
     assert round_.integrity.suspects == (17,) and round_.decode().exact
 

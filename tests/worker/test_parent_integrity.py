@@ -58,7 +58,8 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
                 named = 0
                 for t in range(4):
-                    messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta, iteration=t))
+                    request = _request("tree", 0, (0,), theta, iteration=t)
+                    messages, trailers = await _compute(stub, request, subtree=frozenset({1, 2, 3}))
                     trailer = trailers[0].trailer
                     if policy == "off":  # nothing checked: whatever it decoded, it cannot tell
                         assert list(trailer.children_singled_out) == []
@@ -107,7 +108,8 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(4, *partitions[4])))
                 for t in range(8):
-                    messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta, iteration=t))
+                    request = _request("tree", 0, (0,), theta, iteration=t)
+                    messages, trailers = await _compute(stub, request, subtree=frozenset({1, 2, 3, 4}))
                     trailer = trailers[0].trailer
                     _assert_close(messages[0], full)
                     assert not trailer.approximate

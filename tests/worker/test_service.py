@@ -79,12 +79,17 @@ def _request(
 
 
 async def _compute(
-    stub: worker_pb2_grpc.WorkerStub, request: worker_pb2.ComputeRequest, *, statistics: bool = False
+    stub: worker_pb2_grpc.WorkerStub,
+    request: worker_pb2.ComputeRequest,
+    *,
+    statistics: bool = False,
+    subtree: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, Array], list[worker_pb2.GradientChunk]]:
-    """Run one Compute call and reassemble (and validate) its messages."""
+    """Run one Compute call and reassemble (and validate) its messages, as the master would a worker with the nodes
+    ``subtree`` below it (a tree parent's children)."""
     assembler = MessageAssembler(
         job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, rows=tuple(request.rows),
-        length=message_length(softmax_model(), statistics=statistics), dtypes=ANY_DTYPE,
+        length=message_length(softmax_model(), statistics=statistics), dtypes=ANY_DTYPE, subtree=subtree,
     )  # fmt: skip
     messages: dict[int, Array] = {}
     trailers = []
@@ -538,7 +543,7 @@ async def test_parent_marks_its_message_approximate_when_a_child_was() -> None:
             await _load_single_child_tree(parent, child, partitions)
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 messages, trailers = await _compute(
-                    worker_pb2_grpc.WorkerStub(channel), _request("tree", 0, (0,), theta)
+                    worker_pb2_grpc.WorkerStub(channel), _request("tree", 0, (0,), theta), subtree=frozenset({1})
                 )
             _assert_close(messages[0], full)  # the right sum, but it cannot be vouched for as exact
             assert [t.trailer.approximate for t in trailers] == [True]
@@ -557,13 +562,13 @@ async def test_parent_accepts_only_the_jobs_message_dtype_from_children() -> Non
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load_single_child_tree(parent, child, partitions, child_dtype=common_pb2.DTYPE_FLOAT32)
-                error = await _status(_compute(stub, _request("tree", 0, (0,), theta)))
+                error = await _status(_compute(stub, _request("tree", 0, (0,), theta), subtree=frozenset({1})))
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
                 assert "has dtype float32; expected one of (dtype('float64'),)" in error.details(), error.details()
 
                 f32 = common_pb2.DTYPE_FLOAT32  # a float32 job throughout is fine
                 await _load_single_child_tree(parent, child, partitions, parent_dtype=f32, child_dtype=f32)
-                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta))
+                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta), subtree=frozenset({1}))
                 assert messages[0].dtype == np.float32 and not trailers[0].trailer.approximate
                 np.testing.assert_allclose(messages[0], full, rtol=1e-5, atol=1e-4)
         finally:
@@ -662,7 +667,9 @@ async def test_tree_parent_decodes_three_children_and_adds_its_own_part(statisti
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
 
-                messages, trailers = await _compute(stub, _request("tree", 0, (0,), theta), statistics=statistics)
+                messages, trailers = await _compute(
+                    stub, _request("tree", 0, (0,), theta), statistics=statistics, subtree=frozenset({1, 2, 3})
+                )
                 _assert_close(messages[0], full)  # children 1, 2 decode; child 3 straggles
                 if statistics:
                     X = np.concatenate([partitions[j][0] for j in range(4)])
@@ -675,7 +682,12 @@ async def test_tree_parent_decodes_three_children_and_adds_its_own_part(statisti
 
                 await stop_worker(children[0])  # now only child 2 is fast: not decodable in 1 s
                 error = await _status(
-                    _compute(stub, _request("tree", 0, (0,), theta, iteration=1), statistics=statistics)
+                    _compute(
+                        stub,
+                        _request("tree", 0, (0,), theta, iteration=1),
+                        statistics=statistics,
+                        subtree=frozenset({1, 2, 3}),
+                    )
                 )
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
                 details = error.details()

@@ -48,14 +48,16 @@ class RowDefinition(_message.Message):
     def __init__(self, row: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., coefficients_real: _Optional[_Iterable[float]] = ..., coefficients_imag: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ChildSpec(_message.Message):
-    __slots__ = ("worker_id", "address", "call_token")
+    __slots__ = ("worker_id", "address", "call_token", "descendants")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CALL_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DESCENDANTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     call_token: str
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., call_token: _Optional[str] = ...) -> None: ...
+    descendants: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., call_token: _Optional[str] = ..., descendants: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ParentRole(_message.Message):
     __slots__ = ("child_code", "children", "wait_seconds", "no_links", "integrity")
