@@ -46,7 +46,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import grpc
 
@@ -67,7 +67,7 @@ from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 from gradcode.worker.straggling import StragglerEmulation
 
-__all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy"]
+__all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy", "relays"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,15 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
 
 
+def relays(mode: str, *, tree: bool, network: int) -> bool:
+    """Whether a round relays the model (``JobSpec.model_delivery`` ``mode``) to the ``network`` workers its first
+    gather asks over the network: "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more;
+    never in a tree (its parents forward the model) nor "direct"."""
+    if tree:
+        return False
+    return (mode == "relay" and network >= 2) or (mode == "auto" and network >= RELAY_MIN_WORKERS)
+
+
 class RelayOrder:
     """Which workers serve the relayed model (``JobSpec.model_delivery``): the relay order puts first the workers that
     answered fastest in the last decodable round (a worker that did not answer, e.g. frozen or a backup never pulled,
@@ -147,9 +156,9 @@ class RelayOrder:
         self._seconds: dict[int, float] = {}
         self._blamed_until: dict[int, int] = {}
 
-    def answered(self, round_: Round) -> None:
-        """The answer times of the round just decoded."""
-        self._seconds = dict(round_.finished)
+    def answered(self, finished: Mapping[int, float]) -> None:
+        """The answer times (seconds by worker) of the round just decoded."""
+        self._seconds = dict(finished)
 
     def blame(self, peer: int, iteration: int) -> None:
         """A fetcher could not get iteration ``iteration``'s model from ``peer``: it serves no relay for a while."""
@@ -317,13 +326,8 @@ class RoundPolicy:
         """Plan iteration ``it``'s relay (``JobSpec.model_delivery``) among the workers of ``ask`` reached over the
         network (shared-memory workers keep shared memory); ``ask`` in the order to send the requests, the seed's
         first."""
-        plan = self.plan
         network = [w for w in ask if w not in self.loader.shared_workers]
-        mode = plan.model_delivery
-        relay = plan.topology is None and (
-            (mode == "relay" and len(network) >= 2) or (mode == "auto" and len(network) >= RELAY_MIN_WORKERS)
-        )
-        if not relay:
+        if not relays(self.plan.model_delivery, tree=self.plan.topology is not None, network=len(network)):
             return ask
         order = self.relay_order.order(network, it.t)
         it.model.relay(order)
@@ -357,7 +361,7 @@ class RoundPolicy:
         if self.primaries is not None:
             self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
         self.answer_times.answered(round_)
-        self.relay_order.answered(round_)
+        self.relay_order.answered(round_.finished)
         if round_.reasked:
             log.info("iteration %d: asked %s again after silence", it.t,
                      ", ".join(workers[w].describe() for w in sorted(round_.reasked)))  # fmt: skip

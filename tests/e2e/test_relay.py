@@ -150,3 +150,20 @@ async def test_a_lying_peer_is_caught_by_the_digest_and_every_gradient_stays_exa
     _assert_exact(info, reports)
     assert 1 <= liar.fetches <= 3, "the liar served its fetchers once (as seed), then was blamed and left out"
     assert reports[0].bytes_sent > 2 * MODEL_BYTES, "its fetchers got the model inline"
+
+
+async def test_workers_proven_on_the_masters_machine_keep_shared_memory_under_relay(tmp_path: Path) -> None:
+    """The same machine (the default machine id) and a proven shared-memory directory: a relay job sends them the
+    model through shared memory, and no worker fetches it from a peer."""
+    ports = [free_port() for _ in range(4)]
+    with start_cluster(4, tmp_path, worker_args=lambda i: ["--metrics-port", str(ports[i])]) as cluster:
+        spec = job_spec(
+            "cyclic", {"n": 4, "s": 1}, iterations=4, verify=True, worker_ids=cluster.ids, model_delivery="relay"
+        )
+        info, reports = await run_job(cluster.master_address, spec)
+        transports = {w.transport for w in cluster.list_workers()}
+        relayed = sum(metric_total(port, "gradcode_models_relayed_total") for port in ports)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
+    assert transports == {"shared memory"}, transports
+    assert relayed == 0
