@@ -13,12 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradcode.client.certs import make_certificates
+from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.transport.serving import start_server
 from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.v1 import master_pb2, worker_pb2
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
+from tests.e2e.test_security import client as secured_client
+from tests.e2e.test_security import server_env, wait_up
 from tests.helpers import fixed_delay, free_port
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +46,11 @@ def _own_machine(i: int, ports: list[int]) -> list[str]:
     return ["--machine-id", f"machine-{i}", "--metrics-port", str(ports[i])]
 
 
-def _assert_exact(info: master_pb2.JobInfo, reports: list[master_pb2.IterationReport]) -> None:
+def _assert_exact(
+    info: master_pb2.JobInfo, reports: list[master_pb2.IterationReport], iterations: int = ITERATIONS
+) -> None:
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
-    assert len(reports) == ITERATIONS
+    assert len(reports) == iterations
     bad = [(r.iteration, r.verify_error) for r in reports if not (r.exact and 0 <= r.verify_error <= EXACT)]
     assert not bad
 
@@ -167,3 +173,30 @@ async def test_workers_proven_on_the_masters_machine_keep_shared_memory_under_re
     assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
     assert transports == {"shared memory"}, transports
     assert relayed == 0
+
+
+def test_a_relay_under_mutual_tls_and_call_tokens_fetches_with_each_peers_relay_token(tmp_path: Path) -> None:
+    """With TLS, a join secret and per-worker call tokens, every fetch presents the relay token the master derived
+    from that peer's call token: no fetch is refused (no worker is asked again inline, none fails) and the master
+    sends the model about once per iteration."""
+    certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+    workers = 3
+    args = lambda i: ["--machine-id", f"machine-{i}"]  # noqa: E731 - network workers
+    with LocalCluster(workers, run_dir=tmp_path / "run", env=server_env(certs), worker_args=args) as cluster:
+
+        async def scenario() -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+            async with secured_client(certs, cluster.master_address) as c:
+                up = await wait_up(c, workers)
+                spec = job_spec(
+                    "cyclic", {"n": workers, "s": 1}, iterations=5, verify=True, model_delivery="relay",
+                    worker_ids=[w.worker_id for w in up],
+                )  # fmt: skip
+                return await c.run(spec, check=False)
+
+        info, reports = asyncio.run(asyncio.wait_for(scenario(), 120))
+        master_log = cluster.master.log_path.read_text() if cluster.master else ""
+    _assert_exact(info, reports, iterations=5)
+    assert "could not fetch" not in master_log, master_log[-3000:]
+    assert all(not r.failed_workers and r.bytes_sent < 2 * MODEL_BYTES for r in reports), [
+        (r.bytes_sent, list(r.failed_workers)) for r in reports
+    ]
