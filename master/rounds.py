@@ -497,7 +497,8 @@ class _Iteration:
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
         self.backups: set[int] = set()
         self.deferred: set[int] = set()
-        """The workers the first gather asked as backups, and the deferred ones among them."""
+        """The workers the gather under way asked as backups, and the deferred ones among them (a worker asked again
+        inline after its relay failed keeps its part)."""
         self.relay_failures: dict[int, tuple[WorkerFailure, int]] = {}
         """Workers whose relayed model failed: the failure, and the peer they fetched from."""
 
