@@ -54,7 +54,7 @@ MAX_MODEL_BYTES = 64 << 20
 """float64 bytes of the parameter vector (64 MiB = 8M parameters): the master keeps several copies."""
 MAX_NAME_CHARS = 128
 """Characters of a name a client picks from a list: code.name, model.kind, dataset.name, optimizer.kind,
-straggler.model, integrity, backup_priority, surplus."""
+straggler.model, integrity, backup_priority, surplus, model_delivery."""
 MAX_PATH_CHARS = 4096
 """Characters of ``dataset.path`` (Linux's PATH_MAX)."""
 MAX_OPTIONS = 64
@@ -119,6 +119,7 @@ _NAMES: tuple[tuple[str, Callable[[master_pb2.JobSpec], str]], ...] = (
     ("JobSpec.integrity", lambda s: s.integrity),
     ("JobSpec.backup_priority", lambda s: s.backup_priority),
     ("JobSpec.surplus", lambda s: s.surplus),
+    ("JobSpec.model_delivery", lambda s: s.model_delivery),
 )
 
 

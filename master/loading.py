@@ -35,7 +35,7 @@ from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.ops import metrics
 from gradcode.common.training.data import Dataset
-from gradcode.common.transport.security import job_token
+from gradcode.common.transport.security import job_token, relay_token
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import code_spec, partition_chunks, row_definition
 from gradcode.master.pool import PoolWorker, WorkerPool
@@ -322,6 +322,13 @@ class WorkerLoader:
         opens that job's Computes only, and dies with the job), or "" for a child without one."""
         token = self.workers[c].call_token
         return job_token(token, self.job_id) if token else ""
+
+    def relay_peer(self, p: int) -> tuple[str, str]:
+        """Where a worker of this job fetches the model from worker ``p`` (``ComputeRequest.relayed_model``): its
+        address, and a relay token derived from its call token (it opens that job's FetchModel only), or "" for a
+        worker without one."""
+        worker = self.workers[p]
+        return worker.address, relay_token(worker.call_token, self.job_id) if worker.call_token else ""
 
     def may_load(self, w: int) -> bool:
         """Worker ``w`` may be asked to load the job now: it did not refuse the job, nor just refuse it for lack of

@@ -25,6 +25,16 @@ replace them (:class:`~gradcode.master.hedging.Hedging`, the round's strategy); 
 worker whose messages cross the network rather than shared memory) computes at once but sends its messages only
 when the round pulls them (promotes it), so surplus messages cost the master's link nothing.
 Dynamic codes are asked alike: they place each iteration from what every worker did in the last.
+
+The model reaches the workers of a flat code directly, or relayed (``JobSpec.model_delivery``; :class:`_ModelRequest`
+builds each worker's model fields, :class:`RelayOrder` picks the peers): the first gather of an iteration sends it
+inline to the first worker of the relay order, and worker j of that order fetches it from worker
+(j - 1) // :data:`RELAY_FANOUT`, checking its digest. A relayed request that ends FAILED_PRECONDITION (its peer was
+dead, frozen or lying: :mod:`gradcode.worker.relay`) is not the worker's fault: it is asked again at once, in the same
+gather, with the model inline, and its peer and those upstream of it serve no relay for
+:data:`RELAY_SUSPEND_ITERATIONS` iterations. Every later request of the iteration (a retry, a join, a request asked
+again after silence) carries the model inline: the relay saves the bytes of the common case and never delays a
+recovery.
 """
 
 from __future__ import annotations
@@ -33,9 +43,10 @@ import collections
 import contextlib
 import functools
 import logging
+import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import grpc
 
@@ -47,7 +58,7 @@ from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
 from gradcode.common.training.models import message_length
 from gradcode.common.transport.shared_memory import SharedDirectory
-from gradcode.common.transport.wire import dtype_from_wire, model_request_bytes
+from gradcode.common.transport.wire import dtype_from_wire, model_digest, model_request_bytes
 from gradcode.master.hedging import Hedging
 from gradcode.master.liveness import BackgroundLoads, LatenessWatch
 from gradcode.master.loading import WorkerLoader
@@ -57,9 +68,20 @@ from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 from gradcode.worker.straggling import StragglerEmulation
 
-__all__ = ["AnswerTimes", "Primaries", "RoundPolicy"]
+__all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy", "relays"]
 
 log = logging.getLogger(__name__)
+
+RELAY_FANOUT = 3
+"""Fetchers per relay peer: worker j of an iteration's relay order fetches the model from worker (j - 1) // 3, so
+n = 6 is a seed serving three workers, two of which serve one more each (two hops). A peer's link carries the model
+this many times while its own fetch adds a hop's latency to its fetchers'; the master's carries it once either way."""
+RELAY_MIN_WORKERS = 3
+"""``JobSpec.model_delivery`` "auto" relays when a round's first gather asks at least this many workers over the
+network (with fewer, the master's link carries two models or less and a relay hop would cost more than it saves)."""
+RELAY_SUSPEND_ITERATIONS = 10
+"""How long a peer whose fetcher could not get a correct model from it (it was dead, frozen, or lied) serves no
+relay."""
 
 
 class AnswerTimes:
@@ -116,6 +138,41 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
 
 
+def relays(mode: str, *, tree: bool, network: int) -> bool:
+    """Whether a round relays the model (``JobSpec.model_delivery`` ``mode``) to the ``network`` workers its first
+    gather asks over the network: "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more;
+    never in a tree (its parents forward the model) nor "direct"."""
+    if tree:
+        return False
+    return (mode == "relay" and network >= 2) or (mode == "auto" and network >= RELAY_MIN_WORKERS)
+
+
+class RelayOrder:
+    """Which workers serve the relayed model (``JobSpec.model_delivery``): the relay order puts first the workers that
+    answered fastest in the last decodable round (a worker that did not answer, e.g. frozen or a backup never pulled,
+    comes after every one that did), and last the peers blamed lately (:meth:`blame`), so seeds and peers are the
+    workers most likely to hold the model in time."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+        self._blamed_until: dict[int, int] = {}
+
+    def answered(self, finished: Mapping[int, float]) -> None:
+        """The answer times (seconds by worker) of the round just decoded."""
+        self._seconds = dict(finished)
+
+    def blame(self, peer: int, iteration: int) -> None:
+        """A fetcher could not get iteration ``iteration``'s model from ``peer``: it serves no relay for a while."""
+        self._blamed_until[peer] = iteration + RELAY_SUSPEND_ITERATIONS
+
+    def order(self, workers: Iterable[int], iteration: int) -> list[int]:
+        """``workers`` in relay order for ``iteration``."""
+        return sorted(
+            workers,
+            key=lambda w: (self._blamed_until.get(w, -1) >= iteration, self._seconds.get(w, math.inf), w),
+        )
+
+
 class RoundPolicy:
     """Runs one iteration's round against the job's workers under the iteration deadline."""
 
@@ -140,6 +197,8 @@ class RoundPolicy:
         """Whom each round expects to decode from (None: every worker is asked alike)."""
         self.answer_times = AnswerTimes(StragglerEmulation(plan.spec.straggler))
         """When a silent worker is asked again within the round."""
+        self.relay_order = RelayOrder()
+        """Who serves the relayed model (``JobSpec.model_delivery``)."""
         self._joining: Callable[[int], None] | None = None
         """Asks a worker in the round under way (:meth:`run`) once its reload is done; None between rounds."""
         topology = plan.topology
@@ -187,7 +246,8 @@ class RoundPolicy:
             shared=self.loader.shared,
         )
         it = _Iteration(
-            round_, assignment, _ModelRequest(t, point, self.loader.shared), job_started=job_started,
+            round_, assignment, _ModelRequest(t, point, self.loader.shared, self.loader.relay_peer),
+            job_started=job_started,
             needed=[w for w in range(plan.code.n) if assignment.rows[w]],
             wait_rules=self.integrity.wait_rules(round_, assignment),
         )  # fmt: skip
@@ -205,6 +265,7 @@ class RoundPolicy:
         needed = w < self.plan.code.n and it.assignment.rows[w] and w not in it.round.finished
         wanted = needed and w not in it.spent and w not in self.integrity.quarantined
         if wanted and self.loader.workers[w].has_job(self.plan.job_id):
+            it.model.inline(w)
             it.round.join(self._source(it, w, backups=set(), deferred=False))
 
     async def _until_decodable(self, it: _Iteration) -> Round:
@@ -254,20 +315,43 @@ class RoundPolicy:
             backups = set(ask) - self.primaries.choose(it.assignment, ask)
             deferred = backups & sharing_a_machine(self.loader.workers[: self.plan.code.n]) if backups else set()
             hedge = self.primaries.hedge()
+        it.backups, it.deferred = backups, deferred
+        if first:
+            ask = self._relay(it, ask)
+        else:
+            it.model.inline(*ask)
         sources = [self._source(it, w, backups=backups, deferred=w in deferred) for w in ask]
         hedging = Hedging(promote_after=hedge, reask_after=functools.partial(self.answer_times.bound, iteration=it.t))
-        failures = await it.round.gather(
-            sources, timeout=remaining, strategies=(hedging, *it.wait_rules), on_failure=self._lost
-        )
+        strategies, lost = (hedging, *it.wait_rules), functools.partial(self._lost, it)
+        failures = await it.round.gather(sources, timeout=remaining, strategies=strategies, on_failure=lost)
         await self._after_gather(it, failures)
 
+    def _relay(self, it: _Iteration, ask: list[int]) -> list[int]:
+        """Plan iteration ``it``'s relay (``JobSpec.model_delivery``) among the workers of ``ask`` reached over the
+        network (shared-memory workers keep shared memory); ``ask`` in the order to send the requests, the seed's
+        first."""
+        network = [w for w in ask if w not in self.loader.shared_workers]
+        if not relays(self.plan.model_delivery, tree=self.plan.topology is not None, network=len(network)):
+            return ask
+        order = self.relay_order.order(network, it.t)
+        it.model.relay(order)
+        return order + [w for w in ask if w not in network]
+
     async def _after_gather(self, it: _Iteration, failures: dict[int, WorkerFailure]) -> None:
-        """Who answered is seen; the nodes lost are reloaded; a live parent whose children failed is spent."""
+        """Who answered is seen; the nodes lost are reloaded; a live parent whose children failed is spent. A worker
+        whose relayed model failed is not at fault (it was asked again inline); its peer, or one upstream of it, is:
+        they are all blamed (a peer waiting for its own model answers its fetchers that it holds none, whoever failed;
+        blaming an innocent one only makes it a leaf of the relay for a while)."""
         workers = self.loader.workers
         for w in it.round.finished:
             self.pool.mark_seen(workers[w])
         self._reload_lost(it.round, failures.values())
+        for _, peer in it.relay_failures.values():
+            for p in it.model.upstream(peer):
+                self.relay_order.blame(p, it.t)
         for w, failure in failures.items():
+            if it.relay_failures.get(w, (None, -1))[0] is failure:
+                continue
             if await self._alive_parent(w, failure):
                 it.spent.add(w)
 
@@ -281,6 +365,7 @@ class RoundPolicy:
         if self.primaries is not None:
             self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
         self.answer_times.answered(round_)
+        self.relay_order.answered(round_.finished)
         if round_.reasked:
             log.info("iteration %d: asked %s again after silence", it.t,
                      ", ".join(workers[w].describe() for w in sorted(round_.reasked)))  # fmt: skip
@@ -300,12 +385,20 @@ class RoundPolicy:
             ),
         )  # fmt: skip
 
-    def _lost(self, w: int, failure: WorkerFailure) -> None:
+    def _lost(self, it: _Iteration, w: int, failure: WorkerFailure) -> None:
         """A worker that lost the job (it restarted: NOT_FOUND) is reloaded at once, within the gather, and joins it
-        once loaded (:meth:`_load_and_join`)."""
+        once loaded (:meth:`_load_and_join`). A worker that could not get its relayed model from its peer
+        (FAILED_PRECONDITION) is asked again at once with the model inline."""
         if failure.status is grpc.StatusCode.NOT_FOUND:
             self.loader.workers[w].lost_job(self.plan.job_id)
             self._reload([w])
+        elif failure.status is grpc.StatusCode.FAILED_PRECONDITION and it.model.relayed(w):
+            peer = it.model.inline(w)[0]
+            it.relay_failures[w] = (failure, peer)
+            workers = self.loader.workers
+            log.info("iteration %d: %s could not fetch the model from %s (%s); sending it inline", it.t,
+                     workers[w].describe(), workers[peer].describe(), failure.details)  # fmt: skip
+            it.round.join(self._source(it, w, backups=it.backups, deferred=w in it.deferred))
 
     def _reload_lost(self, round_: Round, failures: Iterable[WorkerFailure]) -> None:
         """Reload the tree nodes the parents say lost the job (in their messages, or their errors)."""
@@ -323,7 +416,8 @@ class RoundPolicy:
         the expected workers that have not begun (:class:`~gradcode.master.hedging.Hedging`)."""
         backup = w in backups
         rows = it.assignment.rows[w]
-        body, shared = it.model.fields(w, shared=w in self.loader.shared_workers)
+        in_shared = w in self.loader.shared_workers
+        body, shared = it.model.fields(w, shared=in_shared)
         surplus = self.plan.surplus
         hold = backup and (surplus == "hold" or (surplus == "auto" and not shared))
         head = worker_pb2.ComputeRequest(
@@ -334,10 +428,15 @@ class RoundPolicy:
         opened = 0
 
         def open_() -> ChunkStream:
-            """On the worker's Session (or link); asked again after silence, as a call of its own."""
-            nonlocal opened
+            """On the worker's Session (or link); asked again after silence, as a call of its own (with the model
+            inline if it was relayed)."""
+            nonlocal opened, body
             opened += 1
-            return worker.compute(head, body) if opened == 1 else worker.compute_call(head, body)
+            if opened == 1:
+                return worker.compute(head, body)
+            if it.model.inline(w):
+                body = it.model.fields(w, shared=in_shared)[0]
+            return worker.compute_call(head, body)
 
         return Source(worker_id=w, rows=tuple(rows), open=open_, shared=shared, backup=backup, subtree=self.subtrees[w])
 
@@ -400,6 +499,12 @@ class _Iteration:
         """Integrity's stop rule for the round's gathers (:meth:`IntegrityPolicy.wait_rules`)."""
         self.spent: set[int] = set()
         """Parents that answered this iteration that their children are not decodable (not asked again)."""
+        self.backups: set[int] = set()
+        self.deferred: set[int] = set()
+        """The workers the gather under way asked as backups, and the deferred ones among them (a worker asked again
+        inline after its relay failed keeps its part)."""
+        self.relay_failures: dict[int, tuple[WorkerFailure, int]] = {}
+        """Workers whose relayed model failed: the failure, and the peer they fetched from."""
 
     @property
     def t(self) -> int:
@@ -407,17 +512,53 @@ class _Iteration:
 
 
 class _ModelRequest:
-    """Iteration ``t``'s model as serialized ComputeRequest fields: inline (``model``) or, for workers that
-    accepted the job's shared-memory directory, ``shared_model`` (the parameters written there once).
-    Each form is built at most once, when a worker first needs it."""
+    """Iteration ``t``'s model as serialized ComputeRequest fields: inline (``model``); for workers that accepted the
+    job's shared-memory directory, ``shared_model`` (the parameters written there once); or, for workers of the
+    iteration's relay (:meth:`relay`), ``relayed_model``: the peer to fetch it from, its length and digest. Each form
+    is built at most once (the relayed one once per worker, a few dozen bytes), when a worker first needs it."""
 
-    def __init__(self, t: int, point: Array, shared: SharedDirectory | None) -> None:
+    def __init__(
+        self,
+        t: int,
+        point: Array,
+        shared: SharedDirectory | None,
+        relay_peer: Callable[[int], tuple[str, str]] | None = None,
+    ) -> None:
         self.t = t
         self.point = point
         self.shared = shared
+        self.relay_peer = relay_peer
+        """A peer's address and the relay token to present to it (:meth:`WorkerLoader.relay_peer`); None: no relay."""
         self._inline: bytes | None = None
         self._in_shared: bytes | None = None
         self._asked_shared: set[int] = set()
+        self._peer_of: dict[int, int] = {}
+        """The relayed workers (until :meth:`inline`) and the peer each fetches the model from."""
+        self._planned: dict[int, int] = {}
+        """The relay as planned (:meth:`relay`)."""
+        self._digest: bytes | None = None
+
+    def relay(self, order: Sequence[int]) -> None:
+        """Relay the model along ``order``: its first worker gets it inline, worker ``order[j]`` fetches it from
+        ``order[(j - 1) // RELAY_FANOUT]``."""
+        self._peer_of = {w: order[(j - 1) // RELAY_FANOUT] for j, w in enumerate(order) if j}
+        self._planned = dict(self._peer_of)
+
+    def upstream(self, peer: int) -> list[int]:
+        """``peer`` and the peers the model reached it through in the relay planned, up to the seed."""
+        chain = [peer]
+        while chain[-1] in self._planned:
+            chain.append(self._planned[chain[-1]])
+        return chain
+
+    def relayed(self, worker: int) -> bool:
+        """Worker ``worker``'s request carries the relayed form."""
+        return worker in self._peer_of
+
+    def inline(self, *workers: int) -> list[int]:
+        """Send these workers the model inline from now on (their relay failed, or they are asked again); the peers
+        those that were relayed fetched from."""
+        return [self._peer_of.pop(w) for w in workers if w in self._peer_of]
 
     def fields(self, worker: int, *, shared: bool) -> tuple[bytes, bool]:
         """Worker ``worker``'s model request fields, and whether they are the shared-memory form (which then wants
@@ -425,6 +566,15 @@ class _ModelRequest:
         messages in their slots (:meth:`SharedDirectory.message`), and a worker asked again, perhaps a restarted
         process, must not rewrite a slot the round already holds. A failed write to shared memory falls back to
         the inline form for this iteration."""
+        peer = self._peer_of.get(worker)
+        if peer is not None and self.relay_peer is not None:
+            if self._digest is None:
+                self._digest = model_digest(self.point)
+            address, bearer = self.relay_peer(peer)
+            relayed = worker_pb2.RelayedModel(
+                address=address, bearer=bearer, length=int(self.point.size), blake2b=self._digest
+            )
+            return worker_pb2.ComputeRequest(relayed_model=relayed).SerializeToString(), False
         if shared and self.shared is not None and worker not in self._asked_shared:
             self._asked_shared.add(worker)
             if self._in_shared is None:

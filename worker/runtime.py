@@ -44,6 +44,7 @@ from gradcode.common.transport.wire import NO_SUBTREE, Subtree
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, upward_message
+from gradcode.worker.relay import HeldModels, PeerFetcher
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
 __all__ = [
@@ -171,6 +172,10 @@ class JobRuntime:
     shared: SharedPeer | None = None
     """The receiver's shared-memory directory, when this worker accepted its offer
     (:func:`gradcode.common.transport.shared_memory.accept`; leaves only, a parent forwards its model inline)."""
+    models: HeldModels = field(default_factory=HeldModels)
+    """The models this worker's Computes of the last iterations were admitted with, for its peers' FetchModel."""
+    peers: PeerFetcher | None = None
+    """Fetches a relayed model (``ComputeRequest.relayed_model``) from a peer; None: this worker relays nothing."""
 
     def begin(self, iteration: int) -> Cancellation:
         """Start a computation of ``iteration``: it becomes the newest, older ones still running are
@@ -209,6 +214,8 @@ class JobRuntime:
         self.cancel_all()
         if self.shared is not None:
             self.shared.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.parent is not None:
             await self.parent.close()
 

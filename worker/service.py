@@ -21,6 +21,9 @@ job's leaf and parent paths), :mod:`gradcode.worker.straggling` (straggler emula
   request ends CANCELLED). Every request gets a status, a malformed one a precise refusal; a message that is
   not a ComputeRequest ends the call INVALID_ARGUMENT. When the node shuts down its sessions take no new
   request, finish the running ones and end.
+* ``FetchModel``: the model this worker holds for an iteration of a job, for a peer told to fetch it here
+  (``ComputeRequest.relayed_model``; :mod:`gradcode.worker.relay`). A Compute with a relayed model fetches it from
+  the peer named, checks its digest, and ends FAILED_PRECONDITION when it cannot (the master then sends it inline).
 * ``EndJob``: forget a job.
 
 Every refusal is a gRPC status with a precise message (an error of :mod:`gradcode.common.exceptions`,
@@ -83,10 +86,12 @@ from gradcode.common.transport.wire import (
     message_chunk_pieces,
     serialize_chunk,
     serialized_size,
+    tensor_from_array,
 )
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError
+from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError, WorkerJob
 from gradcode.worker.parent import ParentRunner
+from gradcode.worker.relay import PeerFetcher, check_relayed, relayed, wait_seconds
 from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -249,7 +254,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if builder is None:
             raise JobSetupError("The LoadJob stream ended without a setup chunk; send the setup first.")
         job = await asyncio.to_thread(builder.finish)
-        runtime = JobRuntime(job=job, stragglers=StragglerEmulation(job.setup.straggler))
+        runtime = JobRuntime(
+            job=job, stragglers=StragglerEmulation(job.setup.straggler), peers=PeerFetcher(job.job_id, self.security)
+        )
         if job.setup.HasField("shared_memory") and not job.setup.HasField("parent"):
             runtime.shared = shared_memory.accept(job.setup.shared_memory, job.worker_id)
         if job.setup.HasField("parent"):
@@ -309,7 +316,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
-        runtime, params, rows, delay = self._admit(request)
+        runtime, params, rows, delay = await self._admit(request)
         job, iteration = runtime.job, int(request.iteration)
         flag = runtime.begin(iteration)
         try:
@@ -331,9 +338,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finally:
             runtime.end(iteration, flag)
 
-    def _admit(self, request: worker_pb2.ComputeRequest) -> tuple[JobRuntime, Array, tuple[int, ...], float]:
+    async def _admit(self, request: worker_pb2.ComputeRequest) -> tuple[JobRuntime, Array, tuple[int, ...], float]:
         """The job's runtime, the model, the rows and this iteration's emulated delay of a Compute this worker
-        serves; a gradcode refusal (PERMISSION_DENIED, FAILED_PRECONDITION, INVALID_ARGUMENT, ABORTED) otherwise."""
+        serves; a gradcode refusal (PERMISSION_DENIED, FAILED_PRECONDITION, INVALID_ARGUMENT, ABORTED) otherwise.
+        The model is held for the job's peers (:attr:`JobRuntime.models`)."""
         scope = CALL_SCOPE.get()
         if scope is not None and request.job_id != scope:
             raise PermissionDeniedError(
@@ -350,8 +358,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         iteration = int(request.iteration)
         try:
             job.check_iteration(iteration)  # before anything records it as the newest
-            params = self._model_of(request, runtime)
             rows = job.check_rows(list(request.rows))
+            params = await self._model_of(request, runtime)
             if request.hold and not request.backup:
                 raise ValueError(
                     "hold is set without backup: only a backup may keep its messages until pulled (an expected "
@@ -374,23 +382,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return runtime, params, rows, delay
 
     @staticmethod
-    def _model_of(request: worker_pb2.ComputeRequest, runtime: JobRuntime) -> Array:
-        """The request's model (inline, or in the job's shared memory), checked; ValueError saying what is wrong."""
-        job = runtime.job
+    async def _model_of(request: worker_pb2.ComputeRequest, runtime: JobRuntime) -> Array:
+        """The request's model (inline, in the job's shared memory, or fetched from a peer), checked and held for the
+        job's peers; ValueError saying what is wrong, ModelUnavailableError when a relayed one cannot be had."""
+        job, iteration = runtime.job, int(request.iteration)
+        if request.HasField("relayed_model"):
+            if CALL_SCOPE.get() is not None or runtime.peers is None:
+                raise ValueError(
+                    "a relayed model on a call opened by a job token: only the master relays models (a tree parent "
+                    "sends its children the model inline)."
+                )
+            check_relayed(request.relayed_model, job.num_params)
+            relay = request.relayed_model
+            fetch = functools.partial(runtime.peers.fetch, relay, iteration)
+            return await relayed(runtime.models, relay, iteration, fetch, functools.partial(_checked, job))
         if request.HasField("shared_model"):
             if runtime.shared is None:
                 raise ValueError(
                     "the request names a shared-memory model, but this worker did not accept the job's "
                     "shared-memory offer; send the model inline."
                 )
-            params = job.check_params(runtime.shared.read_model(request.shared_model))
+            params = _checked(job, runtime.shared.read_model(request.shared_model))
         elif request.model.dtype != common_pb2.DTYPE_FLOAT64:
             raise ValueError(f"The model must be DTYPE_FLOAT64, not {common_pb2.DType.Name(request.model.dtype)}.")
         else:
-            params = job.check_params(array_from_tensor(request.model))
-        if not all_finite(params):
-            bad = int(np.count_nonzero(~np.isfinite(params)))
-            raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
+            params = _checked(job, array_from_tensor(request.model))
+        runtime.models.hold(iteration, params)
         return params
 
     async def _answer(
@@ -464,6 +481,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise NotFoundError(f"Unknown job {short(job_id)} on this worker; load it with LoadJob first.")
         return runtime
 
+    # ---- FetchModel ----------------------------------------------------------------------------
+    @grpc_errors
+    async def FetchModel(  # noqa: N802 - proto name
+        self, request: worker_pb2.FetchModelRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.FetchModelReply:
+        """The model a Compute of this job's iteration was admitted with, for a peer (waiting briefly for one still
+        arriving); a relay token opens its own job's models only."""
+        scope = job_of(bearer_of(context))
+        if scope is not None and request.job_id != scope:
+            raise PermissionDeniedError(
+                f"This call's relay token is for job {short(scope)}, not {short(request.job_id)}: it opens the models "
+                "of its own job only."
+            )
+        runtime = self._runtime(request.job_id)
+        params = await runtime.models.wait(int(request.iteration), wait_seconds(runtime.job.num_params))
+        metrics.MODELS_RELAYED.inc()
+        return worker_pb2.FetchModelReply(model=tensor_from_array(params))
+
     # ---- EndJob --------------------------------------------------------------------------------
     @grpc_errors
     async def EndJob(  # noqa: N802 - proto name
@@ -516,6 +551,15 @@ class _HandlerRecorder:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         self.service, self.handlers = service, dict(handlers)
+
+
+def _checked(job: WorkerJob, params: Array) -> Array:
+    """``params`` as the job's model (float64, its length, finite); ValueError saying what is wrong."""
+    params = job.check_params(params)
+    if not all_finite(params):
+        bad = int(np.count_nonzero(~np.isfinite(params)))
+        raise ValueError(f"The model holds {bad} NaN or infinite values; a model must be finite.")
+    return params
 
 
 def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.ndarray[Any, Any]) -> bool:

@@ -54,6 +54,7 @@ __all__ = [
     "JOBS_FINISHED",
     "LOAD_BYTES_SENT",
     "MASTER_REGISTRY",
+    "MODELS_RELAYED",
     "SHARED_BYTES_SENT",
     "WORKER_REGISTRY",
     "MetricsServer",
@@ -176,6 +177,11 @@ SHARED_BYTES_SENT = Counter(
     "gradcode_shared_bytes_sent",
     "Bytes of coded messages this worker left in its receiver's shared-memory directory instead of sending "
     "them through gRPC (the receiver is on this host).",
+    registry=WORKER_REGISTRY,
+)
+MODELS_RELAYED = Counter(
+    "gradcode_models_relayed",
+    "Models this worker served to peers of its jobs (Worker.FetchModel), so the master sent them once.",
     registry=WORKER_REGISTRY,
 )
 

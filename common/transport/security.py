@@ -21,7 +21,9 @@
   master checks the proof under the secret the *registering* process sent, with a nonce of its own.
 * Job tokens (:func:`job_token`): what a tree parent is given to call a child, derived from the child's call
   token and one job id. A child accepts it on Compute, Session and OpenLink only, and computes with it only
-  requests of that job (:data:`CALL_SCOPE`); job ids are never reused, so it dies with the job.
+  requests of that job (:data:`CALL_SCOPE`); job ids are never reused, so it dies with the job. A relay token
+  (:func:`relay_token`, derived alike under another label) is what a worker is given to fetch a job's model from
+  a peer: it opens ``Worker.FetchModel`` only, for that job only.
 * :func:`refuse_if_exposed` — listening beyond loopback without TLS and a join secret is refused unless
   ``--insecure`` (``GRADCODE_INSECURE``) says so.
 * :func:`add_security_arguments` / :func:`security_from_args` — the flags and their environment
@@ -74,6 +76,7 @@ __all__ = [
     "new_process_secret",
     "proves",
     "refuse_if_exposed",
+    "relay_token",
     "security_from_args",
     "short",
     "warn_if_exposed",
@@ -91,8 +94,11 @@ REGISTER_METHOD = MASTER_SERVICE + "RegisterWorker"
 HELLO_METHOD = WORKER_SERVICE + "Hello"
 JOB_SCOPED_METHODS = tuple(WORKER_SERVICE + name for name in ("Compute", "Session", "OpenLink"))
 """The Worker methods a job token opens (a tree parent's calls to its children): never LoadJob or EndJob."""
+FETCH_MODEL_METHOD = WORKER_SERVICE + "FetchModel"
+"""The one Worker method a relay token opens (:func:`relay_token`)."""
 _JOB_TOKEN_PREFIX = "job:"
 _JOB_TOKEN_CONTEXT = b"gradcode/v1 job token\0"
+_RELAY_TOKEN_CONTEXT = b"gradcode/v1 relay token\0"
 _HELLO_PROOF_CONTEXT = b"gradcode/v1 hello proof\0"
 PROCESS_SECRET_BYTES = 32
 """Length of the secret each worker process makes at start."""
@@ -126,11 +132,19 @@ CALL_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("gradcod
 worker's Compute, Session and link for their own task; the computations they start inherit it."""
 
 
-def job_token(call_token: str, job_id: str) -> str:
+def job_token(call_token: str, job_id: str, *, context: bytes = _JOB_TOKEN_CONTEXT) -> str:
     """The bearer a tree parent presents to a child for ``job_id``: the job id and an HMAC-SHA256 of it under the
-    child's ``call_token``. It opens only :data:`JOB_SCOPED_METHODS`, for that job's requests only."""
-    mac = hmac.new(call_token.encode(), _JOB_TOKEN_CONTEXT + job_id.encode(), hashlib.sha256).hexdigest()
+    child's ``call_token``. It opens only :data:`JOB_SCOPED_METHODS`, for that job's requests only. (Under another
+    ``context``, a token that opens other methods: :func:`relay_token`.)"""
+    mac = hmac.new(call_token.encode(), context + job_id.encode(), hashlib.sha256).hexdigest()
     return f"{_JOB_TOKEN_PREFIX}{base64.urlsafe_b64encode(job_id.encode()).decode()}.{mac}"
+
+
+def relay_token(call_token: str, job_id: str) -> str:
+    """The bearer a worker presents to a peer to fetch ``job_id``'s model from it (``ComputeRequest.relayed_model``):
+    a :func:`job_token` under its own label, so it opens only :data:`FETCH_MODEL_METHOD`, for that job only
+    (:data:`CALL_SCOPE`), and never a Compute: a worker of the job learns no way to drive its peer."""
+    return job_token(call_token, job_id, context=_RELAY_TOKEN_CONTEXT)
 
 
 def job_of(bearer: str | None) -> str | None:
@@ -349,8 +363,8 @@ class Security:
 
         With a join secret, a worker given ``call_token`` (one that registers with a master) answers
         LoadJob/Compute/EndJob only with the token its master issued (and Compute, Session and OpenLink also
-        with a :func:`job_token` derived from it); without it, with the worker call token derived from the
-        join secret. Hello (changes nothing) always takes the derived token.
+        with a :func:`job_token` derived from it, FetchModel with a :func:`relay_token`); without it, with the
+        worker call token derived from the join secret. Hello (changes nothing) always takes the derived token.
         """
         rules: dict[str, dict[str, Credential] | None] = {}
         if self.token is not None:
@@ -366,6 +380,8 @@ class Security:
             if call_token is not None:  # a tree parent's calls: one job's Computes only
                 for method in JOB_SCOPED_METHODS:
                     rules[method] = {**issued, "job token its parent was given": JobToken(call_token)}
+                relay = JobToken(call_token, relay_token)  # a peer's fetch: one job's model only
+                rules[FETCH_MODEL_METHOD] = {**issued, "relay token its master gave a peer": relay}
         if not rules:
             return None
         known = {name: secret for rule in rules.values() for name, secret in (rule or {}).items()}
@@ -473,14 +489,16 @@ class CallToken:
 
 
 class JobToken:
-    """Accepts a :func:`job_token` derived from the current value of a :class:`CallToken`, for any job id."""
+    """Accepts a :func:`job_token` (or, with ``derive``, another kind of job token: :func:`relay_token`) derived from
+    the current value of a :class:`CallToken`, for any job id."""
 
-    def __init__(self, call_token: CallToken) -> None:
+    def __init__(self, call_token: CallToken, derive: Callable[[str, str], str] = job_token) -> None:
         self.call_token = call_token
+        self.derive = derive
 
     def matches(self, presented: str) -> bool:
         job_id, value = job_of(presented), self.call_token.value
-        return job_id is not None and value is not None and _equal(presented, job_token(value, job_id))
+        return job_id is not None and value is not None and _equal(presented, self.derive(value, job_id))
 
 
 Credential = str | CallToken | JobToken

@@ -27,6 +27,7 @@ The gradient path is built to copy the payload as little as protobuf allows:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_JOB_ID_CHARS",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_DTYPES",
+    "MODEL_DIGEST_BYTES",
     "NO_SUBTREE",
     "SESSION_METHOD",
     "CompletedMessage",
@@ -80,6 +82,7 @@ __all__ = [
     "message_chunk_pieces",
     "message_chunks",
     "message_to_dict",
+    "model_digest",
     "model_request_bytes",
     "parse_chunk",
     "partition_chunks",
@@ -593,6 +596,18 @@ def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
 
 _MODEL_FIELD_TAG = _varint(worker_pb2.ComputeRequest.DESCRIPTOR.fields_by_name["model"].number << 3 | 2)
 _TENSOR_DATA_TAG = _varint(common_pb2.Tensor.DESCRIPTOR.fields_by_name["data"].number << 3 | 2)
+
+
+MODEL_DIGEST_BYTES = 32
+"""Length of :func:`model_digest`."""
+
+
+def model_digest(params: Array) -> bytes:
+    """BLAKE2b (:data:`MODEL_DIGEST_BYTES`) of a model's little-endian float64 bytes: what a worker told to fetch the
+    model from a peer (``ComputeRequest.relayed_model``) checks it against, so a stale or lying peer is caught.
+    A cryptographic hash, not a CRC: a peer that chose its bytes could match any CRC."""
+    a = np.ascontiguousarray(np.asarray(params, dtype=FLOAT64))
+    return hashlib.blake2b(a.view(np.uint8).data, digest_size=MODEL_DIGEST_BYTES).digest()
 
 
 def model_request_bytes(params: Array) -> bytes:

@@ -85,6 +85,8 @@ class System:
     code_params: dict[str, int] = field(default_factory=dict)
     surplus: str = ""
     """JobSpec.surplus of a flat coded scheme (empty: the master's default)."""
+    model_delivery: str = ""
+    """JobSpec.model_delivery of a flat scheme (empty: the master's default)."""
 
     @property
     def first_layer(self) -> int:
@@ -96,15 +98,24 @@ SCHEMES = ("uncoded", "fractional", "binary", "coded_reduce", ALLREDUCE)
 """What ``--systems`` may pick."""
 
 
-def systems_for(n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES) -> list[System]:
+def systems_for(
+    n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, deliveries: Sequence[str] = ("",)
+) -> list[System]:
     """What is compared at n workers: uncoded, fractional and binary with s = 1 (each with every ``surplus`` mode:
-    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``."""
-    systems = [System("uncoded", "uncoded", n, {"n": n})]
+    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``. Each flat one
+    once per model delivery of ``deliveries`` (JobSpec.model_delivery)."""
+    systems = [
+        System("uncoded" + (f" {way}" if way else ""), "uncoded", n, {"n": n}, model_delivery=way) for way in deliveries
+    ]
     for scheme in ("fractional", "binary"):
         systems += [
-            System(f"{scheme} s=1" + (f" {mode}" if mode else ""), scheme, n, {"n": n, "s": 1}, surplus=mode)
+            System(
+                f"{scheme} s=1" + (f" {mode}" if mode else "") + (f" {way}" if way else ""), scheme, n,
+                {"n": n, "s": 1}, surplus=mode, model_delivery=way,
+            )
             for mode in surplus
-        ]
+            for way in deliveries
+        ]  # fmt: skip
     if n in TREES:
         children, layers = TREES[n]
         size = sum(children**layer for layer in range(1, layers + 1))
@@ -292,6 +303,7 @@ def _spec(system: System, workload: Workload, delays: Delays, iterations: int, *
         learning_rate=workload.learning_rate, l2=workload.l2, iterations=iterations, deadline_seconds=60.0,
         verify=verify, straggler=delays.model, straggler_params=delays.params, straggler_seed=delays.seed,
         seed=workload.seed, wait_for_workers_seconds=START_TIMEOUT, surplus=system.surplus,
+        model_delivery=system.model_delivery,
     )  # fmt: skip
 
 
@@ -405,6 +417,7 @@ FLOOR_REPEATS = 4
 async def _measure(
     testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
     data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, features: int = NUM_FEATURES,
+    deliveries: Sequence[str] = ("",),
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
@@ -418,7 +431,7 @@ async def _measure(
                 num_samples=NUM_SAMPLES, num_features=features, n=n, iterations=iterations, model="linear",
                 dataset="linear", learning_rate=1e-5,
             )  # fmt: skip
-            systems = systems_for(n, surplus, schemes)
+            systems = systems_for(n, surplus, schemes, deliveries)
             for system in systems:
                 if system.scheme == ALLREDUCE:
                     continue
@@ -594,7 +607,7 @@ def run(
     *, ns: Sequence[int] = (6, 12), rounds: int = 1, iterations: int = 12, master_mbit: float = 200.0,
     worker_mbit: float = 1000.0, master_cpu: float = 50.0, worker_cpu: float | None = None, delay: float = 0.25,
     out: Path = RESULTS, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
-    features: int = NUM_FEATURES,
+    features: int = NUM_FEATURES, deliveries: Sequence[str] = ("",),
 ) -> dict[str, Any]:  # fmt: skip
     """Build the testbed, measure every system at every n, remove the testbed; print, save and return."""
     if features < 1:
@@ -603,7 +616,7 @@ def run(
         raise ValueError(f"every n must be at least 2, not {list(ns)}.")
     if rounds < 1 or iterations <= SKIP_ITERATIONS + 2:
         raise ValueError(f"rounds must be >= 1 and iterations > {SKIP_ITERATIONS + 2}, not {rounds}, {iterations}.")
-    hosts_needed = max(max(s.workers for s in systems_for(n, surplus, schemes)) for n in ns)
+    hosts_needed = max(max(s.workers for s in systems_for(n, surplus, schemes, deliveries)) for n in ns)
     cores = os.cpu_count() or 1
     if worker_cpu is None:  # every host its own share: all quotas together at most the machine's cores
         worker_cpu = max(1.0, math.floor((100 * cores - master_cpu) / hosts_needed))
@@ -618,10 +631,9 @@ def run(
             flush=True,
         )
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
+            data = Path(tmp) / "data"
             rows, verified = asyncio.run(
-                _measure(
-                    testbed, cluster, ns, rounds, iterations, delay, Path(tmp) / "data", surplus, schemes, features
-                )
+                _measure(testbed, cluster, ns, rounds, iterations, delay, data, surplus, schemes, features, deliveries)
             )
     result: dict[str, Any] = {
         "p": features + 1,
@@ -631,6 +643,7 @@ def run(
         "rounds": rounds,
         "delay_s": delay,
         "surplus": list(surplus),
+        "model_delivery": list(deliveries),
         "systems": list(schemes),
         "hosts": {
             "master": {"rate_mbit": master_mbit, "cpu_percent": master_cpu},
@@ -687,6 +700,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "default: the master's, auto, which on these hosts holds)",
     )  # fmt: skip
     parser.add_argument(
+        "--model-delivery", nargs="+", choices=["direct", "relay", "auto"], default=[""],
+        help="run every flat system once per way the model reaches the workers (JobSpec.model_delivery; default: "
+        "the master's, direct)",
+    )  # fmt: skip
+    parser.add_argument(
         "--systems", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="only these systems (default: all)"
     )  # fmt: skip
     add_out_argument(parser, "cluster")
@@ -711,6 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns=args.n, rounds=args.rounds, iterations=args.iterations, master_mbit=args.master_mbit,
             worker_mbit=args.worker_mbit, master_cpu=args.master_cpu, worker_cpu=args.worker_cpu, delay=args.delay,
             out=args.out, surplus=args.surplus, schemes=args.systems, features=args.features,
+            deliveries=args.model_delivery,
         )  # fmt: skip
     return 0
 

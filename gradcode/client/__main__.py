@@ -184,6 +184,12 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "where they go through shared memory (default: auto)",
     )  # fmt: skip
     t.add_argument(
+        "--model-delivery", default="", choices=["direct", "relay", "auto"],
+        help="how each iteration's model reaches the workers of a flat code: direct to each; relay: inline to one, "
+        "the others fetch it from a peer (checked by its digest), so the master's link carries it about once; auto "
+        "relays when a round asks 3 or more workers over the network (default: direct)",
+    )  # fmt: skip
+    t.add_argument(
         "--dataset", default="digits",
         help="digits | gaussian_mixture | linear | file, or with --worker-data an installed dataset plugin "
         "(default: digits)",
@@ -277,6 +283,7 @@ def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.Jo
         "integrity": args.integrity,
         "backup_priority": args.backup_priority,
         "surplus": args.surplus,
+        "model_delivery": args.model_delivery,
         "num_samples": args.samples,
         "num_features": args.features,
         "initial_parameters": args.initial_parameters,

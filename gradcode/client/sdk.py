@@ -102,6 +102,7 @@ def build_job_spec(
     backup_priority: str = "",
     initial_parameters: npt.ArrayLike | None = None,
     surplus: str = "",
+    model_delivery: str = "",
 ) -> master_pb2.JobSpec:
     """A JobSpec from plain values; the scheme's parameters come from ``code_params`` or (n, s).
 
@@ -113,6 +114,9 @@ def build_job_spec(
     decoding set it expects (``low``: at low OS priority, ``normal``; empty: the master's default, ``low``).
     ``surplus`` is what those backups do with their messages: ``push`` them at once, ``hold`` them until the round
     pulls them, or ``auto``: hold across the network, push through shared memory (empty: the master's, ``auto``).
+    ``model_delivery`` is how each iteration's model reaches the workers of a flat code: ``direct`` to each, ``relay``
+    (inline to one, the others fetch it from a peer, checked by its digest) or ``auto`` (relay when a round asks 3 or
+    more workers over the network); empty: the master's, ``direct``.
     ``initial_parameters`` (a flat vector of the model's
     size) is where training starts instead of the model's own initial values. ``worker_data`` keeps
     the data on the workers (``DatasetSpec.worker_local``: each loads its own partitions from its
@@ -159,6 +163,7 @@ def build_job_spec(
         integrity=integrity,
         backup_priority=backup_priority,
         surplus=surplus,
+        model_delivery=model_delivery,
     )
     if initial_parameters is not None:
         start = np.asarray(initial_parameters, dtype=np.float64)

@@ -101,6 +101,16 @@ def test_flat_codes_run_once_per_surplus_mode_and_systems_can_be_picked() -> Non
     assert [s.scheme for s in cluster.systems_for(6)] == list(cluster.SCHEMES)
 
 
+def test_flat_codes_run_once_per_model_delivery() -> None:
+    picked = cluster.systems_for(6, ("hold",), ("uncoded", "fractional"), ("direct", "relay"))
+    assert [(s.name, s.surplus, s.model_delivery) for s in picked] == [
+        ("uncoded direct", "", "direct"),
+        ("uncoded relay", "", "relay"),
+        ("fractional s=1 hold direct", "hold", "direct"),
+        ("fractional s=1 hold relay", "hold", "relay"),
+    ]
+
+
 def test_a_run_refuses_a_model_without_features_before_building_anything() -> None:
     with pytest.raises(ValueError, match="features must be at least 1, not 0"):
         cluster.run(ns=[6], features=0)

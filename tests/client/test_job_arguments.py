@@ -49,6 +49,14 @@ def test_run_sizes_a_generated_dataset_and_chooses_the_surplus_mode() -> None:
             build_parser().parse_args(["run", *bad])
 
 
+def test_run_chooses_how_the_model_reaches_the_workers() -> None:
+    spec = _spec_from_args(build_parser().parse_args(["run", "--model-delivery", "relay"]))
+    assert spec.model_delivery == "relay"
+    assert _spec_from_args(build_parser().parse_args(["run"])).model_delivery == ""  # the master's default
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--model-delivery", "broadcast"])
+
+
 def test_the_run_summary_gives_the_masters_bytes_per_iteration() -> None:
     reports = [
         master_pb2.IterationReport(iteration=t, wall_seconds=0.1, exact=True, bytes_received=r, bytes_sent=4_800_000)

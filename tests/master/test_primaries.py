@@ -10,7 +10,15 @@ from gradcode.common.codes.base import Assignment
 from gradcode.common.gather.primaries import Primaries
 from gradcode.master.pool import PoolWorker
 from gradcode.master.rounds import sharing_a_machine
-from gradcode.master.spec import DEFAULT_BACKUP_PRIORITY, DEFAULT_SURPLUS, SURPLUS_MODES, JobSpecError, plan_job
+from gradcode.master.spec import (
+    DEFAULT_BACKUP_PRIORITY,
+    DEFAULT_MODEL_DELIVERY,
+    DEFAULT_SURPLUS,
+    MODEL_DELIVERIES,
+    SURPLUS_MODES,
+    JobSpecError,
+    plan_job,
+)
 from tests.master.test_job_spec import spec
 
 
@@ -92,3 +100,24 @@ def test_the_hedge_is_twice_the_median_of_the_recent_gathers_and_a_second_before
     for _ in range(Primaries.HEDGE_HISTORY):
         primaries.answered([0, 2, 4], 0.5)
     assert primaries.hedge() == 1.0  # only the recent rounds count
+
+
+def test_job_spec_model_delivery_defaults_to_direct_and_is_validated() -> None:
+    assert plan_job(spec()).model_delivery == DEFAULT_MODEL_DELIVERY == "direct"
+    for mode in MODEL_DELIVERIES:
+        assert plan_job(spec(model_delivery=mode)).model_delivery == mode
+    refused = (
+        r"JobSpec.model_delivery 'broadcast' is not a model delivery; valid ones are \['direct', 'relay', 'auto'\] "
+        r"\(empty: the default, 'direct'\)"
+    )
+    with pytest.raises(ValueError, match=refused):  # a JobSpecError is a ValueError
+        plan_job(spec(model_delivery="broadcast"))
+    with pytest.raises(JobSpecError, match=r"JobSpec\.model_delivery 'Relay' is not"):
+        plan_job(spec(model_delivery="Relay"))
+
+
+def test_a_tree_code_refuses_a_relayed_model_its_parents_forward_it() -> None:
+    tree = {"n": 2, "s": 1, "L": 2}
+    assert plan_job(spec("coded_reduce", tree, model_delivery="auto")).model_delivery == "auto"  # direct for trees
+    with pytest.raises(JobSpecError, match=r"model_delivery 'relay' is for flat codes: a tree code's parents already"):
+        plan_job(spec("coded_reduce", tree, model_delivery="relay"))

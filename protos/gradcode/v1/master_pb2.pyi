@@ -135,7 +135,7 @@ class TreeSpec(_message.Message):
     def __init__(self, parent_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every", "integrity", "backup_priority", "surplus", "initial_parameters")
+    __slots__ = ("job_id", "code", "model", "dataset", "optimizer", "iterations", "target_accuracy", "iteration_deadline_seconds", "verify", "straggler", "tree", "worker_ids", "seed", "wait_for_workers_seconds", "message_dtype", "extra", "evaluate_every", "integrity", "backup_priority", "surplus", "model_delivery", "initial_parameters")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class JobSpec(_message.Message):
     INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     BACKUP_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SURPLUS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DELIVERY_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     code: _common_pb2.CodeSpec
@@ -177,8 +178,9 @@ class JobSpec(_message.Message):
     integrity: str
     backup_priority: str
     surplus: str
+    model_delivery: str
     initial_parameters: _common_pb2.Tensor
-    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ..., integrity: _Optional[str] = ..., backup_priority: _Optional[str] = ..., surplus: _Optional[str] = ..., initial_parameters: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[_Union[_common_pb2.CodeSpec, _Mapping]] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., dataset: _Optional[_Union[DatasetSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., iterations: _Optional[int] = ..., target_accuracy: _Optional[float] = ..., iteration_deadline_seconds: _Optional[float] = ..., verify: _Optional[bool] = ..., straggler: _Optional[_Union[_common_pb2.StragglerSpec, _Mapping]] = ..., tree: _Optional[_Union[TreeSpec, _Mapping]] = ..., worker_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., wait_for_workers_seconds: _Optional[float] = ..., message_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., evaluate_every: _Optional[int] = ..., integrity: _Optional[str] = ..., backup_priority: _Optional[str] = ..., surplus: _Optional[str] = ..., model_delivery: _Optional[str] = ..., initial_parameters: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("job_id", "state", "message", "iterations_done", "spec")

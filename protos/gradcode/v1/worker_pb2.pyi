@@ -7,6 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FetchModelRequest(_message.Message):
+    __slots__ = ("job_id", "iteration")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    iteration: int
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class FetchModelReply(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: _common_pb2.Tensor
+    def __init__(self, model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
 class HelloRequest(_message.Message):
     __slots__ = ("nonce",)
     NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -179,7 +193,7 @@ class LoadJobReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., shared_memory_proof: _Optional[str] = ...) -> None: ...
 
 class ComputeRequest(_message.Message):
-    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred", "report_start", "hold")
+    __slots__ = ("job_id", "iteration", "worker_id", "model", "rows", "shared_model", "request_id", "cancel", "backup", "promote", "deferred", "report_start", "hold", "relayed_model")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +207,7 @@ class ComputeRequest(_message.Message):
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     REPORT_START_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_MODEL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     worker_id: int
@@ -206,7 +221,20 @@ class ComputeRequest(_message.Message):
     deferred: bool
     report_start: bool
     hold: bool
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ..., report_start: _Optional[bool] = ..., hold: _Optional[bool] = ...) -> None: ...
+    relayed_model: RelayedModel
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ..., report_start: _Optional[bool] = ..., hold: _Optional[bool] = ..., relayed_model: _Optional[_Union[RelayedModel, _Mapping]] = ...) -> None: ...
+
+class RelayedModel(_message.Message):
+    __slots__ = ("address", "bearer", "length", "blake2b")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BEARER_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BLAKE2B_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    bearer: str
+    length: int
+    blake2b: bytes
+    def __init__(self, address: _Optional[str] = ..., bearer: _Optional[str] = ..., length: _Optional[int] = ..., blake2b: _Optional[bytes] = ...) -> None: ...
 
 class SharedModel(_message.Message):
     __slots__ = ("length", "crc32c")

@@ -64,6 +64,11 @@ class WorkerStub:
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.FromString,
                 _registered_method=True)
+        self.FetchModel = channel.unary_unary(
+                '/gradcode.v1.Worker/FetchModel',
+                request_serializer=gradcode_dot_v1_dot_worker__pb2.FetchModelRequest.SerializeToString,
+                response_deserializer=gradcode_dot_v1_dot_worker__pb2.FetchModelReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -125,6 +130,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchModel(self, request, context):
+        """The model this worker holds for a job's iteration (it received it for its own Compute, inline or
+        from a peer), for a peer of the same job told to fetch it here (ComputeRequest.relayed_model). Waits
+        briefly for a model still arriving; FAILED_PRECONDITION when it holds none for that iteration (it
+        keeps the last two), NOT_FOUND for a job it does not hold. Opened by the relay token the master gives
+        the peer (RelayedModel.bearer: a job token of this job only, which opens no other method), or by this
+        worker's own call token; a token of another job is PERMISSION_DENIED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +174,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Hello,
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.SerializeToString,
+            ),
+            'FetchModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchModel,
+                    request_deserializer=gradcode_dot_v1_dot_worker__pb2.FetchModelRequest.FromString,
+                    response_serializer=gradcode_dot_v1_dot_worker__pb2.FetchModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -321,6 +343,33 @@ class Worker:
             '/gradcode.v1.Worker/Hello',
             gradcode_dot_v1_dot_worker__pb2.HelloRequest.SerializeToString,
             gradcode_dot_v1_dot_worker__pb2.HelloReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gradcode.v1.Worker/FetchModel',
+            gradcode_dot_v1_dot_worker__pb2.FetchModelRequest.SerializeToString,
+            gradcode_dot_v1_dot_worker__pb2.FetchModelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,202 @@
+"""The model relayed between workers (JobSpec.model_delivery "relay"), with a real master and real worker processes on
+machines of their own (so nothing goes through shared memory): the master's link carries the model about once per
+iteration, the job is exact and ends where a direct one ends, and a seed or peer killed, frozen or lying costs an
+inline copy, never the job or a wrong gradient."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradcode.client.certs import make_certificates
+from gradcode.client.launch import LocalCluster
+from gradcode.client.sdk import GradcodeClient
+from gradcode.common.transport.serving import start_server
+from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
+from gradcode.v1 import master_pb2, worker_pb2
+from gradcode.worker.service import WorkerServicer, add_worker_service
+from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
+from tests.e2e.test_security import client as secured_client
+from tests.e2e.test_security import server_env, wait_up
+from tests.helpers import fixed_delay, free_port
+
+pytestmark = pytest.mark.e2e
+
+EXACT = 1e-9
+N = 6
+ITERATIONS = 8
+MODEL_BYTES = (64 * 10 + 10) * 8
+"""Softmax regression on digits: 64 features x 10 classes + 10 biases, float64."""
+
+
+def _spec(cluster: Cluster, delivery: str, ids: list[int] | None = None, **fields: object) -> master_pb2.JobSpec:
+    return job_spec(
+        "fractional", {"n": N, "s": 1}, iterations=ITERATIONS, verify=True, worker_ids=ids or cluster.ids[:N],
+        surplus="hold", model_delivery=delivery, **fields,
+    )  # fmt: skip
+
+
+def _own_machine(i: int, ports: list[int]) -> list[str]:
+    """A machine id of its own (no shared memory, no deferred backups) and a metrics port."""
+    return ["--machine-id", f"machine-{i}", "--metrics-port", str(ports[i])]
+
+
+def _assert_exact(
+    info: master_pb2.JobInfo, reports: list[master_pb2.IterationReport], iterations: int = ITERATIONS
+) -> None:
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert len(reports) == iterations
+    bad = [(r.iteration, r.verify_error) for r in reports if not (r.exact and 0 <= r.verify_error <= EXACT)]
+    assert not bad
+
+
+async def _final_model(cluster: Cluster, info: master_pb2.JobInfo) -> np.ndarray:
+    async with GradcodeClient(cluster.master_address) as client:
+        return await client.get_model(info.job_id)
+
+
+async def test_a_relayed_job_is_exact_ends_where_direct_ends_and_the_master_sends_the_model_about_once(
+    tmp_path: Path,
+) -> None:
+    ports = [free_port() for _ in range(N)]
+    with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
+        direct_info, direct = await run_job(cluster.master_address, _spec(cluster, "direct"))
+        relayed_before = sum(metric_total(port, "gradcode_models_relayed_total") for port in ports)
+        relay_info, relay = await run_job(cluster.master_address, _spec(cluster, "relay"))
+        relayed = sum(metric_total(port, "gradcode_models_relayed_total") for port in ports) - relayed_before
+        _assert_exact(direct_info, direct)
+        _assert_exact(relay_info, relay)
+        np.testing.assert_array_equal(await _final_model(cluster, relay_info), await _final_model(cluster, direct_info))
+    assert relayed_before == 0, "a direct job relays nothing"
+    # every worker but the seed fetches each model from a peer, except a backup whose request the round cancelled
+    # (decodable without it) before its fetch reached its peer
+    assert (N - 1 - 2) * ITERATIONS <= relayed <= (N - 1) * ITERATIONS, relayed
+    # Per worker asked, a direct request is its model plus a few dozen bytes of its own fields; a relayed one is those
+    # fields plus the relay's (peer address, token, length, digest: under 128 bytes).
+    per_request = max(r.bytes_sent for r in direct) / N - MODEL_BYTES
+    assert 0 < per_request < MODEL_BYTES / 4, per_request
+    for d, r in zip(direct, relay, strict=True):
+        assert d.bytes_sent >= N * MODEL_BYTES
+        assert r.bytes_sent <= MODEL_BYTES + N * (per_request + 128), (r.iteration, r.bytes_sent, d.bytes_sent)
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tmp_path: Path, fault: str) -> None:
+    """Every worker but the job's worker 0 straggles 0.3 s, so worker 0 answers first and is every iteration's seed
+    (the relay order puts the fastest first). It is killed or frozen on iteration 2's report, between its answer and
+    a later iteration's fetches: its fetchers give up on it (refused, or silent past a bounded wait) and get the model
+    inline; the code covers worker 0 itself."""
+    ports = [free_port() for _ in range(N)]
+    with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
+        victim = cluster.processes[0].process
+
+        def strike(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 2:
+                if fault == "kill":
+                    cluster.kill(0)
+                else:
+                    victim.send_signal(signal.SIGSTOP)
+
+        spec = _spec(cluster, "relay", straggler=fixed_delay(0.3, workers=list(range(1, N))), backup_priority="normal")
+        try:
+            async with asyncio.timeout(90):
+                info, reports = await run_job(cluster.master_address, spec, strike)
+        finally:
+            if fault == "freeze":
+                victim.send_signal(signal.SIGCONT)
+        master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
+    _assert_exact(info, reports)
+    seed = cluster.ids[0]
+    assert all(seed in r.used_workers for r in reports[:2]), "worker 0 answered first"
+    fell_back = re.findall(rf"could not fetch the model from worker {seed} \(", master_log)
+    assert fell_back, f"no fetcher found worker 0 gone: the test tested nothing\n{master_log[-3000:]}"
+    assert all(seed not in r.used_workers for r in reports[4:])
+
+
+class _LyingPeer(WorkerServicer):
+    """A real worker (it computes honest gradients) that serves its peers a wrong model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
+        self.fetches += 1
+        reply = await super().FetchModel(request, context)  # type: ignore[arg-type]
+        return worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(reply.model) + 1e-3))
+
+
+async def test_a_lying_peer_is_caught_by_the_digest_and_every_gradient_stays_exact(tmp_path: Path) -> None:
+    """The liar is the job's worker 0, first in the first iteration's relay order (no answer times yet): the seed.
+    Its fetchers refuse its model (wrong digest), get the model inline, and the master relays through it no more."""
+    with start_cluster(N - 1, tmp_path, worker_args=lambda i: ["--machine-id", f"machine-{i}"]) as cluster:
+        liar = _LyingPeer()
+        handle = await start_server(
+            "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
+            service_names=["gradcode.v1.Worker"],
+        )  # fmt: skip
+        try:
+            async with master_stub(cluster.master_address) as stub:
+                reply = await stub.RegisterWorker(
+                    master_pb2.RegisterWorkerRequest(
+                        address=handle.address, name="liar", process_secret=liar.process_secret, machine_id="liar"
+                    )
+                )
+            ids = [reply.worker_id, *cluster.ids]
+            async with asyncio.timeout(90):
+                info, reports = await run_job(cluster.master_address, _spec(cluster, "relay", ids))
+        finally:
+            await liar.close()
+            await handle.stop(0)
+    _assert_exact(info, reports)
+    assert 1 <= liar.fetches <= 3, "the liar served its fetchers once (as seed), then was blamed and left out"
+    assert reports[0].bytes_sent > 2 * MODEL_BYTES, "its fetchers got the model inline"
+
+
+async def test_workers_proven_on_the_masters_machine_keep_shared_memory_under_relay(tmp_path: Path) -> None:
+    """The same machine (the default machine id) and a proven shared-memory directory: a relay job sends them the
+    model through shared memory, and no worker fetches it from a peer."""
+    ports = [free_port() for _ in range(4)]
+    with start_cluster(4, tmp_path, worker_args=lambda i: ["--metrics-port", str(ports[i])]) as cluster:
+        spec = job_spec(
+            "cyclic", {"n": 4, "s": 1}, iterations=4, verify=True, worker_ids=cluster.ids, model_delivery="relay"
+        )
+        info, reports = await run_job(cluster.master_address, spec)
+        transports = {w.transport for w in cluster.list_workers()}
+        relayed = sum(metric_total(port, "gradcode_models_relayed_total") for port in ports)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
+    assert transports == {"shared memory"}, transports
+    assert relayed == 0
+
+
+def test_a_relay_under_mutual_tls_and_call_tokens_fetches_with_each_peers_relay_token(tmp_path: Path) -> None:
+    """With TLS, a join secret and per-worker call tokens, every fetch presents the relay token the master derived
+    from that peer's call token: no fetch is refused (no worker is asked again inline, none fails) and the master
+    sends the model about once per iteration."""
+    certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+    workers = 3
+    args = lambda i: ["--machine-id", f"machine-{i}"]  # noqa: E731 - network workers
+    with LocalCluster(workers, run_dir=tmp_path / "run", env=server_env(certs), worker_args=args) as cluster:
+
+        async def scenario() -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
+            async with secured_client(certs, cluster.master_address) as c:
+                up = await wait_up(c, workers)
+                spec = job_spec(
+                    "cyclic", {"n": workers, "s": 1}, iterations=5, verify=True, model_delivery="relay",
+                    worker_ids=[w.worker_id for w in up],
+                )  # fmt: skip
+                return await c.run(spec, check=False)
+
+        info, reports = asyncio.run(asyncio.wait_for(scenario(), 120))
+        master_log = cluster.master.log_path.read_text() if cluster.master else ""
+    _assert_exact(info, reports, iterations=5)
+    assert "could not fetch" not in master_log, master_log[-3000:]
+    assert all(not r.failed_workers and r.bytes_sent < 2 * MODEL_BYTES for r in reports), [
+        (r.bytes_sent, list(r.failed_workers)) for r in reports
+    ]

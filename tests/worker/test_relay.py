@@ -1,0 +1,218 @@
+"""A relayed model (ComputeRequest.relayed_model, Worker.FetchModel) between real worker servers on loopback: fetched
+from a peer it gives the inline gradient; a stale, lying, dead or frozen peer ends the Compute FAILED_PRECONDITION
+within a bounded wait and never yields a gradient; a peer serves only its job's models, to the job's relay token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import pytest
+
+from gradcode.common.codes import make_code
+from gradcode.common.codes.base import Array
+from gradcode.common.transport.security import Security, job_token, relay_token
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, model_digest
+from gradcode.master.node import MasterNode
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.worker.node import WorkerNode
+from gradcode.worker.relay import HeldModels, ModelUnavailableError, fetch_seconds
+from gradcode.worker.service import WorkerServicer
+from tests.helpers import free_port
+from tests.worker.conftest import (
+    ServedWorker,
+    data_for,
+    expected_message,
+    job_setup,
+    load_chunks,
+    make_partitions,
+    random_params,
+    serve_worker,
+    stop_worker,
+)
+from tests.worker.test_service import _compute, _load, _request, _status
+
+TIMEOUT = 30.0
+CODE = make_code("cyclic", n=3, s=1)
+PARTITIONS = make_partitions(CODE.k)
+
+
+@pytest.fixture
+async def peer_and_fetcher() -> AsyncIterator[tuple[ServedWorker, ServedWorker]]:
+    """Two real worker servers holding workers 0 (the peer) and 1 (the fetcher) of one job."""
+    served = [await serve_worker(), await serve_worker()]
+    try:
+        for w, s in enumerate(served):
+            async with grpc.aio.insecure_channel(s.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+                await _load(stub, load_chunks(job_setup(CODE, w), data_for(CODE, w, PARTITIONS)))
+        yield served[0], served[1]
+    finally:
+        for s in served:
+            await stop_worker(s)
+
+
+def _relayed(address: str, params: Array, iteration: int = 1) -> worker_pb2.ComputeRequest:
+    """Worker 1's Compute of ``iteration`` told to fetch ``params`` from the peer at ``address``."""
+    relay = worker_pb2.RelayedModel(address=address, length=params.size, blake2b=model_digest(params))
+    rows = CODE.static_assignment().rows[1]
+    return worker_pb2.ComputeRequest(job_id="job", iteration=iteration, worker_id=1, rows=rows, relayed_model=relay)
+
+
+async def _peer_computes(peer: ServedWorker, params: Array, iteration: int = 1) -> None:
+    """The peer's own (inline) Compute of ``iteration``: it then holds ``params``."""
+    async with grpc.aio.insecure_channel(peer.address, options=CHANNEL_OPTIONS) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        await _compute(stub, _request("job", 0, tuple(CODE.static_assignment().rows[0]), params, iteration))
+
+
+async def _fetcher_computes(fetcher: ServedWorker, request: worker_pb2.ComputeRequest) -> dict[int, Array]:
+    async with grpc.aio.insecure_channel(fetcher.address, options=CHANNEL_OPTIONS) as channel:
+        messages, _ = await _compute(worker_pb2_grpc.WorkerStub(channel), request)  # type: ignore[no-untyped-call]
+        return messages
+
+
+async def _fetcher_refuses(fetcher: ServedWorker, request: worker_pb2.ComputeRequest) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(fetcher.address, options=CHANNEL_OPTIONS) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        return await _status(stub.Compute(request))
+
+
+async def test_a_relayed_model_fetched_from_a_peer_gives_the_inline_gradient_even_asked_before_the_peer(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker],
+) -> None:
+    peer, fetcher = peer_and_fetcher
+    params = random_params()
+    async with asyncio.timeout(TIMEOUT):
+        fetched = asyncio.create_task(_fetcher_computes(fetcher, _relayed(peer.address, params)))
+        await asyncio.sleep(0.2)  # the fetcher asks first: the peer waits for the model it is about to receive
+        assert not fetched.done()
+        await _peer_computes(peer, params)
+        messages = await fetched
+    for row, vector in messages.items():
+        np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
+    assert fetcher.servicer.jobs["job"].models.held(1) is not None, "the fetcher holds it for its own fetchers"
+
+
+async def test_a_stale_or_lying_peer_is_caught_by_the_digest(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker],
+) -> None:
+    """The peer holds another model for the iteration (stale, or a lie): the fetcher refuses it and computes nothing."""
+    peer, fetcher = peer_and_fetcher
+    params = random_params()
+    async with asyncio.timeout(TIMEOUT):
+        await _peer_computes(peer, params + 2.0**-40)  # one ulp-scale change is enough
+        refused = await _fetcher_refuses(fetcher, _relayed(peer.address, params))
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "BLAKE2b digest is not the master's" in str(refused.details()) and "Send it inline" in str(refused.details())
+    assert fetcher.servicer.jobs["job"].models.held(1) is None
+
+
+class _FrozenPeer(WorkerServicer):
+    """A worker whose FetchModel never answers: the call is accepted on a live connection, then nothing (as a process
+    stopped with SIGSTOP after its HTTP/2 connection was set up)."""
+
+    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_dead_or_frozen_peer_fails_the_fetch_within_its_bound(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker],
+) -> None:
+    _, fetcher = peer_and_fetcher
+    params = random_params()
+    frozen = await serve_worker(_FrozenPeer())
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            for address, bound in ((f"127.0.0.1:{free_port()}", 0.5), (frozen.address, fetch_seconds(params.size))):
+                started = time.perf_counter()
+                refused = await _fetcher_refuses(fetcher, _relayed(address, params))
+                elapsed = time.perf_counter() - started
+                assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION, refused
+                assert f"from peer '{address}' failed" in str(refused.details())
+                assert elapsed < bound + 0.5, (address, elapsed, refused.details())
+            assert "DEADLINE_EXCEEDED" in str(refused.details()) and elapsed >= fetch_seconds(params.size) - 0.1
+    finally:
+        await stop_worker(frozen)
+
+
+async def test_a_relayed_model_must_name_a_peer_and_match_the_jobs_model() -> None:
+    served = await serve_worker()
+    try:
+        async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            await _load(stub, load_chunks(job_setup(CODE, 1), data_for(CODE, 1, PARTITIONS)))
+            params = random_params()
+            bad = {
+                "names no peer address": _relayed("", params),
+                "this job's model has": _relayed("127.0.0.1:1", np.zeros(params.size + 1)),
+                "a digest is 32": _relayed("127.0.0.1:1", params),
+            }
+            bad["a digest is 32"].relayed_model.blake2b = b"short"
+            for expected, request in bad.items():
+                refused = await _status(stub.Compute(request))
+                assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and expected in str(refused.details())
+    finally:
+        await stop_worker(served)
+
+
+async def test_held_models_keep_the_last_two_and_wake_every_waiter_at_once() -> None:
+    held = HeldModels()
+    async with asyncio.timeout(TIMEOUT):
+        waiters = [asyncio.create_task(held.wait(3, 5.0)) for _ in range(50)]  # a burst of concurrent fetches
+        await asyncio.sleep(0.01)
+        held.hold(1, np.zeros(2))
+        held.hold(3, np.ones(2))
+        assert all(np.array_equal(got, np.ones(2)) for got in await asyncio.gather(*waiters))
+        held.fail(4, "its own peer lied")
+        held.hold(5, np.full(2, 5.0))
+        with pytest.raises(ModelUnavailableError, match="no longer holds the model of iteration 3"):
+            await held.wait(3, 0.5)
+        with pytest.raises(ModelUnavailableError, match="could not get the model of iteration 4: its own peer lied"):
+            await held.wait(4, 0.5)
+        with pytest.raises(ModelUnavailableError, match=r"holds no model of iteration 6 \(waited 0.05 s"):
+            await held.wait(6, 0.05)
+        held.hold(4, np.full(2, 4.0))  # the master sent it inline since: it replaces the failure
+        held.fail(4, "late news")  # and a failure never replaces a model
+        assert held.held(4) is not None and held.held(5) is not None
+
+
+async def test_a_relay_token_opens_fetch_model_of_its_job_only_and_nothing_else() -> None:
+    """What a worker is given to fetch from a peer: FetchModel for that job only, never a Compute; a process outside
+    the job (no token, a forged one, the join secret's derived token, a tree parent's job token) is refused."""
+    security = Security(join_secret="join-secret-0123456789abcdef")
+    async with (
+        asyncio.timeout(TIMEOUT),
+        MasterNode(grace=0.2, security=security) as master,
+        WorkerNode(master_address=master.address, grace=0.2, security=security) as peer,
+    ):
+        await peer.registered.wait()
+        assert peer.call_token is not None and peer.call_token.value
+        token = peer.call_token.value
+
+        async def fetch(bearer: str | None, job_id: str = "x") -> grpc.aio.AioRpcError:
+            async with Security().channel(peer.address, bearer=bearer) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+                return await _status(stub.FetchModel(worker_pb2.FetchModelRequest(job_id=job_id, iteration=1)))
+
+        let_through = await fetch(relay_token(token, "x"))  # the job is simply not loaded here
+        assert let_through.code() == grpc.StatusCode.NOT_FOUND
+        other = await fetch(relay_token(token, "another job"))
+        assert other.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "relay token is for job 'another job', not 'x'" in str(other.details())
+        for bearer in (job_token(token, "x"), security.worker_call_token):  # valid, but not for this method
+            denied = await fetch(bearer)
+            assert denied.code() == grpc.StatusCode.PERMISSION_DENIED, bearer
+            wanted = "FetchModel needs the call token its master issued or relay token its master gave a peer"
+            assert wanted in str(denied.details())
+        for bearer in (None, relay_token("guessed-0123456789abcdef", "x"), "job:eA==.00"):
+            refused = await fetch(bearer)
+            assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, bearer
+        async with Security().channel(peer.address, bearer=relay_token(token, "x")) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            compute = await _status(stub.Compute(worker_pb2.ComputeRequest(job_id="x")).read())
+            assert compute.code() == grpc.StatusCode.PERMISSION_DENIED, "a relay token never opens a Compute"

@@ -1,0 +1,206 @@
+"""A job's model relayed between workers (``ComputeRequest.relayed_model``, ``Worker.FetchModel``), worker side.
+
+The master of a flat job with ``JobSpec.model_delivery`` "relay" sends each iteration's model inline to one worker and
+tells the others to fetch it from a peer (:mod:`gradcode.master.rounds`), so its own link carries the model about once
+instead of once per worker. Every worker keeps the models it received for its own Computes (:class:`HeldModels`, the
+last :data:`HeldModels.KEEP` iterations) and serves them to its job's peers; a worker told to fetch one
+(:class:`PeerFetcher`) checks its length and BLAKE2b digest (:func:`~gradcode.common.transport.wire.model_digest`)
+against what the master sent, so a stale or lying peer is caught and never yields a gradient.
+
+Failure is simple on purpose: a fetch that fails (a dead peer, one frozen past :func:`fetch_seconds`, a wrong digest)
+ends the worker's Compute with FAILED_PRECONDITION (:class:`ModelUnavailableError`), and the master sends that worker
+the model inline at once, in the same round. The worker does not hunt for another peer: the master already knows who
+holds the model (itself), and one inline copy for a failed fetch keeps the bytes bounded and the answer exact. A
+peer whose own fetch failed tells its waiting fetchers at once (:meth:`HeldModels.fail`), so a failure does not cost
+each level of the relay a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from gradcode.common.codes.base import Array
+from gradcode.common.exceptions import FailedPreconditionError, WireError
+from gradcode.common.transport.security import Security, short
+from gradcode.common.transport.wire import (
+    CHANNEL_OPTIONS,
+    FLOAT64,
+    MODEL_DIGEST_BYTES,
+    array_from_tensor,
+    model_digest,
+)
+from gradcode.v1 import worker_pb2, worker_pb2_grpc
+
+__all__ = [
+    "HeldModels",
+    "ModelUnavailableError",
+    "PeerFetcher",
+    "check_relayed",
+    "fetch_seconds",
+    "relayed",
+    "wait_seconds",
+]
+
+WAIT_BASE_SECONDS = 1.0
+"""What a peer waits, at least, for a model it does not hold yet (its own request, or its own fetch, still
+arriving); and what a fetcher waits beyond that for the transfer."""
+FLOOR_BYTES_PER_SECOND = 20e6
+"""The slowest transfer a wait allows for: 0.04 s more for a p = 1e5 model, 4 s for p = 1e7."""
+
+
+def wait_seconds(length: int) -> float:
+    """How long a peer waits for a model of ``length`` parameters it does not hold yet (FetchModel)."""
+    return WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
+
+
+def fetch_seconds(length: int) -> float:
+    """How long a worker waits for a peer's FetchModel answer: the peer's own wait, plus the transfer. Under the
+    master's floor for asking a silent worker again (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`,
+    2 s) for models up to p = 2e6, so a frozen peer normally costs one fetch timeout, then an inline copy."""
+    return wait_seconds(length) + 0.5 * WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
+
+
+class ModelUnavailableError(FailedPreconditionError):
+    """The relayed model could not be had from the peer: ask again with the model inline (FAILED_PRECONDITION)."""
+
+
+class HeldModels:
+    """The models one job's worker holds, by iteration (the last :data:`KEEP`), for its peers' FetchModel: each is
+    the array a Compute of that iteration was admitted with, or why this worker could not get it (its own fetch
+    failed), so peers waiting for it learn that at once."""
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._models: dict[int, Array | str] = {}
+        self._changed = asyncio.Event()
+
+    def hold(self, iteration: int, params: Array) -> None:
+        """``params`` is iteration ``iteration``'s model (it replaces a failure: the master sent it inline since)."""
+        self._put(iteration, params)
+
+    def fail(self, iteration: int, reason: str) -> None:
+        """This worker could not get ``iteration``'s model; a model already held stays."""
+        if not isinstance(self._models.get(iteration), str | None):
+            return
+        self._put(iteration, reason)
+
+    def held(self, iteration: int) -> Array | None:
+        value = self._models.get(iteration)
+        return None if value is None or isinstance(value, str) else value
+
+    def _put(self, iteration: int, value: Array | str) -> None:
+        self._models[iteration] = value
+        for old in sorted(self._models)[: -self.KEEP]:
+            del self._models[old]
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, iteration: int, seconds: float) -> Array:
+        """Iteration ``iteration``'s model, waiting up to ``seconds`` for it to arrive; ModelUnavailableError when it
+        does not, when this worker failed to get it, or when it is older than the models kept."""
+        try:
+            async with asyncio.timeout(seconds):
+                while (value := self._models.get(iteration)) is None:
+                    if self._models and iteration < min(self._models):
+                        raise ModelUnavailableError(
+                            f"This worker no longer holds the model of iteration {iteration} (it keeps the last "
+                            f"{self.KEEP}: {sorted(self._models)})."
+                        )
+                    changed = self._changed
+                    await changed.wait()
+        except TimeoutError:
+            raise ModelUnavailableError(
+                f"This worker holds no model of iteration {iteration} (waited {seconds:g} s; it holds "
+                f"{sorted(self._models) or 'none'})."
+            ) from None
+        if isinstance(value, str):
+            raise ModelUnavailableError(f"This worker could not get the model of iteration {iteration}: {value}")
+        return value
+
+
+class PeerFetcher:
+    """One job's fetches from its peers: a channel per peer (kept for the job's life), each fetch checked."""
+
+    def __init__(self, job_id: str, security: Security) -> None:
+        self.job_id = job_id
+        self.security = security
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+
+    def _stub(self, address: str, bearer: str) -> worker_pb2_grpc.WorkerStub:
+        channel = self._channels.get((address, bearer))
+        if channel is None:
+            presented = bearer or self.security.worker_call_token
+            channel = self.security.channel(address, bearer=presented, options=CHANNEL_OPTIONS)
+            self._channels[(address, bearer)] = channel
+        return worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+
+    async def fetch(self, relay: worker_pb2.RelayedModel, iteration: int) -> Array:
+        """Iteration ``iteration``'s model as the peer ``relay`` names sends it, of the length ``relay`` says (its
+        digest is :func:`relayed`'s to check); ModelUnavailableError naming the peer and what went wrong, after at
+        most :func:`fetch_seconds`."""
+        length = int(relay.length)
+        try:
+            reply = await self._stub(relay.address, relay.bearer).FetchModel(
+                worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration), timeout=fetch_seconds(length)
+            )
+            return array_from_tensor(reply.model, expected_shape=(length,))
+        except grpc.aio.AioRpcError as exc:
+            raise ModelUnavailableError(
+                f"fetching it from peer {short(relay.address)} failed ({exc.code().name}: {exc.details()})"
+            ) from None
+        except WireError as exc:
+            raise ModelUnavailableError(f"peer {short(relay.address)} sent a malformed model ({exc})") from None
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+def check_relayed(relay: worker_pb2.RelayedModel, num_params: int) -> None:
+    """ValueError unless ``relay`` names a peer and a model of this job's size with a full digest."""
+    if not relay.address:
+        raise ValueError("relayed_model names no peer address.")
+    if relay.length != num_params:
+        raise ValueError(f"relayed_model.length is {relay.length}; this job's model has {num_params} parameters.")
+    if len(relay.blake2b) != MODEL_DIGEST_BYTES:
+        raise ValueError(f"relayed_model.blake2b is {len(relay.blake2b)} bytes; a digest is {MODEL_DIGEST_BYTES}.")
+
+
+async def relayed(
+    held: HeldModels,
+    relay: worker_pb2.RelayedModel,
+    iteration: int,
+    fetch: Callable[[], Awaitable[Array]],
+    check: Callable[[Array], Array],
+) -> Array:
+    """The relayed model of ``iteration``: the one this worker holds already, else ``fetch``'s, ``check``ed and then
+    held for its own peers; either only when its digest is ``relay``'s (a stale or lying peer's model is never used).
+    A failure is held too (peers waiting for this worker's model learn it at once) and raised as
+    ModelUnavailableError."""
+    params = held.held(iteration)
+    if params is not None and _digest_matches(params, relay):
+        return params
+    try:
+        params = check(await fetch())
+        if not _digest_matches(params, relay):
+            raise ModelUnavailableError(
+                f"peer {short(relay.address)} sent a model whose BLAKE2b digest is not the master's (a stale or lying "
+                "peer); it is not used"
+            )
+    except (ModelUnavailableError, ValueError) as exc:
+        held.fail(iteration, str(exc))
+        raise ModelUnavailableError(
+            f"The relayed model of iteration {iteration} is unavailable: {exc}. Send it inline."
+        ) from None
+    held.hold(iteration, params)
+    return params
+
+
+def _digest_matches(params: Array, relay: worker_pb2.RelayedModel) -> bool:
+    return params.dtype == FLOAT64 and hmac.compare_digest(model_digest(params), relay.blake2b)
