@@ -44,6 +44,7 @@ from gradcode.common.exceptions import JobFailedError
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.models import message_length
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import dtype_from_wire, model_request_bytes
@@ -116,14 +117,18 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
 
 
 class RoundPolicy:
-    """Runs one iteration's round against the job's workers under the iteration deadline."""
+    """Runs one iteration's round against the job's workers under the iteration deadline.
 
-    def __init__(self, loader: WorkerLoader, pool: WorkerPool) -> None:
+    Its background tasks (loads, probes, the rounds' late streams) are the job's (``tasks``; by default an owner of
+    the policy's own)."""
+
+    def __init__(self, loader: WorkerLoader, pool: WorkerPool, *, tasks: TaskOwner | None = None) -> None:
         self.loader = loader
         self.pool = pool
-        self.loads = BackgroundLoads(pool)
+        self.tasks = TaskOwner(f"rounds of job {loader.plan.job_id}") if tasks is None else tasks
+        self.loads = BackgroundLoads(pool, tasks=self.tasks)
         """(Re)loads run beside the rounds: a slow or hung LoadJob never delays the others' gather."""
-        self.lateness = LatenessWatch(pool)
+        self.lateness = LatenessWatch(pool, tasks=self.tasks)
         """Probes a worker late several iterations in a row, so a cut link does not eat the tolerance."""
         self.integrity = IntegrityPolicy(
             loader.plan.integrity, loader.plan.code, describe=lambda w: loader.workers[w].describe()
@@ -181,6 +186,7 @@ class RoundPolicy:
             certified_length=plan.model.num_params,
             tolerance=plan.tolerance,
             shared=self.loader.shared,
+            tasks=self.tasks,
         )
         it = _Iteration(
             round_, assignment, _ModelRequest(t, point, self.loader.shared), job_started=job_started,

@@ -144,6 +144,11 @@ class WorkerNode(ServiceNode):
         open.
         link_port: port of this worker's link (:mod:`gradcode.common.transport.link`: Sessions over plain TCP, with the
             gRPC server's TLS) on ``host``; 0 picks a free one; None serves no link.
+
+    Its background task is the registration (:attr:`tasks`; a crash shuts the worker down and :meth:`run` raises
+    it, as a worker that no master relearns must not go on looking alive). The link's connections and the
+    Sessions' requests are their server's and Session's (:mod:`gradcode.common.transport`); a tree parent's
+    rounds are its job's (:class:`~gradcode.worker.parent.ParentRunner`).
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -216,8 +221,7 @@ class WorkerNode(ServiceNode):
             self.servicer.link = link
             logger.info("worker %s: link on port %d", self.name, port)
         if self.master_address:
-            self._registration = asyncio.create_task(self._register_forever(self.master_address), name="register")
-            self._registration.add_done_callback(self._on_registration_done)
+            self._registration = self.tasks.spawn(self._register_forever(self.master_address), name="register")
 
     async def _before_stop(self) -> None:
         self.servicer.drain()
@@ -280,7 +284,3 @@ class WorkerNode(ServiceNode):
                 self.registered.set()
                 backoff, failures = 0.1, 0
                 await asyncio.sleep(self.reregister_seconds)
-
-    def _on_registration_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            self._fail(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.gather.round import ChunkStream, Round, Source
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.session import Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
@@ -81,6 +83,47 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     assert streams[2].cancelled  # ... but before anything else runs
     await advancing
     np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)
+
+
+async def test_the_late_streams_are_held_by_the_owner_the_round_is_given_until_they_end() -> None:
+    """No module global keeps a cancelled late stream alive: the owner the round is given holds it (the master's job,
+    a tree parent's job) until it has ended, and closing that owner leaves nothing of the round pending."""
+    code = make_code("ignore_stragglers", n=3, s=1)
+    g = np.random.default_rng(2).standard_normal((3, 20))
+    ended = asyncio.Event()
+
+    class _Stubborn(_FakeStream):
+        async def _run(self) -> AsyncIterator[worker_pb2.GradientChunk]:
+            try:
+                async for chunk in super()._run():
+                    yield chunk
+            finally:
+                while not ended.is_set():  # its teardown does not end before the test lets it, cancelled or not
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ended.wait()
+
+    streams = [
+        _Stubborn(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), [0.0, 0.0, 60.0][w])
+        for w in range(3)
+    ]
+    owner = TaskOwner("job j")
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, tasks=owner)
+    ended.set()  # the delivering streams end at once ...
+    async with asyncio.timeout(5.0):
+        await round_.gather([Source(w, (w,), lambda w=w: streams[w]) for w in range(3)])  # type: ignore[misc]
+    ended.clear()  # ... the late one's teardown waits
+    await asyncio.sleep(0.01)
+    assert round_.decodable and round_.late == [2] and streams[2].cancelled
+    assert [t.get_name() for t in owner.tasks] == ["gather-w2"]  # cancelled, held until it ends
+    closing = asyncio.create_task(owner.close())
+    await asyncio.sleep(0.01)
+    assert not closing.done()  # close awaits the stream's end
+    ended.set()
+    async with asyncio.timeout(5.0):
+        await closing
+    assert owner.tasks == frozenset() and owner.crash is None
+    pending = {t.get_name() for t in asyncio.all_tasks() if not t.done()}
+    assert pending & {"gather-w0", "gather-w1", "gather-w2"} == set()
 
 
 async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> None:
