@@ -43,7 +43,7 @@ from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
-from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
+from gradcode.common.gather.round import ChunkStream, FailureKind, GatherStrategy, Round, Source, WorkerFailure
 from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.models import message_length
 from gradcode.common.transport.shared_memory import SharedDirectory
@@ -305,7 +305,7 @@ class RoundPolicy:
     def _lost(self, w: int, failure: WorkerFailure) -> None:
         """A worker that lost the job (it restarted: NOT_FOUND) is reloaded at once, within the gather, and joins it
         once loaded (:meth:`_load_and_join`)."""
-        if failure.status is grpc.StatusCode.NOT_FOUND:
+        if failure.lost_job:
             self.loader.workers[w].lost_job(self.plan.job_id)
             self._reload([w])
 
@@ -346,17 +346,18 @@ class RoundPolicy:
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
         worker = self.loader.workers[w]
-        if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
-            worker.lost_job(self.plan.job_id)
-            return False
-        if failure.status is grpc.StatusCode.ABORTED:  # this job's request was abandoned (the job replaced on the
-            return False  # worker by a reload, say): about the job, not the worker, which the next gather asks again
-        if (
-            self.plan.topology is not None
-            and failure.status is grpc.StatusCode.UNAVAILABLE
-            and await self.pool.probe(worker)
-        ):
-            return True
+        match failure:
+            case WorkerFailure(lost_job=True):
+                worker.lost_job(self.plan.job_id)  # the worker restarted and lost the job: reload it
+                return False
+            case WorkerFailure(kind=FailureKind.STATUS, status=grpc.StatusCode.ABORTED):
+                # This job's request was abandoned (the job replaced on the worker by a reload, say): about the job,
+                # not the worker, which the next gather asks again.
+                return False
+            case WorkerFailure(kind=FailureKind.STATUS, status=grpc.StatusCode.UNAVAILABLE) if (
+                self.plan.topology is not None and await self.pool.probe(worker)
+            ):
+                return True
         self.pool.mark_down(worker, f"Compute for job {self.plan.job_id!r}: {failure}")
         return False
 

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 def children_lost(round_: Round) -> tuple[int, ...]:
     """The children that answered NOT_FOUND: they restarted and lost the job (the master reloads them)."""
-    return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
+    return tuple(sorted(w for w, f in round_.failed.items() if f.lost_job))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ tree parent.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import math
 import time
@@ -64,6 +65,7 @@ __all__ = [
     "Certified",
     "ChunkStream",
     "Decoded",
+    "FailureKind",
     "GatherStrategy",
     "Gathering",
     "Integrity",
@@ -98,37 +100,74 @@ class Source:
     """The call asks a backup (``ComputeRequest.backup``): the round expects to decode without it."""
 
 
+class FailureKind(enum.Enum):
+    """Why a worker gave no usable answer in a round: the tag of a :class:`WorkerFailure`."""
+
+    STATUS = "status"
+    """Its call ended with a gRPC status (:attr:`WorkerFailure.status`): the worker, its Session or the channel refused
+    or failed it (NOT_FOUND: it restarted and lost the job, :attr:`WorkerFailure.lost_job`)."""
+    MALFORMED = "malformed"
+    """What it sent broke the wire contract (a :class:`~gradcode.common.exceptions.WireError`: a chunk out of order, a
+    wrong shape, a non-finite value...); its stream was cancelled."""
+    BROKEN = "broken"
+    """Its stream ended with another exception (a connection lost, a link closed, a stream that could not open)."""
+    DOWN = "down"
+    """Not asked: the worker is DOWN, or quarantined (:meth:`WorkerFailure.worker_down`)."""
+
+
 @dataclass(frozen=True)
 class WorkerFailure:
-    """Why a worker gave no usable answer this round.
+    """Why a worker gave no usable answer this round: a :class:`FailureKind` and what goes with it.
 
-    ``status`` is the gRPC status its call ended with (None when it failed otherwise: a malformed
-    message, a broken stream, or ``down`` when it was not asked because it is DOWN); ``error`` names the
-    exception type in that case. ``str()`` reads ``"STATUS: details"`` for people.
+    ``status`` is the gRPC status of a :attr:`FailureKind.STATUS` failure (None for every other kind); ``error`` names
+    the exception type of a :attr:`~FailureKind.MALFORMED` or :attr:`~FailureKind.BROKEN` one. ``str()`` reads
+    ``"LABEL: details"`` for people (the status's name, ``DOWN``, or the exception type's name).
     """
 
+    kind: FailureKind
     details: str
     status: grpc.StatusCode | None = None
     error: str = ""
-    down: bool = False
     children_lost: tuple[int, ...] = ()
     """A failed tree parent's children that lost the job (its error's trailing metadata)."""
 
+    def __post_init__(self) -> None:
+        if (self.kind is FailureKind.STATUS) != (self.status is not None):
+            raise ValueError(f"A {self.kind.name} failure has a gRPC status exactly when its kind is STATUS; "
+                             f"got status={self.status!r}.")  # fmt: skip
+
     @classmethod
     def from_exception(cls, exc: BaseException) -> WorkerFailure:
+        """The failure an exception that ended a worker's stream (or its message's checks) stands for."""
         if isinstance(exc, grpc.aio.AioRpcError):
             lost = children_lost_from_metadata(exc.trailing_metadata())
-            return cls(details=str(exc.details()), status=exc.code(), children_lost=lost)
+            return cls(FailureKind.STATUS, str(exc.details()), status=exc.code(), children_lost=lost)
         if isinstance(exc, CallError):
-            return cls(details=exc.details, status=exc.code, children_lost=exc.children_lost)
-        return cls(details=str(exc), error=type(exc).__name__)
+            return cls(FailureKind.STATUS, exc.details, status=exc.code, children_lost=exc.children_lost)
+        kind = FailureKind.MALFORMED if isinstance(exc, WireError) else FailureKind.BROKEN
+        return cls(kind, str(exc), error=type(exc).__name__)
 
     @classmethod
     def worker_down(cls, reason: str) -> WorkerFailure:
-        return cls(details=reason, down=True)
+        return cls(FailureKind.DOWN, reason)
+
+    def has_status(self, code: grpc.StatusCode) -> bool:
+        """A :attr:`FailureKind.STATUS` failure with status ``code``."""
+        return self.kind is FailureKind.STATUS and self.status is code
+
+    @property
+    def lost_job(self) -> bool:
+        """The worker answered NOT_FOUND: it restarted and lost the job (its receiver loads it again)."""
+        return self.has_status(grpc.StatusCode.NOT_FOUND)
 
     def __str__(self) -> str:
-        label = "DOWN" if self.down else self.status.name if self.status is not None else self.error
+        match self.kind:
+            case FailureKind.DOWN:
+                label = "DOWN"
+            case FailureKind.STATUS:
+                label = self.status.name if self.status is not None else "STATUS"
+            case FailureKind.MALFORMED | FailureKind.BROKEN:
+                label = self.error
         return f"{label}: {self.details}"
 
 

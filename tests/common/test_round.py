@@ -10,13 +10,15 @@ from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
+import pytest
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
+from gradcode.common.exceptions import WireError
 from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
-from gradcode.common.gather.round import ChunkStream, Round, Source
+from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source, WorkerFailure
 from gradcode.common.tasks import TaskOwner
-from gradcode.common.transport.session import Session, ready_chunk, started_chunk, status_chunk
+from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
 from gradcode.v1 import worker_pb2
@@ -140,9 +142,8 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
     failures = await round_.gather([Source(w, (w,), lambda w=w: first[w]) for w in first])  # type: ignore[misc]
     assert not round_.decodable and set(round_.finished) == {0} and set(failures) == set(round_.failed) == {1}
     failure = round_.failed[1]
-    assert (
-        failure.status is None and failure.error == "ConnectionError" and str(failure) == "ConnectionError: worker died"
-    )
+    assert failure.kind is FailureKind.BROKEN and failure.status is None and failure.error == "ConnectionError"
+    assert str(failure) == "ConnectionError: worker died"
     second = {1: stream(1), 2: stream(2)}
     await round_.gather([Source(w, (w,), lambda w=w: second[w]) for w in second])  # type: ignore[misc]
     assert round_.decodable and set(round_.finished) == {0, 1, 2} and not round_.failed
@@ -151,6 +152,25 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
     assert decoded.used_workers == [0, 1, 2] and decoded.decode_seconds >= 0
     np.testing.assert_allclose(decoded.vector, g[[0, 1, 2]].sum(axis=0) * 4 / 3)
     np.testing.assert_array_equal(round_.combine(), decoded.vector)  # decoding never changes the round
+
+
+def test_a_failure_is_tagged_with_its_kind_and_reads_as_before() -> None:
+    """Consumers match on the kind; ``str()`` still reads "LABEL: details" for people."""
+    lost = WorkerFailure.from_exception(CallError(grpc.StatusCode.NOT_FOUND, "Unknown job 'j'", children_lost=[4]))
+    assert (lost.kind, lost.status, lost.children_lost) == (FailureKind.STATUS, grpc.StatusCode.NOT_FOUND, (4,))
+    assert lost.lost_job and lost.has_status(grpc.StatusCode.NOT_FOUND) and str(lost) == "NOT_FOUND: Unknown job 'j'"
+    malformed = WorkerFailure.from_exception(WireError("Row 0 from worker 1 contains NaN or infinite values."))
+    assert malformed.kind is FailureKind.MALFORMED and malformed.error == "WireError" and not malformed.lost_job
+    assert str(malformed) == "WireError: Row 0 from worker 1 contains NaN or infinite values."
+    broken = WorkerFailure.from_exception(ConnectionResetError("peer reset"))
+    assert (broken.kind, broken.status, str(broken)) == (FailureKind.BROKEN, None, "ConnectionResetError: peer reset")
+    down = WorkerFailure.worker_down("quarantined: broke 2 checks")
+    assert down.kind is FailureKind.DOWN and str(down) == "DOWN: quarantined: broke 2 checks"
+    assert not down.has_status(grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(ValueError, match="exactly when its kind is STATUS"):
+        WorkerFailure(FailureKind.DOWN, "x", status=grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(ValueError, match="exactly when its kind is STATUS"):
+        WorkerFailure(FailureKind.STATUS, "x")
 
 
 async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_float32_tolerance() -> None:
