@@ -116,16 +116,16 @@ class TaskOwner:
         if self.on_crash is not None:
             self.on_crash(crash)
 
-    async def supervise(self, main: Coroutine[Any, Any, T]) -> T:
-        """Await ``main`` in a task of its own, unless a fatal task of this owner crashes first (or crashed
-        already): then ``main`` is cancelled, awaited, and the crash raised as :class:`TaskCrashedError`.
-        Cancelling the supervisor cancels ``main`` and waits for it."""
+    async def supervise(self, main: Coroutine[Any, Any, T], *, name: str | None = None) -> T:
+        """Await ``main`` in a task of its own (named ``name``), unless a fatal task of this owner crashes first (or
+        crashed already): then ``main`` is cancelled, awaited, and the crash raised as :class:`TaskCrashedError`.
+        Cancelling the supervisor cancels ``main`` and waits until it has ended."""
         if self.crash is not None:
             main.close()
             raise self.crash.exception()
         loop = asyncio.get_running_loop()
         self._crashed = crashed = loop.create_future()
-        task = loop.create_task(main, name=f"{self.name}-main")
+        task = loop.create_task(main, name=name or f"{self.name} (main)")
         try:
             await asyncio.wait({task, crashed}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -153,8 +153,17 @@ class TaskOwner:
 
 
 async def _cancelled(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait until it has ended, whatever it ends with (its caller decides what it means)."""
+    """Cancel ``task`` and wait until it has ended, whatever it ends with (its caller decides what it means); a cancel
+    of the caller meanwhile does not cut the wait short (it is raised once ``task`` has ended)."""
     task.cancel()
-    await asyncio.wait({task})
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+            task.cancel()
     if not task.cancelled():
         task.exception()  # retrieved: its end is the caller's business, not asyncio's log
+    if cancelled:
+        raise asyncio.CancelledError

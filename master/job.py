@@ -240,7 +240,7 @@ class JobRunner:
             self._started = time.perf_counter()
             await self.loader.load_all()
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "running")
-            await self.tasks.supervise(self._loop())
+            await self.tasks.supervise(self._loop(), name=f"job-{self.job_id}-loop")
         except asyncio.CancelledError:
             await self._drain()  # the last committed iteration's report still goes out
             if not self.done:
@@ -255,10 +255,11 @@ class JobRunner:
                     exc.report.message = str(exc)
                     await self._publish(exc.report)
                 await self._set_state(master_pb2.JOB_STATE_FAILED, str(exc))
+        except TaskCrashedError as exc:  # (its owner logged it, with the task's traceback)
+            await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {exc}")
         except Exception as exc:
             log.exception("job %s crashed", self.job_id)
-            what = str(exc) if isinstance(exc, TaskCrashedError) else f"{type(exc).__name__}: {exc}"
-            await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {what}")
+            await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             await self._publishes_done()
             await self._final_checkpoint()

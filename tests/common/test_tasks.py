@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -141,3 +142,31 @@ async def test_an_adopted_task_is_held_and_cancelled_on_close() -> None:
     owner.adopt(late)  # adopted after close: cancelled at once, still awaited by nobody but held until it ends
     await asyncio.sleep(0)
     assert late.cancelled()
+
+
+async def test_a_second_cancel_of_the_supervisor_still_waits_for_the_main_work_to_end() -> None:
+    owner = TaskOwner("job")
+    started, release = asyncio.Event(), asyncio.Event()
+    ended: list[str] = []
+
+    async def main() -> None:
+        started.set()
+        try:
+            await _forever()
+        finally:
+            while not release.is_set():  # a teardown that takes its time, cancelled or not
+                with contextlib.suppress(asyncio.CancelledError):
+                    await release.wait()
+            ended.append("main")
+
+    supervisor = asyncio.create_task(owner.supervise(main(), name="job-j-loop"))
+    await started.wait()
+    assert "job-j-loop" in {t.get_name() for t in asyncio.all_tasks()}
+    for _ in range(2):
+        supervisor.cancel()
+        await asyncio.sleep(0.01)
+    assert not supervisor.done() and ended == []  # the supervisor never returns before its main work has ended
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await supervisor
+    assert ended == ["main"] and _pending_besides(asyncio.current_task()) == set()
