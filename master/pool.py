@@ -581,9 +581,8 @@ class WorkerPool:
         monitors, self._monitors = self._monitors, []
         for task in monitors:
             task.cancel()
-        for task in monitors:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if monitors:
+            await asyncio.wait(monitors)  # (one that crashed was reported by :attr:`tasks`)
         for worker in self.workers:
             channel = worker.detach()
             if channel is not None:

@@ -29,7 +29,6 @@ worker's address (ALREADY_EXISTS) or this process was removed (PERMISSION_DENIED
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import socket
@@ -227,8 +226,7 @@ class WorkerNode(ServiceNode):
         self.servicer.drain()
         if self._registration is not None:
             self._registration.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._registration
+            await asyncio.wait({self._registration})  # (a crash is :attr:`tasks`' to report: it shut us down)
 
     async def _after_stop(self) -> None:
         if self.servicer.link is not None:

@@ -340,9 +340,11 @@ class ServiceNode:
             if self._handle is not None:
                 await self._handle.stop(self.grace)
             await self._after_stop()
-            await self.tasks.close()
         finally:
-            self._stopped.set()
+            try:
+                await self.tasks.close()
+            finally:
+                self._stopped.set()
 
     def _fail(self, exc: BaseException) -> None:
         """A background loop crashed: remember it for :meth:`run` and shut down."""

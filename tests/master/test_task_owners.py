@@ -16,6 +16,8 @@ import pytest
 
 from gradcode.master import reporting
 from gradcode.master.job import JobRunner
+from gradcode.master.node import MasterNode
+from gradcode.master.pool import WorkerPool
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 from gradcode.worker.node import WorkerNode
@@ -113,3 +115,39 @@ async def test_a_worker_node_that_stops_leaves_no_task_it_started_pending() -> N
         assert worker.tasks.tasks == frozenset() and worker.tasks.closed
         python = [t for t in left if "cython" not in type(t.get_coro()).__module__]  # (grpc's own are Cython's)
         assert python == [], [(t.get_name(), t.get_coro()) for t in python]
+
+
+async def test_a_crashing_pool_monitor_shuts_the_master_down_and_run_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A master that stopped watching its workers must not go on as if it did: its run() raises the monitor's
+    crash once it has shut down. (Before the node owned the monitors, the crash was lost and the master served on.)"""
+
+    async def broken(self: WorkerPool) -> None:
+        raise RuntimeError("the monitor broke")
+
+    monkeypatch.setattr(WorkerPool, "probe_down", broken)
+    node = MasterNode(grace=0.1)
+    async with asyncio.timeout(10):
+        with pytest.raises(RuntimeError, match="the monitor broke"):
+            await node.run()
+    assert node.is_shutdown and node.tasks.tasks == frozenset() and node.tasks.closed
+
+
+async def test_a_crashing_registration_stops_the_worker_server_and_run_raises_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registration loop crashes: the worker shuts down for good (its port closes) and run() raises the crash.
+    (Before, awaiting the crashed registration raised inside the shutdown, which then never stopped the server.)"""
+
+    async def broken(self: WorkerNode, master_address: str) -> None:
+        raise RuntimeError("registration broke")
+
+    monkeypatch.setattr(WorkerNode, "_register_forever", broken)
+    node = WorkerNode(master_address="127.0.0.1:9", grace=0.1, link_port=None)
+    async with asyncio.timeout(10):
+        with pytest.raises(RuntimeError, match="registration broke"):
+            await node.run()
+        host, port = node.address.rsplit(":", 1)
+        with pytest.raises(OSError):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.close()
+    assert node.tasks.tasks == frozenset() and node.tasks.closed
