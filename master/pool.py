@@ -243,7 +243,7 @@ class PoolWorker:
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
         old = self.detach()
-        if old is not None:
+        if old is not None and not self.tasks.closed:  # (closed: the pool has shut down, its channels with it)
             self.tasks.spawn(old.close(None), name=f"close-channel-{self.worker_id}", fatal=False)
 
     def detach(self) -> grpc.aio.Channel | None:
