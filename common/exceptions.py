@@ -15,6 +15,8 @@
     │                                  or its job ended or was replaced); Compute answers ABORTED
     ├── ChildrenUnavailableError       a tree parent's children that answered are not decodable;
     │                                  Compute answers UNAVAILABLE
+    ├── TaskCrashedError               (also RuntimeError) a background task of a node or job crashed
+    │                                  (:mod:`gradcode.common.tasks`); its cause is the task's exception
     └── RequestError                   a call is refused; each subclass is one gRPC status:
         ├── InvalidRequestError        (also ValueError) INVALID_ARGUMENT
         ├── NotFoundError              (also LookupError) NOT_FOUND: an unknown or evicted job
@@ -57,6 +59,7 @@ __all__ = [
     "PermissionDeniedError",
     "RequestError",
     "ResourceExhaustedError",
+    "TaskCrashedError",
     "WireError",
 ]
 
@@ -101,6 +104,15 @@ class JobFailedError(GradcodeError, RuntimeError):
     def __init__(self, message: str, report: Any | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class TaskCrashedError(GradcodeError, RuntimeError):
+    """A background task of a node or a job crashed (:class:`gradcode.common.tasks.TaskOwner`); ``task`` is its
+    name, the exception's cause the task's own exception."""
+
+    def __init__(self, message: str, *, task: str) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 class ComputeCancelledError(GradcodeError):

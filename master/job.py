@@ -36,6 +36,14 @@ down (:meth:`JobRunner.suspend`) keeps a ``running`` checkpoint, so the next mas
 An evaluation still running when the master died is not redone: a target accuracy it would have
 met is noticed at the next evaluated iteration.
 
+Background tasks: every task the job starts is held by its :class:`~gradcode.common.tasks.TaskOwner`
+(:attr:`JobRunner.tasks`): evaluations, publishes and checkpoints (here), reloads and lateness probes
+(:mod:`gradcode.master.liveness`), partition serialisations (:mod:`gradcode.master.loading`) and the rounds' late
+streams. The loop runs supervised by it: a crash of any of them while the job trains fails the job with that error
+(``internal error: <task> crashed: ...``) instead of leaving it to hang or to fail later for another reason; the
+crash of a late stream or of a partition serialisation (whose LoadJob gets the error) is only logged, as is one
+after the loop has ended. When the job ends the owner cancels and awaits what is left: no task outlives its job.
+
 A code with a topology (a CodedReduce tree) is run the same way: the master asks only the code's own
 workers (the first layer) and decodes with the code's decoder; what happens below is the parents'
 business, except that a parent names the children that lost the job (they restarted) and the
@@ -59,10 +67,11 @@ from typing import Any
 import numpy as np
 
 from gradcode.common.codes.base import Observation
-from gradcode.common.exceptions import JobFailedError
+from gradcode.common.exceptions import JobFailedError, TaskCrashedError
 from gradcode.common.gather.round import Decoded, Round
 from gradcode.common.ops.logs import set_log_context
 from gradcode.common.ops.metrics import job_state_label
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.models import TrainingMetrics, training_metrics
 from gradcode.common.transport.shared_memory import DEFAULT_ROOT, SharedDirectory
 from gradcode.master import reporting
@@ -108,10 +117,12 @@ class JobRunner:
         self.message = "waiting for workers"
         self.history: list[master_pb2.IterationReport] = []
         self.iterations_done = 0
-        self.loader = WorkerLoader(plan, pool)
+        self.tasks = TaskOwner(f"job {plan.job_id}")
+        """Holds every background task of the job (module docstring, "Background tasks")."""
+        self.loader = WorkerLoader(plan, pool, tasks=self.tasks)
         self.shared_memory = shared_memory
         """Where the job makes its shared-memory directory for workers on this host (None: no shared memory)."""
-        self.rounds = RoundPolicy(self.loader, pool)
+        self.rounds = RoundPolicy(self.loader, pool, tasks=self.tasks)
         self.history_file = History(run_dir, plan.job_id)
         spec = plan.spec
         self.state_dir = state_dir
@@ -175,10 +186,12 @@ class JobRunner:
     def model_reply(self) -> master_pb2.ModelReply:
         return self.checkpoint().model_reply()
 
-    def start(self, on_done: Callable[[JobRunner], None] | None = None) -> None:
-        """Run the job in the background; ``on_done(self)`` is called as soon as it has reached its final state."""
+    def start(self, owner: TaskOwner, on_done: Callable[[JobRunner], None] | None = None) -> None:
+        """Run the job in the background, as a task of ``owner`` (the master's); ``on_done(self)`` is called as soon
+        as it has reached its final state. The job ends every failure of its own in a final state, so a crash of
+        its task (in its clean-up) is only logged by the owner."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"job-{self.job_id}")
+            self._task = owner.spawn(self._run(), name=f"job-{self.job_id}", fatal=False)
             self._on_done = on_done
 
     def suspend(self) -> None:
@@ -227,7 +240,7 @@ class JobRunner:
             self._started = time.perf_counter()
             await self.loader.load_all()
             await self._set_state(master_pb2.JOB_STATE_RUNNING, "running")
-            await self._loop()
+            await self.tasks.supervise(self._loop(), name=f"job-{self.job_id}-loop")
         except asyncio.CancelledError:
             await self._drain()  # the last committed iteration's report still goes out
             if not self.done:
@@ -242,6 +255,8 @@ class JobRunner:
                     exc.report.message = str(exc)
                     await self._publish(exc.report)
                 await self._set_state(master_pb2.JOB_STATE_FAILED, str(exc))
+        except TaskCrashedError as exc:  # (its owner logged it, with the task's traceback)
+            await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {exc}")
         except Exception as exc:
             log.exception("job %s crashed", self.job_id)
             await self._set_state(master_pb2.JOB_STATE_FAILED, f"internal error: {type(exc).__name__}: {exc}")
@@ -249,6 +264,7 @@ class JobRunner:
             await self._publishes_done()
             await self._final_checkpoint()
             await self.rounds.close()
+            await self.tasks.close()
             await self.loader.end()
             self._release_data()
             self.history_file.close()
@@ -267,7 +283,7 @@ class JobRunner:
             outgoing = _Outgoing(report)
             if t % self.plan.evaluate_every == 0 or t == last:
                 outgoing.snapshot = (copy.copy(self.optimizer), t)  # a snapshot: steps rebind, never mutate
-                outgoing.evaluation = asyncio.get_running_loop().create_task(
+                outgoing.evaluation = self.tasks.spawn(
                     self._evaluate(outgoing, params), name=f"job-{self.job_id}-evaluate-{t}"
                 )
             self._outbox.append(outgoing)
@@ -313,25 +329,20 @@ class JobRunner:
     def _publish_beside(self) -> None:
         """Publish the committed reports once the next round has asked its workers (a task: it runs at the round's
         first wait), so the next iteration never waits for the history file and the watchers. One still running
-        publishes this report too (it flushes to the end of the outbox). The failure of an earlier one is raised
-        here, into the loop, as a publish in the loop itself would have raised it."""
+        publishes this report too (it flushes to the end of the outbox). A publish that fails fails the job (its
+        crash reaches the loop through :attr:`tasks`), as a publish in the loop itself would."""
         previous = self._publishing
         if previous is not None and not previous.done():
             return
-        if previous is not None:
-            previous.result()
-        self._publishing = asyncio.get_running_loop().create_task(self._flush(), name=f"job-{self.job_id}-publish")
+        self._publishing = self.tasks.spawn(self._flush(), name=f"job-{self.job_id}-publish")
 
     async def _publishes_done(self) -> None:
-        """Wait for the publish still running beside the loop (on the way out); log its failure."""
+        """Wait for the publish still running beside the loop (on the way out; its failure is logged by
+        :attr:`tasks`)."""
         task, self._publishing = self._publishing, None
-        if task is None:
-            return
-        with contextlib.suppress(asyncio.CancelledError):
-            try:
-                await asyncio.shield(task)
-            except Exception as exc:
-                log.error("job %s: publishing a report failed: %s", self.job_id, exc)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
 
     async def _flush(self) -> bool:
         """Publish the reports at the head of the outbox whose evaluation is done, in iteration order.
@@ -458,7 +469,7 @@ class JobRunner:
         """Save a checkpoint of the committed state in a thread while training goes on (saves keep their order)."""
         if self.state_dir is None:
             return
-        task = asyncio.get_running_loop().create_task(
+        task = self.tasks.spawn(
             self._save(self.checkpoint()), name=f"job-{self.job_id}-checkpoint-{self.iterations_done}"
         )
         self._saves.add(task)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
+from gradcode.common.tasks import TaskOwner
 from gradcode.master.pool import PoolWorker, WorkerPool
 
 __all__ = ["BackgroundLoads", "LatenessWatch"]
@@ -29,9 +30,14 @@ class LatenessWatch:
     (a health check on a fresh channel, in the background, bounded by ``probe_timeout``) and marked
     DOWN if the probe fails, so the job stops waiting for it and the pool probes it back UP later. A
     worker that answers the probe is only slow: its count starts again.
+
+    The probes are tasks of ``tasks`` (the job's :class:`~gradcode.common.tasks.TaskOwner`; by default one of the
+    watch's own): a probe that crashes fails the job (a worker left unprobed would silently eat the tolerance).
     """
 
-    def __init__(self, pool: WorkerPool, *, consecutive: int = 3, probe_timeout: float = 2.0) -> None:
+    def __init__(
+        self, pool: WorkerPool, *, consecutive: int = 3, probe_timeout: float = 2.0, tasks: TaskOwner | None = None
+    ) -> None:
         if consecutive < 1:
             raise ValueError(f"Argument 'consecutive' must be >= 1, not {consecutive!r}.")
         if probe_timeout <= 0:
@@ -40,6 +46,7 @@ class LatenessWatch:
         self.consecutive = consecutive
         self.probe_timeout = probe_timeout
         self.late_streak: dict[int, int] = {}
+        self.tasks = TaskOwner("lateness probes") if tasks is None else tasks
         self._probes: dict[int, asyncio.Task[bool]] = {}
 
     def observe(self, *, on_time: Iterable[PoolWorker], late: Iterable[PoolWorker]) -> list[PoolWorker]:
@@ -55,7 +62,7 @@ class LatenessWatch:
             self.late_streak[worker.worker_id] = streak
             if streak >= self.consecutive and worker.is_up and worker.worker_id not in self._probes:
                 self.late_streak[worker.worker_id] = 0
-                task = asyncio.get_running_loop().create_task(self._probe(worker), name=f"probe-{worker.worker_id}")
+                task = self.tasks.spawn(self._probe(worker), name=f"probe-{worker.worker_id}")
                 self._probes[worker.worker_id] = task
                 started.append(worker)
         return started
@@ -76,7 +83,7 @@ class LatenessWatch:
             await asyncio.gather(*self._probes.values(), return_exceptions=True)
 
     def close(self) -> None:
-        """Cancel the probes under way (the job ended)."""
+        """Cancel the probes under way (the job ended; its owner awaits them)."""
         for task in self._probes.values():
             task.cancel()
 
@@ -89,10 +96,15 @@ class BackgroundLoads:
     straggler tolerance like any late worker, and only for as long as it loads). Each load is bounded by
     its own timeout (its LoadJob call's), and when it ends the pool's waiters are woken so the runner can
     ask the worker in the same iteration if the deadline allows.
+
+    The loads are tasks of ``tasks`` (the job's :class:`~gradcode.common.tasks.TaskOwner`; by default one of their
+    own): a load that crashes (a failed LoadJob returns False; a crash is a fault of the master's) fails the job
+    rather than leave the worker out until the iteration deadline names it missing.
     """
 
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: WorkerPool, *, tasks: TaskOwner | None = None) -> None:
         self.pool = pool
+        self.tasks = TaskOwner("background loads") if tasks is None else tasks
         self._tasks: dict[int, asyncio.Task[bool]] = {}
 
     def loading(self, key: int) -> bool:
@@ -103,7 +115,7 @@ class BackgroundLoads:
         """Start ``load()`` in the background unless one for ``key`` is under way; True if started now."""
         if key in self._tasks:
             return False
-        task = asyncio.get_running_loop().create_task(self._run(key, load), name=f"load-{key}")
+        task = self.tasks.spawn(self._run(key, load), name=f"load-{key}")
         self._tasks[key] = task
         return True
 

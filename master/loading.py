@@ -34,6 +34,7 @@ import numpy as np
 from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.ops import metrics
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.data import Dataset
 from gradcode.common.transport.security import job_token, relay_token
 from gradcode.common.transport.shared_memory import SharedDirectory
@@ -70,9 +71,14 @@ class PartitionBytes:
     A partition is serialised once per job (however many workers hold it, and however often a
     restarted worker is reloaded), in a thread so the event loop keeps serving; concurrent requests
     for the same partition share one serialisation. :meth:`clear` frees the bytes when the job ends.
+    The serialisations are tasks of ``tasks`` (the job's owner; by default one of their own); one that fails
+    only logs there, since each LoadJob that awaits it gets its error.
     """
 
-    def __init__(self, dataset: Dataset, partitions: list[np.ndarray[Any, Any]]) -> None:
+    def __init__(
+        self, dataset: Dataset, partitions: list[np.ndarray[Any, Any]], *, tasks: TaskOwner | None = None
+    ) -> None:
+        self.tasks = TaskOwner("partition serialisations") if tasks is None else tasks
         self._dataset = dataset
         self._partitions = partitions
         self._cache: dict[int, asyncio.Task[tuple[bytes, bytes]]] = {}
@@ -83,7 +89,7 @@ class PartitionBytes:
         """Partition ``j``'s (features, labels) bytes."""
         task = self._cache.get(j)
         if task is None:
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._serialise, j))
+            task = self.tasks.spawn(asyncio.to_thread(self._serialise, j), name=f"partition-{j}", fatal=False)
             self._cache[j] = task
         return await asyncio.shield(task)  # a cancelled LoadJob must not cancel the shared serialisation
 
@@ -101,7 +107,9 @@ class PartitionBytes:
 class WorkerLoader:
     """The pool worker behind each of the job's worker indices, and loading the job onto them."""
 
-    def __init__(self, plan: JobPlan, pool: WorkerPool, *, shared: SharedDirectory | None = None) -> None:
+    def __init__(
+        self, plan: JobPlan, pool: WorkerPool, *, shared: SharedDirectory | None = None, tasks: TaskOwner | None = None
+    ) -> None:
         self.plan = plan
         self.pool = pool
         self.shared = shared
@@ -114,7 +122,7 @@ class WorkerLoader:
         made one."""
         self.workers: list[PoolWorker] = []
         """The pool worker behind each worker index (set by :meth:`select`)."""
-        self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions)
+        self.partition_bytes = PartitionBytes(plan.dataset, plan.partitions, tasks=tasks)
         self._given: dict[int, dict[int, str]] = {}
         """The call tokens each parent was last loaded with, by parent and child worker index."""
         self.bytes_sent = 0

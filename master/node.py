@@ -43,6 +43,11 @@ class MasterNode(ServiceNode):
     :func:`gradcode.common.transport.machine.default_machine_id`: only workers of this machine id, or of none, are
     offered
     shared memory). Started on a state directory, the node resumes the jobs that were running.
+
+    Its background tasks are :attr:`tasks`: the pool's monitors (a crash shuts the master down: it would go on
+    not watching its workers) and channel closes, each job's task and its metrics watcher (a crash of one is
+    logged: a job ends every failure of its own in a final state). A job's own tasks are the job's
+    (:attr:`gradcode.master.job.JobRunner.tasks`).
     """
 
     service_name = MASTER_SERVICE_NAME
@@ -71,13 +76,14 @@ class MasterNode(ServiceNode):
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.pool = WorkerPool(
-            workers, security=self.security, max_workers=max_workers, links=links, machine_id=machine_id
-        )
+            workers, security=self.security, max_workers=max_workers, links=links, machine_id=machine_id,
+            tasks=self.tasks,
+        )  # fmt: skip
         self.servicer = MasterServicer(
             self.pool, run_dir=self.run_dir, data_dir=self.data_dir, max_finished_jobs=max_finished_jobs,
             max_data_file_bytes=max_data_file_bytes, max_features=max_features,
             state_dir=None if state_dir is None else Path(state_dir), checkpoint_every=checkpoint_every,
-            shared_memory=None if shared_memory is None else Path(shared_memory),
+            shared_memory=None if shared_memory is None else Path(shared_memory), tasks=self.tasks,
         )  # fmt: skip
 
     def _register(self, server: grpc.aio.Server) -> None:

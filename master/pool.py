@@ -46,9 +46,8 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -60,6 +59,7 @@ from gradcode.common.exceptions import (
     ResourceExhaustedError,
 )
 from gradcode.common.ops.metrics import set_workers_up
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.machine import default_machine_id
 from gradcode.common.transport.security import Security, check_process_secret, new_nonce, proves, short
@@ -186,6 +186,8 @@ class PoolWorker:
     """This worker's Computes, on a Session over :attr:`channel` (opened by the first Compute)."""
     links: bool = True
     """Ask the worker for a link (:mod:`gradcode.common.transport.link`) to carry the Computes instead of gRPC."""
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("pool worker"), repr=False)
+    """Who holds the close of a channel it replaced (:meth:`reconnect`): its pool's owner."""
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
@@ -241,8 +243,8 @@ class PoolWorker:
     def reconnect(self) -> None:
         """Drop the channel so the next call opens a fresh one (no reconnect back-off)."""
         old = self.detach()
-        if old is not None:
-            _background(old.close(None))
+        if old is not None and not self.tasks.closed:  # (closed: the pool has shut down, its channels with it)
+            self.tasks.spawn(old.close(None), name=f"close-channel-{self.worker_id}", fatal=False)
 
     def detach(self) -> grpc.aio.Channel | None:
         """Forget the channel, its stub and its Compute session (what runs on it fails with CANCELLED); the
@@ -287,6 +289,7 @@ class WorkerPool:
         max_workers: int = MAX_WORKERS,
         links: bool = True,
         machine_id: str | None = None,
+        tasks: TaskOwner | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
@@ -304,6 +307,11 @@ class WorkerPool:
         self._removed: OrderedDict[str, None] = OrderedDict()
         """Digests of the secrets of removed worker processes, oldest first: they may not register again."""
         self._changed = asyncio.Condition()
+        self._own_tasks = tasks is None
+        self.tasks = TaskOwner("worker pool") if tasks is None else tasks
+        """Holds the monitors (a crash of one is fatal to the owner: the master's node shuts down rather than go on
+        not watching its workers) and the closes of replaced channels (only logged); by default the pool's own,
+        closed by :meth:`close`."""
         self._monitors: list[asyncio.Task[None]] = []
         for address in addresses:
             self._add(worker_address(address), name="")
@@ -321,7 +329,7 @@ class WorkerPool:
         worker_id, self._next_id = self._next_id, self._next_id + 1  # ids are never reused
         worker = PoolWorker(
             worker_id=worker_id, address=address, name=name, instance_id=instance_id, process_secret=secret,
-            security=self.security, links=self.links,
+            security=self.security, links=self.links, tasks=self.tasks,
         )  # fmt: skip
         self._workers[worker_id] = worker
         self._by_address[address] = worker_id
@@ -563,10 +571,9 @@ class WorkerPool:
     def start_monitor(self) -> None:
         """Start probing DOWN and idle workers in the background (idempotent)."""
         if not self._monitors:
-            loop = asyncio.get_running_loop()
             self._monitors = [
-                loop.create_task(self._monitor_loop(), name="pool-health-monitor"),
-                loop.create_task(self._idle_loop(), name="pool-idle-monitor"),
+                self.tasks.spawn(self._monitor_loop(), name="pool-health-monitor"),
+                self.tasks.spawn(self._idle_loop(), name="pool-idle-monitor"),
             ]
 
     async def close(self) -> None:
@@ -574,13 +581,14 @@ class WorkerPool:
         monitors, self._monitors = self._monitors, []
         for task in monitors:
             task.cancel()
-        for task in monitors:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if monitors:
+            await asyncio.wait(monitors)  # (one that crashed was reported by :attr:`tasks`)
         for worker in self.workers:
             channel = worker.detach()
             if channel is not None:
                 await channel.close(None)
+        if self._own_tasks:
+            await self.tasks.close()
 
 
 async def _holds(channel: grpc.aio.Channel, secret: bytes, timeout: float) -> bool:
@@ -599,13 +607,3 @@ def _same(a: bytes, b: bytes) -> bool:
 def _secret_id(secret: bytes) -> str:
     """What the pool remembers of a removed process's secret."""
     return hashlib.sha256(secret).hexdigest()
-
-
-_BACKGROUND: set[asyncio.Task[None]] = set()
-
-
-def _background(coro: Coroutine[Any, Any, None]) -> None:
-    """Run ``coro`` in the background, keeping a reference until it ends."""
-    task = asyncio.get_running_loop().create_task(coro)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)

@@ -55,7 +55,8 @@ from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
-from gradcode.common.gather.round import ChunkStream, GatherStrategy, Round, Source, WorkerFailure
+from gradcode.common.gather.round import ChunkStream, FailureKind, GatherStrategy, Round, Source, WorkerFailure
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.models import message_length
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import dtype_from_wire, model_digest, model_request_bytes
@@ -174,14 +175,18 @@ class RelayOrder:
 
 
 class RoundPolicy:
-    """Runs one iteration's round against the job's workers under the iteration deadline."""
+    """Runs one iteration's round against the job's workers under the iteration deadline.
 
-    def __init__(self, loader: WorkerLoader, pool: WorkerPool) -> None:
+    Its background tasks (loads, probes, the rounds' late streams) are the job's (``tasks``; by default an owner of
+    the policy's own)."""
+
+    def __init__(self, loader: WorkerLoader, pool: WorkerPool, *, tasks: TaskOwner | None = None) -> None:
         self.loader = loader
         self.pool = pool
-        self.loads = BackgroundLoads(pool)
+        self.tasks = TaskOwner(f"rounds of job {loader.plan.job_id}") if tasks is None else tasks
+        self.loads = BackgroundLoads(pool, tasks=self.tasks)
         """(Re)loads run beside the rounds: a slow or hung LoadJob never delays the others' gather."""
-        self.lateness = LatenessWatch(pool)
+        self.lateness = LatenessWatch(pool, tasks=self.tasks)
         """Probes a worker late several iterations in a row, so a cut link does not eat the tolerance."""
         self.integrity = IntegrityPolicy(
             loader.plan.integrity, loader.plan.code, describe=lambda w: loader.workers[w].describe()
@@ -244,6 +249,7 @@ class RoundPolicy:
             certified_length=plan.model.num_params,
             tolerance=plan.tolerance,
             shared=self.loader.shared,
+            tasks=self.tasks,
         )
         it = _Iteration(
             round_, assignment, _ModelRequest(t, point, self.loader.shared, self.loader.relay_peer),
@@ -389,7 +395,7 @@ class RoundPolicy:
         """A worker that lost the job (it restarted: NOT_FOUND) is reloaded at once, within the gather, and joins it
         once loaded (:meth:`_load_and_join`). A worker that could not get its relayed model from its peer
         (FAILED_PRECONDITION) is asked again at once with the model inline."""
-        if failure.status is grpc.StatusCode.NOT_FOUND:
+        if failure.lost_job:
             self.loader.workers[w].lost_job(self.plan.job_id)
             self._reload([w])
         elif failure.status is grpc.StatusCode.FAILED_PRECONDITION and it.model.relayed(w):
@@ -443,17 +449,18 @@ class RoundPolicy:
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""
         worker = self.loader.workers[w]
-        if failure.status is grpc.StatusCode.NOT_FOUND:  # the worker restarted and lost the job: reload it
-            worker.lost_job(self.plan.job_id)
-            return False
-        if failure.status is grpc.StatusCode.ABORTED:  # this job's request was abandoned (the job replaced on the
-            return False  # worker by a reload, say): about the job, not the worker, which the next gather asks again
-        if (
-            self.plan.topology is not None
-            and failure.status is grpc.StatusCode.UNAVAILABLE
-            and await self.pool.probe(worker)
-        ):
-            return True
+        match failure:
+            case WorkerFailure(lost_job=True):
+                worker.lost_job(self.plan.job_id)  # the worker restarted and lost the job: reload it
+                return False
+            case WorkerFailure(kind=FailureKind.STATUS, status=grpc.StatusCode.ABORTED):
+                # This job's request was abandoned (the job replaced on the worker by a reload, say): about the job,
+                # not the worker, which the next gather asks again.
+                return False
+            case WorkerFailure(kind=FailureKind.STATUS, status=grpc.StatusCode.UNAVAILABLE) if (
+                self.plan.topology is not None and await self.pool.probe(worker)
+            ):
+                return True
         self.pool.mark_down(worker, f"Compute for job {self.plan.job_id!r}: {failure}")
         return False
 

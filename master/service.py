@@ -48,6 +48,7 @@ from gradcode.common.exceptions import (
 )
 from gradcode.common.ops import metrics
 from gradcode.common.ops.logs import log_context
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.security import short
 from gradcode.common.transport.shared_memory import DEFAULT_ROOT
 from gradcode.common.transport.status import grpc_errors
@@ -96,6 +97,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         state_dir: Path | None = None,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         shared_memory: Path | None = DEFAULT_ROOT,
+        tasks: TaskOwner | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"Argument 'checkpoint_every' must be >= 1, not {checkpoint_every!r}.")
@@ -116,6 +118,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """The jobs held: running, finished here, or finished under an earlier master (:class:`FinishedJob`)."""
         self.evicted: OrderedDict[str, None] = OrderedDict()
         """Ids of evicted jobs, oldest first."""
+        self.tasks = TaskOwner("master") if tasks is None else tasks
+        """Holds each job's task and its metrics watcher (the master node's owner)."""
         self._observers: set[asyncio.Task[None]] = set()
         metrics.watch_jobs(self._job_states)
 
@@ -330,8 +334,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """
         self.jobs[job.job_id] = job
         with log_context(job_id=job.job_id):  # the job's tasks inherit it: their log lines name the job
-            job.start(on_done=self._job_done)
-            observer = asyncio.get_running_loop().create_task(self._observe(job), name=f"metrics-{job.job_id}")
+            job.start(self.tasks, on_done=self._job_done)
+            observer = self.tasks.spawn(self._observe(job), name=f"metrics-{job.job_id}", fatal=False)
         self._observers.add(observer)
         observer.add_done_callback(self._observers.discard)
 

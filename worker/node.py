@@ -29,7 +29,6 @@ worker's address (ALREADY_EXISTS) or this process was removed (PERMISSION_DENIED
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import socket
@@ -144,6 +143,11 @@ class WorkerNode(ServiceNode):
         open.
         link_port: port of this worker's link (:mod:`gradcode.common.transport.link`: Sessions over plain TCP, with the
             gRPC server's TLS) on ``host``; 0 picks a free one; None serves no link.
+
+    Its background task is the registration (:attr:`tasks`; a crash shuts the worker down and :meth:`run` raises
+    it, as a worker that no master relearns must not go on looking alive). The link's connections and the
+    Sessions' requests are their server's and Session's (:mod:`gradcode.common.transport`); a tree parent's
+    rounds are its job's (:class:`~gradcode.worker.parent.ParentRunner`).
     """
 
     service_name = WORKER_SERVICE_NAME
@@ -216,15 +220,13 @@ class WorkerNode(ServiceNode):
             self.servicer.link = link
             logger.info("worker %s: link on port %d", self.name, port)
         if self.master_address:
-            self._registration = asyncio.create_task(self._register_forever(self.master_address), name="register")
-            self._registration.add_done_callback(self._on_registration_done)
+            self._registration = self.tasks.spawn(self._register_forever(self.master_address), name="register")
 
     async def _before_stop(self) -> None:
         self.servicer.drain()
         if self._registration is not None:
             self._registration.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._registration
+            await asyncio.wait({self._registration})  # (a crash is :attr:`tasks`' to report: it shut us down)
 
     async def _after_stop(self) -> None:
         if self.servicer.link is not None:
@@ -280,7 +282,3 @@ class WorkerNode(ServiceNode):
                 self.registered.set()
                 backoff, failures = 0.1, 0
                 await asyncio.sleep(self.reregister_seconds)
-
-    def _on_registration_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            self._fail(exc)

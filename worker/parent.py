@@ -45,6 +45,7 @@ from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.exceptions import ChildrenUnavailableError, ComputeCancelledError
 from gradcode.common.gather.integrity import INTEGRITY_POLICIES, IntegrityPolicy
 from gradcode.common.gather.round import Decoded, Round, Source, WorkerFailure
+from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.session import Caller
@@ -58,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 def children_lost(round_: Round) -> tuple[int, ...]:
     """The children that answered NOT_FOUND: they restarted and lost the job (the master reloads them)."""
-    return tuple(sorted(w for w, f in round_.failed.items() if f.status is grpc.StatusCode.NOT_FOUND))
+    return tuple(sorted(w for w, f in round_.failed.items() if f.lost_job))
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,9 @@ class ParentRunner:
     ``message_dtype`` is the job's message type, the only one accepted from children besides
     complex128 for a complex child code; it sets the tolerance of the decode's error certificate, which
     covers the first ``certified_length`` elements (the gradient; default: all).
+
+    Its rounds' background tasks (the streams of children still late when a round ended) are :attr:`tasks`, the
+    job's on this parent, closed with it; a crash of one is only logged (its round has taken what it needed).
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class ParentRunner:
         """TLS (and, for a child without a call token, the join-derived token) for the channels to the children."""
         self._channels: list[ChildChannel] | None = None
         self._closed = False
+        self.tasks = TaskOwner(f"tree parent of job {job_id}")
 
     @property
     def closed(self) -> bool:
@@ -248,6 +253,7 @@ class ParentRunner:
             dtypes=self.child_dtypes,
             certified_length=self.certified_length,
             tolerance=decode_tolerance(dtype),
+            tasks=self.tasks,
         )
         for i, reason in quarantined.items():
             round_.fail(channels[i].worker_id, WorkerFailure.worker_down(reason))
@@ -315,3 +321,4 @@ class ParentRunner:
         for child in channels or []:
             child.caller.close()
             await child.channel.close(grace=None)
+        await self.tasks.close()

@@ -37,6 +37,7 @@ from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; t
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gradcode.common.tasks import Crash, TaskOwner
 from gradcode.common.transport.security import CallToken, Security, refuse_if_exposed, warn_if_exposed
 from gradcode.common.transport.wire import CHANNEL_OPTIONS
 
@@ -262,7 +263,9 @@ class ServiceNode:
     ``async with node`` starts it and shuts it down on exit.
 
     Subclasses set :attr:`service_name`, register their servicer in :meth:`_register` and put their
-    own background work in the three hooks.
+    own background work in the three hooks, its tasks in :attr:`tasks`: the node's owner, closed (every task left
+    cancelled and awaited) once :meth:`_after_stop` is done. A task spawned there ``fatal`` (the default) that
+    crashes shuts the node down and :meth:`run` raises its exception; one spawned with ``fatal=False`` is only logged.
     """
 
     service_name: str
@@ -283,6 +286,10 @@ class ServiceNode:
         self._shutdown_started = False
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
+        self.tasks = TaskOwner(type(self).__name__, on_crash=self._crashed)
+        """Every background task of the node (its subclass's docstring says which, and which are fatal)."""
+        self._shutting_down: asyncio.Task[None] | None = None
+        """The shutdown a crash started (:meth:`_fail`): not a task of :attr:`tasks`, which it closes."""
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -334,13 +341,21 @@ class ServiceNode:
                 await self._handle.stop(self.grace)
             await self._after_stop()
         finally:
-            self._stopped.set()
+            try:
+                await self.tasks.close()
+            finally:
+                self._stopped.set()
 
     def _fail(self, exc: BaseException) -> None:
         """A background loop crashed: remember it for :meth:`run` and shut down."""
         self._failure = exc
         logger.error("%r: background loop crashed: %r; shutting down", self, exc)
-        asyncio.get_running_loop().create_task(self.shutdown())
+        if self._shutting_down is None:
+            self._shutting_down = asyncio.get_running_loop().create_task(self.shutdown(), name="shutdown")
+
+    def _crashed(self, crash: Crash) -> None:
+        """A fatal task of :attr:`tasks` crashed: shut down, and have :meth:`run` raise its exception."""
+        self._fail(crash.error)
 
     async def __aenter__(self) -> Self:
         await self.start()

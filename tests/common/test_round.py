@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
+import pytest
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
+from gradcode.common.exceptions import WireError
 from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
-from gradcode.common.gather.round import ChunkStream, Round, Source
-from gradcode.common.transport.session import Session, ready_chunk, started_chunk, status_chunk
+from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source, WorkerFailure
+from gradcode.common.tasks import TaskOwner
+from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
 from gradcode.v1 import worker_pb2
@@ -83,6 +87,47 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)
 
 
+async def test_the_late_streams_are_held_by_the_owner_the_round_is_given_until_they_end() -> None:
+    """No module global keeps a cancelled late stream alive: the owner the round is given holds it (the master's job,
+    a tree parent's job) until it has ended, and closing that owner leaves nothing of the round pending."""
+    code = make_code("ignore_stragglers", n=3, s=1)
+    g = np.random.default_rng(2).standard_normal((3, 20))
+    ended = asyncio.Event()
+
+    class _Stubborn(_FakeStream):
+        async def _run(self) -> AsyncIterator[worker_pb2.GradientChunk]:
+            try:
+                async for chunk in super()._run():
+                    yield chunk
+            finally:
+                while not ended.is_set():  # its teardown does not end before the test lets it, cancelled or not
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ended.wait()
+
+    streams = [
+        _Stubborn(list(message_chunks(g[w], job_id="j", iteration=0, worker_id=w, row=w)), [0.0, 0.0, 60.0][w])
+        for w in range(3)
+    ]
+    owner = TaskOwner("job j")
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, tasks=owner)
+    ended.set()  # the delivering streams end at once ...
+    async with asyncio.timeout(5.0):
+        await round_.gather([Source(w, (w,), lambda w=w: streams[w]) for w in range(3)])  # type: ignore[misc]
+    ended.clear()  # ... the late one's teardown waits
+    await asyncio.sleep(0.01)
+    assert round_.decodable and round_.late == [2] and streams[2].cancelled
+    assert [t.get_name() for t in owner.tasks] == ["gather-w2"]  # cancelled, held until it ends
+    closing = asyncio.create_task(owner.close())
+    await asyncio.sleep(0.01)
+    assert not closing.done()  # close awaits the stream's end
+    ended.set()
+    async with asyncio.timeout(5.0):
+        await closing
+    assert owner.tasks == frozenset() and owner.crash is None
+    pending = {t.get_name() for t in asyncio.all_tasks() if not t.done()}
+    assert pending & {"gather-w0", "gather-w1", "gather-w2"} == set()
+
+
 async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> None:
     """The master's retry: the round keeps the messages and timings of its first gather; a failure that
     is not a gRPC status says which exception it was, and a worker that delivers later is no longer failed."""
@@ -97,9 +142,8 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
     failures = await round_.gather([Source(w, (w,), lambda w=w: first[w]) for w in first])  # type: ignore[misc]
     assert not round_.decodable and set(round_.finished) == {0} and set(failures) == set(round_.failed) == {1}
     failure = round_.failed[1]
-    assert (
-        failure.status is None and failure.error == "ConnectionError" and str(failure) == "ConnectionError: worker died"
-    )
+    assert failure.kind is FailureKind.BROKEN and failure.status is None and failure.error == "ConnectionError"
+    assert str(failure) == "ConnectionError: worker died"
     second = {1: stream(1), 2: stream(2)}
     await round_.gather([Source(w, (w,), lambda w=w: second[w]) for w in second])  # type: ignore[misc]
     assert round_.decodable and set(round_.finished) == {0, 1, 2} and not round_.failed
@@ -108,6 +152,25 @@ async def test_a_second_gather_keeps_what_arrived_and_failures_are_typed() -> No
     assert decoded.used_workers == [0, 1, 2] and decoded.decode_seconds >= 0
     np.testing.assert_allclose(decoded.vector, g[[0, 1, 2]].sum(axis=0) * 4 / 3)
     np.testing.assert_array_equal(round_.combine(), decoded.vector)  # decoding never changes the round
+
+
+def test_a_failure_is_tagged_with_its_kind_and_reads_as_before() -> None:
+    """Consumers match on the kind; ``str()`` still reads "LABEL: details" for people."""
+    lost = WorkerFailure.from_exception(CallError(grpc.StatusCode.NOT_FOUND, "Unknown job 'j'", children_lost=[4]))
+    assert (lost.kind, lost.status, lost.children_lost) == (FailureKind.STATUS, grpc.StatusCode.NOT_FOUND, (4,))
+    assert lost.lost_job and lost.has_status(grpc.StatusCode.NOT_FOUND) and str(lost) == "NOT_FOUND: Unknown job 'j'"
+    malformed = WorkerFailure.from_exception(WireError("Row 0 from worker 1 contains NaN or infinite values."))
+    assert malformed.kind is FailureKind.MALFORMED and malformed.error == "WireError" and not malformed.lost_job
+    assert str(malformed) == "WireError: Row 0 from worker 1 contains NaN or infinite values."
+    broken = WorkerFailure.from_exception(ConnectionResetError("peer reset"))
+    assert (broken.kind, broken.status, str(broken)) == (FailureKind.BROKEN, None, "ConnectionResetError: peer reset")
+    down = WorkerFailure.worker_down("quarantined: broke 2 checks")
+    assert down.kind is FailureKind.DOWN and str(down) == "DOWN: quarantined: broke 2 checks"
+    assert not down.has_status(grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(ValueError, match="exactly when its kind is STATUS"):
+        WorkerFailure(FailureKind.DOWN, "x", status=grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(ValueError, match="exactly when its kind is STATUS"):
+        WorkerFailure(FailureKind.STATUS, "x")
 
 
 async def test_float32_messages_are_exact_only_where_the_survivors_certify_the_float32_tolerance() -> None:
