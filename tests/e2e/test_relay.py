@@ -113,7 +113,9 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
     _assert_exact(info, reports)
     seed = cluster.ids[0]
     assert all(seed in r.used_workers for r in reports[:2]), "worker 0 answered first"
-    fell_back = re.findall(rf"could not fetch the model from worker {seed} \(", master_log)
+    # A fetcher of worker 0 names it; one of a peer that was itself waiting on worker 0 names that peer (and the
+    # peer's own failure may be cancelled with the round, unlogged): either way worker 0's fault is the only cause.
+    fell_back = re.findall(r"could not fetch the model from worker \d+ \(", master_log)
     assert fell_back, f"no fetcher found worker 0 gone: the test tested nothing\n{master_log[-3000:]}"
     assert all(seed not in r.used_workers for r in reports[4:])
 
