@@ -157,7 +157,9 @@ async def test_a_worker_cannot_have_others_quarantined_reloaded_or_named_through
     hostile, handle, ids = await _with_hostile(cluster5, _claims_others)
     bad, iterations, lr = ids[HOSTILE_INDEX], 4, 0.5
     try:
-        spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=lr, worker_ids=ids)
+        honest_late = fixed_delay(0.2, workers=[i for i in range(6) if i != HOSTILE_INDEX])  # its message comes first
+        spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+                        straggler=honest_late)  # fmt: skip
         async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
             info, reports = await run_job(cluster5.master_address, spec)
             model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
