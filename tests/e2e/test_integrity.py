@@ -58,6 +58,21 @@ async def _with_hostile(
     return hostile, handle, ids
 
 
+async def _run_and_read(
+    cluster: Cluster, spec: master_pb2.JobSpec, handle: ServingHandle
+) -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport], np.ndarray, dict[int, master_pb2.WorkerInfo]]:
+    """Run ``spec`` to its end; its info, reports, final parameters and the pool's workers after it. The hostile
+    worker's server is stopped whatever happens."""
+    try:
+        async with asyncio.timeout(180), master_stub(cluster.master_address) as stub:
+            info, reports = await run_job(cluster.master_address, spec)
+            model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
+            workers = {w.worker_id: w for w in (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers}
+    finally:
+        await handle.stop(0)
+    return info, reports, array_from_tensor(model.parameters), workers
+
+
 async def test_detect_labels_the_affected_iterations_and_names_the_worker(cluster5: Cluster) -> None:
     cluster5.ensure_all_up()
     hostile, handle, ids = await _with_hostile(cluster5)
@@ -89,15 +104,9 @@ async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(clu
     hostile, handle, ids = await _with_hostile(cluster5)
     bad = ids[HOSTILE_INDEX]
     iterations, lr = 8, 0.5
-    try:
-        spec = job_spec("cyclic", {"n": 6, "s": 3}, iterations=iterations, learning_rate=lr, worker_ids=ids,
-                        integrity="locate")  # fmt: skip
-        async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
-            info, reports = await run_job(cluster5.master_address, spec)
-            model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
-            workers = {w.worker_id: w for w in (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers}
-    finally:
-        await handle.stop(0)
+    spec = job_spec("cyclic", {"n": 6, "s": 3}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+                    integrity="locate")  # fmt: skip
+    info, reports, params_got, workers = await _run_and_read(cluster5, spec, handle)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert [r.iteration for r in reports] == list(range(1, iterations + 1))
     assert all(r.exact and 0 <= r.error_bound <= 1e-9 for r in reports), [(r.exact, r.integrity) for r in reports]
@@ -110,7 +119,7 @@ async def test_locate_finishes_like_an_honest_run_and_quarantines_the_worker(clu
     assert hostile.computes == quarantined_at  # asked every iteration until quarantined, never after
     assert "quarantined" in workers[bad].last_error and info.job_id in workers[bad].last_error
     params, _ = centralized_gd(iterations, lr)
-    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(params_got, params, rtol=1e-9, atol=1e-12)
 
 
 async def test_two_slow_honest_workers_leave_the_liar_unchecked_and_every_iteration_labelled(cluster5: Cluster) -> None:
@@ -156,16 +165,10 @@ async def test_a_worker_cannot_have_others_quarantined_reloaded_or_named_through
     cluster5.ensure_all_up()
     hostile, handle, ids = await _with_hostile(cluster5, _claims_others)
     bad, iterations, lr = ids[HOSTILE_INDEX], 4, 0.5
-    try:
-        honest_late = fixed_delay(0.2, workers=[i for i in range(6) if i != HOSTILE_INDEX])  # its message comes first
-        spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=lr, worker_ids=ids,
-                        straggler=honest_late)  # fmt: skip
-        async with asyncio.timeout(180), master_stub(cluster5.master_address) as stub:
-            info, reports = await run_job(cluster5.master_address, spec)
-            model = await stub.GetModel(master_pb2.GetModelRequest(job_id=info.job_id))
-            workers = {w.worker_id: w for w in (await stub.ListWorkers(master_pb2.ListWorkersRequest())).workers}
-    finally:
-        await handle.stop(0)
+    honest_late = fixed_delay(0.2, workers=[i for i in range(6) if i != HOSTILE_INDEX])  # its message comes first
+    spec = job_spec("cyclic", {"n": 6, "s": 1}, iterations=iterations, learning_rate=lr, worker_ids=ids,
+                    straggler=honest_late)  # fmt: skip
+    info, reports, params_got, workers = await _run_and_read(cluster5, spec, handle)
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert hostile.computes >= 1
     assert all(r.exact for r in reports), [(r.iteration, r.integrity) for r in reports]
@@ -179,4 +182,4 @@ async def test_a_worker_cannot_have_others_quarantined_reloaded_or_named_through
     master_log = cluster5.local.master.log_path.read_text(errors="replace")
     assert "names workers [0, 1, 3] in its trailer" in master_log  # the refusal, with its reason
     params, _ = centralized_gd(iterations, lr)
-    np.testing.assert_allclose(array_from_tensor(model.parameters), params, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(params_got, params, rtol=1e-9, atol=1e-12)
