@@ -22,7 +22,12 @@ time is only known to exceed the round's). The planner:
    twice the share was twice its median, not its shift doubled plus the same excess, and the shift-only model
    predicted the configurations of share 2/8 and 3/8 at 0.68-0.85 of what they measured.
    :class:`~gradcode.common.sim.simulate.Costs`' ``compute_seconds`` and ``worker_speed`` carry $c_w x / x_{hist}$,
-   :class:`FittedDelays` the scaled exponential and the emulated law;
+   :class:`FittedDelays` the scaled excess and the emulated law. The excess is drawn from the worker's own
+   history, not from the exponential: the Kaplan-Meier estimate of its observed and censored excesses
+   (:class:`Excess`), continued beyond its last observed value by the fitted exponential's tail. CPU-quota hosts
+   answer in a narrow band well above their fastest time; an exponential from that fastest time let a group of
+   two such hosts decode at their minimum (binary and clustered s = 1 predicted at 0.75-0.80 of what they
+   measured; with the estimate, 0.87-0.92);
 3. **simulates** every exact configuration with the history's number of worker processes — each registered
    exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
    workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration.
@@ -36,6 +41,7 @@ measured times; extra costs (``message_overhead``, bandwidths) can be added on t
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +58,7 @@ from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_d
 from gradcode.common.validation import check_int
 
 __all__ = [
+    "Excess",
     "FittedDelays",
     "PlanRow",
     "WorkerFit",
@@ -145,49 +152,100 @@ def _samples(
 def fit_workers(reports: Sequence[Mapping[str, Any]], injected: DelayModel | None = None) -> list[WorkerFit]:
     """Censored maximum-likelihood shifted exponential per worker, in ascending worker id; with ``injected`` (the
     job's emulated straggler law) of each worker's time less the delay that law made it sleep."""
-    fits = []
-    for w, (seen, late) in sorted(_samples(reports, injected).items()):
+    return [fit for fit, _ in _fit(_samples(reports, injected))]
+
+
+def _fit(samples: Mapping[int, tuple[list[float], list[float]]]) -> list[tuple[WorkerFit, Excess]]:
+    fitted = []
+    for w, (seen, late) in sorted(samples.items()):
         if not seen:
             raise ValueError(f"Worker {w} was late in every iteration of the history; its time cannot be fitted.")
         shift = min(seen)
         excess = sum(x - shift for x in seen) + sum(max(c - shift, 0.0) for c in late)
         rate = len(seen) / excess if excess > 0 else math.inf
-        fits.append(WorkerFit(w, shift, rate, len(seen), len(late)))
-    return fits
+        fit = WorkerFit(w, shift, rate, len(seen), len(late))
+        fitted.append((fit, Excess.estimate([x - shift for x in seen], [c - shift for c in late], rate)))
+    return fitted
+
+
+@dataclass(frozen=True)
+class Excess:
+    """One worker's time above its shift, as the history shows it: the Kaplan-Meier estimate from its observed
+    excesses and the censored ones of the rounds it was late in (Kaplan and Meier, 1958), whose mass beyond the
+    last observed value -- the late rounds' -- continues as the fitted exponential's memoryless tail.
+
+    A fitted shape alone misleads where a host's time is not exponential: CPU-quota hosts answered within a
+    narrow band well above their fastest time, so two of them as a fractional group decode at about the band,
+    where two exponentials of the same mean and shift would give the group their minimum, far below it.
+    Without observations (``values`` empty) it is the exponential of ``rate``."""
+
+    values: tuple[float, ...]
+    """The distinct observed excesses, ascending."""
+    cumulative: tuple[float, ...]
+    """The estimated probability of an excess at most ``values[i]``."""
+    rate: float
+
+    @classmethod
+    def estimate(cls, observed: Sequence[float], censored: Sequence[float], rate: float) -> Excess:
+        """The product-limit estimate: at each observed value, the survival shrinks by the share of those still
+        at risk (observed or censored at or beyond it) that ended there."""
+        seen = np.sort(np.maximum(np.asarray(observed, dtype=float), 0.0))
+        late = np.asarray(censored, dtype=float)
+        values, counts = np.unique(seen, return_counts=True)
+        survival, cumulative = 1.0, []
+        for value, count in zip(values, counts, strict=True):
+            at_risk = int(np.count_nonzero(seen >= value) + np.count_nonzero(late >= value))
+            survival *= 1.0 - count / at_risk
+            cumulative.append(1.0 - survival)
+        return cls(tuple(float(v) for v in values), tuple(cumulative), rate)
+
+    def draw(self, rng: np.random.Generator) -> float:
+        """One excess: the estimate's quantile of a uniform draw, or the tail's beyond the last observed value."""
+        u = float(rng.random())
+        i = bisect.bisect_left(self.cumulative, u)
+        if i < len(self.values):
+            return self.values[i]
+        last = self.values[-1] if self.values else 0.0
+        return last + (0.0 if math.isinf(self.rate) else float(rng.exponential(1.0 / self.rate)))
+
+    def mean(self) -> float:
+        probabilities = np.diff((0.0, *self.cumulative))
+        tail = 1.0 - (self.cumulative[-1] if self.cumulative else 0.0)
+        last = self.values[-1] if self.values else 0.0
+        beyond = last + (0.0 if math.isinf(self.rate) else 1.0 / self.rate)
+        return float(np.dot(probabilities, self.values)) + tail * beyond
 
 
 class FittedDelays(DelayModel):
-    """Per-worker exponential delays with the fitted rates (code index ``i`` = the ``i``-th fit), each multiplied
-    by the worker's ``scales`` entry (its share over its history share; none: 1), plus the ``injected`` law the
-    history's job ran with, which the live job would run with too; seeded like every :class:`DelayModel`, so
-    configurations compared on the same seed see the same draws."""
+    """Per-worker excesses above the fitted shifts (code index ``i`` = the ``i``-th fit's :class:`Excess`), each
+    multiplied by the worker's ``scales`` entry (its share over its history share; none: 1), plus the ``injected``
+    law the history's job ran with, which the live job would run with too; seeded like every :class:`DelayModel`,
+    so configurations compared on the same seed see the same draws."""
 
     name = "fitted"
 
     def __init__(
         self,
-        rates: Sequence[float],
+        excess: Sequence[Excess],
         *,
         scales: Sequence[float] = (),
         injected: DelayModel | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(seed=seed)
-        self.rates = tuple(float(r) for r in rates)
-        self.scales = tuple(float(x) for x in scales) or (1.0,) * len(self.rates)
-        if len(self.scales) != len(self.rates):
-            raise ValueError(f"scales has {len(self.scales)} entries for {len(self.rates)} fitted workers.")
+        self.excess = tuple(excess)
+        self.scales = tuple(float(x) for x in scales) or (1.0,) * len(self.excess)
+        if len(self.scales) != len(self.excess):
+            raise ValueError(f"scales has {len(self.scales)} entries for {len(self.excess)} fitted workers.")
         self.injected = injected
 
     def _delay(self, worker_id: int, iteration: int) -> float:
         base = 0.0 if self.injected is None else self.injected.delay(worker_id, iteration)
-        rate, scale = self.rates[worker_id % len(self.rates)], self.scales[worker_id % len(self.scales)]
-        if math.isinf(rate) or scale == 0.0:
-            return base
-        return base + scale * float(self._rng(_STREAM_FITTED, worker_id, iteration).exponential(1.0 / rate))
+        excess, scale = self.excess[worker_id % len(self.excess)], self.scales[worker_id % len(self.scales)]
+        return base + scale * excess.draw(self._rng(_STREAM_FITTED, worker_id, iteration))
 
     def _mean(self) -> float:
-        fitted = [0.0 if math.isinf(r) else x / r for r, x in zip(self.rates, self.scales, strict=True)]
+        fitted = [x * e.mean() for e, x in zip(self.excess, self.scales, strict=True)]
         return float(np.mean(fitted)) + (0.0 if self.injected is None else self.injected.mean())
 
 
@@ -198,9 +256,11 @@ def calibrate(
     *,
     target: Sequence[float] | None = None,
     injected: DelayModel | None = None,
+    excess: Sequence[Excess] | None = None,
 ) -> tuple[Costs, FittedDelays]:
-    """Costs whose compute reproduces each worker's shift at its history share, and the fitted delays scaled to
-    the ``target`` shares (a candidate configuration's; None: the history's own) over the ``injected`` law."""
+    """Costs whose compute reproduces each worker's shift at its history share, and its excess (``excess``; None:
+    the fitted exponentials) scaled to the ``target`` shares (a candidate configuration's; None: the history's
+    own) over the ``injected`` law."""
     if len(shares) != len(fits):
         raise ValueError(f"The history's code has {len(shares)} workers but the history names {len(fits)}.")
     full = [f.shift / x if x > 0 else math.nan for f, x in zip(fits, shares, strict=True)]
@@ -213,7 +273,8 @@ def calibrate(
         if len(target) != len(fits):
             raise ValueError(f"The configuration has {len(target)} workers but the history names {len(fits)}.")
         scales = [y / x if x > 0 else 1.0 for x, y in zip(shares, target, strict=True)]
-    return costs, FittedDelays([f.rate for f in fits], scales=scales, injected=injected, seed=0)
+    excess = list(excess) if excess is not None else [Excess((), (), f.rate) for f in fits]
+    return costs, FittedDelays(excess, scales=scales, injected=injected, seed=0)
 
 
 def candidate_codes(workers: int, *, exclude: Iterable[str] = ()) -> list[GradientCode]:
@@ -282,13 +343,14 @@ def _shares(code: GradientCode) -> list[float]:
 
 def _mean_time(
     code: GradientCode,
-    fits: Sequence[WorkerFit],
+    fitted: Sequence[tuple[WorkerFit, Excess]],
     shares: Sequence[float],
     base: Costs,
     iterations: int,
     injected: DelayModel | None,
 ) -> float:
-    costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected)
+    fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
+    costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
     return float(simulate(code, costs, iterations, delays).seconds.mean())
 
 
@@ -311,10 +373,11 @@ def plan(
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
     base = base or Costs(broadcast=False)
-    fits = fit_workers(reports, injected)
+    fitted = _fit(_samples(reports, injected))
+    fits = [f for f, _ in fitted]
     shares = _shares(history_code)
     codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
-    point = {repr(c): _mean_time(c, fits, shares, base, iterations, injected) for c in codes}
+    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected) for c in codes}
     ranked = sorted(codes, key=lambda c: point[repr(c)])
     rng = np.random.default_rng(seed)
     intervals: dict[str, tuple[float, float]] = {}
@@ -323,8 +386,8 @@ def plan(
         for _ in range(bootstrap):
             sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
             try:
-                boot_fits = fit_workers(sample, injected)
-                means.append(_mean_time(code, boot_fits, shares, base, iterations, injected))
+                boot = _fit(_samples(sample, injected))
+                means.append(_mean_time(code, boot, shares, base, iterations, injected))
             except ValueError:  # a resample where some worker was never seen: skip it
                 continue
         if means:

@@ -11,7 +11,7 @@ import pytest
 
 from gradcode.client.__main__ import main
 from gradcode.common.codes import make_code
-from gradcode.common.sim.plan import candidate_codes, fit_workers, plan, read_history, straggler_from_spec
+from gradcode.common.sim.plan import Excess, candidate_codes, fit_workers, plan, read_history, straggler_from_spec
 
 N = 8
 SHIFT = 0.01
@@ -164,3 +164,32 @@ def test_the_jobs_emulated_straggler_law_is_taken_out_of_the_fit_and_simulated_u
 def test_a_spec_with_an_unknown_straggler_model_is_refused_naming_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"straggler model 'molasses' is unknown; valid models are \("):
         straggler_from_spec({"straggler": {"model": "molasses"}})
+
+
+def test_the_excess_is_the_kaplan_meier_estimate_with_the_late_rounds_as_censored() -> None:
+    # Observed 1, 2, 4 and one round late at 3: at 1 four are at risk (S = 3/4), at 2 three (S = 1/2), at 4 one
+    # (the late round is known only to exceed 3: S = 0). Everything observed: no tail.
+    excess = Excess.estimate([1.0, 2.0, 4.0], [3.0], rate=0.5)
+    assert excess.values == (1.0, 2.0, 4.0) and excess.cumulative == pytest.approx((0.25, 0.5, 1.0))
+    assert excess.mean() == pytest.approx(0.25 * 1 + 0.25 * 2 + 0.5 * 4)
+    # The largest time late: the mass beyond the last observed value continues as the exponential tail.
+    tailed = Excess.estimate([1.0, 2.0], [3.0, 5.0], rate=0.5)
+    assert tailed.cumulative == pytest.approx((0.25, 0.5)) and tailed.mean() == pytest.approx(0.75 + 0.5 * (2 + 2))
+    rng = np.random.default_rng(0)
+    draws = np.array([tailed.draw(rng) for _ in range(20000)])
+    assert np.mean(draws == 1.0) == pytest.approx(0.25, abs=0.02) and np.mean(draws > 2.0) == pytest.approx(
+        0.5, abs=0.02
+    )
+    assert draws.mean() == pytest.approx(tailed.mean(), rel=0.05)
+
+
+def test_a_host_answering_in_a_narrow_band_keeps_its_band_instead_of_an_exponential_from_its_fastest_time() -> None:
+    # Two CPU-quota hosts at share 1 (fractional n = 2, s = 1): 0.05 s every iteration but one in 20, 0.01 s (a
+    # burst of quota), never both at once. Uncoded halves the share: the round, the slower of the two, lasts about
+    # 0.05 / 2. A shifted exponential from the fastest time (0.01 + Exp(mean 0.038)) would predict 0.034.
+    times = np.full((400, 2), 0.05)
+    times[::20, 0] = 0.01
+    times[10::20, 1] = 0.01
+    rows, _ = plan(_reports(times), make_code("fractional", n=2, s=1), iterations=2000, bootstrap=0,
+                   candidates=[make_code("uncoded", n=2)])  # fmt: skip
+    assert rows[0].mean_seconds == pytest.approx(0.5 * (0.05 * (1 - 0.05**2) + 0.01 * 0.05**2), rel=0.03)
