@@ -3,7 +3,7 @@ configurations in one interleaved run (issue 29's third target).
 
     gradcode bench cluster-plan [--n 8] [--slow-hosts 2] [--fast-cpu 20] [--slow-cpu 6] [--delayed 1]
                                 [--delay-mean 0.05] [--probe-iterations 30] [--iterations 20] [--rounds 3]
-                                [--top 4] [--quick] [--out DIR]
+                                [--top 4] [--histories DIR] [--quick] [--out DIR]
 
 **The cluster** (:class:`~gradcode.bench.cluster.EmulatedCluster` on :mod:`gradcode.bench.testbed`, needs root):
 a master host and ``n`` worker hosts, each a network namespace with its own shaped link and its own CPU quota;
@@ -19,10 +19,11 @@ so a worker's gradient costs milliseconds of CPU, tens of ms at its quota; the 8
 1. a *probe*: ``uncoded`` on all n workers for ``--probe-iterations``, with the workers in ascending pool id
    (the planner gives code index i to the i-th smallest id, so the order is the one it assumes);
 2. :func:`~gradcode.common.sim.plan.plan` on the probe's history (the master's ``<run_dir>/<job>.jsonl`` and
-   its ``.spec.json``, exactly what ``gradcode plan`` reads): the recommendation, the runners-up up to
-   ``--top`` configurations, and the probe's own configuration;
+   its ``.spec.json``, exactly what ``gradcode plan`` reads, less its warm-up iterations, which the measured
+   figures leave out too): the recommendation, the runners-up up to ``--top`` configurations, and the probe's
+   own configuration;
 3. each of those measured in interleaved rounds (A, B, C, A, B, C, ...), the same worker order, each first
-   checked exact by a ``verify`` job; every iteration of every job must be exact.
+   checked exact by a ``verify`` job; an inexact iteration in any job ends the run (RuntimeError).
 
 **Figures.** The planner predicts the *mean* seconds per iteration, so a job's figure is its mean time between
 iterations after the first :data:`~gradcode.bench.output.SKIP_ITERATIONS` (the median of those means over
@@ -241,6 +242,8 @@ async def _measure(
             for system in systems:
                 delays = layout.delays(order, round_)
                 job = await gradcode_job(cluster, client, ids, order, system, workload, delays, iterations)
+                if not job["exact"]:
+                    raise RuntimeError(f"{system.name}, round {round_}: an iteration was not exact")
                 periods = steady_periods(job["elapsed_s"])
                 entry = {
                     "system": system.name, "round": round_, "mean_s": statistics.mean(periods),
