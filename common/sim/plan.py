@@ -5,19 +5,33 @@ A history (the master's ``<run_dir>/<job>.jsonl``, one :class:`IterationReport` 
 master (``timings``) and the workers still computing when the round decoded (``late_workers``, cancelled: their
 time is only known to exceed the round's). The planner:
 
-1. **fits** each worker's time as a shifted exponential, $T_w = c_w + \mathrm{Exp}(\lambda_w)$, by maximum
+1. **removes the emulated straggler law** the job ran with (its spec's ``straggler``, :func:`straggler_from_spec`):
+   each worker slept exactly ``delay(i, t)`` in iteration ``t`` (``i`` its code index), a law of the job and not
+   of the host, so it is subtracted from the worker's times (and from a late worker's censoring time) and added
+   back, draw for draw from the same model, when the candidates are simulated;
+2. **fits** each worker's own time as a shifted exponential, $T_w = c_w + \mathrm{Exp}(\lambda_w)$, by maximum
    likelihood with right censoring: $\hat c_w$ = its fastest observed time, $\hat\lambda_w$ = (observed
    iterations) / (sum over all its iterations, late ones at the round's last reported time, of the time above
    $\hat c_w$). A late worker thus counts as "at least this slow" instead of being dropped (dropping it would
-   make a straggler look fast). The shift is taken as the worker's compute for the history's data share (its
-   rows under the history's code: ``--spec``, or ``<job>.spec.json`` beside the history), so under another
-   configuration with share $x$ it becomes $c_w x / x_{hist}$ (:class:`~gradcode.common.sim.simulate.Costs`'
-   ``compute_seconds`` and ``worker_speed``); the exponential part is the worker's delay, the same in every
-   configuration (:class:`FittedDelays`, a :class:`~gradcode.common.sim.stragglers.DelayModel`).
-2. **simulates** every exact configuration with the history's number of worker processes — each registered
+   make a straggler look fast). The whole of that time is the worker's for the history's data share $x_{hist}$
+   (its rows under the history's code: ``--spec``, or ``<job>.spec.json`` beside the history), and under a
+   configuration giving it share $x$ it becomes $(x / x_{hist}) (c_w + E_w)$: the load-scaled shifted
+   exponential of Lee et al. (2018) and Buyukates et al. (GC-DC) eq. (21), $X = r(\alpha + E)$ with $r$ the
+   worker's load. Scaling the shift alone would keep the variable part of a worker's time fixed; on the emulated
+   cluster (``gradcode bench cluster-plan``: CPU-quota hosts, gradients of tens of ms) a worker's median time at
+   twice the share was twice its median, not its shift doubled plus the same excess, and the shift-only model
+   predicted the configurations of share 2/8 and 3/8 at 0.68-0.85 of what they measured.
+   :class:`~gradcode.common.sim.simulate.Costs`' ``compute_seconds`` and ``worker_speed`` carry $c_w x / x_{hist}$,
+   :class:`FittedDelays` the scaled excess and the emulated law. The excess is drawn from the worker's own
+   history, not from the exponential: the Kaplan-Meier estimate of its observed and censored excesses
+   (:class:`Excess`), continued beyond its last observed value by the fitted exponential's tail. CPU-quota hosts
+   answer in a narrow band well above their fastest time; an exponential from that fastest time let a group of
+   two such hosts decode at their minimum (binary and clustered s = 1 predicted at 0.75-0.80 of what they
+   measured; with the estimate, 0.87-0.92);
+3. **simulates** every exact configuration with the history's number of worker processes — each registered
    exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
    workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration.
-3. **bootstraps** the leaders: the history's iterations are resampled with replacement, the fit and simulation
+4. **bootstraps** the leaders: the history's iterations are resampled with replacement, the fit and simulation
    repeated, and the 5th-95th percentiles of the mean are the uncertainty shown.
 
 Worker ids in a history are the master's pool ids; the planner gives code index ``i`` to the ``i``-th smallest
@@ -27,6 +41,7 @@ measured times; extra costs (``message_overhead``, bandwidths) can be added on t
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,10 +54,11 @@ import numpy as np
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
 from gradcode.common.sim.simulate import Costs, simulate
-from gradcode.common.sim.stragglers import DelayModel
+from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 from gradcode.common.validation import check_int
 
 __all__ = [
+    "Excess",
     "FittedDelays",
     "PlanRow",
     "WorkerFit",
@@ -50,6 +66,7 @@ __all__ = [
     "fit_workers",
     "plan",
     "read_history",
+    "straggler_from_spec",
 ]
 
 _STREAM_FITTED = 11
@@ -80,6 +97,17 @@ def code_from_spec(spec: Mapping[str, Any]) -> GradientCode:
     return make_code(str(code["name"]), **dict(code.get("params") or {}))
 
 
+def straggler_from_spec(spec: Mapping[str, Any] | None) -> DelayModel | None:
+    """The emulated straggler law a saved job spec ran with (its ``straggler``), None when it had none."""
+    straggler = (spec or {}).get("straggler") or {}
+    model = str(straggler.get("model") or "none")
+    if model == "none":
+        return None
+    if model not in DELAY_MODEL_NAMES:
+        raise ValueError(f"The job spec's straggler model {model!r} is unknown; valid models are {DELAY_MODEL_NAMES}.")
+    return make_delay_model(model, dict(straggler.get("params") or {}), int(straggler.get("seed") or 0))
+
+
 @dataclass(frozen=True)
 class WorkerFit:
     """One worker's fitted time: ``shift`` + Exp(``rate``), from ``observed`` times and ``censored`` late rounds."""
@@ -95,55 +123,144 @@ class WorkerFit:
         return self.shift + (1.0 / self.rate if self.rate > 0 else math.inf)
 
 
-def _samples(reports: Sequence[Mapping[str, Any]]) -> dict[int, tuple[list[float], list[float]]]:
-    """Per worker id: its observed seconds, and the censoring times of the rounds it was late in."""
+def _samples(
+    reports: Sequence[Mapping[str, Any]], injected: DelayModel | None = None
+) -> dict[int, tuple[list[float], list[float]]]:
+    """Per worker id: its observed seconds, and the censoring times of the rounds it was late in, each less the
+    delay ``injected`` made it sleep (the worker with the ``i``-th smallest id is code index ``i``)."""
+    ids = sorted(
+        {int(t["worker_id"]) for r in reports for t in r.get("timings", [])}
+        | {int(w) for r in reports for w in r.get("late_workers", [])}
+    )
+    index = {w: i for i, w in enumerate(ids)}
+
+    def slept(w: int, report: Mapping[str, Any]) -> float:
+        return 0.0 if injected is None else injected.delay(index[w], int(report.get("iteration", 0)))
+
     out: dict[int, tuple[list[float], list[float]]] = {}
     for report in reports:
         times = {int(t["worker_id"]): float(t["seconds"]) for t in report.get("timings", [])}
         horizon = max(times.values(), default=math.nan)
         for w, seconds in times.items():
-            out.setdefault(w, ([], []))[0].append(seconds)
+            out.setdefault(w, ([], []))[0].append(max(seconds - slept(w, report), 0.0))
         for w in report.get("late_workers", []):
             if int(w) not in times and math.isfinite(horizon):
-                out.setdefault(int(w), ([], []))[1].append(horizon)
+                out.setdefault(int(w), ([], []))[1].append(max(horizon - slept(int(w), report), 0.0))
     return out
 
 
-def fit_workers(reports: Sequence[Mapping[str, Any]]) -> list[WorkerFit]:
-    """Censored maximum-likelihood shifted exponential per worker, in ascending worker id."""
-    fits = []
-    for w, (seen, late) in sorted(_samples(reports).items()):
+def fit_workers(reports: Sequence[Mapping[str, Any]], injected: DelayModel | None = None) -> list[WorkerFit]:
+    """Censored maximum-likelihood shifted exponential per worker, in ascending worker id; with ``injected`` (the
+    job's emulated straggler law) of each worker's time less the delay that law made it sleep."""
+    return [fit for fit, _ in _fit(_samples(reports, injected))]
+
+
+def _fit(samples: Mapping[int, tuple[list[float], list[float]]]) -> list[tuple[WorkerFit, Excess]]:
+    fitted = []
+    for w, (seen, late) in sorted(samples.items()):
         if not seen:
             raise ValueError(f"Worker {w} was late in every iteration of the history; its time cannot be fitted.")
         shift = min(seen)
         excess = sum(x - shift for x in seen) + sum(max(c - shift, 0.0) for c in late)
         rate = len(seen) / excess if excess > 0 else math.inf
-        fits.append(WorkerFit(w, shift, rate, len(seen), len(late)))
-    return fits
+        fit = WorkerFit(w, shift, rate, len(seen), len(late))
+        fitted.append((fit, Excess.estimate([x - shift for x in seen], [c - shift for c in late], rate)))
+    return fitted
+
+
+@dataclass(frozen=True)
+class Excess:
+    """One worker's time above its shift, as the history shows it: the Kaplan-Meier estimate from its observed
+    excesses and the censored ones of the rounds it was late in (Kaplan and Meier, 1958), whose mass beyond the
+    last observed value -- the late rounds' -- continues as the fitted exponential's memoryless tail.
+
+    A fitted shape alone misleads where a host's time is not exponential: CPU-quota hosts answered within a
+    narrow band well above their fastest time, so two of them as a fractional group decode at about the band,
+    where two exponentials of the same mean and shift would give the group their minimum, far below it.
+    Without observations (``values`` empty) it is the exponential of ``rate``."""
+
+    values: tuple[float, ...]
+    """The distinct observed excesses, ascending."""
+    cumulative: tuple[float, ...]
+    """The estimated probability of an excess at most ``values[i]``."""
+    rate: float
+
+    @classmethod
+    def estimate(cls, observed: Sequence[float], censored: Sequence[float], rate: float) -> Excess:
+        """The product-limit estimate: at each observed value, the survival shrinks by the share of those still
+        at risk (observed or censored at or beyond it) that ended there."""
+        seen = np.sort(np.maximum(np.asarray(observed, dtype=float), 0.0))
+        late = np.asarray(censored, dtype=float)
+        values, counts = np.unique(seen, return_counts=True)
+        survival, cumulative = 1.0, []
+        for value, count in zip(values, counts, strict=True):
+            at_risk = int(np.count_nonzero(seen >= value) + np.count_nonzero(late >= value))
+            survival *= 1.0 - count / at_risk
+            cumulative.append(1.0 - survival)
+        return cls(tuple(float(v) for v in values), tuple(cumulative), rate)
+
+    def draw(self, rng: np.random.Generator) -> float:
+        """One excess: the estimate's quantile of a uniform draw, or the tail's beyond the last observed value."""
+        u = float(rng.random())
+        i = bisect.bisect_left(self.cumulative, u)
+        if i < len(self.values):
+            return self.values[i]
+        last = self.values[-1] if self.values else 0.0
+        return last + (0.0 if math.isinf(self.rate) else float(rng.exponential(1.0 / self.rate)))
+
+    def mean(self) -> float:
+        probabilities = np.diff((0.0, *self.cumulative))
+        tail = 1.0 - (self.cumulative[-1] if self.cumulative else 0.0)
+        last = self.values[-1] if self.values else 0.0
+        beyond = last + (0.0 if math.isinf(self.rate) else 1.0 / self.rate)
+        return float(np.dot(probabilities, self.values)) + tail * beyond
 
 
 class FittedDelays(DelayModel):
-    """Per-worker exponential delays with the fitted rates (code index ``i`` = the ``i``-th fit); seeded like every
-    :class:`DelayModel`, so configurations compared on the same seed see the same draws."""
+    """Per-worker excesses above the fitted shifts (code index ``i`` = the ``i``-th fit's :class:`Excess`), each
+    multiplied by the worker's ``scales`` entry (its share over its history share; none: 1), plus the ``injected``
+    law the history's job ran with, which the live job would run with too; seeded like every :class:`DelayModel`,
+    so configurations compared on the same seed see the same draws."""
 
     name = "fitted"
 
-    def __init__(self, rates: Sequence[float], *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        excess: Sequence[Excess],
+        *,
+        scales: Sequence[float] = (),
+        injected: DelayModel | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__(seed=seed)
-        self.rates = tuple(float(r) for r in rates)
+        self.excess = tuple(excess)
+        self.scales = tuple(float(x) for x in scales) or (1.0,) * len(self.excess)
+        if len(self.scales) != len(self.excess):
+            raise ValueError(f"scales has {len(self.scales)} entries for {len(self.excess)} fitted workers.")
+        self.injected = injected
 
     def _delay(self, worker_id: int, iteration: int) -> float:
-        rate = self.rates[worker_id % len(self.rates)]
-        if math.isinf(rate):
-            return 0.0
-        return float(self._rng(_STREAM_FITTED, worker_id, iteration).exponential(1.0 / rate))
+        base = 0.0 if self.injected is None else self.injected.delay(worker_id, iteration)
+        excess, scale = self.excess[worker_id % len(self.excess)], self.scales[worker_id % len(self.scales)]
+        return base + scale * excess.draw(self._rng(_STREAM_FITTED, worker_id, iteration))
 
     def _mean(self) -> float:
-        return float(np.mean([0.0 if math.isinf(r) else 1.0 / r for r in self.rates]))
+        fitted = [x * e.mean() for e, x in zip(self.excess, self.scales, strict=True)]
+        return float(np.mean(fitted)) + (0.0 if self.injected is None else self.injected.mean())
 
 
-def calibrate(fits: Sequence[WorkerFit], shares: Sequence[float], base: Costs) -> tuple[Costs, FittedDelays]:
-    """Costs whose compute reproduces each worker's shift at its history share, and the fitted delays."""
+def calibrate(
+    fits: Sequence[WorkerFit],
+    shares: Sequence[float],
+    base: Costs,
+    *,
+    target: Sequence[float] | None = None,
+    injected: DelayModel | None = None,
+    excess: Sequence[Excess] | None = None,
+) -> tuple[Costs, FittedDelays]:
+    """Costs whose compute reproduces each worker's shift at its history share, and its excess (``excess``; None:
+    the fitted exponentials) scaled to the ``target`` shares (a candidate configuration's; None: the history's
+    own) over the ``injected`` law."""
     if len(shares) != len(fits):
         raise ValueError(f"The history's code has {len(shares)} workers but the history names {len(fits)}.")
     full = [f.shift / x if x > 0 else math.nan for f, x in zip(fits, shares, strict=True)]
@@ -151,7 +268,13 @@ def calibrate(fits: Sequence[WorkerFit], shares: Sequence[float], base: Costs) -
     reference = float(np.median(known)) if known else 0.0
     speeds = tuple(reference / v if math.isfinite(v) and v > 0 else 1.0 for v in full)
     costs = replace(base, compute_seconds=reference, worker_speed=speeds)
-    return costs, FittedDelays([f.rate for f in fits], seed=0)
+    scales: list[float] = []
+    if target is not None:
+        if len(target) != len(fits):
+            raise ValueError(f"The configuration has {len(target)} workers but the history names {len(fits)}.")
+        scales = [y / x if x > 0 else 1.0 for x, y in zip(shares, target, strict=True)]
+    excess = list(excess) if excess is not None else [Excess((), (), f.rate) for f in fits]
+    return costs, FittedDelays(excess, scales=scales, injected=injected, seed=0)
 
 
 def candidate_codes(workers: int, *, exclude: Iterable[str] = ()) -> list[GradientCode]:
@@ -209,7 +332,25 @@ def _workers(code: GradientCode) -> int:
     return code.n if topology is None else topology.num_workers
 
 
-def _mean_time(code: GradientCode, costs: Costs, delays: DelayModel, iterations: int) -> float:
+def _shares(code: GradientCode) -> list[float]:
+    """The data share of each of ``code``'s worker processes (a tree node: its own partitions)."""
+    topology = code.topology()
+    if topology is None:
+        return [code.data_share(w) for w in range(code.n)]
+    weights = code.partition_weights
+    return [float(weights[list(topology.row(w).partitions)].sum()) for w in range(topology.num_workers)]
+
+
+def _mean_time(
+    code: GradientCode,
+    fitted: Sequence[tuple[WorkerFit, Excess]],
+    shares: Sequence[float],
+    base: Costs,
+    iterations: int,
+    injected: DelayModel | None,
+) -> float:
+    fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
+    costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
     return float(simulate(code, costs, iterations, delays).seconds.mean())
 
 
@@ -223,21 +364,20 @@ def plan(
     top: int = 5,
     seed: int = 0,
     candidates: Sequence[GradientCode] | None = None,
+    injected: DelayModel | None = None,
 ) -> tuple[list[PlanRow], list[WorkerFit]]:
     """Rank the candidate configurations by simulated mean seconds per iteration (``iterations`` = K each), with
-    bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends)."""
+    bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends).
+    ``injected``: the emulated straggler law the history's job ran with (:func:`straggler_from_spec`), taken out
+    of the fits and simulated as it is."""
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
-    fits = fit_workers(reports)
-    shares = [history_code.data_share(w) for w in range(history_code.n)] if history_code.topology() is None else []
-    if history_code.topology() is not None:
-        topology = history_code.topology()
-        assert topology is not None
-        weights = history_code.partition_weights
-        shares = [float(weights[list(topology.row(w).partitions)].sum()) for w in range(topology.num_workers)]
-    costs, delays = calibrate(fits, shares, base or Costs(broadcast=False))
+    base = base or Costs(broadcast=False)
+    fitted = _fit(_samples(reports, injected))
+    fits = [f for f, _ in fitted]
+    shares = _shares(history_code)
     codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
-    point = {repr(c): _mean_time(c, costs, delays, iterations) for c in codes}
+    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected) for c in codes}
     ranked = sorted(codes, key=lambda c: point[repr(c)])
     rng = np.random.default_rng(seed)
     intervals: dict[str, tuple[float, float]] = {}
@@ -246,10 +386,10 @@ def plan(
         for _ in range(bootstrap):
             sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
             try:
-                boot_costs, boot_delays = calibrate(fit_workers(sample), shares, base or Costs(broadcast=False))
+                boot = _fit(_samples(sample, injected))
+                means.append(_mean_time(code, boot, shares, base, iterations, injected))
             except ValueError:  # a resample where some worker was never seen: skip it
                 continue
-            means.append(_mean_time(code, boot_costs, boot_delays, iterations))
         if means:
             intervals[repr(code)] = (float(np.percentile(means, 5)), float(np.percentile(means, 95)))
     rows = []

@@ -59,7 +59,7 @@ from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 from gradcode.v1 import master_pb2
 
-__all__ = ["EmulatedCluster", "System", "main", "run", "systems_for"]
+__all__ = ["EmulatedCluster", "System", "gradcode_job", "job_spec", "main", "run", "systems_for", "verify_exact"]
 
 ALLREDUCE = "allreduce"
 """The gloo ring allreduce baseline (:func:`gradcode.bench.training.allreduce_rank`), one rank per worker host."""
@@ -296,7 +296,8 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _spec(system: System, workload: Workload, delays: Delays, iterations: int, *, verify: bool = False) -> Any:
+def job_spec(system: System, workload: Workload, delays: Delays, iterations: int, *, verify: bool = False) -> Any:
+    """The JobSpec of ``system`` on ``workload`` under ``delays`` (its worker ids left for the caller)."""
     return build_job_spec(
         scheme=system.scheme, code_params=system.code_params, model="linear", dataset="linear",
         num_samples=workload.num_samples, num_features=workload.num_features, test_fraction=workload.test_fraction,
@@ -316,11 +317,14 @@ def _per_iteration(before: Sequence[float], after: Sequence[float], count: int) 
     return [(b - a) / count for a, b in zip(before, after, strict=True)]
 
 
-async def _gradcode_job(
+async def gradcode_job(
     cluster: EmulatedCluster, client: GradcodeClient, ids: list[int], roles: list[str], system: System,
     workload: Workload, delays: Delays, iterations: int,
 ) -> dict[str, Any]:  # fmt: skip
-    spec = _spec(system, workload, delays, iterations)
+    """Run one job of ``system`` on the workers ``ids`` (hosts ``roles``, in job order): its iteration times, the
+    master host's bytes and the hosts' CPU throttling per steady iteration, exactness, the load before it, its id
+    (the master's history is ``<run_dir>/<job_id>.jsonl``)."""
+    spec = job_spec(system, workload, delays, iterations)
     spec.worker_ids[:] = ids[: system.workers]
     counters: dict[int, tuple[tuple[int, int], list[float]]] = {}
     watched = ["m", *roles[: system.workers]]
@@ -349,7 +353,20 @@ async def _gradcode_job(
         "worker_throttled_s": max(throttled[1:]),
         "exact": all(r.exact for r in reports),
         "load": load,
+        "job_id": info.job_id,
     }
+
+
+async def verify_exact(client: GradcodeClient, system: System, workload: Workload, ids: Sequence[int]) -> float:
+    """A short ``verify`` job of ``system`` on the workers ``ids``: its worst relative gradient error; RuntimeError
+    unless it succeeded with every iteration exact."""
+    spec = job_spec(system, workload, Delays("none"), 3, verify=True)
+    spec.worker_ids[:] = ids[: system.workers]
+    info, reports = await client.run(spec)
+    errors = [r.verify_error for r in reports]
+    if info.state != master_pb2.JOB_STATE_SUCCEEDED or not all(r.exact for r in reports) or min(errors) < 0:
+        raise RuntimeError(f"verify job of {system.name}, n = {system.workers}: {info.message} {errors}")
+    return max(errors)
 
 
 def _allreduce_job(ranks: AllreduceRanks, delays: Delays, iterations: int) -> dict[str, Any]:
@@ -435,14 +452,8 @@ async def _measure(
             for system in systems:
                 if system.scheme == ALLREDUCE:
                     continue
-                spec = _spec(system, workload, Delays("none"), 3, verify=True)
-                spec.worker_ids[:] = ids[: system.workers]
-                info, reports = await client.run(spec)
-                errors = [r.verify_error for r in reports]
-                if info.state != master_pb2.JOB_STATE_SUCCEEDED or not all(r.exact for r in reports) or min(errors) < 0:
-                    raise RuntimeError(f"verify job of {system.name}, n = {n}: {info.message} {errors}")
-                verified[f"{system.name}, n={n}"] = max(errors)
-                print(f"  verified {system.name:<16} n={n:<3} worst relative error {max(errors):.1e}", flush=True)
+                verified[f"{system.name}, n={n}"] = error = await verify_exact(client, system, workload, ids)
+                print(f"  verified {system.name:<16} n={n:<3} worst relative error {error:.1e}", flush=True)
             data_dir = data_root / f"n{n}"
             data_dir.mkdir(parents=True, exist_ok=True)
             ranks = (
@@ -461,7 +472,7 @@ async def _measure(
                                 assert ranks is not None
                                 job = await asyncio.to_thread(_allreduce_job, ranks, delays, iterations)
                             else:
-                                job = await _gradcode_job(
+                                job = await gradcode_job(
                                     cluster, client, ids, roles, system, workload, delays, iterations
                                 )
                             if system.name not in floors:

@@ -16,6 +16,7 @@
     gradcode bench wide [--quick]      n = 16, p = 1e5: gradcode against the floor of the same work
     gradcode bench chaos [--quick]     verified jobs while workers are frozen and killed
     gradcode bench cluster [--quick]   emulated hosts (root): flat codes, trees, allreduce on shaped links
+    gradcode bench cluster-plan        heterogeneous emulated hosts (root): gradcode plan's pick, measured
     gradcode bench papers [--quick]    the papers' timing results beside gradcode's simulation of its own codes
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
@@ -798,6 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
 BENCHMARKS = {
     "chaos": "gradcode.bench.chaos",
     "cluster": "gradcode.bench.cluster",
+    "cluster-plan": "gradcode.bench.cluster_plan",
     "papers": "gradcode.bench.papers",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",

@@ -179,7 +179,7 @@ def add_simulate_command(
 def _plan_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from gradcode.common.sim.plan import code_from_spec, plan, read_history
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec
 
     for name in ("iterations", "top", "show"):
         if getattr(args, name) < 1:
@@ -199,6 +199,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         bootstrap=args.bootstrap,
         top=args.top,
+        injected=straggler_from_spec(spec),
     )
     print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
     for f in fits:
@@ -233,13 +234,15 @@ def planned_configuration(
 ) -> tuple[str, dict[str, Any]]:
     """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
     what ``gradcode run --plan HISTORY`` runs."""
-    from gradcode.common.sim.plan import code_from_spec, plan, read_history
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec
 
     reports, beside = read_history(history)
     job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
     if job is None:
         raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
-    rows, _ = plan(reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1)
+    rows, _ = plan(
+        reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(job)
+    )
     best = rows[0]
     print(
         f"plan from {history}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "

@@ -11,7 +11,7 @@ import pytest
 
 from gradcode.client.__main__ import main
 from gradcode.common.codes import make_code
-from gradcode.common.sim.plan import candidate_codes, fit_workers, plan, read_history
+from gradcode.common.sim.plan import Excess, candidate_codes, fit_workers, plan, read_history, straggler_from_spec
 
 N = 8
 SHIFT = 0.01
@@ -116,3 +116,80 @@ def test_run_plan_replaces_the_scheme_with_the_recommendation(
     spec = _spec_from_args(args)
     assert spec.code.name == args.scheme
     make_code(spec.code.name, **dict_from_struct(spec.code.params))  # the spec builds the recommended code
+
+
+def _reports(times: np.ndarray) -> list[dict[str, Any]]:
+    """Reports of a history where every worker answered: ``times[t, i]`` for the worker of code index i (pool id
+    20 + i), iteration t + 1."""
+    return [
+        {"iteration": t + 1, "timings": [{"worker_id": 20 + i, "seconds": float(s)} for i, s in enumerate(row)]}
+        for t, row in enumerate(times)
+    ]
+
+
+def test_a_workers_whole_time_scales_with_its_share_as_in_gc_dc_eq_21() -> None:
+    # Measured at share 1/2 (fractional n = 4, s = 1): each worker takes 2 (SHIFT + Exp(mean SHIFT)). At share 1/4
+    # (uncoded) it takes SHIFT + Exp(mean SHIFT), so an uncoded round (the slowest of 4) lasts SHIFT (1 + H_4).
+    # Scaling the shift alone would keep the doubled spread: SHIFT + 2 SHIFT H_4, 1.7 times as long.
+    rng = np.random.default_rng(3)
+    reports = _reports(2 * (SHIFT + rng.exponential(SHIFT, size=(600, 4))))
+    uncoded = make_code("uncoded", n=4)
+    rows, fits = plan(reports, make_code("fractional", n=4, s=1), iterations=3000, bootstrap=0, candidates=[uncoded])
+    harmonic = 1 + 1 / 2 + 1 / 3 + 1 / 4
+    assert rows[0].mean_seconds == pytest.approx(SHIFT * (1 + harmonic), rel=0.08)
+    assert all(f.shift == pytest.approx(2 * SHIFT, rel=0.05) for f in fits)
+
+
+def test_the_jobs_emulated_straggler_law_is_taken_out_of_the_fit_and_simulated_unscaled() -> None:
+    # Uncoded n = 4 history; the job's spec made code indices 1 and 3 (a fractional group: both must be waited for
+    # under fractional s = 1 ... unless one of them answers) sleep 0.2 s every iteration on top of their own time.
+    fractional = make_code("fractional", n=4, s=1)
+    partner = next(w for w in (0, 2, 3) if fractional.partitions_of_worker(w) == fractional.partitions_of_worker(1))
+    spec = {"straggler": {"model": "fixed", "params": {"delay_seconds": 0.2, "workers": [1, partner]}, "seed": "0"}}
+    injected = straggler_from_spec(spec)
+    assert injected is not None and injected.delay(1, 5) == 0.2 and straggler_from_spec({"straggler": {}}) is None
+    rng = np.random.default_rng(4)
+    times = SHIFT + rng.exponential(0.002, size=(300, 4))
+    times[:, [1, partner]] += 0.2
+    reports = _reports(times)
+    rows, fits = plan(reports, make_code("uncoded", n=4), iterations=500, bootstrap=0, candidates=[fractional],
+                      injected=injected)  # fmt: skip
+    assert all(f.shift == pytest.approx(SHIFT, abs=1e-3) for f in fits)  # the 0.2 s is the law's, not the host's
+    # Twice the share doubles the hosts' own time, not the law's sleep: 0.2 + 2 SHIFT + a little, not 2 (0.2 + SHIFT).
+    assert 0.2 + 2 * SHIFT <= rows[0].mean_seconds < 0.2 + 3 * SHIFT
+    unaware, _ = plan(reports, make_code("uncoded", n=4), iterations=500, bootstrap=0, candidates=[fractional])
+    assert unaware[0].mean_seconds > 0.4  # without the spec's law the sleep counts as the hosts' and doubles
+
+
+def test_a_spec_with_an_unknown_straggler_model_is_refused_naming_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"straggler model 'molasses' is unknown; valid models are \("):
+        straggler_from_spec({"straggler": {"model": "molasses"}})
+
+
+def test_the_excess_is_the_kaplan_meier_estimate_with_the_late_rounds_as_censored() -> None:
+    # Observed 1, 2, 4 and one round late at 3: at 1 four are at risk (S = 3/4), at 2 three (S = 1/2), at 4 one
+    # (the late round is known only to exceed 3: S = 0). Everything observed: no tail.
+    excess = Excess.estimate([1.0, 2.0, 4.0], [3.0], rate=0.5)
+    assert excess.values == (1.0, 2.0, 4.0) and excess.cumulative == pytest.approx((0.25, 0.5, 1.0))
+    assert excess.mean() == pytest.approx(0.25 * 1 + 0.25 * 2 + 0.5 * 4)
+    # The largest time late: the mass beyond the last observed value continues as the exponential tail.
+    tailed = Excess.estimate([1.0, 2.0], [3.0, 5.0], rate=0.5)
+    assert tailed.cumulative == pytest.approx((0.25, 0.5)) and tailed.mean() == pytest.approx(0.75 + 0.5 * (2 + 2))
+    rng = np.random.default_rng(0)
+    draws = np.array([tailed.draw(rng) for _ in range(20000)])
+    assert np.mean(draws == 1.0) == pytest.approx(0.25, abs=0.02) and np.mean(draws > 2.0) == pytest.approx(
+        0.5, abs=0.02
+    )
+    assert draws.mean() == pytest.approx(tailed.mean(), rel=0.05)
+
+
+def test_a_host_answering_in_a_narrow_band_keeps_its_band_instead_of_an_exponential_from_its_fastest_time() -> None:
+    # Two CPU-quota hosts at share 1 (fractional n = 2, s = 1): 0.05 s every iteration but one in 20, 0.01 s (a
+    # burst of quota), never both at once. Uncoded halves the share: the round, the slower of the two, lasts about
+    # 0.05 / 2. A shifted exponential from the fastest time (0.01 + Exp(mean 0.038)) would predict 0.034.
+    times = np.full((400, 2), 0.05)
+    times[::20, 0] = 0.01
+    times[10::20, 1] = 0.01
+    rows, _ = plan(_reports(times), make_code("fractional", n=2, s=1), iterations=2000, bootstrap=0,
+                   candidates=[make_code("uncoded", n=2)])  # fmt: skip
+    assert rows[0].mean_seconds == pytest.approx(0.5 * (0.05 * (1 - 0.05**2) + 0.01 * 0.05**2), rel=0.03)
