@@ -4,8 +4,10 @@
 
 A master and ``--workers`` worker processes on loopback run small jobs back to back (softmax regression on
 the digits data, 30 iterations each, the schemes in turn: cyclic, fractional, Reed–Solomon and binary with
-n = 6, s = 2, and a CodedReduce tree of six nodes, n = 2, s = 1, L = 2) with verify on: every iteration's
-decoded gradient is compared with the centralized one, and a wrong one that claims to be exact fails the job.
+n = 6, s = 2, a CodedReduce tree of six nodes, n = 2, s = 1, L = 2, and fractional again with the model relayed
+among the workers) with verify on: every iteration's decoded gradient is compared with the centralized one, and
+a wrong one that claims to be exact fails the job. Every other worker process gets a machine id of its own, so it
+is reached over the network (and can relay the model) while the others share the master's memory.
 Meanwhile, every 0.5–2 s, a random live worker is either frozen (SIGSTOP for 0.5–2 s, then SIGCONT) or killed
 (SIGKILL) and restarted at its address (a new process, which registers and is reloaded by the jobs that held
 it; on a new port if its old one is taken). One worker at a time is frozen or down: at most the s of every job.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import signal
@@ -28,9 +31,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gradcode.bench.output import add_out_argument, load_average, save, up_workers
 from gradcode.client.launch import LocalCluster
@@ -39,7 +43,7 @@ from gradcode.common.exceptions import JobFailedError
 
 __all__ = ["main"]
 
-SCHEMES = ("cyclic", "fractional", "reed_solomon", "binary", "tree")
+SCHEMES = ("cyclic", "fractional", "reed_solomon", "binary", "tree", "fractional-relay")
 N, S = 6, 2
 TREE = {"n": 2, "s": 1, "L": 2}
 """The tree's code (``coded_reduce``): two first-layer nodes with two children each, six workers in all."""
@@ -108,10 +112,9 @@ async def _jobs(cluster: LocalCluster, workers: int, seconds: float, max_jobs: i
             started = time.monotonic()
             while time.monotonic() - started < seconds and tally.jobs < max_jobs:
                 scheme = SCHEMES[tally.jobs % len(SCHEMES)]
-                code = {"scheme": "coded_reduce", "code_params": TREE} if scheme == "tree" else {"scheme": scheme}
                 spec = build_job_spec(
-                    **code, n=N, s=S, iterations=JOB_ITERATIONS, verify=True, seed=tally.jobs, deadline_seconds=30.0,
-                    wait_for_workers_seconds=30.0,
+                    **_code(scheme), n=N, s=S, iterations=JOB_ITERATIONS, verify=True, seed=tally.jobs,
+                    deadline_seconds=30.0, wait_for_workers_seconds=30.0,
                 )  # fmt: skip
                 tally.jobs += 1
                 try:
@@ -125,6 +128,20 @@ async def _jobs(cluster: LocalCluster, workers: int, seconds: float, max_jobs: i
         finally:
             stop.set()
             chaos.join(2 * PAUSE[1] + START_TIMEOUT)
+
+
+def _code(scheme: str) -> dict[str, Any]:
+    """:func:`build_job_spec`'s code arguments for one of :data:`SCHEMES`."""
+    if scheme == "tree":
+        return {"scheme": "coded_reduce", "code_params": TREE}
+    if scheme == "fractional-relay":
+        return {"scheme": "fractional", "model_delivery": "relay"}
+    return {"scheme": scheme}
+
+
+def _own_machine_every_other(counter: Iterator[int]) -> Callable[[int], Sequence[str]]:
+    """LocalCluster's ``worker_args``: every other worker process (replacements too) a machine id of its own."""
+    return lambda i: ["--machine-id", f"chaos-host-{next(counter)}"] if i % 2 else []
 
 
 def _plot(tally: Tally, path: Path, load: str) -> None:
@@ -160,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = load_average()
     with (
         tempfile.TemporaryDirectory(prefix="gradcode-chaos-") as tmp,
-        LocalCluster(args.workers, run_dir=Path(tmp)) as cluster,
+        LocalCluster(
+            args.workers, run_dir=Path(tmp), worker_args=_own_machine_every_other(itertools.count())
+        ) as cluster,
     ):
         asyncio.run(_jobs(cluster, args.workers, seconds, max_jobs, tally))
     load_after = load_average()
