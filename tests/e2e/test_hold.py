@@ -95,7 +95,10 @@ async def test_an_expected_worker_killed_or_frozen_is_covered_by_pulled_backups(
         landed = next((i for i, r in enumerate(reports) if r.iteration > 2 and 0 not in _used(cluster, r)), 99)
         assert landed <= len(reports) - 3, f"the fault took effect too late to test anything: {reports}"
         first = reports[landed]
-        assert cluster.ids[2] in first.promoted_workers and 2 in _used(cluster, first), (
-            "the round the fault hit pulled 0's replica, 2, and decoded with it"
-        )
+        # 0's replica, 2, covers it: pulled (promoted) in the round the fault hit, or already expected there when
+        # 0 had answered slowly the round before and the master chose 2 instead (under load, either can happen)
+        replica = cluster.ids[2]
+        assert 2 in _used(cluster, first) and (
+            replica in first.promoted_workers or replica not in first.backup_workers
+        ), "the round the fault hit decoded with 0's replica, 2, pulled or expected"
         assert all(0 not in _used(cluster, r) for r in reports[landed:])
