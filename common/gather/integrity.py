@@ -283,12 +283,5 @@ def _checks(count: int) -> str:
 def _involved(code: GradientCode, rows: Sequence[int], assignment: Assignment) -> tuple[int, ...]:
     """Workers whose received rows take part in some relation (the suspects when none is singled out)."""
     owner: Mapping[int, int] = assignment.owner
-    return tuple(
-        sorted(
-            {
-                owner[r]
-                for r, covered in zip(rows, involved_rows(np.asarray(code.B)[list(rows)]), strict=True)
-                if covered
-            }
-        )
-    )
+    covered = involved_rows(np.asarray(code.B)[list(rows)])
+    return tuple(sorted({owner[r] for r, involved in zip(rows, covered, strict=True) if involved}))
