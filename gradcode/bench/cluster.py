@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, load_average, save, steady_periods
-from gradcode.bench.testbed import HostSpec, Testbed, TestbedUnavailableError, check_available, cleanup
+from gradcode.bench.testbed import Host, HostSpec, Testbed, TestbedUnavailableError, check_available, cleanup
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
@@ -158,6 +158,10 @@ class EmulatedCluster:
             if host.role != "m"
         ]
 
+    def host_of(self, address: str) -> Host:
+        """The testbed host a worker address (host:port) is on."""
+        return next(h for h in self.testbed.hosts.values() if address.startswith(f"{h.address}:"))
+
     def start(self) -> EmulatedCluster:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -170,7 +174,7 @@ class EmulatedCluster:
         self.master.wait_ready(START_TIMEOUT)
         self.testbed.forward("m", self.run_dir / "master.sock", MASTER_PORT)
         for address in self.worker_addresses:
-            host = next(h for h in self.testbed.hosts.values() if address.startswith(f"{h.address}:"))
+            host = self.host_of(address)
             argv = [*python, "gradcode.worker", "--listen", address, "--advertise", address, "--master",
                     self.master_address, "--machine-id", host.namespace, "--name", host.role, "--insecure"]  # fmt: skip
             name = f"worker-{host.role}-{address.rsplit(':', 1)[1]}.log"

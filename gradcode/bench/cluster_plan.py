@@ -196,16 +196,13 @@ def _probe_row(rows: Sequence[PlanRow], n: int) -> PlanRow | None:
 
 
 async def _measure(
-    testbed: Testbed, cluster: EmulatedCluster, layout: Layout, workload: Workload, probe_iterations: int,
+    cluster: EmulatedCluster, layout: Layout, workload: Workload, probe_iterations: int,
     iterations: int, rounds: int, top: int, bootstrap: int,
 ) -> dict[str, Any]:  # fmt: skip
     async with GradcodeClient(cluster.client_address) as client:
         await client.wait_ready(START_TIMEOUT)
         by_address = await cluster.pool_ids(client)
-        host_of = {
-            by_address[a]: next(h.role for h in testbed.hosts.values() if a.startswith(f"{h.address}:"))
-            for a in cluster.worker_addresses
-        }
+        host_of = {by_address[a]: cluster.host_of(a).role for a in cluster.worker_addresses}
         ids = sorted(host_of)  # code index i = the i-th smallest pool id, as the planner assumes
         order = [host_of[i] for i in ids]
         print("  code index -> host: " + ", ".join(f"{i}:{r}" for i, r in enumerate(order)), flush=True)
@@ -396,7 +393,7 @@ def run(
         print(f"Testbed: {[(h.role, h.cpu_percent) for h in layout.specs()]}; load {load_start}", flush=True)
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             measured = asyncio.run(
-                _measure(testbed, cluster, layout, workload, probe_iterations, iterations, rounds, top, bootstrap)
+                _measure(cluster, layout, workload, probe_iterations, iterations, rounds, top, bootstrap)
             )
             if histories is not None:
                 histories.mkdir(parents=True, exist_ok=True)
