@@ -493,6 +493,12 @@ class RowProfile:
     )
     """:func:`bound_combination`'s constants per (u, eta, length): a job asks for one or two."""
 
+    @property
+    def arithmetic_constants(self) -> tuple[float, int]:
+        r"""The factor and the extra terms of every $\gamma$ for these rows' arithmetic: $\sqrt 2$ and $+2$ for
+        complex arithmetic (Higham, Lemma 3.5), 1 and 0 for real."""
+        return (math.sqrt(2.0), 2) if self.complex_arithmetic else (1.0, 0)
+
     def constants(self, u: float, eta: float, length: int) -> _CertifyConstants:
         """What :func:`bound_combination` needs of these rows that no message changes, computed once."""
         key = (u, eta, length)
@@ -541,8 +547,7 @@ class _CertifyConstants:
     def of(cls, profile: RowProfile, u: float, eta: float, length: int) -> _CertifyConstants:
         u64, eta64 = unit_roundoff(np.float64), underflow_unit(np.float64)
         f = len(profile.support)
-        scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
-        extra = 2 if profile.complex_arithmetic else 0
+        scale, extra = profile.arithmetic_constants
         return cls(
             norm_inflation=1 + float(_gamma(length, u64)) if length else 1.0,
             norm_floor=max(math.sqrt(length * eta64), _TINY),
@@ -780,10 +785,9 @@ def guard_certificate(weights: Array, rows: Array, *, u: float | None = None) ->
     """
     u = unit_roundoff(np.float64) if u is None else u
     profile = RowProfile.of(np.asarray(weights), np.asarray(rows))
-    a = np.abs(np.asarray(weights))
+    a = profile.weights
     f = len(a)
-    scale = math.sqrt(2.0) if profile.complex_arithmetic else 1.0
-    extra = 2 if profile.complex_arithmetic else 0
+    scale, extra = profile.arithmetic_constants
     per_row = scale * a * (float(_gamma(f + extra, u)) + _gamma(profile.support + extra, u))
     c = per_row @ profile.magnitude
     residual = profile.residual
