@@ -761,7 +761,7 @@ class MessageAssembler:
             subtree = Subtree.read(chunk.trailer)
         except WireError as exc:
             raise WireError(f"Row {chunk.row} from {where} reports {exc}.") from None
-        outside = sorted(subtree.named() - self.subtree)
+        outside = () if subtree is NO_SUBTREE else sorted(subtree.named() - self.subtree)  # (a leaf's: nothing)
         if outside:
             below = sorted(self.subtree) if self.subtree else "none: it has no children"
             raise WireError(
