@@ -21,6 +21,7 @@ from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.v1 import master_pb2, worker_pb2
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
+from tests.e2e.test_hold import _own_machine
 from tests.e2e.test_security import client as secured_client
 from tests.e2e.test_security import server_env, wait_up
 from tests.helpers import fixed_delay, free_port
@@ -39,11 +40,6 @@ def _spec(cluster: Cluster, delivery: str, ids: list[int] | None = None, **field
         "fractional", {"n": N, "s": 1}, iterations=ITERATIONS, verify=True, worker_ids=ids or cluster.ids[:N],
         surplus="hold", model_delivery=delivery, **fields,
     )  # fmt: skip
-
-
-def _own_machine(i: int, ports: list[int]) -> list[str]:
-    """A machine id of its own (no shared memory, no deferred backups) and a metrics port."""
-    return ["--machine-id", f"machine-{i}", "--metrics-port", str(ports[i])]
 
 
 def _assert_exact(
