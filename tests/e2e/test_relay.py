@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.v1 import master_pb2, worker_pb2
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
-from tests.e2e.test_hold import _own_machine
+from tests.e2e.test_hold import _own_machine, _struck_on_iteration_2
 from tests.e2e.test_security import client as secured_client
 from tests.e2e.test_security import server_env, wait_up
 from tests.helpers import fixed_delay, free_port
@@ -89,22 +88,10 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
     inline; the code covers worker 0 itself."""
     ports = [free_port() for _ in range(N)]
     with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
-        victim = cluster.processes[0].process
-
-        def strike(report: master_pb2.IterationReport) -> None:
-            if report.iteration == 2:
-                if fault == "kill":
-                    cluster.kill(0)
-                else:
-                    victim.send_signal(signal.SIGSTOP)
-
         spec = _spec(cluster, "relay", straggler=fixed_delay(0.3, workers=list(range(1, N))), backup_priority="normal")
-        try:
+        with _struck_on_iteration_2(cluster, fault) as strike:
             async with asyncio.timeout(90):
                 info, reports = await run_job(cluster.master_address, spec, strike)
-        finally:
-            if fault == "freeze":
-                victim.send_signal(signal.SIGCONT)
         master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
     _assert_exact(info, reports)
     seed = cluster.ids[0]
