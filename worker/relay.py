@@ -85,9 +85,8 @@ class HeldModels:
 
     def fail(self, iteration: int, reason: str) -> None:
         """This worker could not get ``iteration``'s model; a model already held stays."""
-        if not isinstance(self._models.get(iteration), str | None):
-            return
-        self._put(iteration, reason)
+        if self.held(iteration) is None:
+            self._put(iteration, reason)
 
     def held(self, iteration: int) -> Array | None:
         value = self._models.get(iteration)

@@ -5,7 +5,9 @@ did not pull, and an expected worker killed or frozen mid-job is covered by pull
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,26 @@ def _own_machine(i: int, ports: list[int]) -> list[str]:
     return ["--machine-id", f"machine-{i}", "--metrics-port", str(ports[i])]
 
 
+@contextlib.contextmanager
+def _struck_on_iteration_2(cluster: Cluster, fault: str) -> Iterator[Callable[[master_pb2.IterationReport], None]]:
+    """A report watch for :func:`run_job` that kills (``fault`` "kill") or freezes (SIGSTOP) the cluster's worker
+    process 0 on iteration 2's report; a frozen one is resumed on leaving."""
+    victim = cluster.processes[0].process
+
+    def strike(report: master_pb2.IterationReport) -> None:
+        if report.iteration == 2:
+            if fault == "kill":
+                cluster.kill(0)
+            else:
+                victim.send_signal(signal.SIGSTOP)
+
+    try:
+        yield strike
+    finally:
+        if fault == "freeze":
+            victim.send_signal(signal.SIGCONT)
+
+
 async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Path) -> None:
     """A held backup answers a Compute in full only when pulled: the workers' answered Computes are at most the
     expected and pulled ones, and a backup never pulled sent no byte (that it computes at once is
@@ -73,23 +95,11 @@ async def test_an_expected_worker_killed_or_frozen_is_covered_by_pulled_backups(
     even when the watch lags the master; the test finds that round from the reports."""
     ports = [free_port() for _ in range(4)]
     with start_cluster(4, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
-        victim = cluster.processes[0].process
-
-        def strike(report: master_pb2.IterationReport) -> None:
-            if report.iteration == 2:
-                if fault == "kill":
-                    cluster.kill(0)
-                else:
-                    victim.send_signal(signal.SIGSTOP)
-
-        try:
+        with _struck_on_iteration_2(cluster, fault) as strike:
             async with asyncio.timeout(60):
                 info, reports = await run_job(
                     cluster.master_address, _spec(cluster, straggler=fixed_delay(0.2)), strike
                 )
-        finally:
-            if fault == "freeze":
-                victim.send_signal(signal.SIGCONT)
         _assert_exact_and_only_pulled_backups_used(info, reports)
         assert _used(cluster, reports[0]) == {0, 1}, "the first rounds expect {0, 1}"
         landed = next((i for i, r in enumerate(reports) if r.iteration > 2 and 0 not in _used(cluster, r)), 99)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,8 @@ from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.v1 import master_pb2, worker_pb2
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
+from tests.e2e.test_backups import _own_machines
+from tests.e2e.test_hold import _own_machine, _struck_on_iteration_2
 from tests.e2e.test_security import client as secured_client
 from tests.e2e.test_security import server_env, wait_up
 from tests.helpers import fixed_delay, free_port
@@ -39,11 +40,6 @@ def _spec(cluster: Cluster, delivery: str, ids: list[int] | None = None, **field
         "fractional", {"n": N, "s": 1}, iterations=ITERATIONS, verify=True, worker_ids=ids or cluster.ids[:N],
         surplus="hold", model_delivery=delivery, **fields,
     )  # fmt: skip
-
-
-def _own_machine(i: int, ports: list[int]) -> list[str]:
-    """A machine id of its own (no shared memory, no deferred backups) and a metrics port."""
-    return ["--machine-id", f"machine-{i}", "--metrics-port", str(ports[i])]
 
 
 def _assert_exact(
@@ -93,22 +89,10 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
     inline; the code covers worker 0 itself."""
     ports = [free_port() for _ in range(N)]
     with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
-        victim = cluster.processes[0].process
-
-        def strike(report: master_pb2.IterationReport) -> None:
-            if report.iteration == 2:
-                if fault == "kill":
-                    cluster.kill(0)
-                else:
-                    victim.send_signal(signal.SIGSTOP)
-
         spec = _spec(cluster, "relay", straggler=fixed_delay(0.3, workers=list(range(1, N))), backup_priority="normal")
-        try:
+        with _struck_on_iteration_2(cluster, fault) as strike:
             async with asyncio.timeout(90):
                 info, reports = await run_job(cluster.master_address, spec, strike)
-        finally:
-            if fault == "freeze":
-                victim.send_signal(signal.SIGCONT)
         master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
     _assert_exact(info, reports)
     seed = cluster.ids[0]
@@ -136,7 +120,7 @@ class _LyingPeer(WorkerServicer):
 async def test_a_lying_peer_is_caught_by_the_digest_and_every_gradient_stays_exact(tmp_path: Path) -> None:
     """The liar is the job's worker 0, first in the first iteration's relay order (no answer times yet): the seed.
     Its fetchers refuse its model (wrong digest), get the model inline, and the master relays through it no more."""
-    with start_cluster(N - 1, tmp_path, worker_args=lambda i: ["--machine-id", f"machine-{i}"]) as cluster:
+    with start_cluster(N - 1, tmp_path, worker_args=_own_machines) as cluster:
         liar = _LyingPeer()
         handle = await start_server(
             "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
@@ -183,8 +167,7 @@ def test_a_relay_under_mutual_tls_and_call_tokens_fetches_with_each_peers_relay_
     sends the model about once per iteration."""
     certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
     workers = 3
-    args = lambda i: ["--machine-id", f"machine-{i}"]  # noqa: E731 - network workers
-    with LocalCluster(workers, run_dir=tmp_path / "run", env=server_env(certs), worker_args=args) as cluster:
+    with LocalCluster(workers, run_dir=tmp_path / "run", env=server_env(certs), worker_args=_own_machines) as cluster:
 
         async def scenario() -> tuple[master_pb2.JobInfo, list[master_pb2.IterationReport]]:
             async with secured_client(certs, cluster.master_address) as c:

@@ -5,6 +5,7 @@ within a bounded wait and never yields a gradient; a peer serves only its job's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -40,14 +41,20 @@ CODE = make_code("cyclic", n=3, s=1)
 PARTITIONS = make_partitions(CODE.k)
 
 
+@contextlib.asynccontextmanager
+async def _stub(served: ServedWorker) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
+    """A stub on a channel of its own to the worker server ``served``."""
+    async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
+        yield worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+
+
 @pytest.fixture
 async def peer_and_fetcher() -> AsyncIterator[tuple[ServedWorker, ServedWorker]]:
     """Two real worker servers holding workers 0 (the peer) and 1 (the fetcher) of one job."""
     served = [await serve_worker(), await serve_worker()]
     try:
         for w, s in enumerate(served):
-            async with grpc.aio.insecure_channel(s.address, options=CHANNEL_OPTIONS) as channel:
-                stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            async with _stub(s) as stub:
                 await _load(stub, load_chunks(job_setup(CODE, w), data_for(CODE, w, PARTITIONS)))
         yield served[0], served[1]
     finally:
@@ -64,20 +71,18 @@ def _relayed(address: str, params: Array, iteration: int = 1) -> worker_pb2.Comp
 
 async def _peer_computes(peer: ServedWorker, params: Array, iteration: int = 1) -> None:
     """The peer's own (inline) Compute of ``iteration``: it then holds ``params``."""
-    async with grpc.aio.insecure_channel(peer.address, options=CHANNEL_OPTIONS) as channel:
-        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+    async with _stub(peer) as stub:
         await _compute(stub, _request("job", 0, tuple(CODE.static_assignment().rows[0]), params, iteration))
 
 
 async def _fetcher_computes(fetcher: ServedWorker, request: worker_pb2.ComputeRequest) -> dict[int, Array]:
-    async with grpc.aio.insecure_channel(fetcher.address, options=CHANNEL_OPTIONS) as channel:
-        messages, _ = await _compute(worker_pb2_grpc.WorkerStub(channel), request)  # type: ignore[no-untyped-call]
+    async with _stub(fetcher) as stub:
+        messages, _ = await _compute(stub, request)
         return messages
 
 
 async def _fetcher_refuses(fetcher: ServedWorker, request: worker_pb2.ComputeRequest) -> grpc.aio.AioRpcError:
-    async with grpc.aio.insecure_channel(fetcher.address, options=CHANNEL_OPTIONS) as channel:
-        stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+    async with _stub(fetcher) as stub:
         return await _status(stub.Compute(request))
 
 
@@ -143,8 +148,7 @@ async def test_a_dead_or_frozen_peer_fails_the_fetch_within_its_bound(
 async def test_a_relayed_model_must_name_a_peer_and_match_the_jobs_model() -> None:
     served = await serve_worker()
     try:
-        async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
-            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+        async with _stub(served) as stub:
             await _load(stub, load_chunks(job_setup(CODE, 1), data_for(CODE, 1, PARTITIONS)))
             params = random_params()
             bad = {
