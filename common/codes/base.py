@@ -132,6 +132,15 @@ class Decoding:
     matrix: Array | None = field(default=None, repr=False, compare=False)
     """The code's ``B`` (rows indexed by :attr:`rows`); attached by :meth:`OnlineDecoder.decoding`."""
 
+    def in_row_order(self) -> Decoding:
+        """This decoding with its rows ascending (weights alike): the messages' arrival order then changes neither
+        the combined vector's bits nor the certificate's cache key (six workers arrive in 720 orders; a profile per
+        order missed the cache every round, 0.4 ms a round at n = 6)."""
+        order = sorted(range(len(self.rows)), key=self.rows.__getitem__)
+        if order == list(range(len(self.rows))):
+            return self
+        return replace(self, rows=tuple(self.rows[i] for i in order), weights=self.weights[order])
+
     @cached_property
     def row_profile(self) -> RowProfile:
         """What :meth:`certify` needs of the combined rows: computed once per survivor set and weights of a job
@@ -310,7 +319,7 @@ class OnlineDecoder(ABC):
         decoding = self._decoding()
         if decoding.matrix is None:
             decoding = replace(decoding, matrix=self.code.B)
-        return decoding
+        return decoding.in_row_order()
 
     @abstractmethod
     def _on_add(self, row: int) -> None:
