@@ -298,10 +298,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def serve_session(
-        self, requests: AsyncIterator[worker_pb2.ComputeRequest], write: Callable[[Serialized], Awaitable[None]]
+        self,
+        requests: AsyncIterator[worker_pb2.ComputeRequest],
+        write: Callable[[Serialized], Awaitable[None]],
+        write_now: Callable[[Serialized], bool] | None = None,
     ) -> None:
-        """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.transport.link.LinkServer`)."""
-        await serve_session(requests, write, self._compute, self.closing, self._promote)
+        """A Session on any stream: a gRPC call's, or a link's (:class:`gradcode.common.transport.link.LinkServer`),
+        which can also send a frame at once (``write_now``)."""
+        await serve_session(requests, write, self._compute, self.closing, self._promote, write_now=write_now)
 
     @grpc_errors
     async def OpenLink(  # noqa: N802 - proto name

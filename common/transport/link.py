@@ -272,6 +272,20 @@ class FrameProtocol(asyncio.BufferedProtocol):
         connection's send buffer is full; :class:`LinkClosedError` once it ended."""
         if self.error is not None or self.transport is None:
             raise self.error or LinkClosedError("the link is not connected")
+        self._write_frame(data)
+        while self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    def send_now(self, data: Serialized) -> bool:
+        """Send one frame at once if the link takes it without waiting (open, its send buffer not full); False
+        otherwise, having sent nothing (the caller then sends it with :meth:`send`, in turn)."""
+        if self.error is not None or self.transport is None or self._writable is not None:
+            return False
+        self._write_frame(data)
+        return True
+
+    def _write_frame(self, data: Serialized) -> None:
+        assert self.transport is not None
         pieces = (data,) if isinstance(data, bytes) else data
         small: list[bytes | memoryview] = [_LENGTH.pack(sum(len(piece) for piece in pieces))]
         for piece in pieces:
@@ -283,8 +297,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
             small = []
         if small:
             self.transport.write(b"".join(small))
-        while self._writable is not None:
-            await asyncio.shield(self._writable)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -325,6 +337,10 @@ class LinkStream:
             await self.protocol.send(data)
         except LinkClosedError as exc:
             raise self._unavailable(exc) from None
+
+    def write_now(self, data: Serialized) -> bool:
+        """:meth:`write` without waiting, if the link takes ``data`` at once; False (nothing sent) otherwise."""
+        return self.protocol.send_now(data)
 
     def __aiter__(self) -> AsyncIterator[ReceivedChunk]:
         return self._chunks()
@@ -385,8 +401,12 @@ def link_opener(channel: grpc.aio.Channel, address: str, security: Security) -> 
     return functools.partial(open_link, channel, address, security, OPEN_TIMEOUT_SECONDS)
 
 
-Serve = Callable[[AsyncIterator[worker_pb2.ComputeRequest], Callable[[Serialized], Awaitable[None]]], Awaitable[None]]
-"""What runs on an accepted link: the requests it reads and the function that sends a frame (``serve_session``)."""
+Serve = Callable[
+    [AsyncIterator[worker_pb2.ComputeRequest], Callable[[Serialized], Awaitable[None]], Callable[[Serialized], bool]],
+    Awaitable[None],
+]
+"""What runs on an accepted link: the requests it reads, the function that sends a frame, and the one that sends it
+at once if the link takes it without waiting (``serve_session``)."""
 
 
 class LinkServer:
@@ -454,7 +474,7 @@ class LinkServer:
             metrics.LINKS_OPENED.inc()
             CALL_SCOPE.set(scope)  # this link's task, and the computations it starts
             try:
-                await self.serve(_requests(protocol), protocol.send)
+                await self.serve(_requests(protocol), protocol.send, protocol.send_now)
             except SessionProtocolError as exc:  # told in band, as the status of request 0 (the stream's own)
                 log.warning("Closing the link from %s: %s", _peer(protocol), exc)
                 await protocol.send(status_chunk(0, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))

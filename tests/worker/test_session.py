@@ -18,7 +18,7 @@ from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.gather.round import ChunkStream, WorkerFailure
 from gradcode.common.ops import metrics
 from gradcode.common.training.models import message_length
-from gradcode.common.transport.session import TRAFFIC, CallError, Session, status_chunk
+from gradcode.common.transport.session import TRAFFIC, CallError, Session, serve_session, status_chunk
 from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     SESSION_METHOD,
@@ -252,6 +252,103 @@ async def test_a_not_found_that_ends_a_cancelled_request_tells_who_lost_which_jo
             assert lost == ["gone"] and not session.broken
         finally:
             session.close()
+
+
+async def test_a_not_found_that_ends_a_request_nobody_reads_any_more_tells_who_lost_which_job() -> None:
+    """A round that decoded stops reading its late requests before it cancels them: a NOT_FOUND arriving in
+    between was delivered to a stream nobody read, and the worker was never reloaded (found when requests began to
+    leave without a hop through the event loop and rounds ended sooner)."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        stream, lost = _MemoryStream(), []
+        session = Session(stream, on_lost_job=lost.append)
+        try:
+            computes = [session.compute(_head(job, 0, (0,), 1)) for job in ("gone", "ok", "other refusal")]
+            await _wait_until(lambda: len(stream.written) == 3)
+            replies = {
+                "gone": grpc.StatusCode.NOT_FOUND, "ok": grpc.StatusCode.OK,
+                "other refusal": grpc.StatusCode.INVALID_ARGUMENT,
+            }  # fmt: skip
+            for compute in computes:  # nobody iterates them
+                stream.replies.put_nowait(status_chunk(compute.request_id, replies[compute.job_id]))
+            await _wait_until(lambda: lost)
+            await asyncio.sleep(0.05)
+            assert lost == ["gone"] and not session.broken
+        finally:
+            session.close()
+
+
+class _NowStream(_MemoryStream):
+    """A _MemoryStream that can also take a frame at once (as a link with room in its send buffer does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.room = True
+
+    def write_now(self, data: Serialized) -> bool:
+        if self.room:
+            self.written.append(worker_pb2.ComputeRequest.FromString(serialize_chunk(data)))
+        return self.room
+
+
+async def test_a_request_leaves_as_it_is_asked_and_never_passes_one_that_waits() -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        stream = _NowStream()
+        session = Session(stream)
+        try:
+            session.compute(_head("job", 0, (0,), 1))
+            assert [r.iteration for r in stream.written] == [1]  # written in compute(), no event-loop turn
+            stream.room = False
+            session.compute(_head("job", 0, (0,), 2))  # waits for the writer task
+            stream.room = True
+            session.compute(_head("job", 0, (0,), 3))  # may not pass iteration 2
+            assert [r.iteration for r in stream.written] == [1]
+            await _wait_until(lambda: len(stream.written) == 3)
+            assert [r.iteration for r in stream.written] == [1, 2, 3]
+            session.compute(_head("job", 0, (0,), 4))  # nothing waits any more: at once again
+            assert [r.iteration for r in stream.written] == [1, 2, 3, 4]
+        finally:
+            session.close()
+
+
+async def test_the_workers_end_sends_each_chunk_as_it_is_made_in_order_and_queues_behind_a_waiting_one() -> None:
+    """serve_session with a link's ``write_now``: chunks leave from the request's own task while nothing waits;
+    once one had to wait for the writer, the later ones queue behind it."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        sent: list[bytes] = []
+        room = {"now": True}
+        made = asyncio.Event()
+
+        async def write(data: Serialized) -> None:
+            sent.append(bytes(serialize_chunk(data)))
+
+        def write_now(data: Serialized) -> bool:
+            if room["now"]:
+                sent.append(bytes(serialize_chunk(data)))
+            return room["now"]
+
+        async def computation(request: worker_pb2.ComputeRequest) -> AsyncIterator[Serialized]:
+            for k in range(4):
+                room["now"] = k != 1  # the second chunk finds the stream full
+                yield f"chunk {k}".encode()
+                if k == 0:
+                    assert sent == [b"chunk 0"]  # written before the request's task went on
+            made.set()
+
+        requests: asyncio.Queue[worker_pb2.ComputeRequest | None] = asyncio.Queue()
+
+        async def incoming() -> AsyncIterator[worker_pb2.ComputeRequest]:
+            while (request := await requests.get()) is not None:
+                yield request
+
+        requests.put_nowait(worker_pb2.ComputeRequest(request_id=1, job_id="job"))
+        serving = asyncio.create_task(
+            serve_session(incoming(), write, computation, asyncio.Event(), write_now=write_now)
+        )
+        await made.wait()
+        await _wait_until(lambda: len(sent) == 4)
+        requests.put_nowait(None)
+        await serving
+        assert sent == [b"chunk 0", b"chunk 1", b"chunk 2", b"chunk 3"]
 
 
 async def _backup_requests(
