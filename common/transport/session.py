@@ -293,6 +293,8 @@ class Session:
         self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized, str]] = asyncio.Queue()
         """What to write: the request it belongs to (not sent once ended; None: a control), the bytes, the job."""
         self._framing: int = getattr(stream, "framing_bytes", GRPC_MESSAGE_PREFIX_BYTES)
+        self._write_at_once: Callable[[Serialized], bool] | None = getattr(stream, "write_now", None)
+        """A link's ``write_now`` (a gRPC call has none: it is written by the writer task only)."""
         self.error: BaseException | None = None
         """Why the stream broke (None while it is open)."""
         place_with = getattr(stream, "place_with", None)  # a link can receive payloads where their consumer says
@@ -333,8 +335,7 @@ class Session:
         """Write ``data`` from the caller's own step when the stream can (a link with room in its send buffer) and
         nothing waits before it: a round's requests then leave as it asks them, not after whatever the event loop
         runs before the writer task (a job's publish ran first: 1-2 ms of every iteration with no worker busy)."""
-        write_now = getattr(self._call, "write_now", None)
-        if write_now is None or not write_now(data):
+        if self._write_at_once is None or not self._write_at_once(data):
             return False
         self._sent(data, job_id)
         return True
