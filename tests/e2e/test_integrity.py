@@ -78,7 +78,9 @@ async def test_detect_labels_the_affected_iterations_and_names_the_worker(cluste
     hostile, handle, ids = await _with_hostile(cluster5)
     bad = ids[HOSTILE_INDEX]
     try:
-        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=4, worker_ids=ids, integrity="detect")
+        honest_late = fixed_delay(0.05, workers=[i for i in range(6) if i != HOSTILE_INDEX])  # as in the locate test
+        spec = job_spec("cyclic", {"n": 6, "s": 2}, iterations=4, worker_ids=ids, integrity="detect",
+                        straggler=honest_late)  # fmt: skip
         async with asyncio.timeout(180):
             info, reports = await run_job(cluster5.master_address, spec)
     finally:
