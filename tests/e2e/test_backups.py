@@ -56,7 +56,12 @@ def _own_machines(i: int) -> list[str]:
 
 
 async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp_path: Path) -> None:
-    """Each worker says it has a machine of its own: backups compute at once, at niceness 19."""
+    """Each worker says it has a machine of its own: backups compute at once, at niceness 19.
+
+    The first round's expected workers, 0 and 2, are delayed 0.1 s, so that round cannot end (and cancel its
+    backups) before the backups 1 and 3 begin: with no delay, a backup request that reaches a loaded worker late can
+    be cancelled before it computes, and a worker that the master later expects computes its short messages inline
+    from then on, never in a thread (it failed so once in CI)."""
     with start_cluster(4, tmp_path, worker_args=_own_machines) as cluster:
         pids = [p.process.pid for p in cluster.processes]
         info, reports = await run_job(cluster.master_address, _spec(cluster, backup_priority="normal"))
@@ -64,7 +69,8 @@ async def test_backups_compute_in_a_niced_thread_the_expected_workers_do_not(tmp
         assert [_niced_threads(pid) for pid in pids] == [0, 0, 0, 0], "'normal' asks everyone alike"
         assert not any(r.backup_workers or r.promoted_workers for r in reports)
 
-        info, reports = await run_job(cluster.master_address, _spec(cluster))  # the default: low
+        expected_late = fixed_delay(0.1, workers=[0, 2])
+        info, reports = await run_job(cluster.master_address, _spec(cluster, straggler=expected_late))  # default: low
         _assert_exact(info, reports)
         niced = [_niced_threads(pid) for pid in pids]  # (0 or 2, late in a round, may be a backup later on)
         assert niced[1] >= 1 and niced[3] >= 1, (
