@@ -13,11 +13,15 @@ from collections.abc import Callable, Collection
 
 from gradcode.common.gather.round import Gathering, GatherStrategy, Source, WorkerFailure
 
-__all__ = ["HOLD_OVERDUE_FACTOR", "Hedging"]
+__all__ = ["HOLD_OVERDUE_FACTOR", "START_SLACK_SECONDS", "Hedging"]
 
 HOLD_OVERDUE_FACTOR = 2.0
 """A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
 the latest expected worker that finished (:meth:`Hedging.pull_at`)."""
+START_SLACK_SECONDS = 0.003
+"""The least time an expected worker may take to begin after the last of the others did before it is covered
+(:meth:`Hedging.start_overdue_at`): past the wake-up of a process that waits for a core (about a millisecond on
+Linux, a few under load)."""
 
 
 class Hedging(GatherStrategy):
@@ -30,7 +34,10 @@ class Hedging(GatherStrategy):
     backups that complete the messages in hand and those being computed
     (:meth:`~gradcode.common.codes.base.GradientCode.decoding_set`) are promoted: they compute on at normal
     priority, on the CPU the expected workers that answered left; should an expected worker then fail, the backups
-    that complete the messages without it are promoted too. While every expected worker still out has begun,
+    that complete the messages without it are promoted too. The same backups are promoted sooner, before any
+    expected worker ended, when every expected worker but at most ``s`` has begun and those have not by
+    :meth:`start_overdue_at`: late to begin by more than the others' own spread (a worker that waits for a core
+    begins within it), they are delayed, not slow. While every expected worker still out has begun,
     nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
     round still not decodable promotes every backup still out (more than ``s`` expected workers may hang, or one
     that began may never finish).
@@ -54,7 +61,11 @@ class Hedging(GatherStrategy):
         self.reask_after = reask_after
         self._gathering: Gathering | None = None
         self._out: set[int] = set()
+        self._expected: frozenset[int] = frozenset()
         """Expected workers still out: the trigger of the backups' promotion (none: no backups to promote)."""
+        self._began_at: dict[int, float] = {}
+        """When each expected worker was seen to begin (or end, if first seen then), on the round's clock from
+        its start."""
         self._hedge_at: float | None = None
         self._promoted = False
         """This gather has promoted the backups completing the expected workers' messages."""
@@ -73,6 +84,7 @@ class Hedging(GatherStrategy):
         self._gathering = gathering
         backups = gathering.backups
         self._out = gathering.pending - backups if backups else set()
+        self._expected = frozenset(self._out)
         if backups and self.promote_after is not None:
             self._hedge_at = gathering.round.started + self.promote_after
         now = gathering.now()
@@ -91,8 +103,27 @@ class Hedging(GatherStrategy):
             self._reask_at[source.worker_id] = now + bound
 
     def wake_at(self) -> float | None:
-        times = (self._hedge_at, self.pull_at(), *self._reask_at.values())
+        times = (self._hedge_at, self.pull_at(), self.start_overdue_at(), *self._reask_at.values())
         return min((t for t in times if t is not None), default=None)
+
+    def start_overdue_at(self) -> float | None:
+        """When the expected workers that have not begun are covered although none ended (None: not now): at
+        most ``s`` of them, every other expected worker began (or ended), and as long again has passed since the
+        last of those began as between the first and the last of them, at least :data:`START_SLACK_SECONDS`.
+
+        The others' spread is the measure on purpose: workers that share cores begin as the scheduler lets them,
+        a few milliseconds apart under load, and a worker waiting for a core is within that; an emulated or
+        real delay before the computation (a busy or paused host, a request held up on its way) is not."""
+        gathering = self.gathering
+        if self._promoted or gathering.decodable or not self._out:
+            return None
+        waiting = {w for w in self._out if not gathering.began(w)}
+        others = self._expected - waiting
+        if not (0 < len(waiting) <= gathering.round.decoder.code.s and others and others <= self._began_at.keys()):
+            return None
+        times = [self._began_at[w] for w in others]
+        first, last = min(times), max(times)
+        return gathering.round.started + last + max(last - first, START_SLACK_SECONDS)
 
     def pull_at(self) -> float | None:
         """When the held backups that are ready get pulled (None: not now, or not before an expected worker finished:
@@ -114,6 +145,10 @@ class Hedging(GatherStrategy):
 
     def tick(self, now: float) -> None:
         gathering = self.gathering
+        self._note_beginnings(now)
+        start_overdue_at = self.start_overdue_at()
+        if start_overdue_at is not None and now >= start_overdue_at:
+            self._cover_stragglers()
         if self._hedge_at is not None and now >= self._hedge_at:
             gathering.promote(sorted(gathering.pending & gathering.backups))
             self._hedge_at = None
@@ -141,14 +176,28 @@ class Hedging(GatherStrategy):
         out = self._out
         if worker_id not in out:
             return
-        out.discard(worker_id)
         gathering = self.gathering
+        self._began_at.setdefault(worker_id, gathering.now() - gathering.round.started)
+        out.discard(worker_id)
         if gathering.decodable or (self._promoted and failure is None):
             return
         computing = {w for w in out if gathering.began(w)}
         if not out or 0 < len(out - computing) <= gathering.round.decoder.code.s:
-            self._promote_completing(gathering.pending - out, computing)
-            self._promoted = True
+            self._cover_stragglers()
+
+    def _note_beginnings(self, now: float) -> None:
+        """Note when the expected workers still out were first seen to have begun."""
+        gathering = self.gathering
+        for w in self._out:
+            if w not in self._began_at and gathering.began(w):
+                self._began_at[w] = now - gathering.round.started
+
+    def _cover_stragglers(self) -> None:
+        """Promote the backups that complete the messages in hand and those of the expected workers computing."""
+        gathering = self.gathering
+        computing = {w for w in self._out if gathering.began(w)}
+        self._promote_completing(gathering.pending - self._out, computing)
+        self._promoted = True
 
     def _promote_completing(self, backups: set[int], computing: set[int], first: Collection[int] = ()) -> None:
         """Promote the ``backups`` that complete the messages of the workers that answered and of those still

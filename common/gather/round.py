@@ -48,7 +48,7 @@ from gradcode.common.codes.consistency import decode_excluding
 from gradcode.common.codes.numerics import CombinationBound, decode_tolerance, relative_bound
 from gradcode.common.gather.clock import MONOTONIC, Clock
 from gradcode.common.tasks import TaskOwner
-from gradcode.common.transport.session import CallError, ChunkStream, DeliversItems, Holds
+from gradcode.common.transport.session import CallError, ChunkStream, DeliversItems, Holds, ReportsStart
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import (
     CompletedMessage,
@@ -225,14 +225,14 @@ Received = ReceivedChunk | worker_pb2.GradientChunk
 """A chunk as a stream yields it."""
 
 
-class _Ready:
-    """Queued in a gather when a held backup says its messages are ready
-    (:class:`~gradcode.common.transport.session.Holds`):
-    it wakes the loop, so the strategies look again."""
+class _News:
+    """Queued in a gather when a worker's computation began (:class:`~gradcode.common.transport.session.ReportsStart`)
+    or a held backup's messages are ready (:class:`~gradcode.common.transport.session.Holds`): it wakes the loop,
+    so the strategies look again."""
 
 
-_READY = _Ready()
-Item = CompletedMessage | BaseException | _Ready | None
+_NEWS = _News()
+Item = CompletedMessage | BaseException | _News | None
 """What the gather's queue carries for a worker: a message, the exception that ended its stream, news, or its end."""
 
 
@@ -635,8 +635,11 @@ class Gathering:
             self.queue.put_nowait((worker_id, exc))
             return
         self.streams[worker_id] = stream
-        if hasattr(stream, "on_ready"):  # a held backup's news wakes the loop
-            cast(Holds, stream).on_ready = functools.partial(self.queue.put_nowait, (worker_id, _READY))
+        news = functools.partial(self.queue.put_nowait, (worker_id, _NEWS))
+        if hasattr(stream, "on_started"):  # an expected worker's start wakes the loop
+            cast(ReportsStart, stream).on_started = news
+        if hasattr(stream, "on_ready"):  # a held backup's news too
+            cast(Holds, stream).on_ready = news
         if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
             direct = cast(DeliversItems, stream)
             direct.place = assembler.place
@@ -670,10 +673,10 @@ class Gathering:
             return await self.queue.get()
 
     def _take(self, worker_id: int, item: Item) -> None:
-        """A message for the decoder, or the end of a worker's stream (delivered, or failed); news (a held backup is
-        ready) only wakes the loop."""
+        """A message for the decoder, or the end of a worker's stream (delivered, or failed); news (a computation
+        began, a held backup is ready) only wakes the loop."""
         round_ = self.round
-        if isinstance(item, _Ready):
+        if isinstance(item, _News):
             return
         if isinstance(item, CompletedMessage):
             round_.messages[item.row] = item

@@ -95,9 +95,11 @@ class DeliversItems(Protocol):
 
 
 class ReportsStart(Protocol):
-    """A stream's optional capability: ``started`` turns true when the worker says its computation began."""
+    """A stream's optional capability: ``started`` turns true when the worker says its computation began, and
+    ``on_started`` (set by the consumer) is called then."""
 
     started: bool
+    on_started: Callable[[], None] | None
 
 
 class Promotable(Protocol):
@@ -209,6 +211,8 @@ class SessionCompute:
         :meth:`~gradcode.common.transport.wire.MessageAssembler.place`); None: they arrive as received bytes."""
         self.started = False
         """The worker said its computation began (the request asked ``report_start``)."""
+        self.on_started: Callable[[], None] | None = None
+        """Called when :attr:`started` becomes true (a round that times the expected workers' starts wakes up)."""
         self.ready = False
         """The worker said its messages are computed and held until :meth:`promote` (the request asked ``hold``)."""
         self.on_ready: Callable[[], None] | None = None
@@ -390,6 +394,8 @@ class Session:
                     continue
                 if chunk.meta.started:  # news of the computation, not part of a message
                     compute.started = True
+                    if compute.on_started is not None:
+                        compute.on_started()
                     continue
                 if chunk.meta.ready:  # a held backup's messages wait to be pulled
                     compute.ready = True

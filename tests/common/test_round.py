@@ -20,7 +20,7 @@ from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source
 from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
-from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, Hedging
+from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS, Hedging
 from gradcode.v1 import worker_pb2
 
 
@@ -405,6 +405,76 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
         await gather
     assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    ("begins", "covered_at"),
+    [
+        ({0: 0.001, 2: 0.002}, 0.002 + START_SLACK_SECONDS),  # close together: the slack
+        ({0: 0.001, 2: 0.009}, 0.009 + 0.008),  # 8 ms apart (workers waiting for cores): as long again
+    ],
+)
+async def test_an_expected_worker_that_has_not_begun_when_the_others_have_is_covered_before_any_ends(
+    begins: dict[int, float], covered_at: float
+) -> None:
+    """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 0 and 2 say they began, 4 does not. Nobody ends, yet
+    once 4 is later than the others' own spread past the last of them (at least the slack), the backups completing
+    0's and 2's messages are promoted, not a moment before; the round decodes from them without 4."""
+    code = make_code("binary", n=6, s=1)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+    g = np.random.default_rng(10).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    await clock.settle()
+    for w, at in sorted(begins.items(), key=lambda item: item[1]):
+        await clock.advance(at - clock.now())
+        wires[w].begin()
+    await clock.advance(covered_at - clock.now() - 1e-4)
+    assert not any(wire.promoted for wire in wires)
+    await clock.advance(1e-4)
+    completing = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[0, 2])
+    assert completing and [w for w in range(6) if wires[w].promoted] == list(completing)
+    for w in (0, 2, *completing):
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
+@pytest.mark.parametrize("late", ["within the slack", "two not begun"])
+async def test_no_promotion_for_a_worker_that_begins_within_the_others_spread_or_when_more_than_s_have_not(
+    late: str,
+) -> None:
+    """Binary, n = 6, s = 1, expecting {0, 2, 4}: a 4 that begins within the slack after the others, or 2 and 4
+    both not begun (more than s), promote nothing before an expected worker ends; the round decodes from 0, 2, 4."""
+    code = make_code("binary", n=6, s=1)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+    g = np.random.default_rng(11).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    await clock.advance(0.001)
+    wires[0].begin()
+    if late == "within the slack":
+        await clock.advance(0.001)
+        wires[2].begin()
+        await clock.advance(START_SLACK_SECONDS - 0.0005)
+        wires[4].begin()
+    await clock.advance(0.05)
+    assert not any(wire.promoted for wire in wires) and not gather.done()
+    for w in (0, 2, 4):
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and round_.used_workers == [0, 2, 4] and not round_.promoted
     for session in sessions:
         session.close()
 
