@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 import numpy as np
@@ -287,6 +288,45 @@ def _session_sources(code: GradientCode, expected: set[int]) -> tuple[list[_Sess
     return wires, sessions, sources
 
 
+@dataclasses.dataclass
+class _BinarySix:
+    """Binary, n = 6, s = 1 over in-process Sessions, the round expecting {0, 2, 4} (1, 3, 5 asked as backups), its
+    gather under way with the given hedging on a manual clock: what a promotion test drives and checks."""
+
+    code: GradientCode
+    wires: list[_SessionWire]
+    sessions: list[Session]
+    g: np.ndarray
+    messages: dict[int, np.ndarray]
+    clock: ManualClock
+    round: Round
+    gather: asyncio.Task[None]
+
+    async def decodes_without(self, straggler: int, *, answering: Iterable[int]) -> None:
+        """The ``answering`` workers send their messages: the round decodes, exactly, without ``straggler``, its one
+        straggler (then the sessions close)."""
+        for w in answering:
+            self.wires[w].answer(self.messages[w], worker_id=w, row=w)
+        async with asyncio.timeout(5.0):
+            await self.gather
+        round_ = self.round
+        assert round_.decodable and straggler not in round_.used_workers and round_.stragglers == [straggler]
+        np.testing.assert_allclose(round_.decode().vector, self.g.sum(axis=0), rtol=1e-12)
+        for session in self.sessions:
+            session.close()
+
+
+def _binary_six_expecting_0_2_4(seed: int, hedging: Hedging) -> _BinarySix:
+    code = make_code("binary", n=6, s=1)
+    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
+    g = np.random.default_rng(seed).standard_normal((6, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[hedging]))
+    return _BinarySix(code, wires, sessions, g, messages, clock, round_, gather)
+
+
 async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_messages_in_hand() -> None:
     """Binary, n = 4, s = 1 (classes {0, 2} and {1, 3}): the round expects {0, 2} and asked 1 and 3 as backups.
     Once 2 has answered and only 0 (at most s expected workers) is out, the backups that complete worker 2's
@@ -384,13 +424,8 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}. 0 said it began, 4 did not; when 2 answers, 4 is the one
     expected worker that is straggling (at most s), so the backups completing 2's message and 0's to come are
     promoted then, without waiting for 0, and the round decodes from them and 0."""
-    code = make_code("binary", n=6, s=1)
-    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
-    g = np.random.default_rng(8).standard_normal((6, 20))
-    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    clock = ManualClock()
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    six = _binary_six_expecting_0_2_4(8, Hedging())
+    code, wires, messages, clock, gather = six.code, six.wires, six.messages, six.clock, six.gather
     await clock.settle()
     wires[0].begin()
     await clock.settle()
@@ -399,14 +434,7 @@ async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covere
     assert completing
     await clock.settle()  # no time passes: 2's end is what promotes
     assert [w for w in range(6) if wires[w].promoted] == list(completing) and not gather.done()
-    for w in (0, *completing):
-        wires[w].answer(messages[w], worker_id=w, row=w)
-    async with asyncio.timeout(5.0):
-        await gather
-    assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
-    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
-    for session in sessions:
-        session.close()
+    await six.decodes_without(4, answering=(0, *completing))
 
 
 @pytest.mark.parametrize(
@@ -422,13 +450,8 @@ async def test_an_expected_worker_that_has_not_begun_when_the_others_have_is_cov
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 0 and 2 say they began, 4 does not. Nobody ends, yet
     once 4 is later than the others' own spread past the last of them (at least the slack), the backups completing
     0's and 2's messages are promoted, not a moment before; the round decodes from them without 4."""
-    code = make_code("binary", n=6, s=1)
-    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
-    g = np.random.default_rng(10).standard_normal((6, 20))
-    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    clock = ManualClock()
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    six = _binary_six_expecting_0_2_4(10, Hedging())
+    code, wires, clock = six.code, six.wires, six.clock
     await clock.settle()
     for w, at in sorted(begins.items(), key=lambda item: item[1]):
         await clock.advance(at - clock.now())
@@ -438,14 +461,7 @@ async def test_an_expected_worker_that_has_not_begun_when_the_others_have_is_cov
     await clock.advance(1e-4)
     completing = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[0, 2])
     assert completing and [w for w in range(6) if wires[w].promoted] == list(completing)
-    for w in (0, 2, *completing):
-        wires[w].answer(messages[w], worker_id=w, row=w)
-    async with asyncio.timeout(5.0):
-        await gather
-    assert round_.decodable and 4 not in round_.used_workers and round_.stragglers == [4]
-    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
-    for session in sessions:
-        session.close()
+    await six.decodes_without(4, answering=(0, 2, *completing))
 
 
 @pytest.mark.parametrize("late", ["within the slack", "two not begun"])
@@ -454,13 +470,9 @@ async def test_no_promotion_for_a_worker_that_begins_within_the_others_spread_or
 ) -> None:
     """Binary, n = 6, s = 1, expecting {0, 2, 4}: a 4 that begins within the slack after the others, or 2 and 4
     both not begun (more than s), promote nothing before an expected worker ends; the round decodes from 0, 2, 4."""
-    code = make_code("binary", n=6, s=1)
-    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
-    g = np.random.default_rng(11).standard_normal((6, 20))
-    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    clock = ManualClock()
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    six = _binary_six_expecting_0_2_4(11, Hedging())
+    wires, sessions, messages = six.wires, six.sessions, six.messages
+    clock, round_, gather = six.clock, six.round, six.gather
     await clock.advance(0.001)
     wires[0].begin()
     if late == "within the slack":
@@ -482,13 +494,9 @@ async def test_no_promotion_for_a_worker_that_begins_within_the_others_spread_or
 async def test_an_expected_worker_counted_on_that_fails_has_its_backups_promoted_too() -> None:
     """As above, but once the backups completing 2's and 0's messages are promoted, 0 fails: the backups that
     complete the messages without it are promoted at once (not at the hedge), and the round decodes."""
-    code = make_code("binary", n=6, s=1)
-    wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
-    g = np.random.default_rng(9).standard_normal((6, 20))
-    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(6)}
-    clock = ManualClock()
-    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
-    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=5.0)]))
+    six = _binary_six_expecting_0_2_4(9, Hedging(promote_after=5.0))
+    code, wires, sessions, g, messages = six.code, six.wires, six.sessions, six.g, six.messages
+    clock, round_, gather = six.clock, six.round, six.gather
     await clock.settle()
     wires[0].begin()
     await clock.settle()
