@@ -61,11 +61,9 @@ class Hedging(GatherStrategy):
         self.reask_after = reask_after
         self._gathering: Gathering | None = None
         self._out: set[int] = set()
-        self._expected: frozenset[int] = frozenset()
         """Expected workers still out: the trigger of the backups' promotion (none: no backups to promote)."""
-        self._began_at: dict[int, float] = {}
-        """When each expected worker was seen to begin (or end, if first seen then), on the round's clock from
-        its start."""
+        self._expected: frozenset[int] = frozenset()
+        """Every expected worker of the gather."""
         self._hedge_at: float | None = None
         self._promoted = False
         """This gather has promoted the backups completing the expected workers' messages."""
@@ -115,13 +113,14 @@ class Hedging(GatherStrategy):
         a few milliseconds apart under load, and a worker waiting for a core is within that; an emulated or
         real delay before the computation (a busy or paused host, a request held up on its way) is not."""
         gathering = self.gathering
-        if self._promoted or gathering.decodable or not self._out:
-            return None
-        waiting = {w for w in self._out if not gathering.began(w)}
+        began_at, s = gathering.began_at, gathering.round.decoder.code.s
+        if self._promoted or gathering.decodable or not self._out or len(began_at) + s < len(self._expected):
+            return None  # (the last test is cheap and necessary: it spares the loop's every turn the sets below)
+        waiting = self._waiting()
         others = self._expected - waiting
-        if not (0 < len(waiting) <= gathering.round.decoder.code.s and others and others <= self._began_at.keys()):
+        if not (0 < len(waiting) <= s and others and others <= began_at.keys()):
             return None
-        times = [self._began_at[w] for w in others]
+        times = [began_at[w] for w in others]
         first, last = min(times), max(times)
         return gathering.round.started + last + max(last - first, START_SLACK_SECONDS)
 
@@ -145,7 +144,6 @@ class Hedging(GatherStrategy):
 
     def tick(self, now: float) -> None:
         gathering = self.gathering
-        self._note_beginnings(now)
         start_overdue_at = self.start_overdue_at()
         if start_overdue_at is not None and now >= start_overdue_at:
             self._cover_stragglers()
@@ -176,27 +174,21 @@ class Hedging(GatherStrategy):
         out = self._out
         if worker_id not in out:
             return
-        gathering = self.gathering
-        self._began_at.setdefault(worker_id, gathering.now() - gathering.round.started)
         out.discard(worker_id)
+        gathering = self.gathering
         if gathering.decodable or (self._promoted and failure is None):
             return
-        computing = {w for w in out if gathering.began(w)}
-        if not out or 0 < len(out - computing) <= gathering.round.decoder.code.s:
+        if not out or 0 < len(self._waiting()) <= gathering.round.decoder.code.s:
             self._cover_stragglers()
 
-    def _note_beginnings(self, now: float) -> None:
-        """Note when the expected workers still out were first seen to have begun."""
+    def _waiting(self) -> set[int]:
+        """The expected workers still out that have not begun."""
         gathering = self.gathering
-        for w in self._out:
-            if w not in self._began_at and gathering.began(w):
-                self._began_at[w] = now - gathering.round.started
+        return {w for w in self._out if not gathering.began(w)}
 
     def _cover_stragglers(self) -> None:
         """Promote the backups that complete the messages in hand and those of the expected workers computing."""
-        gathering = self.gathering
-        computing = {w for w in self._out if gathering.began(w)}
-        self._promote_completing(gathering.pending - self._out, computing)
+        self._promote_completing(self.gathering.pending - self._out, self._out - self._waiting())
         self._promoted = True
 
     def _promote_completing(self, backups: set[int], computing: set[int], first: Collection[int] = ()) -> None:

@@ -518,6 +518,9 @@ class Gathering:
         """Workers asked whose stream has not ended."""
         self.heard: set[int] = set()
         """Workers from which something (a chunk, the end, a failure) came in this gather."""
+        self.began_at: dict[int, float] = {}
+        """When each worker was first known to have begun (its start news, or the first thing heard from it), on the
+        round's clock from :attr:`Round.started`."""
         self.refused: set[MessageAssembler] = set()
         """The streams (by their assemblers) already ended by a failure: what else they deliver is dropped."""
         self.backups: set[int] = set()
@@ -576,6 +579,7 @@ class Gathering:
         w = source.worker_id
         if w not in self.pending and w not in self.round.finished:
             self.heard.discard(w)
+            self.began_at.pop(w, None)
             self.ask(source)
             for strategy in self.strategies:
                 strategy.joined(source)
@@ -588,7 +592,7 @@ class Gathering:
     def _receive(self, worker_id: int, assembler: MessageAssembler, item: Received | BaseException | None) -> None:
         """One item of a worker's stream: a chunk, None at its end, or the exception that ended it. After a refusal
         the stream's remaining items are dropped: the first reason is the one the round records."""
-        self.heard.add(worker_id)
+        self._hear(worker_id)
         if assembler in self.refused:
             return
         if isinstance(item, BaseException):
@@ -620,6 +624,17 @@ class Gathering:
             return
         self._receive(worker_id, assembler, None)
 
+    def _began(self, worker_id: int) -> None:
+        """Worker ``worker_id`` said its computation began: note when, and wake the loop."""
+        self.began_at.setdefault(worker_id, self.now() - self.round.started)
+        self.queue.put_nowait((worker_id, _NEWS))
+
+    def _hear(self, worker_id: int) -> None:
+        """Something came from worker ``worker_id``: it has begun, if it had not said so."""
+        if worker_id not in self.heard:
+            self.heard.add(worker_id)
+            self.began_at.setdefault(worker_id, self.now() - self.round.started)
+
     def _start(self, source: Source) -> None:
         """Open ``source``'s stream and have its items received."""
         round_, worker_id = self.round, source.worker_id
@@ -631,15 +646,14 @@ class Gathering:
         try:
             stream = source.open()
         except Exception as exc:
-            self.heard.add(worker_id)
+            self._hear(worker_id)
             self.queue.put_nowait((worker_id, exc))
             return
         self.streams[worker_id] = stream
-        news = functools.partial(self.queue.put_nowait, (worker_id, _NEWS))
-        if hasattr(stream, "on_started"):  # an expected worker's start wakes the loop
-            cast(ReportsStart, stream).on_started = news
-        if hasattr(stream, "on_ready"):  # a held backup's news too
-            cast(Holds, stream).on_ready = news
+        if hasattr(stream, "on_started"):  # an expected worker's start is timed and wakes the loop
+            cast(ReportsStart, stream).on_started = functools.partial(self._began, worker_id)
+        if hasattr(stream, "on_ready"):  # a held backup's news wakes it too
+            cast(Holds, stream).on_ready = functools.partial(self.queue.put_nowait, (worker_id, _NEWS))
         if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
             direct = cast(DeliversItems, stream)
             direct.place = assembler.place
@@ -685,6 +699,7 @@ class Gathering:
             round_.gather_decode_seconds += time.perf_counter() - t0
             return
         self.pending.discard(worker_id)
+        self.began_at.setdefault(worker_id, self.now() - round_.started)  # (a stream that failed before a word)
         failure = None
         if item is None:
             self._finish(worker_id)
