@@ -117,38 +117,49 @@ async def test_a_killed_primary_is_covered_by_a_backup_and_every_gradient_stays_
 
 
 async def test_more_expected_workers_frozen_than_s_are_covered_by_the_hedge(tmp_path: Path) -> None:
-    """Fractional, n = 4, s = 1 (replica groups {0, 2} and {1, 3}), workers on one machine: the rounds expect
-    {0, 1}. Both are frozen (SIGSTOP: nothing ends, so no promotion starts when expected workers end); the
-    backups 2 and 3, which compute nothing until promoted, are promoted by the round's hedge and decode.
+    """Fractional, n = 4, s = 1 (replica groups {0, 2} and {1, 3}), workers on one machine: a round expects one
+    worker of each group (the first ones {0, 1}). Both expected workers are frozen (SIGSTOP: nothing ends, so no
+    promotion starts when expected workers end); the backups, which compute nothing until promoted, are promoted by
+    the round's hedge and decode.
 
-    Every worker takes 0.2 s a round, so the freeze sent on iteration 2's report lands a round or two later
-    even when the watch lags the master; the test finds that round from the reports instead of assuming it."""
+    Every worker takes 0.2 s a round, so the freeze, sent on a report, lands a round or two later, during that
+    round's delay, even when the watch lags the master; the test finds that round from the reports instead of
+    assuming it. The pair frozen is the one the next rounds expect, read from the first report from iteration 2 on
+    that promoted nobody (its messages are then the expected workers'): a worker that begins its computation a few
+    milliseconds after the other under load can be covered by the start rule, and a backup whose emulated delay
+    ran meanwhile then answers instead, after which the rounds expect the pair that answered (it failed so once)."""
     with start_cluster(4, tmp_path) as cluster:
-        frozen = [cluster.processes[w].process for w in (0, 1)]
         spec = job_spec(
             "fractional", {"n": 4, "s": 1}, iterations=10, verify=True, worker_ids=cluster.ids[:4],
             straggler=fixed_delay(0.2),
         )  # fmt: skip
+        frozen: list[int] = []
+        """The job workers (indices) frozen, once chosen."""
 
         def freeze(report: master_pb2.IterationReport) -> None:
-            if report.iteration == 2:
-                for process in frozen:
-                    process.send_signal(signal.SIGSTOP)
+            if frozen or report.iteration < 2 or report.promoted_workers:
+                return
+            frozen.extend(_used(cluster, report))
+            for w in frozen:
+                cluster.processes[w].process.send_signal(signal.SIGSTOP)
 
         try:
             async with asyncio.timeout(60):
                 info, reports = await run_job(cluster.master_address, spec, freeze)
         finally:
-            for process in frozen:
-                process.send_signal(signal.SIGCONT)
+            for w in frozen:
+                cluster.processes[w].process.send_signal(signal.SIGCONT)
         _assert_exact(info, reports)
-        assert _used(cluster, reports[0]) == (0, 1), "the first rounds expect {0, 1}"
-        # The first round after the freeze without a message of 0 or 1; from then on only 2 and 3 answer.
+        assert sorted(reports[0].backup_workers) == sorted(cluster.ids[2:4]), "the first round expects {0, 1}"
+        assert len(frozen) == 2, f"a round from iteration 2 on promoted nobody and used two workers: {reports}"
+        others = sorted(set(range(4)) - set(frozen))
+        # The first round without a message of the frozen pair; from then on only the other two answer.
         landed = next(
-            (i for i, r in enumerate(reports) if r.iteration > 2 and _used(cluster, r) == (2, 3)), len(reports)
+            (i for i, r in enumerate(reports) if r.iteration > 2 and set(_used(cluster, r)).isdisjoint(frozen)),
+            len(reports),
         )
         assert landed <= len(reports) - 4, f"the freeze took effect too late to test anything: {reports}"
-        assert all(_used(cluster, r) == (2, 3) for r in reports[landed:])
-        assert any({cluster.ids[2], cluster.ids[3]} <= set(r.promoted_workers) for r in reports[landed:]), (
+        assert all(_used(cluster, r) == tuple(others) for r in reports[landed:])
+        assert any({cluster.ids[w] for w in others} <= set(r.promoted_workers) for r in reports[landed:]), (
             "the hedge promoted both backups"
         )
