@@ -44,6 +44,7 @@ class Uncoded(GradientCode):
 
     name = "uncoded"
     decode_cost = "O(1) per message (count)"
+    cheap_decodes = True
 
     def __init__(self, n: int) -> None:
         super().__init__(n, n, 0)
@@ -78,6 +79,7 @@ class IgnoreStragglers(GradientCode):
     name = "ignore_stragglers"
     exact = False
     decode_cost = "O(1) per message (count), approximate"
+    cheap_decodes = True
 
     def __init__(self, n: int, s: int) -> None:
         super().__init__(n, n, s)

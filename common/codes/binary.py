@@ -300,6 +300,7 @@ class BinaryCodeBase(GradientCode):
     """
 
     decode_cost = "O(1) per message (class counters + union-find), O(f) weights"
+    cheap_decodes = True
 
     _classes: tuple[tuple[int, ...], ...]
     _class_of: tuple[int, ...]

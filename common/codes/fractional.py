@@ -68,6 +68,7 @@ class FractionalRepetitionCode(GradientCode):
 
     name = "fractional"
     decode_cost = "O(1) per message (group bookkeeping), 0/1 weights"
+    cheap_decodes = True
 
     def __init__(self, n: int, s: int) -> None:
         n = check_int("n", n, 1)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcode.common.codes import GradientCode, make_code
-from gradcode.common.codes.numerics import ones_in_span
+from gradcode.common.codes import GradientCode, base, make_code
+from gradcode.common.codes.numerics import ones_in_span, span_minimal_members
+from gradcode.common.codes.registry import code_class
 from tests.codes.test_contract import CONFIGS
 
 ORDERS = 4
@@ -83,3 +84,53 @@ def test_a_preference_that_cannot_decode_gives_none() -> None:
     code = make_code("cyclic", n=6, s=1)
     assert code.decoding_set(code.static_assignment(), [0, 1, 2, 3]) is None  # n - s - 1 workers
     assert code.decoding_set(code.static_assignment(), []) is None
+
+
+@pytest.mark.parametrize(("name", "cfg"), [c for c in CONFIGS if code_class(c.values[0]).exact])
+def test_the_span_minimisation_leaves_out_exactly_whom_decoding_again_would(
+    name: str, cfg: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The solves of ``span_minimal_members`` and a decode without each member, the latest first, keep the same
+    members, for random preferences and messages in hand (the solves forced even where decoding again is cheaper)."""
+    monkeypatch.setattr(base, "MINIMISE_BY_DECODING_UP_TO", 0)
+    code = make_code(name, **cfg)  # (exact codes: an approximate one's decodable sets are no span)
+    assignment = code.assign(None)
+    rng = np.random.default_rng(11)
+    for trial in range(2 * ORDERS):
+        order = [int(w) for w in rng.permutation(code.n)]
+        given, preference = (order[: trial % (code.n // 2 + 1)], order[trial % (code.n // 2 + 1) :])
+        decoder = code.decoder(assignment)
+        if any(decoder.add(r) for r in assignment.rows_of(given)):
+            continue
+        greedy = []
+        for w in preference:
+            greedy.append(w)
+            if any(decoder.add(r) for r in assignment.rows[w]):
+                break
+        else:
+            continue
+        kept = span_minimal_members(code.B, [assignment.rows[w] for w in greedy], assignment.rows_of(given))
+        assert kept is not None
+        assert [greedy[i] for i in kept] == code._minimal_by_decoding(assignment, greedy, given), (given, greedy)
+        assert code.decoding_set(assignment, preference, given=given) == tuple(greedy[i] for i in kept)
+
+
+@pytest.mark.parametrize(("name", "n"), [("clustered", 200), ("binary", 200), ("fractional", 200), ("uncoded", 150)])
+def test_a_large_decoding_set_decodes_and_no_member_can_go(name: str, n: int) -> None:
+    """Above the sizes the contract covers, where the span's solves run in blocks of rows (one per cluster or
+    replica group) or in one large block (binary's overlapping runs), checked by the independent rank test."""
+    code = code_class(name).for_stragglers(n, 0 if name == "uncoded" else 1)
+    assignment = code.static_assignment()
+    preference = [int(w) for w in np.random.default_rng(5).permutation(code.n)]
+    chosen = code.decoding_set(assignment, preference)
+    assert chosen is not None and _decodes(code, list(chosen))
+    for w in chosen[:: max(1, len(chosen) // 12)]:
+        assert not _decodes(code, [v for v in chosen if v != w]), f"{code}: decodes without worker {w}"
+    assert list(chosen) == [w for w in preference if w in chosen]
+
+
+def test_the_span_minimisation_refuses_rows_that_do_not_span_the_ones() -> None:
+    b = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    assert span_minimal_members(b, [[0], [1]]) is None, "partition 2 is covered by no row"
+    assert span_minimal_members(np.array([[1.0, 1.0], [1.0, 1.0]]), [[0], [1]]) == [1], "the earlier copy goes"
+    assert span_minimal_members(np.array([[1.0, 2.0], [2.0, 4.0]]), [[0], [1]]) is None, "they span (1, 2) only"
