@@ -18,6 +18,7 @@
     gradcode bench cluster [--quick]   emulated hosts (root): flat codes, trees, allreduce on shaped links
     gradcode bench cluster-plan        heterogeneous emulated hosts (root): gradcode plan's pick, measured
     gradcode bench papers [--quick]    the papers' timing results beside gradcode's simulation of its own codes
+    gradcode bench primaries [--quick] how long a round takes to choose the workers it expects, n = 16 to 2000
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -801,6 +802,7 @@ BENCHMARKS = {
     "cluster": "gradcode.bench.cluster",
     "cluster-plan": "gradcode.bench.cluster_plan",
     "papers": "gradcode.bench.papers",
+    "primaries": "gradcode.bench.primaries",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",
     "wide": "gradcode.bench.wide",

@@ -119,7 +119,8 @@ def test_a_slower_host_computes_its_share_slower() -> None:
 
 
 def test_two_thousand_workers_simulate_in_seconds() -> None:
-    """Above PRIMARIES_MAX_WORKERS no decoding set is sought: uncoded took 4 s and clustered 52 s per iteration."""
+    """With the round's primaries (found again whenever a member is late): 0.1-0.6 s for the three iterations here;
+    before decoding_set solved by the span, uncoded took 4 s and clustered 52 s per iteration."""
     costs = Costs(compute_seconds=1.0, message_bytes=8e5, worker_bandwidth=1.25e8, master_bandwidth=1.25e9)
     for code in (
         make_code("binary", n=2000, s=99),
