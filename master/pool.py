@@ -188,6 +188,9 @@ class PoolWorker:
     """Ask the worker for a link (:mod:`gradcode.common.transport.link`) to carry the Computes instead of gRPC."""
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("pool worker"), repr=False)
     """Who holds the close of a channel it replaced (:meth:`reconnect`): its pool's owner."""
+    probe_channel: grpc.aio.Channel | None = field(default=None, repr=False)
+    """The channel its health probes use while it is UP (Hello's bearer), kept from one to the next
+    (:meth:`WorkerPool.probe`)."""
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
@@ -486,6 +489,9 @@ class WorkerPool:
             log.warning("%s is DOWN: %s", worker.describe(), error)
         self._set_state(worker, master_pb2.WORKER_STATE_DOWN, error)
         worker.jobs.clear()
+        probe_channel, worker.probe_channel = worker.probe_channel, None  # (DOWN, it is probed over fresh ones)
+        if probe_channel is not None and not worker.tasks.closed:
+            worker.tasks.spawn(probe_channel.close(None), name=f"close-probe-channel-{worker.worker_id}", fatal=False)
 
     def mark_seen(self, worker: PoolWorker) -> None:
         worker.last_seen = time.time()
@@ -507,28 +513,38 @@ class WorkerPool:
 
     # ---- health --------------------------------------------------------------------------------
     async def probe(self, worker: PoolWorker, timeout: float = HEALTH_PROBE_SECONDS, *, strikes: int = 1) -> bool:
-        """Ask a worker's health service over a fresh channel, then who answers (Worker.Hello); mark it UP
-        (it holds no job) only if it serves and proves it is the process that registered.
+        """Ask a worker's health service, then who answers (Worker.Hello); mark it UP (it holds no job) only if it
+        serves and proves it is the process that registered.
+
+        A DOWN worker is probed over a fresh channel each time (no reconnect back-off); an UP one over a channel kept
+        between its probes (:attr:`PoolWorker.probe_channel`), dropped when a probe fails other than by timing out or
+        the worker is marked DOWN. With mutual TLS, a new connection per probe made 8 idle workers cost the master
+        27-40 ms of CPU a second; kept, 15-16 ms (without TLS the difference is within the noise).
 
         Another process at the address (the worker restarted) is not revived: it registers itself, and
         is admitted with a new call token then. A ``--workers`` address (no secret) needs SERVING only. An UP
         worker is marked DOWN after ``strikes`` probes in a row that timed out (any other failure: at once).
         """
         error, foreign, timed_out = "", False, False
-        async with self._fresh_channel(worker.address) as channel:
-            try:
-                health = health_pb2_grpc.HealthStub(channel)
-                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-                if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                    error = "health check: the worker is not serving (shutting down)"
-                elif worker.process_secret and not await _holds(channel, worker.process_secret, timeout):
-                    error, foreign = (
-                        "another worker process answers at this address (restarted?); it must register",
-                        True,
-                    )
-            except grpc.aio.AioRpcError as exc:
-                error = f"health check: {exc.code().name}: {exc.details()}"
-                timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        kept = worker.is_up
+        channel = (worker.probe_channel if kept else None) or self._fresh_channel(worker.address)
+        if kept:
+            worker.probe_channel = channel
+        try:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                error = "health check: the worker is not serving (shutting down)"
+            elif worker.process_secret and not await _holds(channel, worker.process_secret, timeout):
+                error, foreign = "another worker process answers at this address (restarted?); it must register", True
+        except grpc.aio.AioRpcError as exc:
+            error = f"health check: {exc.code().name}: {exc.details()}"
+            timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            if not kept or (error and not timed_out):  # a failure other than a timeout marks it DOWN: a fresh one next
+                if kept and worker.probe_channel is channel:
+                    worker.probe_channel = None
+                await channel.close(None)
         serving = not error
         worker.idle_timeouts = worker.idle_timeouts + 1 if timed_out else 0
         if not serving and (worker.is_up or foreign) and (not timed_out or worker.idle_timeouts >= strikes):
@@ -584,9 +600,10 @@ class WorkerPool:
         if monitors:
             await asyncio.wait(monitors)  # (one that crashed was reported by :attr:`tasks`)
         for worker in self.workers:
-            channel = worker.detach()
-            if channel is not None:
-                await channel.close(None)
+            for channel in (worker.detach(), worker.probe_channel):
+                if channel is not None:
+                    await channel.close(None)
+            worker.probe_channel = None
         if self._own_tasks:
             await self.tasks.close()
 
