@@ -586,16 +586,9 @@ class GradientCode(ABC):
         master asks the workers outside it as backups, and asks a set completing the messages in hand when an
         expected worker is late (:class:`gradcode.common.gather.primaries.Primaries`, :meth:`Round.gather`).
         """
-        dec = self.decoder(assignment)
-        if any(dec.add(r) for r in assignment.rows_of(given)):
-            return ()
-        chosen: list[int] = []
-        for w in preference:
-            chosen.append(w)
-            if any(dec.add(r) for r in assignment.rows[w]):
-                break
-        else:
-            return None
+        chosen = self._greedy_prefix(assignment, preference, given)
+        if not chosen:  # ([]: the given workers decode; None: all of them together do not)
+            return None if chosen is None else ()
         cheap = self.cheap_decodes and len(chosen) * (len(given) + len(chosen)) <= MINIMISE_BY_DECODING_UP_TO
         if self.exact and not cheap:
             # decodable means 1 in the span: a solve per block of rows instead of a decode per member
@@ -604,6 +597,22 @@ class GradientCode(ABC):
             if smaller is not None and (smaller == chosen or self.decodes([*given, *smaller], assignment)):
                 return tuple(smaller)
         return tuple(self._minimal_by_decoding(assignment, chosen, given))
+
+    def _greedy_prefix(
+        self, assignment: Assignment, preference: Sequence[int], given: Sequence[int]
+    ) -> list[int] | None:
+        """The workers of ``preference`` up to the one whose rows, with those of ``given`` and the earlier ones, make
+        the rows decode: what :meth:`decoding_set` minimises ([] when ``given`` decodes alone, None when nobody
+        does)."""
+        dec = self.decoder(assignment)
+        if any(dec.add(r) for r in assignment.rows_of(given)):
+            return []
+        chosen: list[int] = []
+        for w in preference:
+            chosen.append(w)
+            if any(dec.add(r) for r in assignment.rows[w]):
+                return chosen
+        return None
 
     def _minimal_by_decoding(self, assignment: Assignment, chosen: list[int], given: Sequence[int]) -> list[int]:
         """``chosen`` without each member, the latest first, whose absence the others still decode: one decode per

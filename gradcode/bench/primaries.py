@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gradcode.bench.output import RESULTS, add_out_argument, load_average, save
-from gradcode.common.codes.base import Assignment, GradientCode
+from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class
 
 FULL_SIZES = (16, 64, 200, 2000)
@@ -40,19 +40,6 @@ LARGE_SCHEMES = ("binary", "binary_heterogeneous", "clustered", "dynamic_cluster
 them there (cyclic, Reed–Solomon, CodedReduce, partial stragglers), and ignore_stragglers, approximate, always
 decodes again (12 ms at n = 200, seconds at 2000)."""
 SEED = 7
-
-
-def _greedy(code: GradientCode, assignment: Assignment, preference: Sequence[int], given: Sequence[int]) -> list[int]:
-    """The preference prefix ``decoding_set`` minimises (the workers up to the one that made the rows decode)."""
-    decoder = code.decoder(assignment)
-    for r in assignment.rows_of(given):
-        decoder.add(r)
-    chosen: list[int] = []
-    for w in preference:
-        chosen.append(w)
-        if any(decoder.add(r) for r in assignment.rows[w]):
-            return chosen
-    raise ValueError(f"{code}: the preference does not decode")
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -70,7 +57,7 @@ def time_case(code: GradientCode, repeats: int) -> dict[str, Any]:
     for case, (given, preference) in cases.items():
         found = code.decoding_set(assignment, preference, given=given)
         row[f"{case}_set"] = None if found is None else len(found)
-        greedy = _greedy(code, assignment, preference, given) if found else []
+        greedy = code._greedy_prefix(assignment, preference, given) or []  # (what both minimise)
         as_shipped = functools.partial(code.decoding_set, assignment, preference, given=given)
         # (the fallback itself: the minimisation every decoding_set ran before the span's solves)
         decoding_again = functools.partial(code._minimal_by_decoding, assignment, greedy, given)

@@ -99,15 +99,8 @@ def test_the_span_minimisation_leaves_out_exactly_whom_decoding_again_would(
     for trial in range(2 * ORDERS):
         order = [int(w) for w in rng.permutation(code.n)]
         given, preference = (order[: trial % (code.n // 2 + 1)], order[trial % (code.n // 2 + 1) :])
-        decoder = code.decoder(assignment)
-        if any(decoder.add(r) for r in assignment.rows_of(given)):
-            continue
-        greedy = []
-        for w in preference:
-            greedy.append(w)
-            if any(decoder.add(r) for r in assignment.rows[w]):
-                break
-        else:
+        greedy = code._greedy_prefix(assignment, preference, given)
+        if not greedy:  # (the given workers decode alone, or nobody does)
             continue
         kept = span_minimal_members(code.B, [assignment.rows[w] for w in greedy], assignment.rows_of(given))
         assert kept is not None
