@@ -86,7 +86,6 @@ from gradcode.common.transport.wire import (
     message_chunk_pieces,
     serialize_chunk,
     serialized_size,
-    tensor_from_array,
 )
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError, WorkerJob
@@ -489,9 +488,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @grpc_errors
     async def FetchModel(  # noqa: N802 - proto name
         self, request: worker_pb2.FetchModelRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> worker_pb2.FetchModelReply:
+    ) -> bytes:
         """The model a Compute of this job's iteration was admitted with, for a peer (waiting briefly for one still
-        arriving); a relay token opens its own job's models only."""
+        arriving), as a serialized FetchModelReply made once for every fetcher; a relay token opens its own job's
+        models only."""
         scope = job_of(bearer_of(context))
         if scope is not None and request.job_id != scope:
             raise PermissionDeniedError(
@@ -499,9 +499,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "of its own job only."
             )
         runtime = self._runtime(request.job_id)
-        params = await runtime.models.wait(int(request.iteration), wait_seconds(runtime.job.num_params))
+        reply = await runtime.models.reply(int(request.iteration), wait_seconds(runtime.job.num_params))
         metrics.MODELS_RELAYED.inc()
-        return worker_pb2.FetchModelReply(model=tensor_from_array(params))
+        return reply
 
     # ---- EndJob --------------------------------------------------------------------------------
     @grpc_errors
@@ -582,11 +582,15 @@ def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.nda
 
 
 def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:
-    """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute sends the
-    serialized chunks it yields as they are (:func:`~gradcode.common.transport.wire.serialize_chunk`)."""
+    """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute and Session send the
+    serialized chunks they yield, and FetchModel its serialized reply, as they are
+    (:func:`~gradcode.common.transport.wire.serialize_chunk`)."""
     recorder = _HandlerRecorder()
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
-    compute, session = recorder.handlers["Compute"], recorder.handlers["Session"]
+    compute, session, fetch = (recorder.handlers[name] for name in ("Compute", "Session", "FetchModel"))
+    recorder.handlers["FetchModel"] = grpc.unary_unary_rpc_method_handler(
+        fetch.unary_unary, request_deserializer=fetch.request_deserializer, response_serializer=serialize_chunk
+    )
     recorder.handlers["Compute"] = grpc.unary_stream_rpc_method_handler(
         compute.unary_stream, request_deserializer=compute.request_deserializer, response_serializer=serialize_chunk
     )

@@ -16,7 +16,7 @@ import pytest
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array
 from gradcode.common.transport.security import Security, job_token, relay_token
-from gradcode.common.transport.wire import CHANNEL_OPTIONS, model_digest
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, array_from_tensor, model_digest
 from gradcode.master.node import MasterNode
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
@@ -183,6 +183,25 @@ async def test_held_models_keep_the_last_two_and_wake_every_waiter_at_once() -> 
         held.hold(4, np.full(2, 4.0))  # the master sent it inline since: it replaces the failure
         held.fail(4, "late news")  # and a failure never replaces a model
         assert held.held(4) is not None and held.held(5) is not None
+
+
+async def test_a_held_models_reply_is_encoded_once_for_every_fetcher_and_again_when_the_model_changes() -> None:
+    held = HeldModels()
+    async with asyncio.timeout(TIMEOUT):
+        fetches = [asyncio.create_task(held.reply(2, 5.0)) for _ in range(3)]  # a peer's three fetchers, early
+        await asyncio.sleep(0.01)
+        held.hold(2, np.arange(4.0))
+        replies = await asyncio.gather(*fetches)
+        assert replies[0] is replies[1] is replies[2] is await held.reply(2, 0.1), "encoded once"
+        first = worker_pb2.FetchModelReply.FromString(replies[0])
+        assert np.array_equal(array_from_tensor(first.model), np.arange(4.0))
+        held.hold(2, np.full(4, 7.0))  # replaced (sent inline since): the reply follows the model held
+        again = worker_pb2.FetchModelReply.FromString(await held.reply(2, 0.1))
+        assert np.array_equal(array_from_tensor(again.model), np.full(4, 7.0))
+        held.hold(3, np.zeros(4))
+        held.hold(4, np.zeros(4))
+        with pytest.raises(ModelUnavailableError, match="no longer holds the model of iteration 2"):
+            await held.reply(2, 0.1)
 
 
 async def test_a_relay_token_opens_fetch_model_of_its_job_only_and_nothing_else() -> None:
