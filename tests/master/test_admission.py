@@ -293,3 +293,36 @@ async def test_the_same_process_keeps_its_token_and_one_displaced_from_its_addre
         await _restart_registration(a, master.address)
         assert "ALREADY_EXISTS" in a.last_registration_error and a.call_token.value is None
         assert b.call_token.value == token_b == {w.address: w.call_token for w in master.pool.workers}[b.address]
+
+
+async def test_more_idle_workers_than_a_periods_probes_take_turns_and_a_dead_one_is_found_in_its_turn() -> None:
+    """A pool that probes 2 idle workers a period, with 5: each period the next 2 in worker id order, wrapping
+    around; one shut down is DOWN at its turn, and the turns then go on among the others."""
+    nodes = [WorkerNode(grace=0.1) for _ in range(5)]
+    pool = WorkerPool(idle_probes=2)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            for node in nodes:
+                await node.start()
+            workers = [
+                await pool.register(n.address, f"w{i}", n.instance_id, secret=n.servicer.process_secret)
+                for i, n in enumerate(nodes)
+            ]
+            ids = [w.worker_id for w in workers]
+
+            async def one_period() -> list[int]:
+                before = {w.worker_id: w.last_seen for w in workers}
+                await pool.probe_idle()
+                return sorted(w.worker_id for w in workers if w.last_seen != before[w.worker_id])
+
+            assert [await one_period() for _ in range(3)] == [ids[0:2], ids[2:4], sorted([ids[4], ids[0]])]
+            await nodes[1].shutdown()  # next in turn: 1 and 2
+            await one_period()
+            assert [w.is_up for w in workers] == [True, False, True, True, True]
+            assert await one_period() == ids[3:5], "the turn goes on among the workers still UP"
+            with pytest.raises(ValueError, match="idle workers probed a period"):
+                WorkerPool(idle_probes=0)
+    finally:
+        await pool.close()
+        for node in nodes:
+            await node.shutdown()
