@@ -407,8 +407,8 @@ MINIMISE_BY_DECODING_UP_TO = 4096
 """Up to this many members × workers, :meth:`GradientCode.decoding_set` of a code with
 :attr:`GradientCode.cheap_decodes` minimises its greedy set by decoding again without each member, not by the
 span's solves (:func:`~gradcode.common.codes.numerics.span_minimal_members`): those cost 0.2-1.4 ms at n = 6-32
-where the decodes cost 0.01-0.8 ms, and as much as they at n = 64 (binary, about 2 ms); at n = 200, 3-9 ms against
-9-29 ms (``python -m gradcode.bench.primaries``)."""
+where the decodes cost 0.01-0.8 ms, and as much as they at n = 64 (binary, about 2 ms); at n = 200, 3-10 ms against
+9-33 ms (``python -m gradcode.bench.primaries``)."""
 
 
 class GradientCode(ABC):
