@@ -71,13 +71,13 @@ from gradcode.v1 import master_pb2, worker_pb2, worker_pb2_grpc
 __all__ = [
     "ADMISSION_TIMEOUT_SECONDS",
     "HEALTH_PROBE_SECONDS",
-    "IDLE_PROBES_PER_PERIOD",
     "IDLE_PROBE_SECONDS",
     "IDLE_PROBE_STRIKES",
     "IDLE_PROBE_TIMEOUT_SECONDS",
     "MAX_ADDRESS_CHARS",
     "MAX_NAME_CHARS",
     "MAX_WORKERS",
+    "PROBES_PER_PERIOD",
     "AddressTakenError",
     "PoolFullError",
     "PoolWorker",
@@ -103,11 +103,13 @@ not a frozen worker (a refused connection, a killed worker, counts at once)."""
 IDLE_PROBE_TIMEOUT_SECONDS = 2.0
 """How long an idle worker's health probe may take: a killed worker's probe fails at once (its port refuses), a
 frozen one's after :data:`IDLE_PROBE_STRIKES` of these, so a dead idle worker is DOWN within about 6 s."""
-IDLE_PROBES_PER_PERIOD = 100
-"""Most idle workers probed each :data:`IDLE_PROBE_SECONDS`: with more, they take turns (in worker id order), each
-probed every ``idle / 100`` periods, and a dead one is DOWN that much later. A probe costs the master about 2 ms of
-CPU (16 idle workers: 25-36 ms a second, this machine), so probing 1000 idle workers every second would take most of
-a core from the jobs' rounds."""
+PROBES_PER_PERIOD = 100
+"""Most idle workers probed each :data:`IDLE_PROBE_SECONDS`, and most DOWN workers each :data:`HEALTH_PROBE_SECONDS`:
+with more, they take turns (in worker id order), each probed every ``count / 100`` periods, and a dead idle one is
+DOWN (a DOWN one that answers again is UP) that much later. A probe costs the master about 2 ms of CPU (16 idle
+workers: 25-36 ms a second, this machine), so probing 1000 workers every second would take most of a core from the
+jobs' rounds. (A DOWN worker that restarts registers itself at once; the probes are for one that comes back as it
+was.)"""
 
 ADMISSION_TIMEOUT_SECONDS = 3.0
 """How long the master waits for a registering worker to answer Worker.Hello at its advertised address."""
@@ -299,16 +301,12 @@ class WorkerPool:
         links: bool = True,
         machine_id: str | None = None,
         tasks: TaskOwner | None = None,
-        idle_probes: int = IDLE_PROBES_PER_PERIOD,
+        probes_per_period: int = PROBES_PER_PERIOD,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"Argument 'max_workers' must be >= 1, not {max_workers!r}.")
-        if idle_probes < 1:
-            raise ValueError(f"Argument 'idle_probes' (idle workers probed a period) must be >= 1, not {idle_probes}.")
-        self.idle_probes = idle_probes
-        """Most idle workers probed per :data:`IDLE_PROBE_SECONDS` (:data:`IDLE_PROBES_PER_PERIOD`)."""
-        self._idle_probed_last = -1
-        """The id of the last idle worker probed: the next period's turn starts after it."""
+        self._idle_turns = _Turns(probes_per_period)
+        self._down_turns = _Turns(probes_per_period)
         self.machine_id = default_machine_id() if machine_id is None else machine_id
         """The machine the master runs on (:mod:`gradcode.common.transport.machine`): only workers registered with this
         id,
@@ -573,20 +571,17 @@ class WorkerPool:
         return bool(serving)
 
     async def probe_down(self) -> None:
-        """Probe every DOWN worker once, concurrently (a removed worker is not in the pool and stays DOWN)."""
-        down = [w for w in self.workers if not w.is_up]
+        """Probe the DOWN workers once, concurrently, at most :data:`PROBES_PER_PERIOD` of them (the next in turn; a
+        removed worker is not in the pool and stays DOWN)."""
+        down = self._down_turns.next(w for w in self.workers if not w.is_up)
         if down:
             await asyncio.gather(*(self.probe(w) for w in down), return_exceptions=True)
 
     async def probe_idle(self, timeout: float = IDLE_PROBE_TIMEOUT_SECONDS) -> None:
-        """Probe the UP workers that hold no job once, concurrently, at most :attr:`idle_probes` of them (the next in
-        turn): one killed or frozen while idle is DOWN before the next job would count it among its workers (a worker
-        that holds a job is watched by the job's calls and :class:`~gradcode.master.liveness.LatenessWatch`)."""
-        idle = sorted((w for w in self.workers if w.is_up and not w.jobs and not w.loading), key=lambda w: w.worker_id)
-        if len(idle) > self.idle_probes:
-            turn = [w for w in idle if w.worker_id > self._idle_probed_last]
-            idle = (turn + [w for w in idle if w.worker_id <= self._idle_probed_last])[: self.idle_probes]
-            self._idle_probed_last = idle[-1].worker_id
+        """Probe the UP workers that hold no job once, concurrently, at most :data:`PROBES_PER_PERIOD` of them (the
+        next in turn): one killed or frozen while idle is DOWN before the next job would count it among its workers (a
+        worker that holds a job is watched by the job's calls and :class:`~gradcode.master.liveness.LatenessWatch`)."""
+        idle = self._idle_turns.next(w for w in self.workers if w.is_up and not w.jobs and not w.loading)
         if idle:
             probes = (self.probe(w, timeout, strikes=IDLE_PROBE_STRIKES) for w in idle)
             await asyncio.gather(*probes, return_exceptions=True)
@@ -623,6 +618,26 @@ class WorkerPool:
             worker.probe_channel = None
         if self._own_tasks:
             await self.tasks.close()
+
+
+class _Turns:
+    """Which of many workers a period probes: all of them up to ``limit``, else the next ``limit`` after the last one
+    probed, in worker id order, wrapping around (:data:`PROBES_PER_PERIOD`)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"Argument 'probes_per_period' must be >= 1, not {limit}.")
+        self.limit = limit
+        self._last = -1
+
+    def next(self, workers: Iterable[PoolWorker]) -> list[PoolWorker]:
+        ordered = sorted(workers, key=lambda w: w.worker_id)
+        if len(ordered) <= self.limit:
+            return ordered
+        later = [w for w in ordered if w.worker_id > self._last]
+        chosen = (later + ordered[: len(ordered) - len(later)])[: self.limit]
+        self._last = chosen[-1].worker_id
+        return chosen
 
 
 async def _holds(channel: grpc.aio.Channel, secret: bytes, timeout: float) -> bool:

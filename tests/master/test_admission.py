@@ -296,10 +296,10 @@ async def test_the_same_process_keeps_its_token_and_one_displaced_from_its_addre
 
 
 async def test_more_idle_workers_than_a_periods_probes_take_turns_and_a_dead_one_is_found_in_its_turn() -> None:
-    """A pool that probes 2 idle workers a period, with 5: each period the next 2 in worker id order, wrapping
+    """A pool that probes 2 workers a period, with 5 idle: each period the next 2 in worker id order, wrapping
     around; one shut down is DOWN at its turn, and the turns then go on among the others."""
     nodes = [WorkerNode(grace=0.1) for _ in range(5)]
-    pool = WorkerPool(idle_probes=2)
+    pool = WorkerPool(probes_per_period=2)
     try:
         async with asyncio.timeout(TIMEOUT):
             for node in nodes:
@@ -320,8 +320,32 @@ async def test_more_idle_workers_than_a_periods_probes_take_turns_and_a_dead_one
             await one_period()
             assert [w.is_up for w in workers] == [True, False, True, True, True]
             assert await one_period() == ids[3:5], "the turn goes on among the workers still UP"
-            with pytest.raises(ValueError, match="idle workers probed a period"):
-                WorkerPool(idle_probes=0)
+            with pytest.raises(ValueError, match="probes_per_period"):
+                WorkerPool(probes_per_period=0)
+    finally:
+        await pool.close()
+        for node in nodes:
+            await node.shutdown()
+
+
+async def test_more_down_workers_than_a_periods_probes_take_turns_coming_back() -> None:
+    """Five ``--workers`` addresses (no registration: a probe that finds one serving brings it UP), all DOWN, then
+    all serving: 2 a period come back, in worker id order."""
+    ports = [free_port() for _ in range(5)]
+    pool = WorkerPool([f"127.0.0.1:{port}" for port in ports], probes_per_period=2)
+    nodes = [WorkerNode(port=port, grace=0.1) for port in ports]
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            for worker in pool.workers:
+                pool.mark_down(worker, "not started yet")
+            for node in nodes:
+                await node.start()
+            up = []
+            for _ in range(3):
+                await pool.probe_down()
+                up.append(sum(w.is_up for w in pool.workers))
+            assert up == [2, 4, 5]
+            assert all(w.is_up for w in sorted(pool.workers, key=lambda w: w.worker_id)[:2])
     finally:
         await pool.close()
         for node in nodes:
