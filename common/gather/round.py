@@ -543,8 +543,8 @@ class Gathering:
         """The worker said its computation began (a stream that
         :class:`~gradcode.common.transport.session.ReportsStart`), or
         its message is arriving (a worker whose messages compute in a few milliseconds sends no notice; on a slow
-        link its message streams for longer than that)."""
-        return worker_id in self.heard or getattr(self.streams.get(worker_id), "started", False) is True
+        link its message streams for longer than that): :attr:`began_at` holds it."""
+        return worker_id in self.began_at
 
     def ready(self) -> set[int]:
         """The held backups still out whose messages wait to be pulled
@@ -652,6 +652,8 @@ class Gathering:
         self.streams[worker_id] = stream
         if hasattr(stream, "on_started"):  # an expected worker's start is timed and wakes the loop
             cast(ReportsStart, stream).on_started = functools.partial(self._began, worker_id)
+        if getattr(stream, "started", False) is True:  # (one that began before it was watched)
+            self._began(worker_id)
         if hasattr(stream, "on_ready"):  # a held backup's news wakes it too
             cast(Holds, stream).on_ready = functools.partial(self.queue.put_nowait, (worker_id, _NEWS))
         if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
