@@ -79,10 +79,10 @@ class HeldModels:
     def __init__(self) -> None:
         self._models: dict[int, Array | str] = {}
         self._changed = asyncio.Event()
-        self._replies: dict[int, bytes] = {}
-        """FetchModel's serialized reply, by iteration: made at the first fetch and sent to every later one (encoding
-        a p = 1e6 model takes about 6 ms of a core, and a peer serves up to three fetchers: the master's
-        ``RELAY_FANOUT``)."""
+        self._reply: tuple[Array, bytes] | None = None
+        """The last FetchModel reply serialized, and the model it carries: made at a model's first fetch and sent to
+        every later one (encoding a p = 1e6 model takes about 6 ms of a core, and a peer serves up to three fetchers:
+        the master's ``RELAY_FANOUT``); a model held since is another array, so never served a stale reply."""
 
     def hold(self, iteration: int, params: Array) -> None:
         """``params`` is iteration ``iteration``'s model (it replaces a failure: the master sent it inline since)."""
@@ -99,10 +99,8 @@ class HeldModels:
 
     def _put(self, iteration: int, value: Array | str) -> None:
         self._models[iteration] = value
-        self._replies.pop(iteration, None)
         for old in sorted(self._models)[: -self.KEEP]:
             del self._models[old]
-            self._replies.pop(old, None)
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -132,11 +130,9 @@ class HeldModels:
         """FetchModel's serialized reply carrying iteration ``iteration``'s model, waiting as :meth:`wait` does;
         encoded once per model, however many peers fetch it."""
         params = await self.wait(iteration, seconds)
-        reply = self._replies.get(iteration)
-        if reply is None:
-            reply = worker_pb2.FetchModelReply(model=tensor_from_array(params)).SerializeToString()
-            self._replies[iteration] = reply
-        return reply
+        if self._reply is None or self._reply[0] is not params:
+            self._reply = (params, worker_pb2.FetchModelReply(model=tensor_from_array(params)).SerializeToString())
+        return self._reply[1]
 
 
 class PeerFetcher:
