@@ -195,10 +195,8 @@ def span_minimal_members(b: Array, members: Sequence[Sequence[int]], fixed: Sequ
     if not all_rows or not coverage.all():
         return None
 
-    def alone(i: int) -> bool:
-        return any(bool((coverage[support[r]] == 1).any()) for r in rows_of[i])
-
-    candidates = [i for i in range(len(rows_of) - 2, -1, -1) if not alone(i)]  # (the last made the set decodable)
+    # (the last member made the set decodable: it stays)
+    candidates = [i for i in range(len(rows_of) - 2, -1, -1) if not _covers_alone(rows_of[i], support, coverage)]
     if not candidates:
         return list(range(len(rows_of)))
     left_out: set[int] = set()
@@ -211,6 +209,11 @@ def span_minimal_members(b: Array, members: Sequence[Sequence[int]], fixed: Sequ
             return None
         left_out.update(latest_first[j] for j in gone)
     return [i for i in range(len(rows_of)) if i not in left_out]
+
+
+def _covers_alone(rows: Sequence[int], support: Mapping[int, Array], coverage: Array) -> bool:
+    """Some partition is covered by one of ``rows`` and by no other row (``coverage``: rows covering each)."""
+    return any(bool((coverage[support[r]] == 1).any()) for r in rows)
 
 
 def _blocks(
@@ -264,7 +267,7 @@ def _left_out_of_block(
     solved: _SpanSolve | None = None
     left_out: list[int] = []
     for position, member in enumerate(candidates):
-        if any(bool((coverage[support[r]] == 1).any()) for r in member):
+        if _covers_alone(member, support, coverage):
             continue  # the only row left covering a partition: it stays
         needs = collections.Counter(key(r) for r in member)
         if solved is None and all(twins[k] > count for k, count in needs.items()):
