@@ -26,7 +26,6 @@ Prints a table and saves ``decode.json`` and ``decode.png`` in ``docs/results/``
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
@@ -37,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, add_out_argument, save
+from gradcode.bench.output import RESULTS, benchmark_parser, save
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
@@ -238,9 +237,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run of a few seconds")
-    add_out_argument(parser, "decode")
+    parser = benchmark_parser("decode", __doc__, quick="tiny sizes, one repeat: a smoke run of a few seconds")
     args = parser.parse_args(argv)
     run(quick=args.quick, out=args.out)
 

@@ -40,6 +40,15 @@ of this project's development machine, outside the import package; where gradcod
 ``gradcode-results`` in the current directory."""
 
 
+def benchmark_parser(name: str, doc: str | None, *, quick: str) -> argparse.ArgumentParser:
+    """The command line benchmark ``gradcode.bench.name`` starts from: its docstring's first line, ``--quick``
+    (``quick`` says what it runs) and ``--out`` (:func:`add_out_argument`: ``name``.json and .png)."""
+    parser = argparse.ArgumentParser(prog=f"python -m gradcode.bench.{name}", description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    add_out_argument(parser, name)
+    return parser
+
+
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
     """The ``--out`` option every benchmark has: where ``name.json`` and ``name.png`` go."""
     parser.add_argument(

@@ -16,7 +16,6 @@ Prints a table and saves ``primaries.json`` and ``primaries.png`` in ``docs/resu
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, add_out_argument, load_average, save
+from gradcode.bench.output import RESULTS, benchmark_parser, load_average, save
 from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import available_codes, code_class
 
@@ -151,9 +150,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.primaries", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="n = 16 and 64, one repeat: a smoke run of seconds")
-    add_out_argument(parser, "primaries")
+    parser = benchmark_parser("primaries", __doc__, quick="n = 16 and 64, one repeat: a smoke run of seconds")
     args = parser.parse_args(argv)
     run(quick=args.quick, out=args.out)
 

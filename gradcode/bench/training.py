@@ -56,7 +56,6 @@ Open MPI and mpi4py (``apt-get install openmpi-bin libopenmpi-dev`` and ``pip in
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
@@ -82,7 +81,7 @@ from gradcode.bench.mpi_allreduce import RESULT_MARK
 from gradcode.bench.output import (
     RESULTS,
     SKIP_ITERATIONS,
-    add_out_argument,
+    benchmark_parser,
     free_port,
     load_average,
     save,
@@ -1108,8 +1107,7 @@ def finish(document: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.training", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small workload and few runs: a smoke run")
+    parser = benchmark_parser("training", __doc__, quick="a small workload and few runs: a smoke run")
     parser.add_argument(
         "--seeds",
         type=int,
@@ -1126,7 +1124,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--from-partial", type=Path, default=None, metavar="FILE",
         help="summarise the rounds a stopped run completed (its training.partial.json, written after every round)",
     )  # fmt: skip
-    add_out_argument(parser, "training")
     args = parser.parse_args(argv)
     if args.from_partial is not None:
         finish(json.loads(args.from_partial.read_text()), args.out)

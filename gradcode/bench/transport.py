@@ -76,7 +76,6 @@ Prints the tables and saves ``transport.json`` and ``transport.png`` in ``docs/r
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -103,7 +102,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gradcode.bench.output import (
     RESULTS,
-    add_out_argument,
+    benchmark_parser,
     cluster_pids,
     cpu_seconds,
     job_medians,
@@ -1416,9 +1415,7 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gradcode.bench.transport", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats: a smoke run of a few seconds")
-    add_out_argument(parser, "transport")
+    parser = benchmark_parser("transport", __doc__, quick="small sizes, few repeats: a smoke run of a few seconds")
     args = parser.parse_args(argv)
     # This process plays the master: the same settings as python -m gradcode.master. Without the BLAS limit,
     # OpenBLAS threads spinning after each norm used 5.5 ms of CPU per p = 1e5 Compute instead of 1.5 ms,
