@@ -575,12 +575,43 @@ class _CountedCall:
 
 class _FirstCompute:
     """A Compute on a worker not yet known to serve Session: if it answers UNIMPLEMENTED, the same request goes
-    as a Compute call (see :class:`Caller`)."""
+    as a Compute call (see :class:`Caller`). Until then it is the Session request, and its start, ready notice and
+    promotion are the request's (:class:`ReportsStart`, :class:`Holds`, :class:`Promotable`): the first round a
+    worker is asked in can time its start and promote or pull it like any other."""
 
-    def __init__(self, caller: Caller, inner: ChunkStream, head: worker_pb2.ComputeRequest, body: bytes) -> None:
+    def __init__(self, caller: Caller, first: SessionCompute, head: worker_pb2.ComputeRequest, body: bytes) -> None:
         self.caller = caller
-        self.inner = inner
+        self.first = first
+        self.inner: ChunkStream = first
         self.request = (head, body)
+
+    @property
+    def started(self) -> bool:
+        return self.first.started
+
+    @property
+    def on_started(self) -> Callable[[], None] | None:
+        return self.first.on_started
+
+    @on_started.setter
+    def on_started(self, callback: Callable[[], None] | None) -> None:
+        self.first.on_started = callback
+
+    @property
+    def ready(self) -> bool:
+        return self.first.ready
+
+    @property
+    def on_ready(self) -> Callable[[], None] | None:
+        return self.first.on_ready
+
+    @on_ready.setter
+    def on_ready(self, callback: Callable[[], None] | None) -> None:
+        self.first.on_ready = callback
+
+    def promote(self) -> None:
+        """Promote the Session request (a Compute call it fell back to sends its messages unasked)."""
+        self.first.promote()
 
     def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
         return self._chunks()

@@ -112,3 +112,21 @@ async def test_an_expected_worker_killed_or_frozen_is_covered_by_pulled_backups(
             replica in first.promoted_workers or replica not in first.backup_workers
         ), "the round the fault hit decoded with 0's replica, 2, pulled or expected"
         assert all(0 not in _used(cluster, r) for r in reports[landed:])
+
+
+async def test_the_first_round_pulls_a_backup_for_an_expected_worker_that_never_begins(tmp_path: Path) -> None:
+    """Worker 0 is delayed 600 s in every round, the first included: the round that first asks each worker (its
+    first Compute on a session not yet known to the master) times the starts and pulls 0's replica, 2, like any
+    later round, and every round decodes without 0."""
+    ports = [free_port() for _ in range(4)]
+    with start_cluster(4, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
+        async with asyncio.timeout(60):
+            info, reports = await run_job(
+                cluster.master_address,
+                _spec(cluster, straggler=fixed_delay(600.0, workers=[0]), iteration_deadline_seconds=20),
+            )
+        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
+        first = reports[0]
+        assert _used(cluster, first) == {1, 2} and cluster.ids[2] in first.promoted_workers, first
+        assert all(0 not in _used(cluster, r) for r in reports)
