@@ -139,12 +139,10 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
 
 
-def relays(mode: str, *, tree: bool, network: int) -> bool:
+def relays(mode: str, *, network: int) -> bool:
     """Whether a round relays the model (``JobSpec.model_delivery`` ``mode``) to the ``network`` workers its first
-    gather asks over the network: "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more;
-    never in a tree (its parents forward the model) nor "direct"."""
-    if tree:
-        return False
+    gather asks over the network (a tree's: the parents of the first layer, who forward it to their children):
+    "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more; never "direct"."""
     return (mode == "relay" and network >= 2) or (mode == "auto" and network >= RELAY_MIN_WORKERS)
 
 
@@ -194,7 +192,7 @@ class RoundPolicy:
         plan = loader.plan
         backups = (
             plan.backup_priority == "low"
-            and plan.topology is None
+            and (plan.topology is None or plan.surplus != "push")  # a tree's parents compute at once: held, or none
             and not self.integrity.checking
             and not plan.code.dynamic  # it places the next iteration from what every worker did in this one
         )
@@ -318,8 +316,11 @@ class RoundPolicy:
         deferred: set[int] = set()
         hedge = None
         if self.primaries is not None and first:
-            backups = set(ask) - self.primaries.choose(it.assignment, ask)
-            deferred = backups & sharing_a_machine(self.loader.workers[: self.plan.code.n]) if backups else set()
+            tree = self.plan.topology is not None
+            sharing = set() if tree else sharing_a_machine(self.loader.workers[: self.plan.code.n])
+            held = not any(w in sharing or not self._holds(w in self.loader.shared_workers) for w in ask)
+            backups = set(ask) - self.primaries.choose(it.assignment, ask, held=held)
+            deferred = backups & sharing
             hedge = self.primaries.hedge()
         it.backups, it.deferred = backups, deferred
         if first:
@@ -337,7 +338,7 @@ class RoundPolicy:
         network (shared-memory workers keep shared memory); ``ask`` in the order to send the requests, the seed's
         first."""
         network = [w for w in ask if w not in self.loader.shared_workers]
-        if not relays(self.plan.model_delivery, tree=self.plan.topology is not None, network=len(network)):
+        if not relays(self.plan.model_delivery, network=len(network)):
             return ask
         order = self.relay_order.order(network, it.t)
         it.model.relay(order)
@@ -424,8 +425,7 @@ class RoundPolicy:
         rows = it.assignment.rows[w]
         in_shared = w in self.loader.shared_workers
         body, shared = it.model.fields(w, shared=in_shared)
-        surplus = self.plan.surplus
-        hold = backup and (surplus == "hold" or (surplus == "auto" and not shared))
+        hold = backup and self._holds(shared)
         head = worker_pb2.ComputeRequest(
             job_id=self.plan.job_id, iteration=it.t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
             report_start=bool(backups) and not backup, hold=hold,
@@ -445,6 +445,12 @@ class RoundPolicy:
             return worker.compute_call(head, body)
 
         return Source(worker_id=w, rows=tuple(rows), open=open_, shared=shared, backup=backup, subtree=self.subtrees[w])
+
+    def _holds(self, shared: bool) -> bool:
+        """Whether a backup keeps its messages until pulled (``JobSpec.surplus``: "hold", or "auto" for a worker whose
+        messages cross the network rather than ``shared`` memory)."""
+        surplus = self.plan.surplus
+        return surplus == "hold" or (surplus == "auto" and not shared)
 
     async def _alive_parent(self, w: int, failure: WorkerFailure) -> bool:
         """Act on worker ``w``'s failure; True when it is a live parent whose children are not decodable."""

@@ -169,7 +169,7 @@ def plan_job(
     _check_integrity(spec, code)
     _check_backup_priority(spec)
     _check_surplus(spec)
-    _check_model_delivery(spec, topology is not None)
+    _check_model_delivery(spec)
     message_dtype = _message_dtype(spec.message_dtype, code)
     spec.message_dtype = message_dtype  # type: ignore[assignment]
     _check_worker_ids(spec, num_workers, topology, known_worker_ids)
@@ -445,15 +445,10 @@ def _check_surplus(spec: master_pb2.JobSpec) -> None:
     _check_choice(spec, "surplus", "surplus mode", SURPLUS_MODES, DEFAULT_SURPLUS)
 
 
-def _check_model_delivery(spec: master_pb2.JobSpec, tree: bool) -> None:
-    """How the model reaches the workers, defaulting to :data:`DEFAULT_MODEL_DELIVERY`; a tree's is direct (its
-    parents forward the model to their children)."""
+def _check_model_delivery(spec: master_pb2.JobSpec) -> None:
+    """How the model reaches the workers (a tree's: the parents of its first layer, who forward it to their
+    children), defaulting to :data:`DEFAULT_MODEL_DELIVERY`."""
     _check_choice(spec, "model_delivery", "model delivery", MODEL_DELIVERIES, DEFAULT_MODEL_DELIVERY)
-    if tree and spec.model_delivery == "relay":
-        raise JobSpecError(
-            "JobSpec.model_delivery 'relay' is for flat codes: a tree code's parents already forward the model to "
-            "their children. Use 'direct' or 'auto' (direct for trees)."
-        )
 
 
 def _check_choice(spec: master_pb2.JobSpec, name: str, kind: str, choices: tuple[str, ...], default: str) -> None:

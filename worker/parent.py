@@ -50,7 +50,7 @@ from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.session import Caller
 from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, Subtree, dict_from_struct
-from gradcode.v1 import worker_pb2
+from gradcode.v1 import common_pb2, worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]
 
@@ -235,15 +235,17 @@ class ParentRunner:
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, caller, subtree))
         return self._channels
 
-    async def children_sum(self, request: worker_pb2.ComputeRequest) -> Round:
-        """Ask every child for this iteration; the returned round is decodable (its decode is the sum).
+    async def children_sum(self, request: worker_pb2.ComputeRequest, model: common_pb2.Tensor | None = None) -> Round:
+        """Ask every child for this iteration with ``model`` inline (the request's by default: a parent relayed its
+        model by a peer forwards the parameters it fetched); the returned round is decodable (its decode is the sum).
 
         Raises ChildrenUnavailableError when the children that answered are not decodable, and
         ComputeCancelledError when the runner is (or gets) closed.
         """
         quarantined = self.integrity.quarantined
         channels = self._open()
-        sources = [self._source(child, request) for i, child in enumerate(channels) if i not in quarantined]
+        model = request.model if model is None else model
+        sources = [self._source(child, request, model) for i, child in enumerate(channels) if i not in quarantined]
         dtype = self.child_dtypes[0]
         round_ = Round(
             self.code.decoder(self.assignment),
@@ -289,9 +291,9 @@ class ParentRunner:
             late=tuple(sorted(late)),
         )
 
-    def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest) -> Source:
+    def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest, model: common_pb2.Tensor) -> Source:
         head = worker_pb2.ComputeRequest(
-            job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, model=request.model,
+            job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, model=model,
             rows=list(child.rows),
         )  # fmt: skip
         return Source(

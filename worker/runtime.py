@@ -40,7 +40,7 @@ from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.gather.round import Round
 from gradcode.common.transport.shared_memory import SharedPeer
-from gradcode.common.transport.wire import NO_SUBTREE, Subtree
+from gradcode.common.transport.wire import NO_SUBTREE, Subtree, tensor_from_array
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, upward_message
@@ -143,9 +143,9 @@ async def until_promoted(flag: Cancellation, promotion: Cancellation) -> None:
 
 
 class Computing:
-    """Yielded once by a leaf's :meth:`JobRuntime.messages`, for a Session request that asked ``report_start``,
-    when its computation begins: after the emulated delay (and a deferred backup's promotion), before the first
-    message; not when that message is computed inline (it then goes out as soon). A parent yields none."""
+    """Yielded once by :meth:`JobRuntime.messages`, for a Session request that asked ``report_start``, when its
+    computation begins: after the emulated delay (and a deferred backup's promotion), before the first message; not
+    when a leaf's message is computed inline (it then goes out as soon)."""
 
 
 COMPUTING = Computing()
@@ -240,7 +240,10 @@ class JobRuntime:
             ):
                 yield message
         else:
-            for message in await self._parent_messages(self.parent, request, params, rows, delay, flag, on_partition):
+            report_start = request.report_start and bool(request.request_id)
+            async for message in self._parent_messages(
+                self.parent, request, params, rows, delay, flag, on_partition, report_start
+            ):
                 yield message
 
     async def _straggle(self, flag: Cancellation, seconds: float) -> None:
@@ -318,13 +321,19 @@ class JobRuntime:
         delay: float,
         flag: Cancellation,
         on_partition: Callable[[int], None] | None,
-    ) -> list[Message]:
-        """Own messages (in a thread) and the children's decoded sum (a round), concurrently; then add."""
+        report_start: bool = False,
+    ) -> AsyncIterator[Message | Computing]:
+        """Own messages (in a thread) and the children's decoded sum (a round), concurrently; then add. With
+        ``report_start``, :data:`COMPUTING` comes once the emulated delay is over and the parent's own part begins
+        (its children work from the start: a parent that began is finishing, one that did not is delayed)."""
         job = self.job
         started = time.perf_counter()
-        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request))
+        model = None if request.HasField("model") else tensor_from_array(params)  # relayed by a peer
+        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request, model))
         try:
             await self._straggle(flag, delay)  # the children already work meanwhile
+            if report_start:
+                yield COMPUTING
             computation = job.start(params, cancelled=flag, on_partition=on_partition)
             own = {row: (await self._message(computation, row))[0] for row in rows}
             gathered = await flag.race(children)
@@ -342,17 +351,13 @@ class JobRuntime:
             decoded.error_bound,
         )  # fmt: skip
         subtree = parent.subtree(gathered)
-        out = []
         length = min(parent.certified_length or job.message_length, job.message_length)
         for row in rows:
             terms = len(job.rows[row].partitions)
             up = upward_message(own[row], computation.magnitude(row), terms, decoded, job.row_dtype(row), length)
-            out.append(
-                Message(
-                    row, up.vector, seconds, delay, not decoded.exact, up.decode_error, subtree, magnitude=up.magnitude
-                )
-            )  # fmt: skip
-        return out
+            yield Message(
+                row, up.vector, seconds, delay, not decoded.exact, up.decode_error, subtree, magnitude=up.magnitude
+            )
 
 
 def _bind(observer: PartitionObserver, job_id: str, iteration: int) -> Callable[[int], None]:

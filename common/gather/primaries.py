@@ -24,13 +24,16 @@ class Primaries:
     persistently slow worker becomes a backup. Sets are cached by assignment, askable workers and the workers
     that missed the last round (a decoding set costs up to 1 ms to find at n = 16, 3-30 ms at n = 200).
 
-    A set of n - s or more of the askable workers (any n - s decode a cyclic code) is no set: every worker is
-    expected. Its s backups would save s workers' work and cost a late start whenever one of the many expected
-    workers straggles. The training benchmark measured cyclic 1.13-1.17x slower with them (s = 1, no delay and
-    one worker delayed 0.25 s), but its next run put the same configuration twice at 1.07 and 1.27: within
-    the comparison's noise, so this rests on the argument more than on the figure. Fractional, binary and
-    Reed-Solomon, whose sets are n / (s + 1), ran 0.56-0.83x as long as with every worker asked alike (no delay and
-    one worker delayed 0.25 s) in both runs since backups on one machine wait to be promoted.
+    A set of n - s or more of the askable workers (any n - s decode a cyclic code) is no set unless the backups are
+    ``held``: every worker is expected. Its s backups would save s workers' work and cost a late start whenever one
+    of the many expected workers straggles. The training benchmark measured cyclic 1.13-1.17x slower with them
+    (s = 1, no delay and one worker delayed 0.25 s), but its next run put the same configuration twice at 1.07 and
+    1.27: within the comparison's noise, so this rests on the argument more than on the figure. Fractional, binary
+    and Reed-Solomon, whose sets are n / (s + 1), ran 0.56-0.83x as long as with every worker asked alike (no delay
+    and one worker delayed 0.25 s) in both runs since backups on one machine wait to be promoted. Held backups
+    (they compute at once, on machines of their own, and keep their messages until the round pulls them:
+    ``JobSpec.surplus``) start on time, so even an n - s set is worth having then: it saves the receiver's link s
+    messages per round (a tree's surplus sub-tree message too).
     """
 
     CACHED = 256
@@ -47,26 +50,29 @@ class Primaries:
         self._assignment: Assignment | None = None
         self._answered: frozenset[int] = frozenset()
         self._cache: collections.OrderedDict[
-            tuple[tuple[tuple[int, ...], ...], frozenset[int], frozenset[int]], frozenset[int]
+            tuple[tuple[tuple[int, ...], ...], frozenset[int], frozenset[int], bool], frozenset[int]
         ] = collections.OrderedDict()
+        self._held = False
 
-    def choose(self, assignment: Assignment, askable: Sequence[int]) -> frozenset[int]:
-        """The decoding set this round expects among ``askable`` (all of them when together they do not decode)."""
+    def choose(self, assignment: Assignment, askable: Sequence[int], *, held: bool = False) -> frozenset[int]:
+        """The decoding set this round expects among ``askable`` (all of them when together they do not decode, or
+        when the set leaves out only s or fewer and the backups are not ``held``)."""
         everyone = frozenset(askable)
         current = self.current
-        if current is not None and assignment == self._assignment and current <= everyone & self._answered:
+        reuse = assignment == self._assignment and held == self._held
+        if current is not None and reuse and current <= everyone & self._answered:
             return current
         missed = everyone - self._answered
-        key = (assignment.rows, everyone, missed)
+        key = (assignment.rows, everyone, missed, held)
         chosen = self._cache.get(key)
         if chosen is None:
             found = self.code.decoding_set(assignment, sorted(everyone, key=lambda w: (w in missed, w)))
-            small = found is not None and len(found) < len(everyone) - self.code.s
+            small = found is not None and len(found) < len(everyone) - (0 if held else self.code.s)
             chosen = frozenset(found or ()) if small else everyone
             self._cache[key] = chosen
             if len(self._cache) > self.CACHED:
                 self._cache.popitem(last=False)
-        self.current, self._assignment = chosen, assignment
+        self.current, self._assignment, self._held = chosen, assignment, held
         return chosen
 
     def answered(self, workers: Iterable[int], seconds: float) -> None:

@@ -86,7 +86,7 @@ class System:
     surplus: str = ""
     """JobSpec.surplus of a flat coded scheme (empty: the master's default)."""
     model_delivery: str = ""
-    """JobSpec.model_delivery of a flat scheme (empty: the master's default)."""
+    """JobSpec.model_delivery of a gradcode system (empty: the master's default)."""
 
     @property
     def first_layer(self) -> int:
@@ -102,8 +102,8 @@ def systems_for(
     n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, deliveries: Sequence[str] = ("",)
 ) -> list[System]:
     """What is compared at n workers: uncoded, fractional and binary with s = 1 (each with every ``surplus`` mode:
-    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``. Each flat one
-    once per model delivery of ``deliveries`` (JobSpec.model_delivery)."""
+    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``. Each gradcode
+    one once per model delivery of ``deliveries`` (JobSpec.model_delivery)."""
     systems = [
         System("uncoded" + (f" {way}" if way else ""), "uncoded", n, {"n": n}, model_delivery=way) for way in deliveries
     ]
@@ -120,7 +120,11 @@ def systems_for(
         children, layers = TREES[n]
         size = sum(children**layer for layer in range(1, layers + 1))
         tree = {"n": children, "s": 1, "L": layers}
-        systems.append(System(f"tree n={children} L={layers}", "coded_reduce", size, tree))
+        systems += [
+            System(f"tree n={children} L={layers}" + (f" {way}" if way else ""), "coded_reduce", size, tree,
+                   model_delivery=way)
+            for way in deliveries
+        ]  # fmt: skip
     systems.append(System(ALLREDUCE, ALLREDUCE, n))
     return [system for system in systems if system.scheme in schemes]
 
@@ -716,8 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--model-delivery", nargs="+", choices=["direct", "relay", "auto"], default=[""],
-        help="run every flat system once per way the model reaches the workers (JobSpec.model_delivery; default: "
-        "the master's, direct)",
+        help="run every gradcode system once per way the model reaches the workers it is sent to (a tree's: its "
+        "first layer) (JobSpec.model_delivery; default: the master's, direct)",
     )  # fmt: skip
     parser.add_argument(
         "--systems", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="only these systems (default: all)"

@@ -101,13 +101,15 @@ def test_flat_codes_run_once_per_surplus_mode_and_systems_can_be_picked() -> Non
     assert [s.scheme for s in cluster.systems_for(6)] == list(cluster.SCHEMES)
 
 
-def test_flat_codes_run_once_per_model_delivery() -> None:
-    picked = cluster.systems_for(6, ("hold",), ("uncoded", "fractional"), ("direct", "relay"))
+def test_gradcode_systems_run_once_per_model_delivery() -> None:
+    picked = cluster.systems_for(6, ("hold",), ("uncoded", "fractional", "coded_reduce"), ("direct", "relay"))
     assert [(s.name, s.surplus, s.model_delivery) for s in picked] == [
         ("uncoded direct", "", "direct"),
         ("uncoded relay", "", "relay"),
         ("fractional s=1 hold direct", "hold", "direct"),
         ("fractional s=1 hold relay", "hold", "relay"),
+        ("tree n=2 L=2 direct", "", "direct"),
+        ("tree n=2 L=2 relay", "", "relay"),
     ]
 
 

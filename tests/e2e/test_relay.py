@@ -190,3 +190,52 @@ def test_a_relay_under_mutual_tls_and_call_tokens_fetches_with_each_peers_relay_
     assert all(not r.failed_workers and r.bytes_sent < 2 * MODEL_BYTES for r in reports), [
         (r.bytes_sent, list(r.failed_workers)) for r in reports
     ]
+
+
+class _SlowLyingPeer(_LyingPeer):
+    """A liar that answers its fetchers only after the first round's hedge (1 s) promoted every backup."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
+        self.asked += 1
+        await asyncio.sleep(1.5)
+        return await super().FetchModel(request, context)
+
+
+async def test_a_backup_promoted_before_its_relay_fails_is_asked_again_to_send_at_once(tmp_path: Path) -> None:
+    """The slow liar is the job's worker 0, the seed of the first iteration, and never begins its own computation
+    (600 s), so the round needs its replica, worker 3, a held backup that fetches from the liar. The hedge promotes 3
+    while its fetch still waits; when the fetch fails, 3 is asked again inline, still as a held backup. The round
+    promotes a worker once, so the worker must remember that this iteration was promoted and send at once: else the
+    round would wait for the deadline."""
+    with start_cluster(N - 1, tmp_path, worker_args=_own_machines) as cluster:
+        liar = _SlowLyingPeer()
+        handle = await start_server(
+            "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
+            service_names=["gradcode.v1.Worker"],
+        )  # fmt: skip
+        try:
+            async with master_stub(cluster.master_address) as stub:
+                reply = await stub.RegisterWorker(
+                    master_pb2.RegisterWorkerRequest(
+                        address=handle.address, name="liar", process_secret=liar.process_secret, machine_id="liar"
+                    )
+                )
+            ids = [reply.worker_id, *cluster.ids]
+            spec = _spec(
+                cluster, "relay", ids, straggler=fixed_delay(600.0, workers=[0]), iteration_deadline_seconds=15
+            )
+            spec.iterations = 2
+            async with asyncio.timeout(60):
+                info, reports = await run_job(cluster.master_address, spec)
+        finally:
+            await liar.close()
+            await handle.stop(0)
+    _assert_exact(info, reports, iterations=2)
+    first = reports[0]
+    assert ids[3] in first.used_workers and ids[3] in first.promoted_workers, first
+    assert liar.asked >= 1, "nobody fetched from the liar: the test tested nothing"
+    assert first.wall_seconds < 5, "worker 3 waited for a second promotion"

@@ -71,21 +71,17 @@ def test_a_relayed_iteration_sends_the_model_inline_to_its_seed_and_a_checked_re
 
 
 @pytest.mark.parametrize(
-    ("mode", "tree", "network", "relayed"),
+    ("mode", "network", "relayed"),
     [
-        ("direct", False, 12, False),
-        ("relay", False, 1, False),  # nobody to relay to
-        ("relay", False, 2, True),
-        ("auto", False, RELAY_MIN_WORKERS - 1, False),
-        ("auto", False, RELAY_MIN_WORKERS, True),
-        ("relay", True, 12, False),  # a tree's parents forward the model
-        ("auto", True, 12, False),
+        ("direct", 12, False),
+        ("relay", 1, False),  # nobody to relay to
+        ("relay", 2, True),
+        ("auto", RELAY_MIN_WORKERS - 1, False),
+        ("auto", RELAY_MIN_WORKERS, True),
     ],
 )
-def test_a_round_relays_only_to_enough_workers_over_the_network_of_a_flat_code(
-    mode: str, tree: bool, network: int, relayed: bool
-) -> None:
-    assert relays(mode, tree=tree, network=network) is relayed
+def test_a_round_relays_only_to_enough_workers_over_the_network(mode: str, network: int, relayed: bool) -> None:
+    assert relays(mode, network=network) is relayed
 
 
 def test_the_relay_order_puts_the_fastest_first_and_blamed_peers_last() -> None:

@@ -48,11 +48,21 @@ def test_only_askable_workers_are_expected_and_too_few_to_decode_are_all_expecte
     assert primaries.choose(code.static_assignment(), [1, 3]) == {1, 3}, "not decodable: ask all alike"
 
 
-def test_a_decoding_set_of_n_minus_s_workers_expects_everyone() -> None:
-    """Cyclic: any n - s workers decode, so its decoding sets are n - s: no backups."""
+def test_a_decoding_set_of_n_minus_s_workers_expects_everyone_unless_the_backups_hold() -> None:
+    """Cyclic: any n - s workers decode, so its decoding sets are n - s: no backups, unless they hold their messages
+    (they start on time and save the link s messages); the same for a tree's first layer. A set chosen for held
+    backups is not reused for pushed ones."""
     code = make_code("cyclic", n=6, s=1)
-    assert code.decoding_set(code.static_assignment(), range(6)) == (0, 1, 2, 3, 4)
-    assert Primaries(code).choose(code.static_assignment(), range(6)) == set(range(6))
+    assignment = code.static_assignment()
+    assert code.decoding_set(assignment, range(6)) == (0, 1, 2, 3, 4)
+    primaries = Primaries(code)
+    assert primaries.choose(assignment, range(6)) == set(range(6))
+    assert primaries.choose(assignment, range(6), held=True) == {0, 1, 2, 3, 4}
+    primaries.answered(range(6), 0.01)
+    assert primaries.choose(assignment, range(6)) == set(range(6))
+    tree = make_code("coded_reduce", n=4, s=1, L=2)
+    assert Primaries(tree).choose(tree.static_assignment(), range(4), held=True) == {0, 1, 2}
+    assert Primaries(tree).choose(tree.static_assignment(), range(4)) == set(range(4))
 
 
 def test_a_new_assignment_gets_its_own_set() -> None:
@@ -116,8 +126,7 @@ def test_job_spec_model_delivery_defaults_to_direct_and_is_validated() -> None:
         plan_job(spec(model_delivery="Relay"))
 
 
-def test_a_tree_code_refuses_a_relayed_model_its_parents_forward_it() -> None:
+def test_a_tree_code_may_relay_its_model_among_the_parents_of_its_first_layer() -> None:
     tree = {"n": 2, "s": 1, "L": 2}
-    assert plan_job(spec("coded_reduce", tree, model_delivery="auto")).model_delivery == "auto"  # direct for trees
-    with pytest.raises(JobSpecError, match=r"model_delivery 'relay' is for flat codes: a tree code's parents already"):
-        plan_job(spec("coded_reduce", tree, model_delivery="relay"))
+    for mode in MODEL_DELIVERIES:
+        assert plan_job(spec("coded_reduce", tree, model_delivery=mode)).model_delivery == mode

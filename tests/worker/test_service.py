@@ -7,8 +7,9 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -18,11 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.training.models import message_length
+from gradcode.common.transport.session import Session, SessionCompute
 from gradcode.common.transport.shared_memory import SharedDirectory, accept
 from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     MessageAssembler,
     Serialized,
+    model_request_bytes,
     serialize_chunk,
     struct_from_dict,
     tensor_from_array,
@@ -87,13 +90,24 @@ async def _compute(
 ) -> tuple[dict[int, Array], list[worker_pb2.GradientChunk]]:
     """Run one Compute call and reassemble (and validate) its messages, as the master would a worker with the nodes
     ``subtree`` below it (a tree parent's children)."""
+    return await _reassemble(stub.Compute(request), request, statistics=statistics, subtree=subtree)
+
+
+async def _reassemble(
+    chunks: AsyncIterable[Any],
+    request: worker_pb2.ComputeRequest,
+    *,
+    statistics: bool = False,
+    subtree: frozenset[int] = frozenset(),
+) -> tuple[dict[int, Array], list[Any]]:
+    """The messages of one Compute's ``chunks`` (a call's or a Session request's), validated, and their last chunks."""
     assembler = MessageAssembler(
         job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id, rows=tuple(request.rows),
         length=message_length(softmax_model(), statistics=statistics), dtypes=ANY_DTYPE, subtree=subtree,
     )  # fmt: skip
     messages: dict[int, Array] = {}
     trailers = []
-    async for chunk in stub.Compute(request):
+    async for chunk in chunks:
         done = assembler.feed(chunk)
         if done is not None:
             messages[done.row] = done.vector
@@ -599,6 +613,35 @@ async def test_a_parent_asks_its_children_before_its_own_delay_and_end_job_durin
         finally:
             await stop_worker(served_parent)
             await stop_worker(served_child)
+
+
+async def test_a_parent_says_it_began_once_its_own_delay_is_over() -> None:
+    """A parent's Session request that asks ``report_start`` hears it when the parent's own part begins, after its
+    emulated delay (its children work from the start): a round can tell a delayed parent from one finishing."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(2, seed=8)
+        theta = random_params()
+        full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(2))
+        child, parent = await serve_worker(), await serve_worker()
+        session = None
+        try:
+            await _load_single_child_tree(parent, child, partitions, straggler=fixed_delay(0.4))
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                session = Session.on(channel)
+                head = worker_pb2.ComputeRequest(job_id="tree", iteration=0, worker_id=0, rows=[0], report_start=True)
+                stream = session.compute(head, model_request_bytes(theta))
+                assert isinstance(stream, SessionCompute)
+                reader = asyncio.create_task(_reassemble(stream, head, subtree=frozenset({1})))
+                await asyncio.sleep(0.2)  # inside the parent's 0.4 s delay
+                assert not stream.started and not reader.done()
+                await _wait_until(lambda: stream.started)
+                messages, _ = await reader
+            _assert_close(messages[0], full)
+        finally:
+            if session is not None:
+                session.close()
+            await stop_worker(parent)
+            await stop_worker(child)
 
 
 async def test_closed_parent_runner_opens_no_channel() -> None:
