@@ -549,6 +549,8 @@ class _ModelRequest:
         """The relayed workers (until :meth:`inline`) and the peer each fetches the model from."""
         self._planned: dict[int, int] = {}
         """The relay as planned (:meth:`relay`)."""
+        self._hops: dict[int, int] = {}
+        """The fetches the model passes to reach each worker of the relay planned (the seed: 0)."""
         self._digest: bytes | None = None
 
     def relay(self, order: Sequence[int]) -> None:
@@ -556,6 +558,9 @@ class _ModelRequest:
         ``order[(j - 1) // RELAY_FANOUT]``."""
         self._peer_of = {w: order[(j - 1) // RELAY_FANOUT] for j, w in enumerate(order) if j}
         self._planned = dict(self._peer_of)
+        self._hops = {order[0]: 0} if order else {}
+        for w in order[1:]:
+            self._hops[w] = self._hops[self._peer_of[w]] + 1
 
     def upstream(self, peer: int) -> list[int]:
         """``peer`` and the peers the model reached it through in the relay planned, up to the seed."""
@@ -585,8 +590,9 @@ class _ModelRequest:
                 self._digest = model_digest(self.point)
             address, bearer = self.relay_peer(peer)
             relayed = worker_pb2.RelayedModel(
-                address=address, bearer=bearer, length=int(self.point.size), blake2b=self._digest
-            )
+                address=address, bearer=bearer, length=int(self.point.size), blake2b=self._digest,
+                hops=self._hops[worker],
+            )  # fmt: skip
             return worker_pb2.ComputeRequest(relayed_model=relayed).SerializeToString(), False
         if shared and self.shared is not None and worker not in self._asked_shared:
             self._asked_shared.add(worker)

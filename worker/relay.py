@@ -7,7 +7,8 @@ last :data:`HeldModels.KEEP` iterations) and serves them to its job's peers; a w
 (:class:`PeerFetcher`) checks its length and BLAKE2b digest (:func:`~gradcode.common.transport.wire.model_digest`)
 against what the master sent, so a stale or lying peer is caught and never yields a gradient.
 
-Failure is simple on purpose: a fetch that fails (a dead peer, one frozen past :func:`fetch_seconds`, a wrong digest)
+Failure is simple on purpose: a fetch that fails (a dead peer, one frozen past :func:`fetch_seconds`, which grows with
+the fetches the model passes to reach the worker, a wrong digest)
 ends the worker's Compute with FAILED_PRECONDITION (:class:`ModelUnavailableError`), and the master sends that worker
 the model inline at once, in the same round. The worker does not hunt for another peer: the master already knows who
 holds the model (itself), and one inline copy for a failed fetch keeps the bytes bounded and the answer exact. A
@@ -37,12 +38,15 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
+    "MAX_HOPS",
     "HeldModels",
     "ModelUnavailableError",
     "PeerFetcher",
     "check_relayed",
     "fetch_seconds",
+    "hop_seconds",
     "relayed",
+    "serve_seconds",
     "wait_seconds",
 ]
 
@@ -53,16 +57,38 @@ FLOOR_BYTES_PER_SECOND = 20e6
 """The slowest transfer a wait allows for: 0.04 s more for a p = 1e5 model, 4 s for p = 1e7."""
 
 
+MAX_HOPS = 32
+"""The most fetches a relayed model may pass (``RelayedModel.hops``): a fan-out-3 relay reaches 3**32 workers."""
+
+
 def wait_seconds(length: int) -> float:
-    """How long a peer waits for a model of ``length`` parameters it does not hold yet (FetchModel)."""
+    """How long a peer waits, at least, for a model of ``length`` parameters it does not hold yet (FetchModel)."""
     return WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
 
 
-def fetch_seconds(length: int) -> float:
-    """How long a worker waits for a peer's FetchModel answer: the peer's own wait, plus the transfer. Under the
-    master's floor for asking a silent worker again (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`,
-    2 s) for models up to p = 2e6, so a frozen peer normally costs one fetch timeout, then an inline copy."""
-    return wait_seconds(length) + 0.5 * WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
+def hop_seconds(length: int) -> float:
+    """What one fetch of a model of ``length`` parameters adds to the wait: its transfer at the floor rate, and
+    slack for the peer's serving it."""
+    return 0.5 * WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
+
+
+def fetch_seconds(length: int, hops: int = 1) -> float:
+    """How long a worker waits for a peer's FetchModel answer: the peer's own wait, plus a transfer for each of the
+    ``hops`` fetches the model passes to reach it (the peer may itself be fetching it). At one hop, under the
+    master's floor for asking a silent worker again (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`, 2 s)
+    for models up to p = 2e6, so a frozen seed normally costs one fetch timeout, then an inline copy. Deeper, the
+    wait grows: at n = 24 workers on hosts of 6% of a core, p = 1e6, half the fetchers (those three hops deep) timed
+    out with one hop's wait and got the model inline."""
+    return wait_seconds(length) + max(1, hops) * hop_seconds(length)
+
+
+def serve_seconds(length: int, remaining: float | None) -> float:
+    """How long a peer waits for a model it does not hold yet, for a fetcher that waits ``remaining`` seconds more
+    (None: no deadline): at least :func:`wait_seconds`, and as long as the fetcher still has time for the transfer
+    (the peer's own fetch, a hop nearer the seed, may take that long)."""
+    if remaining is None:
+        return wait_seconds(length)
+    return max(wait_seconds(length), remaining - hop_seconds(length))
 
 
 class ModelUnavailableError(FailedPreconditionError):
@@ -158,7 +184,8 @@ class PeerFetcher:
         length = int(relay.length)
         try:
             reply = await self._stub(relay.address, relay.bearer).FetchModel(
-                worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration), timeout=fetch_seconds(length)
+                worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration),
+                timeout=fetch_seconds(length, relay.hops),
             )
             return array_from_tensor(reply.model, expected_shape=(length,))
         except grpc.aio.AioRpcError as exc:
@@ -182,6 +209,8 @@ def check_relayed(relay: worker_pb2.RelayedModel, num_params: int) -> None:
         raise ValueError(f"relayed_model.length is {relay.length}; this job's model has {num_params} parameters.")
     if len(relay.blake2b) != MODEL_DIGEST_BYTES:
         raise ValueError(f"relayed_model.blake2b is {len(relay.blake2b)} bytes; a digest is {MODEL_DIGEST_BYTES}.")
+    if relay.hops > MAX_HOPS:
+        raise ValueError(f"relayed_model.hops is {relay.hops}; a relayed model passes at most {MAX_HOPS} fetches.")
 
 
 async def relayed(

@@ -90,7 +90,7 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError, WorkerJob
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.relay import PeerFetcher, check_relayed, relayed, wait_seconds
+from gradcode.worker.relay import PeerFetcher, check_relayed, relayed, serve_seconds
 from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -499,7 +499,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "of its own job only."
             )
         runtime = self._runtime(request.job_id)
-        reply = await runtime.models.reply(int(request.iteration), wait_seconds(runtime.job.num_params))
+        waiting = serve_seconds(runtime.job.num_params, context.time_remaining())
+        reply = await runtime.models.reply(int(request.iteration), waiting)
         metrics.MODELS_RELAYED.inc()
         return reply
 

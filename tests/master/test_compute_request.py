@@ -53,15 +53,16 @@ def test_a_relayed_iteration_sends_the_model_inline_to_its_seed_and_a_checked_re
     order = [5, 0, 4, 1, 3, 2, 6]
     model.relay(order)
     assert array_from_tensor(worker_pb2.ComputeRequest.FromString(model.fields(5, shared=False)[0]).model).size == 100
-    peers = {}
+    peers, hops = {}, {}
     for w in order[1:]:
         body, in_shared = model.fields(w, shared=False)
         relayed = worker_pb2.ComputeRequest.FromString(body).relayed_model
         assert not in_shared and len(body) < 128
         assert (relayed.length, relayed.blake2b) == (100, model_digest(params))
-        peers[w] = int(relayed.address.split(".")[-1].split(":")[0])
+        peers[w], hops[w] = int(relayed.address.split(".")[-1].split(":")[0]), relayed.hops
         assert relayed.bearer == f"token-of-{peers[w]}"
     assert peers == {0: 5, 4: 5, 1: 5, 3: 0, 2: 0, 6: 0}
+    assert hops == {0: 1, 4: 1, 1: 1, 3: 2, 2: 2, 6: 2}, "each waits for the fetches before its own"
     assert model.upstream(0) == [0, 5] and model.upstream(5) == [5]
     assert model.inline(3, 5) == [0]  # 5 (the seed) was inline already
     assert not model.relayed(3) and worker_pb2.ComputeRequest.FromString(model.fields(3, shared=False)[0]).HasField(

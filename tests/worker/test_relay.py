@@ -20,7 +20,14 @@ from gradcode.common.transport.wire import CHANNEL_OPTIONS, array_from_tensor, m
 from gradcode.master.node import MasterNode
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
-from gradcode.worker.relay import HeldModels, ModelUnavailableError, fetch_seconds
+from gradcode.worker.relay import (
+    HeldModels,
+    ModelUnavailableError,
+    fetch_seconds,
+    hop_seconds,
+    serve_seconds,
+    wait_seconds,
+)
 from gradcode.worker.service import WorkerServicer
 from tests.helpers import free_port
 from tests.worker.conftest import (
@@ -62,9 +69,10 @@ async def peer_and_fetcher() -> AsyncIterator[tuple[ServedWorker, ServedWorker]]
             await stop_worker(s)
 
 
-def _relayed(address: str, params: Array, iteration: int = 1) -> worker_pb2.ComputeRequest:
-    """Worker 1's Compute of ``iteration`` told to fetch ``params`` from the peer at ``address``."""
-    relay = worker_pb2.RelayedModel(address=address, length=params.size, blake2b=model_digest(params))
+def _relayed(address: str, params: Array, iteration: int = 1, hops: int = 0) -> worker_pb2.ComputeRequest:
+    """Worker 1's Compute of ``iteration`` told to fetch ``params`` from the peer at ``address``, ``hops`` fetches
+    from the master's inline copy (0: one)."""
+    relay = worker_pb2.RelayedModel(address=address, length=params.size, blake2b=model_digest(params), hops=hops)
     rows = CODE.static_assignment().rows[1]
     return worker_pb2.ComputeRequest(job_id="job", iteration=iteration, worker_id=1, rows=rows, relayed_model=relay)
 
@@ -100,6 +108,40 @@ async def test_a_relayed_model_fetched_from_a_peer_gives_the_inline_gradient_eve
     for row, vector in messages.items():
         np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
     assert fetcher.servicer.jobs["job"].models.held(1) is not None, "the fetcher holds it for its own fetchers"
+
+
+@pytest.mark.parametrize("hops", [1, 3])
+async def test_a_fetcher_deep_in_the_relay_waits_for_a_peer_that_is_itself_still_fetching(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker], hops: int
+) -> None:
+    """The peer gets the model only after one hop's wait (its own fetch, a hop nearer the seed, is slow): a fetcher
+    one hop from the seed gives up, as it should (a peer that slow is not one hop from the seed); a fetcher three
+    hops deep waits for it, and the peer serves it as long as its fetcher has time left for the transfer."""
+    peer, fetcher = peer_and_fetcher
+    params = random_params()
+    late = wait_seconds(params.size) + 0.5  # past one hop's wait, within three hops'
+    assert fetch_seconds(params.size, 1) - hop_seconds(params.size) < late < fetch_seconds(params.size, 3) - 0.5
+    async with asyncio.timeout(TIMEOUT):
+        fetched = asyncio.create_task(_fetcher_computes(fetcher, _relayed(peer.address, params, hops=hops)))
+        await asyncio.sleep(late)
+        await _peer_computes(peer, params)
+        if hops == 1:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await fetched
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "holds no model of iteration 1" in str(refused.value.details()), refused.value.details()
+            return
+        messages = await fetched
+    for row, vector in messages.items():
+        np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
+
+
+def test_the_fetch_wait_grows_with_the_hops_and_a_peer_serves_within_its_fetchers_time() -> None:
+    length = 1_000_000
+    assert fetch_seconds(length) == fetch_seconds(length, 0) == fetch_seconds(length, 1)
+    assert fetch_seconds(length, 3) == pytest.approx(fetch_seconds(length, 1) + 2 * hop_seconds(length))
+    assert serve_seconds(length, None) == wait_seconds(length) == serve_seconds(length, 0.1)
+    assert serve_seconds(length, fetch_seconds(length, 3)) == pytest.approx(fetch_seconds(length, 2))
 
 
 async def test_a_stale_or_lying_peer_is_caught_by_the_digest(
@@ -155,6 +197,7 @@ async def test_a_relayed_model_must_name_a_peer_and_match_the_jobs_model() -> No
                 "names no peer address": _relayed("", params),
                 "this job's model has": _relayed("127.0.0.1:1", np.zeros(params.size + 1)),
                 "a digest is 32": _relayed("127.0.0.1:1", params),
+                "passes at most 32 fetches": _relayed("127.0.0.1:1", params, hops=33),
             }
             bad["a digest is 32"].relayed_model.blake2b = b"short"
             for expected, request in bad.items():
