@@ -470,28 +470,32 @@ async def _measure(
             try:
                 floors: dict[str, dict[str, float]] = {}
                 for round_ in range(rounds):
-                    for stragglers in (0, 1):
-                        for system in systems:
-                            delays = (
-                                Delays.random_workers(delay, 1, system.workers, seed=round_)
-                                if stragglers else Delays("none")
-                            )  # fmt: skip
-                            if system.scheme == ALLREDUCE:
-                                assert ranks is not None
-                                job = await asyncio.to_thread(_allreduce_job, ranks, delays, iterations)
-                            else:
-                                job = await gradcode_job(
-                                    cluster, client, ids, roles, system, workload, delays, iterations
-                                )
-                            if system.name not in floors:
-                                floors[system.name] = _floor(testbed, system, roles, job["bytes"])
-                            row = _row(n, system, stragglers, round_, job, floors[system.name])
-                            rows.append(row)
-                            print(_progress(row), flush=True)
+                    for stragglers, system in _order(round_, systems):
+                        delays = (
+                            Delays.random_workers(delay, 1, system.workers, seed=round_)
+                            if stragglers else Delays("none")
+                        )  # fmt: skip
+                        if system.scheme == ALLREDUCE:
+                            assert ranks is not None
+                            job = await asyncio.to_thread(_allreduce_job, ranks, delays, iterations)
+                        else:
+                            job = await gradcode_job(cluster, client, ids, roles, system, workload, delays, iterations)
+                        if system.name not in floors:
+                            floors[system.name] = _floor(testbed, system, roles, job["bytes"])
+                        row = _row(n, system, stragglers, round_, job, floors[system.name])
+                        rows.append(row)
+                        print(_progress(row), flush=True)
             finally:
                 if ranks is not None:
                     ranks.close()
     return rows, verified
+
+
+def _order(round_: int, systems: Sequence[System]) -> list[tuple[int, System]]:
+    """Round ``round_``'s jobs: every system with no straggler and with one; odd rounds run them in the reverse order,
+    so neither a system nor the straggler setting always runs first (on a shared machine the load drifts)."""
+    jobs = [(stragglers, system) for stragglers in (0, 1) for system in systems]
+    return jobs[::-1] if round_ % 2 else jobs
 
 
 def _row(

@@ -113,6 +113,14 @@ def test_gradcode_systems_run_once_per_model_delivery() -> None:
     ]
 
 
+def test_odd_rounds_run_the_jobs_in_the_reverse_order() -> None:
+    systems = cluster.systems_for(6, schemes=("uncoded", "fractional"))
+    even, odd = cluster._order(0, systems), cluster._order(1, systems)
+    names = ["uncoded", "fractional s=1"]
+    assert [(k, s.name) for k, s in even] == [(k, name) for k in (0, 1) for name in names]
+    assert odd == even[::-1] and cluster._order(2, systems) == even
+
+
 def test_a_run_refuses_a_model_without_features_before_building_anything() -> None:
     with pytest.raises(ValueError, match="features must be at least 1, not 0"):
         cluster.run(ns=[6], features=0)
