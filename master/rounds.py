@@ -419,8 +419,9 @@ class RoundPolicy:
 
     def _source(self, it: _Iteration, w: int, *, backups: set[int], deferred: bool) -> Source:
         """Worker ``w``'s Compute: its own fields, followed by the iteration's model fields. In a round with
-        ``backups``, an expected worker says when it begins computing, so the round promotes backups only for
-        the expected workers that have not begun (:class:`~gradcode.master.hedging.Hedging`)."""
+        ``backups``, an expected worker (and a held backup: a measure of when they should) says when it begins
+        computing, so the round promotes backups only for the expected workers that have not begun
+        (:class:`~gradcode.master.hedging.Hedging`)."""
         backup = w in backups
         rows = it.assignment.rows[w]
         in_shared = w in self.loader.shared_workers
@@ -428,7 +429,7 @@ class RoundPolicy:
         hold = backup and self._holds(shared)
         head = worker_pb2.ComputeRequest(
             job_id=self.plan.job_id, iteration=it.t, worker_id=w, rows=rows, backup=backup, deferred=deferred,
-            report_start=bool(backups) and not backup, hold=hold,
+            report_start=bool(backups) and (hold or not backup), hold=hold,
         )  # fmt: skip
         worker = self.loader.workers[w]
         opened = 0

@@ -697,6 +697,44 @@ async def test_a_ready_held_backup_is_pulled_only_once_an_expected_worker_that_b
             session.close()
 
 
+@pytest.mark.parametrize("expected_begins", [False, True])
+async def test_a_lone_expected_worker_that_has_not_begun_is_measured_against_the_held_backup_that_has(
+    expected_begins: bool,
+) -> None:
+    """Cyclic, n = 2, s = 1 (either worker decodes; a tree's two first-layer nodes): the round expects 0 and holds 1.
+    1 says it began 10 ms in; 0 says nothing. With no expected worker to compare 0 with, the held backup is the
+    measure: 0 is covered HOLD_OVERDUE_FACTOR times 1's 10 ms after the start, not before, and the round decodes from
+    1. A 0 that begins before then is waited for: nothing is pulled, and the round decodes from 0."""
+    code = make_code("cyclic", n=2, s=1)
+    g = np.random.default_rng(12).standard_normal((2, 20))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(2)}
+    wires, sessions, sources = _session_sources(code, expected={0})
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=5.0)]))
+    await clock.advance(0.01)
+    wires[1].begin()
+    wires[1].ready()
+    overdue = HOLD_OVERDUE_FACTOR * 0.01
+    await clock.advance(overdue - clock.now() - 1e-4)
+    assert not any(wire.promoted for wire in wires)
+    if expected_begins:
+        wires[0].begin()
+    await clock.advance(0.05)
+    if expected_begins:
+        assert not any(wire.promoted for wire in wires)
+        wires[0].answer(messages[0], worker_id=0, row=0)
+    else:
+        assert wires[1].promoted and not wires[0].promoted
+        wires[1].answer(messages[1], worker_id=1, row=1)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and round_.used_workers == ([0] if expected_begins else [1])
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
 async def test_an_expected_worker_whose_message_is_arriving_is_waited_for_not_covered_by_backups() -> None:
     """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 sent no started notice (a message computed inline
     sends none) but the first chunk of its message has arrived: when 2 answers, 0 is streaming, not straggling,

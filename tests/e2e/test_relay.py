@@ -6,7 +6,9 @@ inline copy, never the job or a wrong gradient."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -122,28 +124,33 @@ class _LyingPeer(WorkerServicer):
         return worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(reply.model) + 1e-3))
 
 
+@contextlib.asynccontextmanager
+async def _registered(cluster: Cluster, liar: WorkerServicer) -> AsyncIterator[int]:
+    """``liar`` served in this process and registered with the cluster's master as a machine of its own; its id."""
+    handle = await start_server(
+        "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
+        service_names=["gradcode.v1.Worker"],
+    )  # fmt: skip
+    try:
+        async with master_stub(cluster.master_address) as stub:
+            reply = await stub.RegisterWorker(
+                master_pb2.RegisterWorkerRequest(
+                    address=handle.address, name="liar", process_secret=liar.process_secret, machine_id="liar"
+                )
+            )
+        yield reply.worker_id
+    finally:
+        await liar.close()
+        await handle.stop(0)
+
+
 async def test_a_lying_peer_is_caught_by_the_digest_and_every_gradient_stays_exact(tmp_path: Path) -> None:
     """The liar is the job's worker 0, first in the first iteration's relay order (no answer times yet): the seed.
     Its fetchers refuse its model (wrong digest), get the model inline, and the master relays through it no more."""
     with start_cluster(N - 1, tmp_path, worker_args=_own_machines) as cluster:
         liar = _LyingPeer()
-        handle = await start_server(
-            "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
-            service_names=["gradcode.v1.Worker"],
-        )  # fmt: skip
-        try:
-            async with master_stub(cluster.master_address) as stub:
-                reply = await stub.RegisterWorker(
-                    master_pb2.RegisterWorkerRequest(
-                        address=handle.address, name="liar", process_secret=liar.process_secret, machine_id="liar"
-                    )
-                )
-            ids = [reply.worker_id, *cluster.ids]
-            async with asyncio.timeout(90):
-                info, reports = await run_job(cluster.master_address, _spec(cluster, "relay", ids))
-        finally:
-            await liar.close()
-            await handle.stop(0)
+        async with _registered(cluster, liar) as liar_id, asyncio.timeout(90):
+            info, reports = await run_job(cluster.master_address, _spec(cluster, "relay", [liar_id, *cluster.ids]))
     _assert_exact(info, reports)
     assert 1 <= liar.fetches <= 3, "the liar served its fetchers once (as seed), then was blamed and left out"
     assert reports[0].bytes_sent > 2 * MODEL_BYTES, "its fetchers got the model inline"
@@ -213,27 +220,13 @@ async def test_a_backup_promoted_before_its_relay_fails_is_asked_again_to_send_a
     round would wait for the deadline."""
     with start_cluster(N - 1, tmp_path, worker_args=_own_machines) as cluster:
         liar = _SlowLyingPeer()
-        handle = await start_server(
-            "127.0.0.1", 0, registrars=[lambda server: add_worker_service(liar, server)],
-            service_names=["gradcode.v1.Worker"],
-        )  # fmt: skip
-        try:
-            async with master_stub(cluster.master_address) as stub:
-                reply = await stub.RegisterWorker(
-                    master_pb2.RegisterWorkerRequest(
-                        address=handle.address, name="liar", process_secret=liar.process_secret, machine_id="liar"
-                    )
-                )
-            ids = [reply.worker_id, *cluster.ids]
+        async with _registered(cluster, liar) as liar_id, asyncio.timeout(60):
+            ids = [liar_id, *cluster.ids]
             spec = _spec(
                 cluster, "relay", ids, straggler=fixed_delay(600.0, workers=[0]), iteration_deadline_seconds=15
             )
             spec.iterations = 2
-            async with asyncio.timeout(60):
-                info, reports = await run_job(cluster.master_address, spec)
-        finally:
-            await liar.close()
-            await handle.stop(0)
+            info, reports = await run_job(cluster.master_address, spec)
     _assert_exact(info, reports, iterations=2)
     first = reports[0]
     assert ids[3] in first.used_workers and ids[3] in first.promoted_workers, first
