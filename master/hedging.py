@@ -114,11 +114,11 @@ class Hedging(GatherStrategy):
         real delay before the computation (a busy or paused host, a request held up on its way) is not.
 
         When no expected worker began (the round expects one, as a tree of two first-layer nodes does), the held
-        backups that began (they compute at once and say so) are the measure: the expected ones are covered
-        :data:`HOLD_OVERDUE_FACTOR` times the time the latest of those took to begin, past its request's own way
-        (the model crossing the link). Without it such a round waited for its one expected worker's delay, or the
-        hedge: on the emulated cluster a tree of n = 2, L = 2 took 444 ms per iteration with one 0.25 s straggler
-        against 280 without."""
+        backups that began and are still out (they compute at once and say so) are the measure: the expected ones
+        are covered :data:`HOLD_OVERDUE_FACTOR` times the time the latest of those took to begin, past its
+        request's own way (the model crossing the link). Without it such a round waited for its one expected
+        worker's delay, or the hedge: on the emulated cluster a tree of n = 2, L = 2 took 444 ms per iteration with
+        one 0.25 s straggler against 280 without."""
         gathering = self.gathering
         began_at, s = gathering.began_at, gathering.round.decoder.code.s
         if self._promoted or gathering.decodable or not self._out or len(began_at) + s < len(self._expected):
@@ -128,7 +128,7 @@ class Hedging(GatherStrategy):
             return None
         others = self._expected - waiting
         if not others:  # no expected worker began: held backups that did are the measure
-            held = [t for w, t in began_at.items() if w in gathering.backups]
+            held = [t for w, t in began_at.items() if w in gathering.backups and w in gathering.pending]
             return gathering.round.started + HOLD_OVERDUE_FACTOR * max(held) if held else None
         if not others <= began_at.keys():
             return None
