@@ -85,10 +85,11 @@ def fetch_seconds(length: int, hops: int = 1) -> float:
 def serve_seconds(length: int, remaining: float | None) -> float:
     """How long a peer waits for a model it does not hold yet, for a fetcher that waits ``remaining`` seconds more
     (None: no deadline): at least :func:`wait_seconds`, and as long as the fetcher still has time for the transfer
-    (the peer's own fetch, a hop nearer the seed, may take that long)."""
+    (the peer's own fetch, a hop nearer the seed, may take that long), but never longer than the deepest relay's
+    fetch (a fetcher that asks with a longer deadline does not hold the peer's call open beyond that)."""
     if remaining is None:
         return wait_seconds(length)
-    return max(wait_seconds(length), remaining - hop_seconds(length))
+    return min(max(wait_seconds(length), remaining - hop_seconds(length)), fetch_seconds(length, MAX_HOPS))
 
 
 class ModelUnavailableError(FailedPreconditionError):

@@ -21,6 +21,7 @@ from gradcode.master.node import MasterNode
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
 from gradcode.worker.relay import (
+    MAX_HOPS,
     HeldModels,
     ModelUnavailableError,
     fetch_seconds,
@@ -142,6 +143,7 @@ def test_the_fetch_wait_grows_with_the_hops_and_a_peer_serves_within_its_fetcher
     assert fetch_seconds(length, 3) == pytest.approx(fetch_seconds(length, 1) + 2 * hop_seconds(length))
     assert serve_seconds(length, None) == wait_seconds(length) == serve_seconds(length, 0.1)
     assert serve_seconds(length, fetch_seconds(length, 3)) == pytest.approx(fetch_seconds(length, 2))
+    assert serve_seconds(length, 3600.0) == fetch_seconds(length, MAX_HOPS), "a fetcher's hour-long deadline is capped"
 
 
 async def test_a_stale_or_lying_peer_is_caught_by_the_digest(
