@@ -33,7 +33,7 @@ from gradcode.common.transport.wire import (
     MODEL_DIGEST_BYTES,
     array_from_tensor,
     model_digest,
-    tensor_from_array,
+    tensor_field_bytes,
 )
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
@@ -158,7 +158,7 @@ class HeldModels:
         encoded once per model, however many peers fetch it."""
         params = await self.wait(iteration, seconds)
         if self._reply is None or self._reply[0] is not params:
-            self._reply = (params, worker_pb2.FetchModelReply(model=tensor_from_array(params)).SerializeToString())
+            self._reply = (params, tensor_field_bytes(worker_pb2.FetchModelReply, "model", params))
         return self._reply[1]
 
 

@@ -90,6 +90,7 @@ __all__ = [
     "serialize_chunk",
     "serialized_size",
     "struct_from_dict",
+    "tensor_field_bytes",
     "tensor_from_array",
 ]
 
@@ -594,7 +595,6 @@ def parse_chunk(raw: bytes | memoryview) -> ReceivedChunk:
     return ReceivedChunk(meta=_meta(raw, spans), data=data, nbytes=size)
 
 
-_MODEL_FIELD_TAG = _varint(worker_pb2.ComputeRequest.DESCRIPTOR.fields_by_name["model"].number << 3 | 2)
 _TENSOR_DATA_TAG = _varint(common_pb2.Tensor.DESCRIPTOR.fields_by_name["data"].number << 3 | 2)
 
 
@@ -614,15 +614,22 @@ def model_request_bytes(params: Array) -> bytes:
     """``ComputeRequest(model=tensor_from_array(params))`` serialized, copying the parameters once.
 
     The master serializes this once per iteration and sends each worker its own small fields
-    followed by these bytes (protobuf concatenation merges messages).
+    followed by these bytes (protobuf concatenation merges messages); a tree parent the same to its children.
     """
+    return tensor_field_bytes(worker_pb2.ComputeRequest, "model", params)
+
+
+def tensor_field_bytes(message: type[Message], field: str, params: Array) -> bytes:
+    """``message(**{field: tensor_from_array(params)})`` serialized, copying the parameters once (``FetchModelReply``'s
+    model, ``ComputeRequest``'s: :func:`model_request_bytes`)."""
     a = np.ascontiguousarray(params)
     wire = dtype_to_wire(a.dtype)
     a = np.ascontiguousarray(a.astype(_DTYPES[wire], copy=False)).reshape(-1)
     head = common_pb2.Tensor(dtype=wire, shape=list(np.shape(params))).SerializeToString()  # type: ignore[arg-type]
     data: list[bytes | memoryview] = [_TENSOR_DATA_TAG, _varint(a.nbytes), a.view(np.uint8).data] if a.nbytes else []
     tensor_length = len(head) + sum(len(part) for part in data)
-    return b"".join([_MODEL_FIELD_TAG, _varint(tensor_length), head, *data])
+    tag = _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+    return b"".join([tag, _varint(tensor_length), head, *data])
 
 
 def compute_stream(channel: grpc.aio.Channel) -> Any:
