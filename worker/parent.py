@@ -49,8 +49,8 @@ from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.link import link_opener
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.session import Caller
-from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, Subtree, dict_from_struct
-from gradcode.v1 import common_pb2, worker_pb2
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, COMPLEX128, Subtree, dict_from_struct, model_request_bytes
+from gradcode.v1 import worker_pb2
 
 __all__ = ["ChildrenUnavailableError", "ParentRunner", "UpwardMessage", "children_lost", "upward_message"]
 
@@ -235,17 +235,17 @@ class ParentRunner:
                 self._channels.append(ChildChannel(worker_id, address, rows, channel, caller, subtree))
         return self._channels
 
-    async def children_sum(self, request: worker_pb2.ComputeRequest, model: common_pb2.Tensor | None = None) -> Round:
-        """Ask every child for this iteration with ``model`` inline (the request's by default: a parent relayed its
-        model by a peer forwards the parameters it fetched); the returned round is decodable (its decode is the sum).
+    async def children_sum(self, request: worker_pb2.ComputeRequest, params: Array) -> Round:
+        """Ask every child for this iteration with the model ``params`` inline (however this parent got it: inline or
+        relayed by a peer), serialized once for all of them; the returned round is decodable (its decode is the sum).
 
         Raises ChildrenUnavailableError when the children that answered are not decodable, and
         ComputeCancelledError when the runner is (or gets) closed.
         """
         quarantined = self.integrity.quarantined
         channels = self._open()
-        model = request.model if model is None else model
-        sources = [self._source(child, request, model) for i, child in enumerate(channels) if i not in quarantined]
+        body = model_request_bytes(params)
+        sources = [self._source(child, request, body) for i, child in enumerate(channels) if i not in quarantined]
         dtype = self.child_dtypes[0]
         round_ = Round(
             self.code.decoder(self.assignment),
@@ -291,14 +291,15 @@ class ParentRunner:
             late=tuple(sorted(late)),
         )
 
-    def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest, model: common_pb2.Tensor) -> Source:
+    def _source(self, child: ChildChannel, request: worker_pb2.ComputeRequest, body: bytes) -> Source:
+        """Child ``child``'s Compute: its own fields, followed by the model's (``body``, the same for every child)."""
         head = worker_pb2.ComputeRequest(
-            job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, model=model,
-            rows=list(child.rows),
-        )  # fmt: skip
-        return Source(
-            worker_id=child.worker_id, rows=child.rows, open=lambda: child.caller.compute(head), subtree=child.subtree
+            job_id=self.job_id, iteration=request.iteration, worker_id=child.worker_id, rows=list(child.rows)
         )
+        return Source(
+            worker_id=child.worker_id, rows=child.rows, open=lambda: child.caller.compute(head, body),
+            subtree=child.subtree,
+        )  # fmt: skip
 
     def _describe_failure(self, result: Round) -> str:
         iteration = result.iteration

@@ -40,7 +40,7 @@ from gradcode.common.codes.base import Array
 from gradcode.common.exceptions import ComputeCancelledError
 from gradcode.common.gather.round import Round
 from gradcode.common.transport.shared_memory import SharedPeer
-from gradcode.common.transport.wire import NO_SUBTREE, Subtree, tensor_from_array
+from gradcode.common.transport.wire import NO_SUBTREE, Subtree
 from gradcode.v1 import worker_pb2
 from gradcode.worker.compute import CancelFlag, IterationComputation, WorkerJob
 from gradcode.worker.parent import ParentRunner, upward_message
@@ -328,8 +328,7 @@ class JobRuntime:
         (its children work from the start: a parent that began is finishing, one that did not is delayed)."""
         job = self.job
         started = time.perf_counter()
-        model = None if request.HasField("model") else tensor_from_array(params)  # relayed by a peer
-        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request, model))
+        children: asyncio.Task[Round] = asyncio.create_task(parent.children_sum(request, params))
         try:
             await self._straggle(flag, delay)  # the children already work meanwhile
             if report_start:

@@ -650,7 +650,7 @@ async def test_closed_parent_runner_opens_no_channel() -> None:
         runner = ParentRunner(role, job_id="tree", length=21, message_dtype=np.dtype("<f8"))
         await runner.close()
         with pytest.raises(ComputeCancelledError, match="tree parent of job 'tree' was closed"):
-            await runner.children_sum(_request("tree", 0, (0,), random_params()))
+            await runner.children_sum(_request("tree", 0, (0,), random_params()), random_params())
         assert not runner.connected
         await runner.close()  # idempotent
 
