@@ -318,7 +318,7 @@ class RoundPolicy:
         if self.primaries is not None and first:
             tree = self.plan.topology is not None
             sharing = set() if tree else sharing_a_machine(self.loader.workers[: self.plan.code.n])
-            held = not any(w in sharing or not self._holds(w in self.loader.shared_workers) for w in ask)
+            held = all(w not in sharing and self._holds(w in self.loader.shared_workers) for w in ask)
             backups = set(ask) - self.primaries.choose(it.assignment, ask, held=held)
             deferred = backups & sharing
             hedge = self.primaries.hedge()
@@ -550,8 +550,6 @@ class _ModelRequest:
         """The relayed workers (until :meth:`inline`) and the peer each fetches the model from."""
         self._planned: dict[int, int] = {}
         """The relay as planned (:meth:`relay`)."""
-        self._hops: dict[int, int] = {}
-        """The fetches the model passes to reach each worker of the relay planned (the seed: 0)."""
         self._digest: bytes | None = None
 
     def relay(self, order: Sequence[int]) -> None:
@@ -559,9 +557,6 @@ class _ModelRequest:
         ``order[(j - 1) // RELAY_FANOUT]``."""
         self._peer_of = {w: order[(j - 1) // RELAY_FANOUT] for j, w in enumerate(order) if j}
         self._planned = dict(self._peer_of)
-        self._hops = {order[0]: 0} if order else {}
-        for w in order[1:]:
-            self._hops[w] = self._hops[self._peer_of[w]] + 1
 
     def upstream(self, peer: int) -> list[int]:
         """``peer`` and the peers the model reached it through in the relay planned, up to the seed."""
@@ -592,7 +587,7 @@ class _ModelRequest:
             address, bearer = self.relay_peer(peer)
             relayed = worker_pb2.RelayedModel(
                 address=address, bearer=bearer, length=int(self.point.size), blake2b=self._digest,
-                hops=self._hops[worker],
+                hops=len(self.upstream(peer)),  # the fetches the model passes to reach ``worker``
             )  # fmt: skip
             return worker_pb2.ComputeRequest(relayed_model=relayed).SerializeToString(), False
         if shared and self.shared is not None and worker not in self._asked_shared:
