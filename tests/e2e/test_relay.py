@@ -112,16 +112,21 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
 
 
 class _LyingPeer(WorkerServicer):
-    """A real worker (it computes honest gradients) that serves its peers a wrong model."""
+    """A real worker (it computes honest gradients) that serves its peers a wrong model, ``delay`` seconds after they
+    ask (``asked``: fetches begun; ``fetches``: fetches it lied to)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
+        self.delay = delay
+        self.asked = 0
         self.fetches = 0
 
     async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
+        self.asked += 1
+        await asyncio.sleep(self.delay)
         self.fetches += 1
-        reply = await super().FetchModel(request, context)  # type: ignore[arg-type]
-        return worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(reply.model) + 1e-3))
+        honest = worker_pb2.FetchModelReply.FromString(await super().FetchModel(request, context))  # type: ignore[arg-type]
+        return worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(honest.model) + 1e-3))
 
 
 @contextlib.asynccontextmanager
@@ -151,8 +156,10 @@ async def test_a_lying_peer_is_caught_by_the_digest_and_every_gradient_stays_exa
         liar = _LyingPeer()
         async with _registered(cluster, liar) as liar_id, asyncio.timeout(90):
             info, reports = await run_job(cluster.master_address, _spec(cluster, "relay", [liar_id, *cluster.ids]))
+        master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
     _assert_exact(info, reports)
     assert 1 <= liar.fetches <= 3, "the liar served its fetchers once (as seed), then was blamed and left out"
+    assert "digest is not the master's" in master_log, "the lie was caught by something else than the digest"
     assert reports[0].bytes_sent > 2 * MODEL_BYTES, "its fetchers got the model inline"
 
 
@@ -199,19 +206,6 @@ def test_a_relay_under_mutual_tls_and_call_tokens_fetches_with_each_peers_relay_
     ]
 
 
-class _SlowLyingPeer(_LyingPeer):
-    """A liar that answers its fetchers only after the first round's hedge (1 s) promoted every backup."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked = 0
-
-    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
-        self.asked += 1
-        await asyncio.sleep(1.5)
-        return await super().FetchModel(request, context)
-
-
 async def test_a_backup_promoted_before_its_relay_fails_is_asked_again_to_send_at_once(tmp_path: Path) -> None:
     """The slow liar is the job's worker 0, the seed of the first iteration, and never begins its own computation
     (600 s), so the round needs its replica, worker 3, a held backup that fetches from the liar. The hedge promotes 3
@@ -219,7 +213,7 @@ async def test_a_backup_promoted_before_its_relay_fails_is_asked_again_to_send_a
     promotes a worker once, so the worker must remember that this iteration was promoted and send at once: else the
     round would wait for the deadline."""
     with start_cluster(N - 1, tmp_path, worker_args=_own_machines) as cluster:
-        liar = _SlowLyingPeer()
+        liar = _LyingPeer(delay=1.5)  # it answers after the first round's hedge (1 s) promoted every backup
         async with _registered(cluster, liar) as liar_id, asyncio.timeout(60):
             ids = [liar_id, *cluster.ids]
             spec = _spec(
