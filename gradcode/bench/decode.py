@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, benchmark_parser, save
+from gradcode.bench.output import RESULTS, quick_or_full_main, save
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
@@ -237,9 +237,8 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = benchmark_parser("decode", __doc__, quick="tiny sizes, one repeat: a smoke run of a few seconds")
-    args = parser.parse_args(argv)
-    run(quick=args.quick, out=args.out)
+    quick = "tiny sizes, one repeat: a smoke run of a few seconds"
+    quick_or_full_main("decode", __doc__, quick=quick, run=run, argv=argv)
 
 
 if __name__ == "__main__":

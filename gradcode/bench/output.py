@@ -49,6 +49,15 @@ def benchmark_parser(name: str, doc: str | None, *, quick: str) -> argparse.Argu
     return parser
 
 
+def quick_or_full_main(
+    name: str, doc: str | None, *, quick: str, run: Callable[..., Any], argv: Sequence[str] | None
+) -> None:
+    """The whole command line of a benchmark that takes only ``--quick`` and ``--out``: parse ``argv``, then
+    ``run(quick=..., out=...)``."""
+    args = benchmark_parser(name, doc, quick=quick).parse_args(argv)
+    run(quick=args.quick, out=args.out)
+
+
 def add_out_argument(parser: argparse.ArgumentParser, name: str) -> None:
     """The ``--out`` option every benchmark has: where ``name.json`` and ``name.png`` go."""
     parser.add_argument(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, benchmark_parser, load_average, save
+from gradcode.bench.output import RESULTS, load_average, quick_or_full_main, save
 from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import available_codes, code_class
 
@@ -150,9 +150,8 @@ def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = benchmark_parser("primaries", __doc__, quick="n = 16 and 64, one repeat: a smoke run of seconds")
-    args = parser.parse_args(argv)
-    run(quick=args.quick, out=args.out)
+    quick = "n = 16 and 64, one repeat: a smoke run of seconds"
+    quick_or_full_main("primaries", __doc__, quick=quick, run=run, argv=argv)
 
 
 if __name__ == "__main__":
