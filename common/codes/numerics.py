@@ -286,6 +286,13 @@ def _left_out_of_block(
     return left_out
 
 
+def _svd_solve(u: Array, sigma: Array, vh: Array, rank: int, rhs: Array) -> Array:
+    """The minimum-norm least-squares $x$ of $M x = $ ``rhs`` from $M$'s SVD (``u``, ``sigma``, ``vh``), its singular
+    values past ``rank`` taken as zeros."""
+    solution: Array = vh[:rank].conj().T @ ((u[:, :rank].conj().T @ rhs) / sigma[:rank])
+    return solution
+
+
 @dataclass
 class _SpanSolve:
     r"""The weights $a$ with $a B_T = \mathbf{1}$ over a block's rows $T$ (scaled to unit norm) and an orthonormal
@@ -304,9 +311,8 @@ class _SpanSolve:
         block = block / np.linalg.norm(block, axis=1)[:, None]
         u, sigma, vh = np.linalg.svd(block.T, full_matrices=True)
         rank = int((sigma > RANK_TOLERANCE * sigma[0]).sum())
-        ones = np.ones(len(columns), dtype=block.dtype)
-        a = vh[:rank].conj().T @ ((u[:, :rank].conj().T @ ones) / sigma[:rank])
-        if np.linalg.norm(block.T @ a - ones) > SPAN_TOLERANCE * np.linalg.norm(ones):
+        a = _svd_solve(u, sigma, vh, rank, np.ones(len(columns), dtype=block.dtype))
+        if weights_residual(a, block) > SPAN_TOLERANCE:
             return None
         where = {r: i for i, r in enumerate(rows)}
         return cls(a, vh[rank:].conj().T, where, SPAN_TOLERANCE * float(np.linalg.norm(a)))
@@ -318,7 +324,7 @@ class _SpanSolve:
         # null's columns are orthonormal: singular values of its rows at ``at`` below RANK_TOLERANCE are zeros
         u_at, s_at, vh_at = np.linalg.svd(self.null[at], full_matrices=True)
         r_at = int((s_at > RANK_TOLERANCE).sum())
-        y = vh_at[:r_at].conj().T @ ((u_at[:, :r_at].conj().T @ -self.a[at]) / s_at[:r_at])
+        y = _svd_solve(u_at, s_at, vh_at, r_at, -self.a[at])
         if np.linalg.norm(self.a[at] + self.null[at] @ y) > self.tolerance:
             return False
         self.a = self.a + self.null @ y
