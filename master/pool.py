@@ -553,7 +553,7 @@ class WorkerPool:
             timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         finally:
             if not kept or (error and not timed_out):  # a failure other than a timeout marks it DOWN: a fresh one next
-                if kept and worker.probe_channel is channel:
+                if worker.probe_channel is channel:
                     worker.probe_channel = None
                 await channel.close(None)
         serving = not error
