@@ -11,17 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS, start_overdue
 from gradcode.common.gather.round import Gathering, GatherStrategy, Source, WorkerFailure
 
 __all__ = ["HOLD_OVERDUE_FACTOR", "START_SLACK_SECONDS", "Hedging"]
-
-HOLD_OVERDUE_FACTOR = 2.0
-"""A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
-the latest expected worker that finished (:meth:`Hedging.pull_at`)."""
-START_SLACK_SECONDS = 0.003
-"""The least time an expected worker may take to begin after the last of the others did before it is covered
-(:meth:`Hedging.start_overdue_at`): past the wake-up of a process that waits for a core (about a millisecond on
-Linux, a few under load)."""
 
 
 class Hedging(GatherStrategy):
@@ -132,9 +125,7 @@ class Hedging(GatherStrategy):
             return gathering.round.started + HOLD_OVERDUE_FACTOR * max(held) if held else None
         if not others <= began_at.keys():
             return None
-        times = [began_at[w] for w in others]
-        first, last = min(times), max(times)
-        return gathering.round.started + last + max(last - first, START_SLACK_SECONDS)
+        return gathering.round.started + start_overdue([began_at[w] for w in others])
 
     def pull_at(self) -> float | None:
         """When the held backups that are ready get pulled (None: not now, or not before an expected worker finished:

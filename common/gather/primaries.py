@@ -13,7 +13,25 @@ from collections.abc import Iterable, Sequence
 
 from gradcode.common.codes.base import Assignment, GradientCode
 
-__all__ = ["Primaries"]
+__all__ = ["HOLD_OVERDUE_FACTOR", "START_SLACK_SECONDS", "Primaries", "start_overdue"]
+
+HOLD_OVERDUE_FACTOR = 2.0
+"""A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
+the latest expected worker that finished (:meth:`~gradcode.master.hedging.Hedging.pull_at`); with no expected worker
+begun, this many times the time the latest held backup took to begin."""
+START_SLACK_SECONDS = 0.003
+"""The least time an expected worker may take to begin after the last of the others did before it is covered
+(:func:`start_overdue`): past the wake-up of a process that waits for a core (about a millisecond on Linux, a few
+under load)."""
+
+
+def start_overdue(began: Sequence[float]) -> float:
+    """When expected workers that have not begun are late, from the moments the others ``began`` (seconds from the
+    round's start): as long again after the last of them as between the first and the last, at least
+    :data:`START_SLACK_SECONDS` (:meth:`~gradcode.master.hedging.Hedging.start_overdue_at`; the simulator's held
+    backups are pulled by the same rule)."""
+    first, last = min(began), max(began)
+    return last + max(last - first, START_SLACK_SECONDS)
 
 
 class Primaries:
