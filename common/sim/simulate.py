@@ -11,8 +11,11 @@ seed sees exactly the delays that job's workers sleep.
 The time model of one iteration (all times in seconds from its start):
 
 * **model down** (``Costs.broadcast``): each parent (the master first) sends the model to its ``c`` children at
-  once, the transfers sharing its link fairly: every child holds it ``max(c b / B_parent, b / B_child)`` after
-  its parent, with ``b`` the message bytes and ``B`` the link bandwidths.
+  once. Shared fairly, the transfers would all end ``c b / B_parent`` after the parent has the model (``b`` the
+  message bytes, ``B`` the link bandwidths); through a first-come-first-served queue one after another, the
+  ``k``-th at ``k b / B_parent``. A real link lies between: ``Costs.broadcast_spread`` (``σ``, 0 fair, 1 one
+  after another; ``gradcode bench cluster`` measures it with plain TCP) puts the ``k``-th child's model in at
+  ``c b / B_parent · (1 - σ + σ k / c)``, no earlier than ``b / B_child``, children taking turns in worker order.
 * **compute**: ``delay + (share * compute_seconds + worker_seconds) / speed``, where ``share`` is the fraction
   of the data set the worker's rows cover (:meth:`GradientCode.data_share`, a tree node's own partitions),
   ``compute_seconds`` is one worker computing the gradient of the whole data set and ``worker_seconds`` what a
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -51,16 +55,18 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode, Observation
 from gradcode.common.codes.registry import make_code
 from gradcode.common.codes.topology import Topology
-from gradcode.common.gather.primaries import Primaries
+from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, Primaries, start_overdue
 from gradcode.common.sim.stragglers import DelayModel, NoDelay
 from gradcode.common.validation import check_int, check_number
 
 __all__ = [
     "PRIMARIES_MAX_WORKERS",
+    "SURPLUS_MODES",
     "Costs",
     "IterationOutcome",
     "ObservationPolicy",
     "SimulationResult",
+    "broadcast_spread",
     "simulate",
     "straggler_observation",
 ]
@@ -80,7 +86,8 @@ class Costs:
     iteration whatever its share (decoding the model, encoding its messages), divided by its speed.
     ``parent_decode_seconds``: a tree parent's ``decode_seconds`` (None: the same), from its decodable moment
     to its message ready to go up (decode, combine, encode); a parent runs on a worker host, often with less CPU
-    than the master's.
+    than the master's. ``broadcast_spread``: how the models sent at once end, from 0 (all together: a fairly
+    shared link) to 1 (one after another: a first-come-first-served one).
     """
 
     compute_seconds: float = 0.0
@@ -93,8 +100,15 @@ class Costs:
     broadcast: bool = True
     worker_seconds: float = 0.0
     parent_decode_seconds: float | None = None
+    broadcast_spread: float = 0.0
 
     def __post_init__(self) -> None:
+        spread = self.broadcast_spread
+        if isinstance(spread, bool) or not (isinstance(spread, (int, float)) and 0 <= spread <= 1):
+            raise ValueError(
+                f"Argument 'broadcast_spread' must be a number from 0 (transfers sharing a link fairly end together) "
+                f"to 1 (they end one after another), not {self.broadcast_spread!r}."
+            )
         for name in ("compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds"):
             check_number(name, getattr(self, name))
         if self.parent_decode_seconds is not None:
@@ -199,6 +213,9 @@ class SimulationResult:
         }
 
 
+SURPLUS_MODES = ("push", "hold")
+"""What a backup does with its messages (``JobSpec.surplus`` on hosts of their own: ``auto`` holds there)."""
+
 PRIMARIES_MAX_WORKERS = 4096
 """Largest n for which the simulated round picks primaries. ``GradientCode.decoding_set`` is found again whenever a
 member of the set is late, which under exponential delays is most iterations: an iteration then takes 14-35 ms at
@@ -214,14 +231,32 @@ def _through(earliest: Array, service: float) -> Array:
     return through
 
 
+def broadcast_spread(ends: Sequence[float]) -> float:
+    """The ``Costs.broadcast_spread`` of transfers started at once that ended at ``ends`` (seconds from their start):
+    with ``T`` the last end, the model's ``k``-th of ``c`` ends at ``T (1 - σ + σ k / c)``, so their mean is
+    ``T (1 - σ (c - 1) / 2c)``; ``σ`` from the measured mean, within [0, 1]."""
+    c = len(ends)
+    if c < 2:
+        raise ValueError(f"A spread needs the ends of at least 2 transfers, not {c}.")
+    last = max(ends)
+    if not (last > 0 and all(math.isfinite(e) for e in ends)):
+        raise ValueError(f"Transfer ends must be finite and the last after their start, not {list(ends)!r}.")
+    spread = (1 - statistics.fmean(ends) / last) * 2 * c / (c - 1)
+    return min(max(spread, 0.0), 1.0)
+
+
 def _down(parent_has: float, children: int, costs: Costs, parent_bandwidth: float) -> Array:
     """When each of ``children`` holds the model its parent starts sending at ``parent_has``: the concurrent
-    transfers share the parent's link fairly (one TCP connection per child), so all finish together, no earlier
-    than one child's own link allows."""
+    transfers (one TCP connection per child) end between all together and one after another
+    (``Costs.broadcast_spread``), none earlier than one child's own link allows."""
     if not costs.broadcast or children == 0:
         return np.full(children, parent_has)
-    b = costs.message_bytes
-    return np.full(children, parent_has + max(children * b / parent_bandwidth, b / costs.worker_bandwidth))
+    b, spread = costs.message_bytes, costs.broadcast_spread
+    turns = np.arange(1, children + 1) / children
+    ends: Array = parent_has + np.maximum(
+        children * b / parent_bandwidth * (1 - spread + spread * turns), b / costs.worker_bandwidth
+    )
+    return ends
 
 
 class _Round:
@@ -237,30 +272,60 @@ class _Round:
         self.service = self.receive + costs.message_overhead
         self.upload = costs.message_bytes / costs.worker_bandwidth
 
-    def run(
-        self, assignment: Assignment, ready: Mapping[int, Sequence[float]], expected: frozenset[int] = frozenset()
-    ) -> tuple[float, tuple[int, ...], int, frozenset[int]]:
-        """``ready[w][m]``: when worker ``w``'s ``m``-th row is computed (missing worker: never answers).
-
-        ``expected``: the round's primaries (empty: all alike); a backup's message ready at the same moment as an
-        expected one crosses the link after it. Returns the decodable moment (``inf`` if the rows never decode),
-        the workers whose rows the decoding uses, how many messages were through by then and from whom."""
+    def _messages(
+        self,
+        assignment: Assignment,
+        ready: Mapping[int, Sequence[float]],
+        expected: frozenset[int],
+        sendable: Mapping[int, float],
+    ) -> tuple[list[int], list[int], Array, Array]:
+        """Every message's row, sender, the earliest moment it could be through and whether a backup sent it (a
+        worker in ``sendable`` sends nothing before that moment: a held backup, pulled then or never)."""
         rows: list[int] = []
         senders: list[int] = []
         earliest: list[float] = []
         backup: list[bool] = []
         for w, times in ready.items():
+            held_until = sendable.get(w, -math.inf)
+            if held_until == math.inf:
+                continue
             sent = -math.inf
-            for row, t in zip(assignment.rows[w], times, strict=True):
+            for row, ready_at in zip(assignment.rows[w], times, strict=True):
+                t = max(ready_at, held_until)
                 sent = max(t, sent) + self.upload  # the worker's own link sends its rows one after another
                 rows.append(row)  # pipelined: through no earlier than either link allows, then processed
                 backup.append(bool(expected) and w not in expected)
                 senders.append(w)
                 earliest.append(max(sent, t + self.receive) + self.costs.message_overhead)
+        return rows, senders, np.asarray(earliest), np.asarray(backup)
+
+    def ends(self, assignment: Assignment, ready: Mapping[int, Sequence[float]]) -> dict[int, float]:
+        """When each worker's last message is through, if the workers of ``ready`` alone send."""
+        _, senders, earliest, _ = self._messages(assignment, ready, frozenset(), {})
+        order = np.argsort(earliest, kind="stable")
+        through = _through(earliest[order], self.service)
+        ends: dict[int, float] = {}
+        for index, at in zip(order, through, strict=True):
+            ends[senders[int(index)]] = float(at)
+        return ends
+
+    def run(
+        self,
+        assignment: Assignment,
+        ready: Mapping[int, Sequence[float]],
+        expected: frozenset[int] = frozenset(),
+        sendable: Mapping[int, float] | None = None,
+    ) -> tuple[float, tuple[int, ...], int, frozenset[int]]:
+        """``ready[w][m]``: when worker ``w``'s ``m``-th row is computed (missing worker: never answers).
+
+        ``expected``: the round's primaries (empty: all alike); a backup's message ready at the same moment as an
+        expected one crosses the link after it. ``sendable``: held backups' pull moments (:func:`_held_pulls`).
+        Returns the decodable moment (``inf`` if the rows never decode), the workers whose rows the decoding uses,
+        how many messages were through by then and from whom."""
+        rows, senders, e, backup = self._messages(assignment, ready, expected, sendable or {})
         if not rows:
             return math.inf, (), 0, frozenset()
-        e = np.asarray(earliest)
-        order = np.lexsort((np.asarray(backup), e))  # at a tie the expected workers' messages go first
+        order = np.lexsort((backup, e))  # at a tie the expected workers' messages go first
         through = _through(e[order], self.service)
         decoder = self.code.decoder(assignment)
         for position, index in enumerate(order):
@@ -270,6 +335,63 @@ class _Round:
                 arrived = frozenset(senders[int(i)] for i in order[: position + 1])
                 return float(through[position]) + self.costs.decode_seconds, used, position + 1, arrived
         return math.inf, (), len(rows), frozenset(senders)
+
+
+def _held_pulls(
+    receiver: _Round,
+    assignment: Assignment,
+    ready: Mapping[int, Sequence[float]],
+    expected: frozenset[int],
+    began: Mapping[int, float],
+) -> dict[int, float]:
+    """When each held backup may send (``inf``: never), by the master's rules
+    (:class:`~gradcode.master.hedging.Hedging`), the first that applies:
+
+    * an expected worker's message through while 1..s expected workers still out have not begun (``ended``), or
+      every expected worker but 1..s begun and those not by :func:`start_overdue` of the others' beginnings, or
+      none begun and :data:`HOLD_OVERDUE_FACTOR` times the latest held backup's beginning passed
+      (``start_overdue_at``): the backups completing the expected workers that have begun are pulled;
+    * 1..s expected workers out :data:`HOLD_OVERDUE_FACTOR` times the time to the latest that finished, and a
+      backup ready (``pull_at``): the backups completing the finished ones, the ready ones first.
+
+    ``began``: when each worker's computation begins (its model in, its emulated delay over), which it reports.
+    The expected workers' messages are timed as if they alone crossed the link."""
+    code = receiver.code
+    s = code.s
+    backups = sorted(w for w in ready if w not in expected)
+    never = dict.fromkeys(backups, math.inf)
+    if not backups:
+        return never
+    ends = receiver.ends(assignment, {w: ready[w] for w in expected})
+    done = {w: max(times) for w, times in ready.items()}
+
+    def waiting(t: float) -> set[int]:
+        return {w for w in expected if began[w] > t and ends.get(w, math.inf) > t}
+
+    covers = [t for t in ends.values() if 0 < len(waiting(t)) <= s]
+    by_beginning = sorted(began[w] for w in expected)
+    for k in range(max(len(expected) - s, 1), len(expected)):
+        t = start_overdue(by_beginning[:k])
+        if t < by_beginning[k]:
+            covers.append(t)
+    if len(expected) <= s and (t := HOLD_OVERDUE_FACTOR * max(began[w] for w in backups)) < by_beginning[0]:
+        covers.append(t)
+    finished = sorted(ends.values())
+    pull = math.inf
+    for i, end in enumerate(finished):
+        if 0 < len(expected) - (i + 1) <= s:
+            pull = max(HOLD_OVERDUE_FACTOR * end, min(done[w] for w in backups))
+            break
+    cover = min(covers, default=math.inf)
+    if math.isinf(min(cover, pull)):
+        return never
+    if cover <= pull:
+        at, given, preference = cover, sorted(expected - waiting(cover)), backups
+    else:  # (the ready backups first)
+        at, given = pull, sorted(w for w, end in ends.items() if end <= pull)
+        preference = sorted(backups, key=lambda w: (done[w] > pull, w))
+    chosen = code.decoding_set(assignment, preference, given=given) or ()
+    return {**never, **dict.fromkeys(chosen, at)}
 
 
 def _row_shares(code: GradientCode, weights: Array, assignment: Assignment, w: int) -> list[float]:
@@ -292,6 +414,7 @@ def simulate(
     observe: ObservationPolicy | None = None,
     first_iteration: int = 0,
     primaries: bool = True,
+    surplus: str = "push",
 ) -> SimulationResult:
     """Simulate ``iterations`` synchronous iterations of ``code`` under ``costs`` and ``delays`` (None: no delay).
 
@@ -304,15 +427,22 @@ def simulate(
     priority); a set of ``n - s`` or more is no set. Above :data:`PRIMARIES_MAX_WORKERS` workers every worker is
     asked alike.
 
+    ``surplus`` (``JobSpec.surplus`` on hosts of their own, where ``auto`` holds): ``"push"``, backups send their
+    messages when ready; ``"hold"``, they keep them until the master's rules pull them (:func:`_held_pulls`), and
+    an ``n - s`` set counts as a set (a tree's surplus first-layer nodes hold too).
+
     An iteration that can never decode (every worker's rows together do not)
     raises ``ValueError``.
     """
     iterations = check_int("iterations", iterations, 1)
     first_iteration = check_int("first_iteration", first_iteration, 0)
     delays = delays if delays is not None else NoDelay()
+    if surplus not in SURPLUS_MODES:
+        raise ValueError(f"Argument 'surplus' must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
+    hold = surplus == "hold"
     topology = code.topology()
     if topology is not None:
-        return _simulate_tree(code, topology, costs, iterations, delays, first_iteration)
+        return _simulate_tree(code, topology, costs, iterations, delays, first_iteration, hold=hold)
     observe = observe if observe is not None else straggler_observation(code.n)
     receiver = _Round(code, costs, costs.master_bandwidth)
     static = None if code.dynamic else code.static_assignment()
@@ -326,6 +456,7 @@ def simulate(
         assignment = static if static is not None else code.assign(observe(t, last))
         has_model = _down(0.0, code.n, costs, costs.master_bandwidth)
         ready: dict[int, list[float]] = {}
+        began: dict[int, float] = {}
         for w in range(code.n):
             if not assignment.rows[w]:
                 continue
@@ -334,13 +465,15 @@ def simulate(
                 shares = _row_shares(code, weights, assignment, w)
                 if static is not None:
                     shares_cache[w] = shares
-            start = float(has_model[w]) + delays.delay(w, t) + costs.worker_seconds / costs.speed(w)
+            began[w] = float(has_model[w]) + delays.delay(w, t)
+            start = began[w] + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
         if chooser is not None and static is not None:
-            chosen = chooser.choose(static, range(code.n))
+            chosen = chooser.choose(static, range(code.n), held=hold)
             expected = frozenset() if len(chosen) == code.n else chosen  # every worker: all asked alike
-        seconds, used, received, arrived = receiver.run(assignment, ready, expected)
+        sendable = _held_pulls(receiver, assignment, ready, expected, began) if hold and expected else None
+        seconds, used, received, arrived = receiver.run(assignment, ready, expected, sendable)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         if chooser is not None:
@@ -362,10 +495,19 @@ def _result(outcomes: list[IterationOutcome]) -> SimulationResult:
 
 
 def _simulate_tree(
-    code: GradientCode, topology: Topology, costs: Costs, iterations: int, delays: DelayModel, first: int
+    code: GradientCode,
+    topology: Topology,
+    costs: Costs,
+    iterations: int,
+    delays: DelayModel,
+    first: int,
+    *,
+    hold: bool,
 ) -> SimulationResult:
     """Every parent runs the round of :class:`_Round` over its children with the topology's child code, bottom up;
-    the master runs it over the first layer with ``code`` itself (Reisizadeh et al., CR.Execute)."""
+    the master runs it over the first layer with ``code`` itself (Reisizadeh et al., CR.Execute). With ``hold`` the
+    master expects ``n - s`` first-layer nodes and holds the others' messages (:func:`_held_pulls`), as the live
+    master does unless ``JobSpec.surplus`` is ``push``."""
     child_ref = topology.child_code
     child_code = make_code(child_ref.name, **child_ref.params)
     total = topology.num_workers
@@ -385,6 +527,8 @@ def _simulate_tree(
     )
     parent_round = _Round(child_code, at_parents, costs.worker_bandwidth, report_used=False)
     top_assignment = Assignment(tuple((rows[w].row,) for w in top))
+    slots = range(len(top))
+    chooser = Primaries(code) if hold else None
     outcomes: list[IterationOutcome] = []
     for t in range(first, first + iterations):
         has_model = np.zeros(total)
@@ -392,11 +536,9 @@ def _simulate_tree(
         for w in range(total):
             if children[w]:
                 has_model[children[w]] = _down(float(has_model[w]), len(children[w]), costs, costs.worker_bandwidth)
+        began = [float(has_model[w]) + delays.delay(w, t) for w in range(total)]
         computed = [
-            float(has_model[w])
-            + delays.delay(w, t)
-            + (share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w)
-            for w in range(total)
+            began[w] + (share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w) for w in range(total)
         ]
         ready = list(computed)
         for w in deepest_first:
@@ -404,7 +546,18 @@ def _simulate_tree(
             assignment = Assignment(tuple((rows[c].row,) for c in kids))
             done, _, _, _ = parent_round.run(assignment, {i: [ready[c]] for i, c in enumerate(kids)})
             ready[w] = max(done, computed[w])
-        seconds, used_slots, received, _ = master_round.run(top_assignment, {i: [ready[w]] for i, w in enumerate(top)})
+        top_ready = {i: [ready[w]] for i, w in enumerate(top)}
+        expected: frozenset[int] = frozenset()
+        sendable = None
+        if chooser is not None:
+            chosen = chooser.choose(top_assignment, slots, held=True)
+            expected = frozenset() if len(chosen) == len(top) else chosen
+            if expected:
+                top_began = {i: began[w] for i, w in enumerate(top)}
+                sendable = _held_pulls(master_round, top_assignment, top_ready, expected, top_began)
+        seconds, used_slots, received, arrived = master_round.run(top_assignment, top_ready, expected, sendable)
+        if chooser is not None:
+            chooser.answered(arrived, seconds)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the tree does not decode in iteration {t}.")
         used = tuple(top[i] for i in used_slots)

@@ -25,7 +25,7 @@ from typing import Any
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.ops.cli import text_table
-from gradcode.common.sim.simulate import Costs, simulate
+from gradcode.common.sim.simulate import SURPLUS_MODES, Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 
 __all__ = [
@@ -47,6 +47,7 @@ COST_FLAGS = {
     "decode_seconds": "seconds from the decodable moment to the end of the iteration",
     "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
     "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
+    "broadcast_spread": "how models sent at once end: 0 together (a fair link) to 1 one after another",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
 
@@ -103,10 +104,12 @@ def _parameters(code: GradientCode) -> str:
     return " ".join(f"{k}={v}" for k, v in shown.items())
 
 
-def simulation_row(code: GradientCode, costs: Costs, iterations: int, delays: DelayModel) -> dict[str, Any]:
+def simulation_row(
+    code: GradientCode, costs: Costs, iterations: int, delays: DelayModel, surplus: str = "push"
+) -> dict[str, Any]:
     """One table row: the scheme, its parameters, its worker processes and the simulated summary."""
     topology = code.topology()
-    result = simulate(code, costs, iterations, delays)
+    result = simulate(code, costs, iterations, delays, surplus=surplus)
     return {
         "scheme": type(code).name,
         "parameters": _parameters(code),
@@ -137,7 +140,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     delays = _delays(args)
     codes, skipped = _configurations(args)
-    rows = [simulation_row(code, costs, args.iterations, delays) for code in codes]
+    rows = [simulation_row(code, costs, args.iterations, delays, args.surplus) for code in codes]
     print(f"{args.iterations} simulated iterations; delays {delays!r}")
     print(format_rows(rows))
     for note in skipped:
@@ -170,6 +173,11 @@ def add_simulate_command(
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the delay model (default: 0)")
     p.add_argument("--iterations", type=int, default=100, help="iterations simulated, K (default: %(default)s)")
+    p.add_argument(
+        "--surplus", choices=SURPLUS_MODES, default="push",
+        help="what backups do with their messages: push them when ready, or hold them until the master's rules "
+        "pull them (JobSpec.surplus; the master's auto holds on hosts of their own) (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
     add_cost_arguments(p)
     p.set_defaults(handler=_simulate_command)

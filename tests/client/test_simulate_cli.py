@@ -42,3 +42,20 @@ def test_simulate_refuses_bad_costs_and_parameters_in_one_line(
     assert main(["simulate", "--iterations", "0"]) == 1
     assert main(["simulate", "--straggler", "pareto", "--straggler-param", "shape=0"]) == 1
     assert "shape" in capsys.readouterr().err
+
+
+def test_simulate_holds_the_backups_messages_when_asked(tmp_path: Path) -> None:
+    """The held backups of tests/common/test_simulate.py from the command line: pushed 4 s and 3 messages, held 3 s
+    and 2 (expected worker 1 delayed 10 s)."""
+    argv = ["simulate", "--scheme", "fractional", "--n", "4", "--s", "1", "--compute-seconds", "2", "--no-broadcast"]
+    argv += ["--message-bytes", "1", "--master-bandwidth", "1", "--straggler", "fixed"]
+    argv += ["--straggler-param", "delay_seconds=10", "--straggler-param", "workers=[1]", "--iterations", "1"]
+    seen = {}
+    for surplus in ("push", "hold"):
+        out = tmp_path / f"{surplus}.json"
+        assert main([*argv, "--surplus", surplus, "--json", str(out)]) == 0
+        (row,) = json.loads(out.read_text())["rows"]
+        seen[surplus] = (row["median_seconds"], row["master_bytes_per_iteration"])
+    assert seen == {"push": (4.0, 3.0), "hold": (3.0, 2.0)}
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        main([*argv, "--surplus", "auto"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -13,7 +14,7 @@ import pytest
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Observation
 from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
-from gradcode.common.sim.simulate import Costs, IterationOutcome, simulate
+from gradcode.common.sim.simulate import Costs, IterationOutcome, broadcast_spread, simulate
 from gradcode.common.sim.stragglers import FixedDelay, ShiftedExponential
 
 
@@ -153,3 +154,74 @@ def test_a_tree_parent_spends_its_own_decode_time_once_per_iteration() -> None:
     assert slow_parents == pytest.approx(plain + 0.5)
     with pytest.raises(ValueError, match="parent_decode_seconds"):
         Costs(parent_decode_seconds=-1.0)
+
+
+def test_models_sent_at_once_end_together_on_a_fair_link_and_in_turns_on_a_queue() -> None:
+    """Two 1-byte models over a 1 B/s master link, messages back the same way: shared fairly both models are in at
+    2 s and the messages through at 3 and 4; in turns (spread 1) the first model is in at 1 s, its message through
+    at 2 while the second model goes out, the second through at 3; half way the first is in at 1.5."""
+    code = make_code("uncoded", n=2)
+    seconds = [
+        simulate(code, Costs(message_bytes=1.0, master_bandwidth=1.0, broadcast_spread=spread), 1).seconds[0]
+        for spread in (0.0, 1.0, 0.5)
+    ]
+    assert seconds == [4.0, 3.0, 3.5]
+    for wrong in (-0.1, 1.5, math.nan, True):
+        with pytest.raises(ValueError, match="broadcast_spread"):
+            Costs(broadcast_spread=wrong)
+
+
+def test_the_spread_is_measured_back_from_the_transfers_ends() -> None:
+    for spread in (0.0, 0.3, 1.0):
+        ends = [2.0 * (1 - spread + spread * k / 8) for k in range(1, 9)]
+        assert broadcast_spread(ends) == pytest.approx(spread)
+    assert broadcast_spread([1.0, 2.0, 100.0]) == 1.0  # past one after another: clipped
+    for wrong in ([1.0], [0.0, 0.0], [1.0, math.inf]):
+        with pytest.raises(ValueError, match=r"(?i)transfer"):
+            broadcast_spread(wrong)
+
+
+# Fractional n = 4, s = 1: workers {0, 2} and {1, 3} hold the same partitions; the round expects {0, 1}. Each computes
+# its half of the data in 1 s; 1-byte messages through a 1 B/s master link; no model down.
+_HALVES = Costs(compute_seconds=2.0, message_bytes=1.0, master_bandwidth=1.0, broadcast=False)
+
+
+def test_a_held_backup_is_pulled_for_an_expected_worker_that_has_not_begun_and_saves_the_link_a_message() -> None:
+    """Expected worker 1 is delayed 10 s before it begins. Pushed, both backups' messages (ready at 1 s) follow 0's:
+    through at 2, 3, 4, decodable with 3's at 4 s. Held, 3 is pulled once the other expected worker began
+    (start_overdue: 3 ms later), the only backup that completes 0's: through at 2 and 3."""
+    code = make_code("fractional", n=4, s=1)
+    delays = FixedDelay(10.0, workers=[1])
+    pushed = simulate(code, _HALVES, 2, delays)
+    held = simulate(code, _HALVES, 2, delays, surplus="hold")
+    assert pushed.seconds.tolist() == [4.0, 3.0] and pushed.master_bytes.tolist() == [3.0, 2.0]
+    assert held.seconds.tolist() == [3.0, 3.0] and held.master_bytes.tolist() == [2.0, 2.0]
+    # (the second round expects {0, 3}, who answered the first, as the master's Primaries would)
+    assert simulate(code, _HALVES, 1, surplus="hold").master_bytes.tolist() == [2.0]  # on time: none pulled
+    with pytest.raises(ValueError, match="'surplus' must be one of push, hold"):
+        simulate(code, _HALVES, 1, surplus="auto")
+
+
+def test_a_held_backup_is_pulled_at_twice_the_time_to_the_last_expected_worker_that_finished() -> None:
+    """Expected worker 1 began but computes at a quarter speed (ready at 4 s). Pushed, the backups' messages follow
+    0's (through at 2 s): decodable with 3's at 4 s, three messages. Held, nothing says 2 is late until twice 0's
+    2 s: 3 is pulled at 4 s, and 1's own message, expected, crosses first at 5 s: two messages."""
+    code = make_code("fractional", n=4, s=1)
+    slow = dataclasses.replace(_HALVES, worker_speed=(1.0, 0.25, 1.0, 1.0))
+    pushed = simulate(code, slow, 1)
+    held = simulate(code, slow, 1, surplus="hold")
+    assert (pushed.seconds.tolist(), pushed.master_bytes.tolist()) == ([4.0], [3.0])
+    assert (held.seconds.tolist(), held.master_bytes.tolist()) == ([5.0], [2.0])
+
+
+def test_a_trees_held_surplus_node_crosses_the_masters_link_only_when_pulled() -> None:
+    """CodedReduce n = 3, s = 1, L = 2: the master expects 2 of its 3 first-layer nodes. Held, on time, it receives
+    2 messages a round (pushed, the third is through before the decode at the tie's end of the queue too, but the
+    straggling case tells them apart): with first-layer node 0 delayed 10 s, the held surplus node is pulled and the
+    round ends long before the delay."""
+    code = make_code("coded_reduce", n=3, s=1, L=2)
+    costs = Costs(compute_seconds=1.0, message_bytes=1.0, master_bandwidth=1.0, broadcast=False)
+    held = simulate(code, costs, 3, surplus="hold")
+    assert held.master_bytes.tolist() == [2.0] * 3
+    late = simulate(code, costs, 3, FixedDelay(10.0, workers=[0]), surplus="hold")
+    assert late.master_bytes.tolist() == [2.0] * 3 and late.seconds.max() < 10.0
