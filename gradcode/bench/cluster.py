@@ -27,8 +27,9 @@ per worker host (it needs no master). Workload: CodedReduce's linear regression 
 host's interface counters (frames, headers included; for the allreduce, rank 0's host); the *floor*: plain
 TCP moving those same bytes between the same hosts over the same shaped links (the master and the workers it
 talks to, or the ring's neighbours), all flows at once, scaled to the measured wire bytes; the iteration as a
-multiple of the floor; the seconds the master host's CPU quota held it back per iteration; and
-``/proc/loadavg`` before the job. A short ``verify`` job per scheme and n shows every gradient exact.
+multiple of the floor; the seconds the master host's CPU quota held it back per iteration; how one model sent
+to each of those workers at once ends (``broadcast_spread``, for the simulator); and ``/proc/loadavg`` before
+the job. A short ``verify`` job per scheme and n shows every gradient exact.
 Prints the table and saves ``cluster.json`` and ``cluster.png`` in ``docs/results/`` (or ``--out``).
 """
 
@@ -56,6 +57,7 @@ from gradcode.bench.testbed import Host, HostSpec, Testbed, TestbedUnavailableEr
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.sim.simulate import broadcast_spread
 from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 from gradcode.v1 import master_pb2
 
@@ -402,7 +404,9 @@ def _floor(testbed: Testbed, system: System, roles: list[str], wire: Sequence[fl
     tree's lower links are not counted), equal shares; ``floor_s`` moves the model out and the messages in at
     once (a design that overlaps them), ``floor_phased_s`` one after the other (all models out, then all
     messages in). The allreduce: every rank sends what rank 0 sent to its ring neighbour. ``floor_rate_s``:
-    the larger direction's wire bytes over the link's nominal rate."""
+    the larger direction's wire bytes over the link's nominal rate. ``broadcast_spread``: how one model sent to
+    each of those workers at once ends (:func:`~gradcode.common.sim.simulate.broadcast_spread`, the median of
+    :data:`SPREAD_REPEATS` bursts; 0 for the allreduce), for the simulator."""
     received, sent = wire
     if system.scheme == ALLREDUCE:
         ring = roles[: system.workers]
@@ -425,10 +429,17 @@ def _floor(testbed: Testbed, system: System, roles: list[str], wire: Sequence[fl
         wire_bytes, moved_bytes = max(directions), moved[1] if directions[0] >= directions[1] else moved[0]
         return taken / FLOOR_REPEATS * wire_bytes / moved_bytes
 
+    spread = 0.0
+    if system.scheme != ALLREDUCE and len(peers) > 1:
+        burst = [("m", p, max(1, round(sent / len(peers) * PAYLOAD_SHARE))) for p in peers]
+        spread = statistics.median(
+            broadcast_spread(list(testbed.transfer_ends(burst).values())) for _ in range(SPREAD_REPEATS)
+        )
     return {
         "floor_s": sum(seconds(phase) for phase in flows),
         "floor_phased_s": sum(seconds(phase) for phase in phased),
         "floor_rate_s": max(received, sent) * 8 / (rate * 1e6),
+        "broadcast_spread": spread,
     }
 
 
@@ -437,6 +448,8 @@ PAYLOAD_SHARE = 0.95
 rest, roughly); its time is then scaled by the wire bytes it really moved."""
 FLOOR_REPEATS = 4
 """Iterations' worth of bytes each bare connection carries (connection set-up and slow start amortised)."""
+SPREAD_REPEATS = 3
+"""Bursts of one model per worker measuring how the master's link ends them (``broadcast_spread``)."""
 
 
 async def _measure(
@@ -541,6 +554,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for key in ("median_s", "q1_s", "q3_s", "master_in_bytes", "master_out_bytes", "floor_s",
                         "floor_phased_s", "floor_rate_s", "master_throttled_s", "worker_throttled_s"):  # fmt: skip
                 entry[key] = statistics.median(r[key] for r in runs)
+            if all("broadcast_spread" in r for r in runs):  # (runs before it was measured have none)
+                entry["broadcast_spread"] = statistics.median(r["broadcast_spread"] for r in runs)
             entry["over_floor"] = entry["median_s"] / entry["floor_s"]
             entry["loads"] = [r["load"][0] for r in runs]
             entry["exact"] = all(r["exact"] for r in runs)

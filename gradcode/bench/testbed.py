@@ -330,6 +330,12 @@ class Testbed:
     def transfer(self, flows: Sequence[tuple[str, str, int]], *, port: int = 47000, timeout: float = 300.0) -> float:
         """Move ``bytes`` over plain TCP for every ``(source role, destination role, bytes)`` at once; the seconds
         from the common start to the last byte received (the floor of moving those bytes over these links)."""
+        return max(self.transfer_ends(flows, port=port, timeout=timeout).values())
+
+    def transfer_ends(
+        self, flows: Sequence[tuple[str, str, int]], *, port: int = 47000, timeout: float = 300.0
+    ) -> dict[str, float]:
+        """:meth:`transfer`, with the seconds from the common start to the last byte each destination received."""
         if not flows:
             raise ValueError("transfer needs at least one (source, destination, bytes) flow.")
         incoming: dict[str, int] = {}
@@ -359,18 +365,18 @@ class Testbed:
             assert sender.stdin is not None
             sender.stdin.write(f"{start!r}\n")
             sender.stdin.close()
-        ends = []
+        ends: dict[str, float] = {}
         for role, process in receivers.items():
             out, _ = process.communicate(timeout=timeout)
             if process.returncode != 0:
                 raise RuntimeError(f"the bare receiver on {role} failed (exit {process.returncode})")
-            ends.append(float(out.split()[-1]))
+            ends[role] = float(out.split()[-1]) - start
         for sender in senders:
             assert sender.stdout is not None
             sender.stdout.close()
             if sender.wait(timeout) != 0:
                 raise RuntimeError(f"a bare sender failed (exit {sender.returncode})")
-        return max(ends) - start
+        return ends
 
     def forward(self, role: str, unix_path: Path, port: int) -> None:
         """Serve ``unix_path`` (a socket file on this machine) as a tunnel to ``port`` of host ``role``: how a

@@ -21,6 +21,7 @@ from gradcode.bench.cluster import EmulatedCluster
 from gradcode.bench.testbed import CPU_CGROUP, PREFIX, HostSpec, check_available, cleanup, leftovers
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.registry import make_code
+from gradcode.common.sim.simulate import broadcast_spread
 from gradcode.v1 import master_pb2
 
 
@@ -151,6 +152,11 @@ def test_four_hosts_shape_their_links_run_a_tree_exactly_and_leave_nothing(tmp_p
         assert slow >= (size - burst) * 8 / (SLOW_MBIT * 1e6), slow
         assert fast >= (size - burst) * 8 / (FAST_MBIT * 1e6), fast
         assert fast < slow / 2, (fast, slow)
+        # Two at once out of the master: each destination's end, the last no earlier than both through its link.
+        ends = testbed.transfer_ends([("m", "w1", size), ("m", "w2", size)])
+        assert sorted(ends) == ["w1", "w2"] and min(ends.values()) > 0, ends
+        assert max(ends.values()) >= (2 * size - burst) * 8 / (SLOW_MBIT * 1e6), ends
+        assert 0 <= broadcast_spread(list(ends.values())) <= 1
 
         with pytest.raises(RuntimeError, match="already has a testbed"):
             testbed_module.Testbed(HOSTS[:1]).build()  # would share (and on failure remove) the open one's names

@@ -17,11 +17,31 @@ def test_the_fit_reproduces_its_rows_and_predicts_the_others_within_the_document
     costs, rows = compare(result)
     assert costs.worker_seconds >= 0 and costs.message_overhead > 0 and (costs.parent_decode_seconds or 0) > 0
     fitted = [r for r in rows if r["fitted"]]
-    assert len(fitted) == 3 and all(r["ratio"] == pytest.approx(1.0, abs=0.1) for r in fitted)  # (the best fit)
+    # least squares over rows that disagree with each other (the tree at n = 6: 318 ms without the straggler, 227
+    # with it)
+    assert len(fitted) == 8 and all(r["ratio"] == pytest.approx(1.0, abs=0.25) for r in fitted)
     predicted = [r for r in rows if not r["fitted"]]
-    assert len(predicted) == 21 and all(0.81 <= r["ratio"] <= 1.31 for r in predicted)  # the docstring's range
+    assert len(predicted) == 16 and all(0.87 <= r["ratio"] <= 1.30 for r in predicted)  # the docstring's range
     assert sum(r["within_15pct"] for r in predicted) >= 14
-    assert all(r["within_15pct"] for r in predicted if r["n"] == 6), "every row at the smallest n"
+    assert all(r["within_15pct"] for r in predicted if "tree" not in r["system"]), "every flat code"
+
+
+def test_the_measured_spread_and_the_held_surplus_are_what_bring_the_flat_codes_within() -> None:
+    """The same comparison with the spread taken out (models ending together) or the backups pushing: fewer rows
+    within 15 % (11 and 8 of 16 on the committed run, against 14)."""
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    _, rows = compare(result)
+    within = sum(r["within_15pct"] for r in rows if not r["fitted"])
+    together = {
+        **result,
+        "summary": [{k: v for k, v in e.items() if k != "broadcast_spread"} for e in result["summary"]],
+    }
+    _, fair = compare(together)
+    assert sum(r["within_15pct"] for r in fair if not r["fitted"]) < within
+    push = [{**e, "system": e["system"] + ("" if e["system"] == "uncoded" else " push")} for e in result["summary"]]
+    pushed = {**result, "summary": push}
+    _, pushing = compare(pushed)
+    assert sum(r["within_15pct"] for r in pushing if not r["fitted"]) < within
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
@@ -43,8 +63,10 @@ def test_the_fitted_costs_feed_gradcode_simulate(tmp_path: Path) -> None:
     costs = tmp_path / "costs.json"
     assert compare_main(["--write-costs", str(costs)]) == 0
     out = tmp_path / "sim.json"
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    spread = next(e for e in result["summary"] if e["system"] == "uncoded" and e["n"] == 24)["broadcast_spread"]
     argv = ["simulate", "--scheme", "uncoded", "--n", "24", "--s", "0", "--costs", str(costs), "--json", str(out)]
-    assert gradcode_main([*argv, "--iterations", "2"]) == 0
+    assert gradcode_main([*argv, "--iterations", "2", "--broadcast-spread", str(spread)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     _, rows = compare(json.loads((RESULTS / "cluster.json").read_text()))
     fitted = next(r for r in rows if r["n"] == 24 and r["system"] == "uncoded" and r["stragglers"] == 0)
