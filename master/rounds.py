@@ -53,6 +53,7 @@ import grpc
 from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
+from gradcode.common.gather.delivery import RELAY_FANOUT, relay_peers
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, FailureKind, GatherStrategy, Round, Source, WorkerFailure
@@ -73,10 +74,6 @@ __all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "Rel
 
 log = logging.getLogger(__name__)
 
-RELAY_FANOUT = 3
-"""Fetchers per relay peer: worker j of an iteration's relay order fetches the model from worker (j - 1) // 3, so
-n = 6 is a seed serving three workers, two of which serve one more each (two hops). A peer's link carries the model
-this many times while its own fetch adds a hop's latency to its fetchers'; the master's carries it once either way."""
 RELAY_MIN_WORKERS = 3
 """``JobSpec.model_delivery`` "auto" relays when a round's first gather asks at least this many workers over the
 network (with fewer, the master's link carries two models or less and a relay hop would cost more than it saves)."""
@@ -555,7 +552,7 @@ class _ModelRequest:
     def relay(self, order: Sequence[int]) -> None:
         """Relay the model along ``order``: its first worker gets it inline, worker ``order[j]`` fetches it from
         ``order[(j - 1) // RELAY_FANOUT]``."""
-        self._peer_of = {w: order[(j - 1) // RELAY_FANOUT] for j, w in enumerate(order) if j}
+        self._peer_of = relay_peers(order)
         self._planned = dict(self._peer_of)
 
     def upstream(self, peer: int) -> list[int]:
