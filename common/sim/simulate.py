@@ -55,11 +55,13 @@ import numpy as np
 from gradcode.common.codes.base import Array, Assignment, GradientCode, Observation
 from gradcode.common.codes.registry import make_code
 from gradcode.common.codes.topology import Topology
+from gradcode.common.gather.delivery import relay_peers
 from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, Primaries, start_overdue
 from gradcode.common.sim.stragglers import DelayModel, NoDelay
 from gradcode.common.validation import check_int, check_number
 
 __all__ = [
+    "MODEL_DELIVERIES",
     "PRIMARIES_MAX_WORKERS",
     "SURPLUS_MODES",
     "Costs",
@@ -87,7 +89,8 @@ class Costs:
     ``parent_decode_seconds``: a tree parent's ``decode_seconds`` (None: the same), from its decodable moment
     to its message ready to go up (decode, combine, encode); a parent runs on a worker host, often with less CPU
     than the master's. ``broadcast_spread``: how the models sent at once end, from 0 (all together: a fairly
-    shared link) to 1 (one after another: a first-come-first-served one).
+    shared link) to 1 (one after another: a first-come-first-served one). ``relay_hop_seconds``: what a relayed
+    model's fetch costs besides its bytes (the peer serving it, the fetcher checking its digest).
     """
 
     compute_seconds: float = 0.0
@@ -101,6 +104,7 @@ class Costs:
     worker_seconds: float = 0.0
     parent_decode_seconds: float | None = None
     broadcast_spread: float = 0.0
+    relay_hop_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         spread = self.broadcast_spread
@@ -109,7 +113,10 @@ class Costs:
                 f"Argument 'broadcast_spread' must be a number from 0 (transfers sharing a link fairly end together) "
                 f"to 1 (they end one after another), not {self.broadcast_spread!r}."
             )
-        for name in ("compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds"):
+        for name in (
+            "compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds",
+            "relay_hop_seconds",
+        ):  # fmt: skip
             check_number(name, getattr(self, name))
         if self.parent_decode_seconds is not None:
             check_number("parent_decode_seconds", self.parent_decode_seconds)
@@ -259,6 +266,52 @@ def _down(parent_has: float, children: int, costs: Costs, parent_bandwidth: floa
     return ends
 
 
+MODEL_DELIVERIES = ("direct", "relay")
+"""How the model reaches the workers a receiver asks (``JobSpec.model_delivery``; the master's ``auto`` relays to three
+or more workers over the network)."""
+
+
+class _Delivery:
+    """When each worker a receiver asks holds the iteration's model: sent to each at once (``direct``), or to the
+    first of the relay order, the others fetching it from a peer (``relay``: :func:`relay_peers`, each peer serving
+    its fetchers at once over its own link, each fetch ``Costs.relay_hop_seconds`` besides its bytes). The relay
+    order is the live master's (:class:`~gradcode.master.rounds.RelayOrder`): the workers whose messages came
+    through in the last round first, fastest first, then the others."""
+
+    def __init__(self, mode: str, costs: Costs, bandwidth: float) -> None:
+        if mode not in MODEL_DELIVERIES:
+            raise ValueError(f"Argument 'model_delivery' must be one of {', '.join(MODEL_DELIVERIES)}, not {mode!r}.")
+        self.relay = mode == "relay"
+        self.costs = costs
+        self.bandwidth = bandwidth
+        self._answered: tuple[int, ...] = ()
+
+    def holds(self, workers: Sequence[int], parent_has: float = 0.0) -> dict[int, float]:
+        """When each of ``workers`` holds the model its sender starts sending at ``parent_has``."""
+        if not self.relay or len(workers) < 2:
+            return dict(zip(workers, _down(parent_has, len(workers), self.costs, self.bandwidth).tolist(), strict=True))
+        first = [w for w in self._answered if w in set(workers)]
+        order = first + [w for w in workers if w not in set(first)]
+        peers = relay_peers(order)
+        holds = {order[0]: float(_down(parent_has, 1, self.costs, self.bandwidth)[0])}
+        fetchers: dict[int, list[int]] = {}
+        for w in order[1:]:
+            fetchers.setdefault(peers[w], []).append(w)
+        for peer in order:  # a peer comes before its fetchers in the order
+            kids = fetchers.get(peer, [])
+            ends = _down(holds[peer], len(kids), self.costs, self.costs.worker_bandwidth)
+            holds.update({w: float(end) + self.costs.relay_hop_seconds for w, end in zip(kids, ends, strict=True)})
+        return holds
+
+    def models_sent(self, workers: int) -> int:
+        """Models through the sender's link per iteration."""
+        return min(workers, 1) if self.relay else workers
+
+    def answered(self, arrived: Sequence[int]) -> None:
+        """The workers whose messages came through in the round just decoded, in order."""
+        self._answered = tuple(arrived)
+
+
 class _Round:
     """One receiver's gather-and-decode: rows reach it at given moments; its code's decoder says when it is done."""
 
@@ -315,16 +368,16 @@ class _Round:
         ready: Mapping[int, Sequence[float]],
         expected: frozenset[int] = frozenset(),
         sendable: Mapping[int, float] | None = None,
-    ) -> tuple[float, tuple[int, ...], int, frozenset[int]]:
+    ) -> tuple[float, tuple[int, ...], int, tuple[int, ...]]:
         """``ready[w][m]``: when worker ``w``'s ``m``-th row is computed (missing worker: never answers).
 
         ``expected``: the round's primaries (empty: all alike); a backup's message ready at the same moment as an
         expected one crosses the link after it. ``sendable``: held backups' pull moments (:func:`_held_pulls`).
         Returns the decodable moment (``inf`` if the rows never decode), the workers whose rows the decoding uses,
-        how many messages were through by then and from whom."""
+        how many messages were through by then and from whom (in the order they came through)."""
         rows, senders, e, backup = self._messages(assignment, ready, expected, sendable or {})
         if not rows:
-            return math.inf, (), 0, frozenset()
+            return math.inf, (), 0, ()
         order = np.lexsort((backup, e))  # at a tie the expected workers' messages go first
         through = _through(e[order], self.service)
         decoder = self.code.decoder(assignment)
@@ -332,9 +385,9 @@ class _Round:
             if decoder.add(rows[int(index)]):
                 owner = assignment.owner
                 used = tuple(sorted({owner[r] for r in decoder.decoding().rows})) if self.report_used else ()
-                arrived = frozenset(senders[int(i)] for i in order[: position + 1])
+                arrived = tuple(dict.fromkeys(senders[int(i)] for i in order[: position + 1]))
                 return float(through[position]) + self.costs.decode_seconds, used, position + 1, arrived
-        return math.inf, (), len(rows), frozenset(senders)
+        return math.inf, (), len(rows), tuple(dict.fromkeys(senders))
 
 
 def _held_pulls(
@@ -415,6 +468,7 @@ def simulate(
     first_iteration: int = 0,
     primaries: bool = True,
     surplus: str = "push",
+    model_delivery: str = "direct",
 ) -> SimulationResult:
     """Simulate ``iterations`` synchronous iterations of ``code`` under ``costs`` and ``delays`` (None: no delay).
 
@@ -429,7 +483,10 @@ def simulate(
 
     ``surplus`` (``JobSpec.surplus`` on hosts of their own, where ``auto`` holds): ``"push"``, backups send their
     messages when ready; ``"hold"``, they keep them until the master's rules pull them (:func:`_held_pulls`), and
-    an ``n - s`` set counts as a set (a tree's surplus first-layer nodes hold too).
+    an ``n - s`` set counts as a set (a tree's surplus first-layer nodes hold too). ``model_delivery``
+    (``JobSpec.model_delivery``): ``"direct"``, the model sent to every worker at once; ``"relay"``, to one, the
+    others fetching it from peers (:class:`_Delivery`; a tree's first layer relays it, each parent sending it on
+    to its children).
 
     An iteration that can never decode (every worker's rows together do not)
     raises ``ValueError``.
@@ -441,8 +498,9 @@ def simulate(
         raise ValueError(f"Argument 'surplus' must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
     hold = surplus == "hold"
     topology = code.topology()
+    delivery = _Delivery(model_delivery, costs, costs.master_bandwidth)
     if topology is not None:
-        return _simulate_tree(code, topology, costs, iterations, delays, first_iteration, hold=hold)
+        return _simulate_tree(code, topology, costs, iterations, delays, first_iteration, hold=hold, delivery=delivery)
     observe = observe if observe is not None else straggler_observation(code.n)
     receiver = _Round(code, costs, costs.master_bandwidth)
     static = None if code.dynamic else code.static_assignment()
@@ -454,7 +512,7 @@ def simulate(
     expected: frozenset[int] = frozenset()
     for t in range(first_iteration, first_iteration + iterations):
         assignment = static if static is not None else code.assign(observe(t, last))
-        has_model = _down(0.0, code.n, costs, costs.master_bandwidth)
+        has_model = delivery.holds(range(code.n))
         ready: dict[int, list[float]] = {}
         began: dict[int, float] = {}
         for w in range(code.n):
@@ -465,7 +523,7 @@ def simulate(
                 shares = _row_shares(code, weights, assignment, w)
                 if static is not None:
                     shares_cache[w] = shares
-            began[w] = float(has_model[w]) + delays.delay(w, t)
+            began[w] = has_model[w] + delays.delay(w, t)
             start = began[w] + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
@@ -478,7 +536,8 @@ def simulate(
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         if chooser is not None:
             chooser.answered(arrived, seconds)
-        master_bytes = costs.message_bytes * ((code.n if costs.broadcast else 0) + received)
+        delivery.answered(arrived)
+        master_bytes = costs.message_bytes * ((delivery.models_sent(code.n) if costs.broadcast else 0) + received)
         used_set = set(used)
         late = tuple(w for w in range(code.n) if w not in used_set)
         last = IterationOutcome(t, seconds, used, late, master_bytes)
@@ -503,6 +562,7 @@ def _simulate_tree(
     first: int,
     *,
     hold: bool,
+    delivery: _Delivery,
 ) -> SimulationResult:
     """Every parent runs the round of :class:`_Round` over its children with the topology's child code, bottom up;
     the master runs it over the first layer with ``code`` itself (Reisizadeh et al., CR.Execute). With ``hold`` the
@@ -532,7 +592,8 @@ def _simulate_tree(
     outcomes: list[IterationOutcome] = []
     for t in range(first, first + iterations):
         has_model = np.zeros(total)
-        has_model[top] = _down(0.0, len(top), costs, costs.master_bandwidth)
+        top_holds = delivery.holds(top)
+        has_model[top] = [top_holds[w] for w in top]
         for w in range(total):
             if children[w]:
                 has_model[children[w]] = _down(float(has_model[w]), len(children[w]), costs, costs.worker_bandwidth)
@@ -558,10 +619,11 @@ def _simulate_tree(
         seconds, used_slots, received, arrived = master_round.run(top_assignment, top_ready, expected, sendable)
         if chooser is not None:
             chooser.answered(arrived, seconds)
+        delivery.answered([top[i] for i in arrived])
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the tree does not decode in iteration {t}.")
         used = tuple(top[i] for i in used_slots)
         late = tuple(w for w in top if w not in set(used))
-        master_bytes = costs.message_bytes * ((len(top) if costs.broadcast else 0) + received)
+        master_bytes = costs.message_bytes * ((delivery.models_sent(len(top)) if costs.broadcast else 0) + received)
         outcomes.append(IterationOutcome(t, seconds, used, late, master_bytes))
     return _result(outcomes)

@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -61,6 +61,7 @@ def _median(
     delay: float,
     iterations: int,
     surplus: str = "hold",
+    model_delivery: str = "direct",
 ) -> float:
     """The median over the run's rounds of each round's simulated median, as the benchmark summarises."""
     code = make_code(scheme, **params)
@@ -73,7 +74,8 @@ def _median(
             if stragglers
             else NoDelay()
         )
-        medians.append(float(np.median(simulate(code, costs, iterations, delays, surplus=surplus).seconds)))
+        result = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery=model_delivery)
+        medians.append(float(np.median(result.seconds)))
     return statistics.median(medians)
 
 
@@ -81,6 +83,21 @@ def _spread(costs: Costs, entry: dict[str, Any]) -> Costs:
     """``costs`` with the spread the run measured on the master's link for this row's workers (none measured: 0,
     transfers sharing the link fairly)."""
     return replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
+
+
+def _delivery(system: str) -> str:
+    """How a row's model reached the workers: relayed when the run asked so (``--model-delivery relay``), else sent
+    to each (the master's default)."""
+    return "relay" if "relay" in system.split() else "direct"
+
+
+def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> float:
+    """Row ``entry``'s simulated median, with its spread, surplus and model delivery."""
+    return _median(
+        _spread(costs, entry), entry["scheme"], dict(entry["code_params"]), entry["stragglers"],
+        result["rounds"], result["delay_s"], result["iterations"], _surplus(entry["system"]),
+        _delivery(entry["system"]),
+    )  # fmt: skip
 
 
 def _surplus(system: str) -> str:
@@ -109,7 +126,7 @@ def _non_negative_fit(matrix: np.ndarray[Any, Any], target: np.ndarray[Any, Any]
 
 def _fitted(entry: dict[str, Any], smallest_tree: int | None) -> bool:
     """Whether :func:`calibrate` fits on this row: every uncoded row, and the trees at the smallest n."""
-    return bool(entry["system"] == "uncoded" or (entry["scheme"] == "coded_reduce" and entry["n"] == smallest_tree))
+    return bool(entry["scheme"] == "uncoded" or (entry["scheme"] == "coded_reduce" and entry["n"] == smallest_tree))
 
 
 def _smallest_tree(result: dict[str, Any]) -> int | None:
@@ -117,50 +134,42 @@ def _smallest_tree(result: dict[str, Any]) -> int | None:
 
 
 def calibrate(result: dict[str, Any]) -> Costs:
-    """``worker_seconds`` and ``message_overhead`` fitted on every uncoded row (with and without the straggler, in
-    least squares, non-negative), then ``parent_decode_seconds`` on the tree rows at the smallest n the same way.
-    Least squares over several rows, because one row of a shared machine can be off by a third (at load 5-20 an
-    uncoded or tree row *with* the straggler ran faster than without it: the sleeping straggler leaves the other
-    hosts more of the two cores)."""
+    """``worker_seconds`` and ``message_overhead`` fitted on every uncoded row with the model sent to each worker
+    (with and without the straggler, in least squares, non-negative), ``relay_hop_seconds`` on the uncoded rows
+    with it relayed (if the run has them), then ``parent_decode_seconds`` on the tree rows at the smallest n the
+    same way. Least squares over several rows, because one row of a shared machine can be off by a third (at load
+    5-20 an uncoded or tree row *with* the straggler ran faster than without it: the sleeping straggler leaves the
+    other hosts more of the two cores)."""
     base = _base(result)
-    uncoded = [e for e in result["summary"] if e["system"] == "uncoded"]
+    uncoded = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e["system"]) == "direct"]
     if len({e["n"] for e in uncoded}) < 2:
         raise ValueError(
             f"Calibrating needs uncoded rows at two n; this run has {sorted({e['n'] for e in uncoded})}. Give "
             "--calibrate-on a run with several n on the same hosts."
         )
-    args = (result["rounds"], result["delay_s"], result["iterations"])
 
     def at(costs: Costs, entries: list[dict[str, Any]]) -> np.ndarray[Any, Any]:
-        return np.array(
-            [
-                _median(
-                    _spread(costs, e),
-                    e["scheme"],
-                    dict(e["code_params"]),
-                    e["stragglers"],
-                    *args,
-                    _surplus(e["system"]),
-                )
-                for e in entries
-            ]
-        )
+        return np.array([_simulated(costs, e, result) for e in entries])
 
-    zero = at(base, uncoded)
-    matrix = np.column_stack(
-        [at(replace(base, worker_seconds=1.0), uncoded) - zero, at(replace(base, message_overhead=1.0), uncoded) - zero]
-    )
-    measured = np.array([e["median_s"] for e in uncoded])
-    worker_seconds, overhead = _non_negative_fit(matrix, measured - zero)
-    flat = replace(base, worker_seconds=float(worker_seconds), message_overhead=float(overhead))
+    def fit(costs: Costs, entries: list[dict[str, Any]], **unit: float) -> np.ndarray[Any, Any]:
+        """The non-negative costs named in ``unit`` (each set to 1 in turn) that best fit ``entries``."""
+        zero = at(costs, entries)
+        shifted = [replace(costs, **cast(dict[str, Any], {name: one})) for name, one in unit.items()]
+        matrix = np.column_stack([at(each, entries) - zero for each in shifted])
+        return _non_negative_fit(matrix, np.array([e["median_s"] for e in entries]) - zero)
+
+    worker_seconds, overhead = fit(base, uncoded, worker_seconds=1.0, message_overhead=1.0)
+    costs = replace(base, worker_seconds=float(worker_seconds), message_overhead=float(overhead))
+    relayed = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e["system"]) == "relay"]
+    if relayed:
+        (hop,) = fit(costs, relayed, relay_hop_seconds=1.0)
+        costs = replace(costs, relay_hop_seconds=float(hop))
     smallest = _smallest_tree(result)
     trees = [e for e in result["summary"] if e["scheme"] == "coded_reduce" and e["n"] == smallest]
-    if not trees:
-        return flat
-    low = at(replace(flat, parent_decode_seconds=0.0), trees)  # linear in it while the critical path stays
-    per_second = at(replace(flat, parent_decode_seconds=1.0), trees) - low
-    (parent,) = _non_negative_fit(per_second[:, None], np.array([e["median_s"] for e in trees]) - low)
-    return replace(flat, parent_decode_seconds=float(parent))
+    if trees:  # (linear in it while the critical path stays)
+        (parent,) = fit(replace(costs, parent_decode_seconds=0.0), trees, parent_decode_seconds=1.0)
+        costs = replace(costs, parent_decode_seconds=float(parent))
+    return costs
 
 
 def compare(result: dict[str, Any], calibration: dict[str, Any] | None = None) -> tuple[Costs, list[dict[str, Any]]]:
@@ -173,10 +182,7 @@ def compare(result: dict[str, Any], calibration: dict[str, Any] | None = None) -
     for entry in result["summary"]:
         if entry["scheme"] == "allreduce":
             continue
-        simulated = _median(
-            _spread(costs, entry), entry["scheme"], dict(entry["code_params"]), entry["stragglers"],
-            result["rounds"], result["delay_s"], result["iterations"], _surplus(entry["system"]),
-        )  # fmt: skip
+        simulated = _simulated(costs, entry, result)
         ratio = simulated / entry["median_s"]
         fitted = own and _fitted(entry, smallest_tree)
         out.append(

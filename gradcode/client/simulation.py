@@ -25,7 +25,7 @@ from typing import Any
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import code_class, make_code
 from gradcode.common.ops.cli import text_table
-from gradcode.common.sim.simulate import SURPLUS_MODES, Costs, simulate
+from gradcode.common.sim.simulate import MODEL_DELIVERIES, SURPLUS_MODES, Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 
 __all__ = [
@@ -48,6 +48,7 @@ COST_FLAGS = {
     "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
     "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
     "broadcast_spread": "how models sent at once end: 0 together (a fair link) to 1 one after another",
+    "relay_hop_seconds": "seconds a relayed model's fetch costs besides its bytes (--model-delivery relay)",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
 
@@ -105,11 +106,16 @@ def _parameters(code: GradientCode) -> str:
 
 
 def simulation_row(
-    code: GradientCode, costs: Costs, iterations: int, delays: DelayModel, surplus: str = "push"
+    code: GradientCode,
+    costs: Costs,
+    iterations: int,
+    delays: DelayModel,
+    surplus: str = "push",
+    model_delivery: str = "direct",
 ) -> dict[str, Any]:
     """One table row: the scheme, its parameters, its worker processes and the simulated summary."""
     topology = code.topology()
-    result = simulate(code, costs, iterations, delays, surplus=surplus)
+    result = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery=model_delivery)
     return {
         "scheme": type(code).name,
         "parameters": _parameters(code),
@@ -140,7 +146,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     delays = _delays(args)
     codes, skipped = _configurations(args)
-    rows = [simulation_row(code, costs, args.iterations, delays, args.surplus) for code in codes]
+    rows = [simulation_row(code, costs, args.iterations, delays, args.surplus, args.model_delivery) for code in codes]
     print(f"{args.iterations} simulated iterations; delays {delays!r}")
     print(format_rows(rows))
     for note in skipped:
@@ -177,6 +183,11 @@ def add_simulate_command(
         "--surplus", choices=SURPLUS_MODES, default="push",
         help="what backups do with their messages: push them when ready, or hold them until the master's rules "
         "pull them (JobSpec.surplus; the master's auto holds on hosts of their own) (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model-delivery", choices=MODEL_DELIVERIES, default="direct",
+        help="how the model reaches the workers: sent to each, or to one and relayed among them "
+        "(JobSpec.model_delivery) (default: %(default)s)",
     )  # fmt: skip
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
     add_cost_arguments(p)

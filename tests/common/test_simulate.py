@@ -128,10 +128,11 @@ def test_two_thousand_workers_simulate_in_seconds() -> None:
         make_code("uncoded", n=2000),
         make_code("clustered", n=2000, clusters=200, load=3),
     ):
-        started = time.perf_counter()
-        result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0))
-        assert time.perf_counter() - started < 10.0, code
-        assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
+        for options in ({}, {"surplus": "hold", "model_delivery": "relay"}):
+            started = time.perf_counter()
+            result = simulate(code, costs, 3, ShiftedExponential(0.01, 10.0), **options)
+            assert time.perf_counter() - started < 10.0, (code, options)
+            assert np.all(np.isfinite(result.seconds)) and not math.isnan(result.summary()["median_seconds"])
 
 
 def test_the_primaries_cross_the_masters_link_before_backups_ready_at_the_same_moment() -> None:
@@ -225,3 +226,31 @@ def test_a_trees_held_surplus_node_crosses_the_masters_link_only_when_pulled() -
     assert held.master_bytes.tolist() == [2.0] * 3
     late = simulate(code, costs, 3, FixedDelay(10.0, workers=[0]), surplus="hold")
     assert late.master_bytes.tolist() == [2.0] * 3 and late.seconds.max() < 10.0
+
+
+def test_a_relayed_model_crosses_the_masters_link_once_and_reaches_the_others_in_hops() -> None:
+    """Uncoded n = 6, 1-byte models, a 10 B/s master link and 1 B/s worker links. Direct: every worker holds the
+    model at 1 s (its own link), messages through by 2.5 s. Relayed: the seed at 1 s; its three fetchers share its
+    link, holding it at 4 s; the last two fetch from worker 1 at 6 s; their messages through at 7 and 7.1 s. A hop
+    that costs 0.25 s besides its bytes adds it per hop. The master sends one model instead of six."""
+    code = make_code("uncoded", n=6)
+    costs = Costs(message_bytes=1.0, master_bandwidth=10.0, worker_bandwidth=1.0)
+    direct = simulate(code, costs, 1)
+    relayed = simulate(code, costs, 1, model_delivery="relay")
+    slow_hops = simulate(code, dataclasses.replace(costs, relay_hop_seconds=0.25), 1, model_delivery="relay")
+    assert direct.seconds.tolist() == [pytest.approx(2.5)] and direct.master_bytes.tolist() == [12.0]
+    assert relayed.seconds.tolist() == [pytest.approx(7.1)] and relayed.master_bytes.tolist() == [7.0]
+    assert slow_hops.seconds.tolist() == [pytest.approx(7.6)]
+    with pytest.raises(ValueError, match="'model_delivery' must be one of direct, relay"):
+        simulate(code, costs, 1, model_delivery="auto")
+    with pytest.raises(ValueError, match="relay_hop_seconds"):
+        Costs(relay_hop_seconds=-1.0)
+
+
+def test_a_trees_first_layer_relays_the_model() -> None:
+    code = make_code("coded_reduce", n=3, s=1, L=2)
+    costs = Costs(compute_seconds=1.0, message_bytes=1.0, master_bandwidth=1.0, worker_bandwidth=10.0)
+    direct = simulate(code, costs, 2, surplus="hold")
+    relayed = simulate(code, costs, 2, surplus="hold", model_delivery="relay")
+    assert relayed.master_bytes.tolist() == [1.0 + 2.0] * 2 and direct.master_bytes.tolist() == [3.0 + 2.0] * 2
+    assert relayed.seconds[0] < direct.seconds[0]  # the master's link carries one model, not three
