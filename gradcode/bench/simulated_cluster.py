@@ -217,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"fitted{where}: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "
         f"message_overhead {1e3 * costs.message_overhead:.2f} ms; on the smallest tree: parent_decode_seconds "
-        f"{1e3 * (costs.parent_decode_seconds or 0.0):.1f} ms; links {costs.master_bandwidth * 8 / 1e6:g} / "
+        f"{1e3 * (costs.parent_decode_seconds or 0.0):.1f} ms; relay_hop_seconds "
+        f"{1e3 * costs.relay_hop_seconds:.1f} ms; links {costs.master_bandwidth * 8 / 1e6:g} / "
         f"{costs.worker_bandwidth * 8 / 1e6:g} Mbit/s, {MESSAGE_BYTES / 1e6:g} MB messages"
     )
     print(f"{'n':>3} {'straggler':>9} {'system':>16} {'measured ms':>11} {'simulated ms':>12} {'ratio':>6}  within 15%")
