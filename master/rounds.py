@@ -136,10 +136,16 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
 
 
-def relays(mode: str, *, network: int) -> bool:
+def relays(mode: str, *, network: int, tree: bool = False) -> bool:
     """Whether a round relays the model (``JobSpec.model_delivery`` ``mode``) to the ``network`` workers its first
     gather asks over the network (a tree's: the parents of the first layer, who forward it to their children):
-    "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more; never "direct"."""
+    "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more of a flat code's; never
+    "direct". A tree relays only when asked: its first layer is few (the master sends a handful of models) and its
+    parents are busy, and on every emulated cluster measured the relaying seed parent, serving three fetchers
+    beside its own children, made the tree slower (n = 24, p = 1e5: 1.9-2.8x at 12 % of a core, 1.07-1.25x at 7 %;
+    p = 1e6: 1.06-1.4x; docs/cluster.md)."""
+    if mode == "auto" and tree:
+        return False
     return (mode == "relay" and network >= 2) or (mode == "auto" and network >= RELAY_MIN_WORKERS)
 
 
@@ -335,7 +341,7 @@ class RoundPolicy:
         network (shared-memory workers keep shared memory); ``ask`` in the order to send the requests, the seed's
         first."""
         network = [w for w in ask if w not in self.loader.shared_workers]
-        if not relays(self.plan.model_delivery, network=len(network)):
+        if not relays(self.plan.model_delivery, network=len(network), tree=self.plan.topology is not None):
             return ask
         order = self.relay_order.order(network, it.t)
         it.model.relay(order)

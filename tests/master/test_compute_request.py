@@ -83,6 +83,8 @@ def test_a_relayed_iteration_sends_the_model_inline_to_its_seed_and_a_checked_re
 )
 def test_a_round_relays_only_to_enough_workers_over_the_network(mode: str, network: int, relayed: bool) -> None:
     assert relays(mode, network=network) is relayed
+    # a tree's first layer relays when asked, never by "auto" (its seed parent's CPU made it slower)
+    assert relays(mode, network=network, tree=True) is (relayed and mode == "relay")
 
 
 def test_the_relay_order_puts_the_fastest_first_and_blamed_peers_last() -> None:
