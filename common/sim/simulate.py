@@ -267,8 +267,8 @@ def _down(parent_has: float, children: int, costs: Costs, parent_bandwidth: floa
 
 
 MODEL_DELIVERIES = ("direct", "relay")
-"""How the model reaches the workers a receiver asks (``JobSpec.model_delivery``; the master's ``auto`` relays to three
-or more workers over the network)."""
+"""How the model reaches the workers a receiver asks (``JobSpec.model_delivery``; the master's ``auto`` relays a flat
+code's model to three or more workers over the network, never a tree's)."""
 
 
 class _Delivery:
@@ -290,8 +290,10 @@ class _Delivery:
         """When each of ``workers`` holds the model its sender starts sending at ``parent_has``."""
         if not self.relay or len(workers) < 2:
             return dict(zip(workers, _down(parent_has, len(workers), self.costs, self.bandwidth).tolist(), strict=True))
-        first = [w for w in self._answered if w in set(workers)]
-        order = first + [w for w in workers if w not in set(first)]
+        asked = set(workers)
+        first = [w for w in self._answered if w in asked]
+        answered = set(first)
+        order = first + [w for w in workers if w not in answered]
         peers = relay_peers(order)
         holds = {order[0]: float(_down(parent_has, 1, self.costs, self.bandwidth)[0])}
         fetchers: dict[int, list[int]] = {}

@@ -9,9 +9,10 @@ bandwidths, 0.8 MB float64 messages (p = 1e5), the ``broadcast_spread`` the run 
 holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not state are
 fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota spends per
 iteration on the model and its message) and ``message_overhead`` (the master's per message) on every uncoded
-row, ``parent_decode_seconds`` (a tree parent's decode, combine and encode on its worker host) on the trees at
-the smallest n, each in non-negative least squares. The table gives the measured median, the simulated median
-and their ratio, and whether it is within the issue's 15 %.
+row with the model sent to each worker, ``relay_hop_seconds`` on the relayed uncoded rows (``--model-delivery
+relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode, combine and encode on its worker
+host) on the trees at the smallest n, each in non-negative least squares. The table gives the measured median,
+the simulated median and their ratio, and whether it is within the issue's 15 %.
 
 On the committed run (n = 6, 12, 24; 200 / 1000 Mbit/s; 50 % / 12 % of a core; 2 rounds; load 1.8-22) the fit
 is 0, 30.4 ms and 124 ms and 14 of the 16 predicted rows are within 15 % (ratios 0.88-1.29): every flat coded
