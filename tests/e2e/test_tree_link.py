@@ -63,12 +63,15 @@ async def test_a_trees_surplus_message_is_held_and_pulled_only_for_a_first_layer
     assert held[0].backup_workers == [second] and held[0].used_workers == [first], held[0]
     unpulled = [r.iteration for r in held if set(r.used_workers) & (set(r.backup_workers) - set(r.promoted_workers))]
     assert not unpulled, f"a held message was used without being pulled in iterations {unpulled}"
-    # the master's ingress: both sub-tree messages pushed, one (and a ready notice) held
-    push_in = statistics.median(r.bytes_received for r in pushed)
-    held_in = statistics.median(r.bytes_received for r in held[:2])
-    assert held_in < 0.6 * push_in, (held_in, push_in)
     landed = next((i for i, r in enumerate(held) if r.iteration > 2 and first not in r.used_workers), None)
     assert landed is not None and landed <= len(held) - 3, f"the fault took effect too late to test anything: {held}"
+    # the master's ingress: both sub-tree messages pushed; one (and a ready notice) held, in every round before the
+    # fault that pulled nothing (under load a round may pull the held one when node 0 is slow to begin: a CI run
+    # pulled it in one of the first two)
+    push_in = statistics.median(r.bytes_received for r in pushed)
+    quiet = [r.bytes_received for r in held[:landed] if not r.promoted_workers]
+    assert quiet, f"every round before the fault pulled the held message: {held[:landed]}"
+    assert max(quiet) < 0.6 * push_in, (quiet, push_in)
     hit = held[landed]
     assert hit.used_workers == [second] and (second in hit.promoted_workers or second not in hit.backup_workers), hit
     assert all(r.used_workers == [second] for r in held[landed:])
