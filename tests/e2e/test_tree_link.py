@@ -65,13 +65,15 @@ async def test_a_trees_surplus_message_is_held_and_pulled_only_for_a_first_layer
     assert not unpulled, f"a held message was used without being pulled in iterations {unpulled}"
     landed = next((i for i, r in enumerate(held) if r.iteration > 2 and first not in r.used_workers), None)
     assert landed is not None and landed <= len(held) - 3, f"the fault took effect too late to test anything: {held}"
-    # the master's ingress: both sub-tree messages pushed; one (and a ready notice) held, in every round before the
-    # fault that pulled nothing (under load a round may pull the held one when node 0 is slow to begin: a CI run
-    # pulled it in one of the first two)
-    push_in = statistics.median(r.bytes_received for r in pushed)
+    # the master's ingress: one sub-tree message (and a ready notice) in every round before the fault that pulled
+    # nothing, where two messages cross pushed (the second cut short when its round decoded first: a CI run under
+    # load received 8.0 KB a pushed round against 10.6 here, so the measure is one message, not the pushed rounds;
+    # under load a round may also pull the held one when node 0 is slow to begin)
+    message = push_info.spec.model.num_features * 10 * 8  # (softmax, 10 classes, float64)
+    assert statistics.median(r.bytes_received for r in pushed) > message
     quiet = [r.bytes_received for r in held[:landed] if not r.promoted_workers]
     assert quiet, f"every round before the fault pulled the held message: {held[:landed]}"
-    assert max(quiet) < 0.6 * push_in, (quiet, push_in)
+    assert max(quiet) < 1.5 * message, (quiet, message)
     hit = held[landed]
     assert hit.used_workers == [second] and (second in hit.promoted_workers or second not in hit.backup_workers), hit
     assert all(r.used_workers == [second] for r in held[landed:])
