@@ -53,39 +53,6 @@ def _base(result: dict[str, Any]) -> Costs:
     )
 
 
-def _median(
-    costs: Costs,
-    scheme: str,
-    params: dict[str, Any],
-    stragglers: int,
-    rounds: int,
-    delay: float,
-    iterations: int,
-    surplus: str = "hold",
-    model_delivery: str = "direct",
-) -> float:
-    """The median over the run's rounds of each round's simulated median, as the benchmark summarises."""
-    code = make_code(scheme, **params)
-    topology = code.topology()
-    workers = code.n if topology is None else topology.num_workers
-    medians = []
-    for round_ in range(rounds):
-        delays = (
-            FixedDelay(delay, random_worker=True, num_workers=workers, count=1, seed=round_)
-            if stragglers
-            else NoDelay()
-        )
-        result = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery=model_delivery)
-        medians.append(float(np.median(result.seconds)))
-    return statistics.median(medians)
-
-
-def _spread(costs: Costs, entry: dict[str, Any]) -> Costs:
-    """``costs`` with the spread the run measured on the master's link for this row's workers (none measured: 0,
-    transfers sharing the link fairly)."""
-    return replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
-
-
 def _delivery(system: str) -> str:
     """How a row's model reached the workers: relayed when the run asked so (``--model-delivery relay``), else sent
     to each (the master's default)."""
@@ -93,18 +60,27 @@ def _delivery(system: str) -> str:
 
 
 def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> float:
-    """Row ``entry``'s simulated median, with its spread, surplus and model delivery."""
-    return _median(
-        _spread(costs, entry), entry["scheme"], dict(entry["code_params"]), entry["stragglers"],
-        result["rounds"], result["delay_s"], result["iterations"], _surplus(entry["system"]),
-        _delivery(entry["system"]),
-    )  # fmt: skip
-
-
-def _surplus(system: str) -> str:
-    """What a row's backups did with their messages: pushed when the run asked so (``--surplus push``), else held
-    (the master's ``auto`` holds on hosts of their own)."""
-    return "push" if "push" in system.split() else "hold"
+    """Row ``entry``'s simulated median: the median over the run's rounds of each round's median, as the benchmark
+    summarises, with the row's measured spread (none measured: 0, transfers sharing the link fairly), its backups
+    pushing when the run asked so (``--surplus push``; else holding, as the master's ``auto`` does on hosts of their
+    own) and its model delivery."""
+    code = make_code(entry["scheme"], **entry["code_params"])
+    topology = code.topology()
+    workers = code.n if topology is None else topology.num_workers
+    costs = replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
+    surplus = "push" if "push" in entry["system"].split() else "hold"
+    medians = []
+    for round_ in range(result["rounds"]):
+        delays = (
+            FixedDelay(result["delay_s"], random_worker=True, num_workers=workers, count=1, seed=round_)
+            if entry["stragglers"]
+            else NoDelay()
+        )
+        run = simulate(
+            code, costs, result["iterations"], delays, surplus=surplus, model_delivery=_delivery(entry["system"])
+        )
+        medians.append(float(np.median(run.seconds)))
+    return statistics.median(medians)
 
 
 def _non_negative_fit(matrix: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
