@@ -286,16 +286,16 @@ class _Delivery:
         self.bandwidth = bandwidth
         self._answered: tuple[int, ...] = ()
 
-    def holds(self, workers: Sequence[int], parent_has: float = 0.0) -> dict[int, float]:
-        """When each of ``workers`` holds the model its sender starts sending at ``parent_has``."""
+    def holds(self, workers: Sequence[int]) -> dict[int, float]:
+        """When each of ``workers`` holds the model its sender starts sending at the iteration's start."""
         if not self.relay or len(workers) < 2:
-            return dict(zip(workers, _down(parent_has, len(workers), self.costs, self.bandwidth).tolist(), strict=True))
+            return dict(zip(workers, _down(0.0, len(workers), self.costs, self.bandwidth).tolist(), strict=True))
         asked = set(workers)
         first = [w for w in self._answered if w in asked]
         answered = set(first)
         order = first + [w for w in workers if w not in answered]
         peers = relay_peers(order)
-        holds = {order[0]: float(_down(parent_has, 1, self.costs, self.bandwidth)[0])}
+        holds = {order[0]: float(_down(0.0, 1, self.costs, self.bandwidth)[0])}
         fetchers: dict[int, list[int]] = {}
         for w in order[1:]:
             fetchers.setdefault(peers[w], []).append(w)
@@ -327,15 +327,16 @@ class _Round:
         self.service = self.receive + costs.message_overhead
         self.upload = costs.message_bytes / costs.worker_bandwidth
 
-    def _messages(
+    def _timeline(
         self,
         assignment: Assignment,
         ready: Mapping[int, Sequence[float]],
         expected: frozenset[int],
         sendable: Mapping[int, float],
-    ) -> tuple[list[int], list[int], Array, Array]:
-        """Every message's row, sender, the earliest moment it could be through and whether a backup sent it (a
-        worker in ``sendable`` sends nothing before that moment: a held backup, pulled then or never)."""
+    ) -> tuple[list[int], list[int], Array]:
+        """Every message's row and sender in the order they cross the receiver's link, and when each is through (a
+        worker in ``sendable`` sends nothing before that moment: a held backup, pulled then or never; at a tie the
+        expected workers' messages go first)."""
         rows: list[int] = []
         senders: list[int] = []
         earliest: list[float] = []
@@ -352,17 +353,14 @@ class _Round:
                 backup.append(bool(expected) and w not in expected)
                 senders.append(w)
                 earliest.append(max(sent, t + self.receive) + self.costs.message_overhead)
-        return rows, senders, np.asarray(earliest), np.asarray(backup)
+        e = np.asarray(earliest)
+        order = np.lexsort((np.asarray(backup), e)).tolist()
+        return [rows[i] for i in order], [senders[i] for i in order], _through(e[order], self.service)
 
     def ends(self, assignment: Assignment, ready: Mapping[int, Sequence[float]]) -> dict[int, float]:
         """When each worker's last message is through, if the workers of ``ready`` alone send."""
-        _, senders, earliest, _ = self._messages(assignment, ready, frozenset(), {})
-        order = np.argsort(earliest, kind="stable")
-        through = _through(earliest[order], self.service)
-        ends: dict[int, float] = {}
-        for index, at in zip(order, through, strict=True):
-            ends[senders[int(index)]] = float(at)
-        return ends
+        _, senders, through = self._timeline(assignment, ready, frozenset(), {})
+        return dict(zip(senders, through.tolist(), strict=True))
 
     def run(
         self,
@@ -377,17 +375,15 @@ class _Round:
         expected one crosses the link after it. ``sendable``: held backups' pull moments (:func:`_held_pulls`).
         Returns the decodable moment (``inf`` if the rows never decode), the workers whose rows the decoding uses,
         how many messages were through by then and from whom (in the order they came through)."""
-        rows, senders, e, backup = self._messages(assignment, ready, expected, sendable or {})
+        rows, senders, through = self._timeline(assignment, ready, expected, sendable or {})
         if not rows:
             return math.inf, (), 0, ()
-        order = np.lexsort((backup, e))  # at a tie the expected workers' messages go first
-        through = _through(e[order], self.service)
         decoder = self.code.decoder(assignment)
-        for position, index in enumerate(order):
-            if decoder.add(rows[int(index)]):
+        for position, row in enumerate(rows):
+            if decoder.add(row):
                 owner = assignment.owner
                 used = tuple(sorted({owner[r] for r in decoder.decoding().rows})) if self.report_used else ()
-                arrived = tuple(dict.fromkeys(senders[int(i)] for i in order[: position + 1]))
+                arrived = tuple(dict.fromkeys(senders[: position + 1]))
                 return float(through[position]) + self.costs.decode_seconds, used, position + 1, arrived
         return math.inf, (), len(rows), tuple(dict.fromkeys(senders))
 
