@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS, start_overdue
+from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, start_overdue
 from gradcode.common.gather.round import Gathering, GatherStrategy, Source, WorkerFailure
 
-__all__ = ["HOLD_OVERDUE_FACTOR", "START_SLACK_SECONDS", "Hedging"]
+__all__ = ["Hedging"]
 
 
 class Hedging(GatherStrategy):
@@ -100,7 +100,7 @@ class Hedging(GatherStrategy):
     def start_overdue_at(self) -> float | None:
         """When the expected workers that have not begun are covered although none ended (None: not now): at
         most ``s`` of them, every other expected worker began (or ended), and as long again has passed since the
-        last of those began as between the first and the last of them, at least :data:`START_SLACK_SECONDS`.
+        last of those began as between the first and the last of them, at least ``START_SLACK_SECONDS``.
 
         The others' spread is the measure on purpose: workers that share cores begin as the scheduler lets them,
         a few milliseconds apart under load, and a worker waiting for a core is within that; an emulated or

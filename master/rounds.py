@@ -29,7 +29,7 @@ Dynamic codes are asked alike: they place each iteration from what every worker 
 The model reaches the workers of a flat code directly, or relayed (``JobSpec.model_delivery``; :class:`_ModelRequest`
 builds each worker's model fields, :class:`RelayOrder` picks the peers): the first gather of an iteration sends it
 inline to the first worker of the relay order, and worker j of that order fetches it from worker
-(j - 1) // :data:`RELAY_FANOUT`, checking its digest. A relayed request that ends FAILED_PRECONDITION (its peer was
+(j - 1) // ``RELAY_FANOUT``, checking its digest. A relayed request that ends FAILED_PRECONDITION (its peer was
 dead, frozen or lying: :mod:`gradcode.worker.relay`) is not the worker's fault: it is asked again at once, in the same
 gather, with the model inline, and its peer and those upstream of it serve no relay for
 :data:`RELAY_SUSPEND_ITERATIONS` iterations. Every later request of the iteration (a retry, a join, a request asked
@@ -53,7 +53,7 @@ import grpc
 from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.gather.delivery import RELAY_FANOUT, relay_peers
+from gradcode.common.gather.delivery import relay_peers
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, FailureKind, GatherStrategy, Round, Source, WorkerFailure
@@ -70,7 +70,7 @@ from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 from gradcode.worker.straggling import StragglerEmulation
 
-__all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy", "relays"]
+__all__ = ["RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy", "relays"]
 
 log = logging.getLogger(__name__)
 
@@ -557,7 +557,7 @@ class _ModelRequest:
 
     def relay(self, order: Sequence[int]) -> None:
         """Relay the model along ``order``: its first worker gets it inline, worker ``order[j]`` fetches it from
-        ``order[(j - 1) // RELAY_FANOUT]``."""
+        ``order[(j - 1) // RELAY_FANOUT]`` (:func:`~gradcode.common.gather.delivery.relay_peers`)."""
         self._peer_of = relay_peers(order)
         self._planned = dict(self._peer_of)
 

@@ -109,7 +109,7 @@ class HeldModels:
         self._reply: tuple[Array, bytes] | None = None
         """The last FetchModel reply serialized, and the model it carries: made at a model's first fetch and sent to
         every later one (encoding a p = 1e6 model takes about 6 ms of a core, and a peer serves up to three fetchers:
-        the master's ``RELAY_FANOUT``); a model held since is another array, so never served a stale reply."""
+        the relay's ``RELAY_FANOUT``); a model held since is another array, so never served a stale reply."""
 
     def hold(self, iteration: int, params: Array) -> None:
         """``params`` is iteration ``iteration``'s model (it replaces a failure: the master sent it inline since)."""

@@ -17,11 +17,12 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.exceptions import WireError
 from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
+from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS
 from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source, WorkerFailure
 from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
-from gradcode.master.hedging import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS, Hedging
+from gradcode.master.hedging import Hedging
 from gradcode.v1 import worker_pb2
 
 
