@@ -53,7 +53,7 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
-from gradcode.common.sim.simulate import Costs, simulate
+from gradcode.common.sim.simulate import SURPLUS_MODES, Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 from gradcode.common.validation import check_int
 
@@ -67,6 +67,7 @@ __all__ = [
     "plan",
     "read_history",
     "straggler_from_spec",
+    "surplus_from_spec",
 ]
 
 _STREAM_FITTED = 11
@@ -95,6 +96,17 @@ def code_from_spec(spec: Mapping[str, Any]) -> GradientCode:
     if not isinstance(code, Mapping) or "name" not in code:
         raise ValueError("The job spec has no 'code' with a 'name'; give --spec of the job that wrote the history.")
     return make_code(str(code["name"]), **dict(code.get("params") or {}))
+
+
+def surplus_from_spec(spec: Mapping[str, Any]) -> str:
+    """What the job's backups would do with their messages on hosts of their own (``JobSpec.surplus``): "push" or
+    "hold" as the spec says; "auto" (its default) holds there, as the master does for every worker whose messages
+    cross the network. (On one machine, where workers share the master's memory, ``auto`` pushes: plan such a job
+    with ``surplus="push"``.)"""
+    surplus = spec.get("surplus") or "auto"
+    if surplus not in ("push", "hold", "auto"):
+        raise ValueError(f"The spec's surplus must be push, hold or auto, not {surplus!r}.")
+    return "push" if surplus == "push" else "hold"
 
 
 def straggler_from_spec(spec: Mapping[str, Any] | None) -> DelayModel | None:
@@ -240,9 +252,14 @@ class FittedDelays(DelayModel):
         self.injected = injected
 
     def _delay(self, worker_id: int, iteration: int) -> float:
-        base = 0.0 if self.injected is None else self.injected.delay(worker_id, iteration)
+        return self.parts(worker_id, iteration)[1]
+
+    def parts(self, worker_id: int, iteration: int) -> tuple[float, float]:
+        """Only the injected law passes before the worker begins: a host's fitted excess is time spent computing.
+        (The fitted model's own ``time_scale`` is always 1.)"""
+        before = 0.0 if self.injected is None else self.injected.delay(worker_id, iteration)
         excess, scale = self.excess[worker_id % len(self.excess)], self.scales[worker_id % len(self.scales)]
-        return base + scale * excess.draw(self._rng(_STREAM_FITTED, worker_id, iteration))
+        return before, before + scale * excess.draw(self._rng(_STREAM_FITTED, worker_id, iteration))
 
     def _mean(self) -> float:
         fitted = [x * e.mean() for e, x in zip(self.excess, self.scales, strict=True)]
@@ -348,10 +365,11 @@ def _mean_time(
     base: Costs,
     iterations: int,
     injected: DelayModel | None,
+    surplus: str,
 ) -> float:
     fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
     costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
-    return float(simulate(code, costs, iterations, delays).seconds.mean())
+    return float(simulate(code, costs, iterations, delays, surplus=surplus).seconds.mean())
 
 
 def plan(
@@ -365,19 +383,23 @@ def plan(
     seed: int = 0,
     candidates: Sequence[GradientCode] | None = None,
     injected: DelayModel | None = None,
+    surplus: str = "hold",
 ) -> tuple[list[PlanRow], list[WorkerFit]]:
     """Rank the candidate configurations by simulated mean seconds per iteration (``iterations`` = K each), with
     bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends).
     ``injected``: the emulated straggler law the history's job ran with (:func:`straggler_from_spec`), taken out
-    of the fits and simulated as it is."""
+    of the fits and simulated as it is. ``surplus``: what the backups will do, as the master runs them
+    (:func:`surplus_from_spec`; "hold" on hosts of their own)."""
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
+    if surplus not in SURPLUS_MODES:
+        raise ValueError(f"Argument 'surplus' must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
     base = base or Costs(broadcast=False)
     fitted = _fit(_samples(reports, injected))
     fits = [f for f, _ in fitted]
     shares = _shares(history_code)
     codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
-    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected) for c in codes}
+    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected, surplus) for c in codes}
     ranked = sorted(codes, key=lambda c: point[repr(c)])
     rng = np.random.default_rng(seed)
     intervals: dict[str, tuple[float, float]] = {}
@@ -387,7 +409,7 @@ def plan(
             sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
             try:
                 boot = _fit(_samples(sample, injected))
-                means.append(_mean_time(code, boot, shares, base, iterations, injected))
+                means.append(_mean_time(code, boot, shares, base, iterations, injected, surplus))
             except ValueError:  # a resample where some worker was never seen: skip it
                 continue
         if means:

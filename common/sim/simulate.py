@@ -521,8 +521,9 @@ def simulate(
                 shares = _row_shares(code, weights, assignment, w)
                 if static is not None:
                     shares_cache[w] = shares
-            began[w] = has_model[w] + delays.delay(w, t)
-            start = began[w] + costs.worker_seconds / costs.speed(w)
+            before, delay = delays.parts(w, t)
+            began[w] = has_model[w] + before
+            start = has_model[w] + delay + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
         if chooser is not None and static is not None:
@@ -595,10 +596,10 @@ def _simulate_tree(
         for w in range(total):
             if children[w]:
                 has_model[children[w]] = _down(float(has_model[w]), len(children[w]), costs, costs.worker_bandwidth)
-        began = [float(has_model[w]) + delays.delay(w, t) for w in range(total)]
-        computed = [
-            began[w] + (share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w) for w in range(total)
-        ]
+        parts = [delays.parts(w, t) for w in range(total)]
+        began = [float(has_model[w]) + parts[w][0] for w in range(total)]
+        work = [(share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w) for w in range(total)]
+        computed = [float(has_model[w]) + parts[w][1] + work[w] for w in range(total)]
         ready = list(computed)
         for w in deepest_first:
             kids = children[w]

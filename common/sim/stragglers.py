@@ -75,6 +75,13 @@ class DelayModel(ABC):
         t = check_int("iteration", iteration, 0)
         return self.time_scale * self._delay(w, t)
 
+    def parts(self, worker_id: int, iteration: int) -> tuple[float, float]:
+        """(the part of :meth:`delay` that passes before the worker begins computing and says so, the whole delay):
+        all of it for an emulated law, which the worker sleeps first; a model of slow hosts keeps its part inside
+        the computation (the master's held-backup rules tell a worker not begun from one computing slowly)."""
+        whole = self.delay(worker_id, iteration)
+        return whole, whole
+
     def _rng(self, stream: int, a: int, b: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence([self.seed, stream, a, b]))
 

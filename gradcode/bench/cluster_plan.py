@@ -56,7 +56,15 @@ from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, lo
 from gradcode.bench.testbed import HostSpec, Testbed, TestbedUnavailableError, check_available
 from gradcode.bench.training import Delays, Workload
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.sim.plan import PlanRow, WorkerFit, code_from_spec, plan, read_history, straggler_from_spec
+from gradcode.common.sim.plan import (
+    PlanRow,
+    WorkerFit,
+    code_from_spec,
+    plan,
+    read_history,
+    straggler_from_spec,
+    surplus_from_spec,
+)
 
 __all__ = ["Layout", "judge", "main", "run"]
 
@@ -223,7 +231,7 @@ async def _measure(
         started = time.perf_counter()
         plan_rows, fits = plan(
             reports, code_from_spec(spec), iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top,
-            injected=straggler_from_spec(spec),
+            injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec),
         )  # fmt: skip
         print(f"  planned in {time.perf_counter() - started:.1f} s from {len(reports)} iterations", flush=True)
         chosen: list[PlanRow | None] = list(plan_rows[:top])

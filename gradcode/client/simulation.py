@@ -198,7 +198,7 @@ def add_simulate_command(
 def _plan_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec, surplus_from_spec
 
     for name in ("iterations", "top", "show"):
         if getattr(args, name) < 1:
@@ -219,6 +219,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         top=args.top,
         injected=straggler_from_spec(spec),
+        surplus=surplus_from_spec(spec) if args.surplus == "auto" else args.surplus,
     )
     print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
     for f in fits:
@@ -253,15 +254,16 @@ def planned_configuration(
 ) -> tuple[str, dict[str, Any]]:
     """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
     what ``gradcode run --plan HISTORY`` runs."""
-    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec
+    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec, surplus_from_spec
 
     reports, beside = read_history(history)
     job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
     if job is None:
         raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
     rows, _ = plan(
-        reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(job)
-    )
+        reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(job),
+        surplus=surplus_from_spec(job),
+    )  # fmt: skip
     best = rows[0]
     print(
         f"plan from {history}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
@@ -283,6 +285,11 @@ def add_plan_command(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=10, help="bootstrap resamples of the history (default: 10)")
     p.add_argument("--top", type=int, default=5, help="configurations given a bootstrap interval (default: 5)")
     p.add_argument("--show", type=int, default=10, help="rows printed (default: %(default)s)")
+    p.add_argument(
+        "--surplus", choices=("push", "hold", "auto"), default="auto",
+        help="what backups do with their messages in the simulated jobs: auto, as the history's spec says, its auto "
+        "holding as the master does on hosts of their own; push for a job on one machine (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the fits and all rows")
     add_cost_arguments(p)
     p.set_defaults(handler=_plan_command)

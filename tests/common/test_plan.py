@@ -11,7 +11,17 @@ import pytest
 
 from gradcode.client.__main__ import main
 from gradcode.common.codes import make_code
-from gradcode.common.sim.plan import Excess, candidate_codes, fit_workers, plan, read_history, straggler_from_spec
+from gradcode.common.sim.plan import (
+    Excess,
+    FittedDelays,
+    candidate_codes,
+    fit_workers,
+    plan,
+    read_history,
+    straggler_from_spec,
+    surplus_from_spec,
+)
+from gradcode.common.sim.stragglers import FixedDelay
 
 N = 8
 SHIFT = 0.01
@@ -193,3 +203,33 @@ def test_a_host_answering_in_a_narrow_band_keeps_its_band_instead_of_an_exponent
     rows, _ = plan(_reports(times), make_code("fractional", n=2, s=1), iterations=2000, bootstrap=0,
                    candidates=[make_code("uncoded", n=2)])  # fmt: skip
     assert rows[0].mean_seconds == pytest.approx(0.5 * (0.05 * (1 - 0.05**2) + 0.01 * 0.05**2), rel=0.03)
+
+
+def test_the_planner_simulates_backups_as_the_master_runs_them() -> None:
+    """The spec's surplus decides (auto holds, as the master does on hosts of their own). Held, a backup waits for
+    the master's pull, so fractional s = 1 is predicted slower than pushed on hosts with random excess; uncoded has
+    no backup and the same prediction either way."""
+    assert [surplus_from_spec(s) for s in ({}, {"surplus": "auto"}, {"surplus": "hold"}, {"surplus": "push"})] == [
+        "hold", "hold", "hold", "push",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="surplus must be push, hold or auto, not 'sometimes'"):
+        surplus_from_spec({"surplus": "sometimes"})
+    rng = np.random.default_rng(5)
+    reports = _reports(SHIFT + rng.exponential(0.02, size=(200, 4)))
+    codes = [make_code("fractional", n=4, s=1), make_code("uncoded", n=4)]
+    uncoded = make_code("uncoded", n=4)
+    held, _ = plan(reports, uncoded, iterations=300, bootstrap=0, candidates=codes, surplus="hold")
+    pushed, _ = plan(reports, uncoded, iterations=300, bootstrap=0, candidates=codes, surplus="push")
+    by_scheme = {r.scheme: (r.mean_seconds, p.mean_seconds) for r in held for p in pushed if p.scheme == r.scheme}
+    assert by_scheme["fractional"][0] > 1.1 * by_scheme["fractional"][1]
+    assert by_scheme["uncoded"][0] == by_scheme["uncoded"][1]
+    with pytest.raises(ValueError, match="'surplus' must be one of push, hold, not 'auto'"):
+        plan(reports, uncoded, bootstrap=0, candidates=codes, surplus="auto")
+
+
+def test_a_fitted_hosts_excess_is_spent_computing_and_the_jobs_law_before_it_begins() -> None:
+    injected = FixedDelay(0.2, workers=[1])
+    delays = FittedDelays([Excess((0.05,), (), 20.0)] * 2, injected=injected)
+    for w in (0, 1):
+        before, whole = delays.parts(w, 3)
+        assert before == (0.2 if w == 1 else 0.0) and whole == delays.delay(w, 3) and whole >= before + 0.05

@@ -15,7 +15,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Observation
 from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
 from gradcode.common.sim.simulate import Costs, IterationOutcome, broadcast_spread, simulate
-from gradcode.common.sim.stragglers import FixedDelay, ShiftedExponential
+from gradcode.common.sim.stragglers import DelayModel, FixedDelay, ShiftedExponential
 
 
 def test_uncoded_waits_for_every_worker_and_the_master_link_serialises_them() -> None:
@@ -213,6 +213,32 @@ def test_a_held_backup_is_pulled_at_twice_the_time_to_the_last_expected_worker_t
     held = simulate(code, slow, 1, surplus="hold")
     assert (pushed.seconds.tolist(), pushed.master_bytes.tolist()) == ([4.0], [3.0])
     assert (held.seconds.tolist(), held.master_bytes.tolist()) == ([5.0], [2.0])
+
+
+class _SlowHost(DelayModel):
+    """Worker 1 takes 10 s longer, all of it computing (a slow host, as the planner's fitted excess): it has begun."""
+
+    name = "slow-host"
+
+    def _delay(self, worker_id: int, iteration: int) -> float:
+        return 10.0 if worker_id == 1 else 0.0
+
+    def _mean(self) -> float:
+        return 2.5
+
+    def parts(self, worker_id: int, iteration: int) -> tuple[float, float]:
+        return 0.0, self.delay(worker_id, iteration)
+
+
+def test_a_delay_spent_computing_is_covered_by_the_pull_rule_not_by_the_start_rule() -> None:
+    """The same 10 s on expected worker 1: slept before it begins, 3 is pulled at once (3 s, as above); spent
+    computing, 1 has begun, so 3 is pulled only at twice 0's 2 s, through at 5 s. Pushed, both end at 4 s."""
+    code = make_code("fractional", n=4, s=1)
+    asleep = simulate(code, _HALVES, 1, FixedDelay(10.0, workers=[1]), surplus="hold")
+    computing = simulate(code, _HALVES, 1, _SlowHost(), surplus="hold")
+    assert (asleep.seconds.tolist(), computing.seconds.tolist()) == ([3.0], [5.0])
+    assert computing.master_bytes.tolist() == [2.0]
+    assert simulate(code, _HALVES, 1, _SlowHost()).seconds.tolist() == [4.0]
 
 
 def test_a_trees_held_surplus_node_crosses_the_masters_link_only_when_pulled() -> None:
