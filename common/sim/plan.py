@@ -31,6 +31,9 @@ time is only known to exceed the round's). The planner:
 3. **simulates** every exact configuration with the history's number of worker processes — each registered
    exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
    workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration.
+   Backups hold or push as the master will run them (:func:`surplus_from_spec`), and a host's fitted excess is
+   time it spends computing (:meth:`FittedDelays.parts`): held backups are pulled for it by the live rules. On
+   the emulated cluster's uneven hosts, pushed backups predicted the recommendation 13 % fast; held, 4 %.
 4. **bootstraps** the leaders: the history's iterations are resampled with replacement, the fit and simulation
    repeated, and the 5th-95th percentiles of the mean are the uncertainty shown.
 
