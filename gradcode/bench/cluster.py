@@ -404,9 +404,7 @@ def _floor(testbed: Testbed, system: System, roles: list[str], wire: Sequence[fl
     tree's lower links are not counted), equal shares; ``floor_s`` moves the model out and the messages in at
     once (a design that overlaps them), ``floor_phased_s`` one after the other (all models out, then all
     messages in). The allreduce: every rank sends what rank 0 sent to its ring neighbour. ``floor_rate_s``:
-    the larger direction's wire bytes over the link's nominal rate. ``broadcast_spread``: how one model sent to
-    each of those workers at once ends (:func:`~gradcode.common.sim.simulate.broadcast_spread`, the median of
-    :data:`SPREAD_REPEATS` bursts; 0 for the allreduce), for the simulator."""
+    the larger direction's wire bytes over the link's nominal rate."""
     received, sent = wire
     if system.scheme == ALLREDUCE:
         ring = roles[: system.workers]
@@ -429,18 +427,23 @@ def _floor(testbed: Testbed, system: System, roles: list[str], wire: Sequence[fl
         wire_bytes, moved_bytes = max(directions), moved[1] if directions[0] >= directions[1] else moved[0]
         return taken / FLOOR_REPEATS * wire_bytes / moved_bytes
 
-    spread = 0.0
-    if system.scheme != ALLREDUCE and len(peers) > 1:
-        burst = [("m", p, max(1, round(sent / len(peers) * PAYLOAD_SHARE))) for p in peers]
-        spread = statistics.median(
-            broadcast_spread(list(testbed.transfer_ends(burst).values())) for _ in range(SPREAD_REPEATS)
-        )
     return {
         "floor_s": sum(seconds(phase) for phase in flows),
         "floor_phased_s": sum(seconds(phase) for phase in phased),
         "floor_rate_s": max(received, sent) * 8 / (rate * 1e6),
-        "broadcast_spread": spread,
     }
+
+
+def _spread(testbed: Testbed, peers: Sequence[str], model_bytes: int) -> float:
+    """How one model (``model_bytes``) sent from the master's host to each of ``peers`` at once ends
+    (:func:`~gradcode.common.sim.simulate.broadcast_spread`, the median of :data:`SPREAD_REPEATS` bursts), for the
+    simulator; 0 for a single peer."""
+    if len(peers) < 2:
+        return 0.0
+    burst = [("m", p, max(1, round(model_bytes * PAYLOAD_SHARE))) for p in peers]
+    return statistics.median(
+        broadcast_spread(list(testbed.transfer_ends(burst).values())) for _ in range(SPREAD_REPEATS)
+    )
 
 
 PAYLOAD_SHARE = 0.95
@@ -482,6 +485,7 @@ async def _measure(
             )
             try:
                 floors: dict[str, dict[str, float]] = {}
+                spreads: dict[int, float] = {}  # by the number of workers the master sends the model to
                 for round_ in range(rounds):
                     for stragglers, system in _order(round_, systems):
                         delays = (
@@ -495,7 +499,11 @@ async def _measure(
                             job = await gradcode_job(cluster, client, ids, roles, system, workload, delays, iterations)
                         if system.name not in floors:
                             floors[system.name] = _floor(testbed, system, roles, job["bytes"])
-                        row = _row(n, system, stragglers, round_, job, floors[system.name])
+                        peers = 0 if system.scheme == ALLREDUCE else system.first_layer
+                        if peers not in spreads:
+                            spreads[peers] = _spread(testbed, roles[:peers], 8 * (features + 1))
+                        row = _row(n, system, stragglers, round_, job, {**floors[system.name], "broadcast_spread":
+                                   spreads[peers]})  # fmt: skip
                         rows.append(row)
                         print(_progress(row), flush=True)
             finally:
@@ -518,7 +526,8 @@ def _row(
     q1, median, q3 = _quartiles(periods)
     return {
         "n": n, "system": system.name, "scheme": system.scheme, "workers": system.workers,
-        "code_params": system.code_params, "stragglers": stragglers, "round": round_,
+        "code_params": system.code_params, "surplus": system.surplus, "model_delivery": system.model_delivery,
+        "stragglers": stragglers, "round": round_,
         "median_s": median, "q1_s": q1, "q3_s": q3, "periods_s": periods,
         "master_in_bytes": job["bytes"][0], "master_out_bytes": job["bytes"][1],
         "report_in_bytes": job.get("report_bytes", [math.nan] * 2)[0],
@@ -551,6 +560,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for name in names:
             runs = [r for r in rows if (r["n"], r["stragglers"], r["system"]) == (n, stragglers, name)]
             entry = {k: runs[0][k] for k in ("n", "stragglers", "system", "scheme", "workers", "code_params")}
+            entry.update({k: runs[0][k] for k in ("surplus", "model_delivery") if k in runs[0]})
             for key in ("median_s", "q1_s", "q3_s", "master_in_bytes", "master_out_bytes", "floor_s",
                         "floor_phased_s", "floor_rate_s", "master_throttled_s", "worker_throttled_s"):  # fmt: skip
                 entry[key] = statistics.median(r[key] for r in runs)

@@ -53,10 +53,18 @@ def _base(result: dict[str, Any]) -> Costs:
     )
 
 
-def _delivery(system: str) -> str:
+def _delivery(entry: dict[str, Any]) -> str:
     """How a row's model reached the workers: relayed when the run asked so (``--model-delivery relay``), else sent
-    to each (the master's default)."""
-    return "relay" if "relay" in system.split() else "direct"
+    to each (the master's default). Runs before the rows recorded it say so in the system's name."""
+    way = entry.get("model_delivery", "relay" if "relay" in entry["system"].split() else "")
+    return "relay" if way == "relay" else "direct"
+
+
+def _surplus(entry: dict[str, Any]) -> str:
+    """What a row's backups did: pushed when the run asked so (``--surplus push``), else held, as the master's
+    ``auto`` does on hosts of their own (older runs: from the system's name)."""
+    way = entry.get("surplus", "push" if "push" in entry["system"].split() else "")
+    return "push" if way == "push" else "hold"
 
 
 def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> float:
@@ -68,7 +76,6 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     topology = code.topology()
     workers = code.n if topology is None else topology.num_workers
     costs = replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
-    surplus = "push" if "push" in entry["system"].split() else "hold"
     medians = []
     for round_ in range(result["rounds"]):
         delays = (
@@ -77,7 +84,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
             else NoDelay()
         )
         run = simulate(
-            code, costs, result["iterations"], delays, surplus=surplus, model_delivery=_delivery(entry["system"])
+            code, costs, result["iterations"], delays, surplus=_surplus(entry), model_delivery=_delivery(entry)
         )
         medians.append(float(np.median(run.seconds)))
     return statistics.median(medians)
@@ -118,7 +125,7 @@ def calibrate(result: dict[str, Any]) -> Costs:
     5-20 an uncoded or tree row *with* the straggler ran faster than without it: the sleeping straggler leaves the
     other hosts more of the two cores)."""
     base = _base(result)
-    uncoded = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e["system"]) == "direct"]
+    uncoded = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e) == "direct"]
     if len({e["n"] for e in uncoded}) < 2:
         raise ValueError(
             f"Calibrating needs uncoded rows at two n; this run has {sorted({e['n'] for e in uncoded})}. Give "
@@ -137,7 +144,7 @@ def calibrate(result: dict[str, Any]) -> Costs:
 
     worker_seconds, overhead = fit(base, uncoded, worker_seconds=1.0, message_overhead=1.0)
     costs = replace(base, worker_seconds=float(worker_seconds), message_overhead=float(overhead))
-    relayed = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e["system"]) == "relay"]
+    relayed = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e) == "relay"]
     if relayed:
         (hop,) = fit(costs, relayed, relay_hop_seconds=1.0)
         costs = replace(costs, relay_hop_seconds=float(hop))

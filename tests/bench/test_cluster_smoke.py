@@ -17,7 +17,7 @@ import pytest
 
 from gradcode.bench import cluster
 from gradcode.bench import testbed as testbed_module  # (its classes are named Testbed...: not test classes)
-from gradcode.bench.cluster import EmulatedCluster
+from gradcode.bench.cluster import EmulatedCluster, _spread
 from gradcode.bench.testbed import CPU_CGROUP, PREFIX, HostSpec, check_available, cleanup, leftovers
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.registry import make_code
@@ -157,6 +157,9 @@ def test_four_hosts_shape_their_links_run_a_tree_exactly_and_leave_nothing(tmp_p
         assert sorted(ends) == ["w1", "w2"] and min(ends.values()) > 0, ends
         assert max(ends.values()) >= (2 * size - burst) * 8 / (SLOW_MBIT * 1e6), ends
         assert 0 <= broadcast_spread(list(ends.values())) <= 1
+        # what the benchmark records for the simulator: one model's burst to each of the row's first layer
+        assert 0 <= _spread(testbed, ["w1", "w2"], size // 4) <= 1
+        assert _spread(testbed, ["w1"], size // 4) == 0.0
 
         with pytest.raises(RuntimeError, match="already has a testbed"):
             testbed_module.Testbed(HOSTS[:1]).build()  # would share (and on failure remove) the open one's names

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench.output import RESULTS
-from gradcode.bench.simulated_cluster import compare
+from gradcode.bench.simulated_cluster import _delivery, _surplus, compare
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
@@ -88,3 +88,12 @@ def test_the_relay_is_predicted_where_its_peers_have_cpu_and_not_where_they_lack
     assert len(flat24) == 4 and all(0.79 <= v <= 1.0 for v in flat24)
     flat6 = [v for (n, system, _), v in relayed.items() if n == 6 and system.split()[0] in ("fractional", "binary")]
     assert len(flat6) == 4 and all(v < 0.5 for v in flat6)
+
+
+def test_a_rows_surplus_and_model_delivery_come_from_the_row_or_from_older_runs_names() -> None:
+    recorded = {"system": "fractional s=1", "surplus": "push", "model_delivery": "relay"}
+    assert (_surplus(recorded), _delivery(recorded)) == ("push", "relay")
+    default = {"system": "uncoded", "surplus": "", "model_delivery": ""}  # the master's defaults on hosts of their own
+    assert (_surplus(default), _delivery(default)) == ("hold", "direct")
+    older = {"system": "fractional s=1 push relay"}
+    assert (_surplus(older), _delivery(older)) == ("push", "relay")

@@ -96,6 +96,10 @@ def test_gradcode_plan_reads_the_masters_history_and_spec(tmp_path: Path, capsys
     assert saved["rows"][0]["rank"] == 1 and saved["rows"][0]["scheme"] != "uncoded"
     reports, spec = read_history(path)
     assert len(reports) == 40 and spec is not None
+    assert main([*argv, "--surplus", "push"]) == 0  # a job on one machine, whose workers share memory
+    with pytest.raises(SystemExit):
+        main([*argv, "--surplus", "sometimes"])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
 
 
 def test_gradcode_plan_refuses_a_file_without_reports_or_spec(
