@@ -97,3 +97,20 @@ def test_a_rows_surplus_and_model_delivery_come_from_the_row_or_from_older_runs_
     assert (_surplus(default), _delivery(default)) == ("hold", "direct")
     older = {"system": "fractional s=1 push relay"}
     assert (_surplus(older), _delivery(older)) == ("push", "relay")
+
+
+@pytest.mark.skipif(
+    not (RESULTS / "cluster-fit-n24.json").is_file(), reason="needs a checkout's docs/results/cluster-fit-*.json"
+)
+def test_on_hosts_that_fit_the_machine_a_run_at_n_12_predicts_every_row_at_n_24() -> None:
+    """The two runs whose quotas add up to at most the machine's cores (docs/simulate.md): calibrated on n = 6 and
+    12, the n = 12 rows within 15 %; the n = 24 run (other hosts, 6 % of a core) predicted from that calibration."""
+    small = json.loads((RESULTS / "cluster-fit-n6-12.json").read_text())
+    _, rows = compare(small)
+    predicted = [r for r in rows if not r["fitted"]]
+    assert len(predicted) == 10 and all(r["within_15pct"] for r in predicted if r["n"] == 12)
+    assert sum(r["within_15pct"] for r in predicted) >= 7 and all(0.83 <= r["ratio"] <= 1.0 for r in predicted)
+    large = json.loads((RESULTS / "cluster-fit-n24.json").read_text())
+    _, rows = compare(large, small)
+    assert len(rows) == 8 and not any(r["fitted"] for r in rows)
+    assert all(r["within_15pct"] for r in rows) and all(0.85 <= r["ratio"] <= 1.07 for r in rows)
