@@ -56,7 +56,7 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
-from gradcode.common.sim.simulate import SURPLUS_MODES, Costs, simulate
+from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 from gradcode.common.validation import check_int
 
@@ -395,8 +395,6 @@ def plan(
     (:func:`surplus_from_spec`; "hold" on hosts of their own)."""
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
-    if surplus not in SURPLUS_MODES:
-        raise ValueError(f"Argument 'surplus' must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
     base = base or Costs(broadcast=False)
     fitted = _fit(_samples(reports, injected))
     fits = [f for f, _ in fitted]

@@ -502,8 +502,8 @@ async def _measure(
                         peers = 0 if system.scheme == ALLREDUCE else system.first_layer
                         if peers not in spreads:
                             spreads[peers] = _spread(testbed, roles[:peers], 8 * (features + 1))
-                        row = _row(n, system, stragglers, round_, job, {**floors[system.name], "broadcast_spread":
-                                   spreads[peers]})  # fmt: skip
+                        measured = {**floors[system.name], "broadcast_spread": spreads[peers]}
+                        row = _row(n, system, stragglers, round_, job, measured)
                         rows.append(row)
                         print(_progress(row), flush=True)
             finally:
