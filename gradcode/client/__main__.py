@@ -50,7 +50,14 @@ from gradcode.client.history import format_worker_table, plot_history, plot_work
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
-from gradcode.client.simulation import add_plan_command, add_simulate_command, planned_configuration
+from gradcode.client.simulation import (
+    PROBE_MIN_ITERATIONS,
+    PROBE_WARMUP_ITERATIONS,
+    add_plan_command,
+    add_simulate_command,
+    planned_configuration,
+    recommend,
+)
 from gradcode.common.codes.compare import accepted_table, format_table, scheme_rows
 from gradcode.common.codes.consistency import coverable_rows, uncheckable
 from gradcode.common.codes.registry import available_codes, code_class, code_parameters, make_code
@@ -484,8 +491,37 @@ def _apply_plan(args: argparse.Namespace) -> None:
         args.code_param = list(params.items())
 
 
+async def _probe(args: argparse.Namespace) -> None:
+    """``run --probe K``: K uncoded iterations on as many workers as the asked configuration uses (its model, data
+    and straggler law), then the planner's recommendation from them replaces the scheme and its parameters."""
+    if args.plan is not None:
+        raise ValueError("Give --plan HISTORY or --probe ITERATIONS, not both.")
+    if args.probe < PROBE_MIN_ITERATIONS:
+        raise ValueError(
+            f"--probe must be at least {PROBE_MIN_ITERATIONS} iterations (the first {PROBE_WARMUP_ITERATIONS} are "
+            f"warm-up), not {args.probe}."
+        )
+    asked = _spec_from_args(args)
+    code = make_code(asked.code.name, **dict_from_struct(asked.code.params))
+    topology = code.topology()
+    workers = code.n if topology is None else topology.num_workers
+    probe = _spec_from_args(
+        args, scheme="uncoded", n=workers, s=0, code_params=None, iterations=args.probe, target_accuracy=0.0,
+        verify=False,
+    )  # fmt: skip
+    async with _client(args) as client:
+        reports = await _follow(client, probe, f"probe (uncoded n={workers})", patience=args.reconnect)
+    history = [message_to_dict(r) for r in reports if r.iteration > PROBE_WARMUP_ITERATIONS]
+    source = f"a {args.probe}-iteration probe"
+    args.scheme, params = recommend(history, message_to_dict(probe), source)
+    args.code_param = list(params.items())
+
+
 async def _run(args: argparse.Namespace) -> int:
-    _apply_plan(args)
+    if args.probe is not None:
+        await _probe(args)
+    else:
+        _apply_plan(args)
     spec = _spec_from_args(args)
     _output_dir(args.out)  # before the job runs, not after
     created: list[master_pb2.JobInfo] = []
@@ -745,6 +781,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan", type=_input_file, default=None, metavar="HISTORY",
         help="run the configuration `gradcode plan HISTORY` recommends (its scheme and parameters replace "
         "--scheme, --n, --s and --code-param)",
+    )  # fmt: skip
+    run.add_argument(
+        "--probe", type=int, default=None, metavar="ITERATIONS",
+        help="first run this many uncoded iterations on the workers, then the configuration `gradcode plan` "
+        f"recommends from them (at least {PROBE_MIN_ITERATIONS}; replaces --scheme, --n, --s and --code-param)",
     )  # fmt: skip
     _add_reconnect_argument(run)
     run.set_defaults(handler=_run)

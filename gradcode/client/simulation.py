@@ -18,7 +18,7 @@ import argparse
 import itertools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,29 +249,46 @@ def _plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def planned_configuration(
-    history: Path, spec: Path | None = None, *, iterations: int = 100
-) -> tuple[str, dict[str, Any]]:
-    """The recommended scheme and its parameters for the cluster a history was measured on (no bootstrap):
-    what ``gradcode run --plan HISTORY`` runs."""
-    from gradcode.common.sim.plan import code_from_spec, plan, read_history, straggler_from_spec, surplus_from_spec
+PROBE_WARMUP_ITERATIONS = 2
+"""A probe job's first iterations, left out of the fit: connections open and the data is first touched."""
+PROBE_MIN_ITERATIONS = PROBE_WARMUP_ITERATIONS + 6
+"""The shortest probe ``gradcode run --probe`` accepts: the warm-up and six iterations to fit each worker on."""
 
-    reports, beside = read_history(history)
-    job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
-    if job is None:
-        raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
+
+def recommend(
+    reports: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], source: str, *, iterations: int = 100
+) -> tuple[str, dict[str, Any]]:
+    """The recommended scheme and its parameters for the cluster that ran ``spec`` and wrote ``reports`` (a history,
+    as the master writes it; ``source`` names it in the line printed), no bootstrap: what ``gradcode run --plan`` and
+    ``--probe`` run."""
+    from gradcode.common.sim.plan import code_from_spec, plan, straggler_from_spec, surplus_from_spec
+
     rows, _ = plan(
-        reports, code_from_spec(job), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(job),
-        surplus=surplus_from_spec(job),
+        reports, code_from_spec(spec), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(spec),
+        surplus=surplus_from_spec(spec),
     )  # fmt: skip
     best = rows[0]
     print(
-        f"plan from {history}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
+        f"plan from {source}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
         f"{1e3 * best.mean_seconds:.1f} ms per iteration; runner-up "
         + (f"{rows[1].scheme} {rows[1].parameters} {1e3 * rows[1].mean_seconds:.1f} ms" if len(rows) > 1 else "none"),
         flush=True,
     )
     return best.scheme, best.code_params
+
+
+def planned_configuration(
+    history: Path, spec: Path | None = None, *, iterations: int = 100
+) -> tuple[str, dict[str, Any]]:
+    """:func:`recommend` for a history file (the master's ``<job>.jsonl``, its ``.spec.json`` beside it or
+    ``spec``): what ``gradcode run --plan HISTORY`` runs."""
+    from gradcode.common.sim.plan import read_history
+
+    reports, beside = read_history(history)
+    job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
+    if job is None:
+        raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
+    return recommend(reports, job, str(history), iterations=iterations)
 
 
 def add_plan_command(sub: Any) -> argparse.ArgumentParser:
