@@ -155,6 +155,10 @@ def _text_key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+DEFAULT_STRAGGLERS = 2
+"""``--s`` when it is not given, for a scheme that tolerates stragglers."""
+
+
 def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("gradient code")
     g.add_argument(
@@ -162,7 +166,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         help=f"one of: {', '.join(available_codes())} (default: {DEFAULT_SCHEME}, exact for any n and s < n)",
     )  # fmt: skip
     g.add_argument("--n", type=int, default=8, help="number of workers (default: 8)")
-    g.add_argument("--s", type=int, default=2, help="stragglers to tolerate (default: 2)")
+    g.add_argument(
+        "--s", type=int, default=None,
+        help=f"stragglers to tolerate (default: {DEFAULT_STRAGGLERS}; uncoded tolerates none, so 0 for it)",
+    )  # fmt: skip
     g.add_argument(
         "--code-param", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
         help="explicit scheme parameter (repeatable); replaces the (n, s) defaults, see `gradcode codes`",
@@ -266,11 +273,18 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _stragglers(args: argparse.Namespace) -> int:
+    """``--s``, or its default for the scheme (uncoded tolerates none: an explicit ``--s 2`` is refused for it)."""
+    if args.s is not None:
+        return int(args.s)
+    return 0 if args.scheme == "uncoded" else DEFAULT_STRAGGLERS
+
+
 def _spec_from_args(args: argparse.Namespace, **overrides: Any) -> master_pb2.JobSpec:
     values: dict[str, Any] = {
         "scheme": args.scheme,
         "n": args.n,
-        "s": args.s,
+        "s": _stragglers(args),
         "code_params": dict(args.code_param) or None,
         "model": args.model,
         "dataset": args.dataset,
@@ -413,6 +427,7 @@ def _megabytes(values: Iterable[int]) -> str:
 
 async def _demo(args: argparse.Namespace) -> int:
     out = _output_dir(args.out)  # absolute: the master child writes to the same place as we do
+    args.s = _stragglers(args)
     straggler_params = {"delay_seconds": args.delay, "random_worker": True, "num_workers": args.n, "count": args.s}
     print(f"Starting a local master and {args.n} worker processes (logs in {out / 'logs'}) ...", flush=True)
     with LocalCluster(args.n, run_dir=out) as cluster:

@@ -63,3 +63,12 @@ def test_the_run_summary_gives_the_masters_bytes_per_iteration() -> None:
         for t, r in enumerate((2_400_000, 2_500_000, 9_000_000))
     ]
     assert _summary("fractional", reports).endswith("; master received/sent 2.5/4.8 MB per iteration (median)")
+
+
+def test_uncoded_runs_without_s_and_an_explicit_s_for_it_is_refused() -> None:
+    uncoded = _spec_from_args(build_parser().parse_args(["run", "--scheme", "uncoded", "--n", "4"]))
+    assert uncoded.code.name == "uncoded"
+    coded = _spec_from_args(build_parser().parse_args(["run", "--scheme", "cyclic", "--n", "4"]))
+    assert dict(coded.code.params)["s"] == 2  # the default for a scheme that tolerates stragglers
+    with pytest.raises(ValueError, match=r"The uncoded scheme tolerates no straggler \(s = 0\), not s = 2"):
+        _spec_from_args(build_parser().parse_args(["run", "--scheme", "uncoded", "--n", "4", "--s", "2"]))
