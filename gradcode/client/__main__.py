@@ -533,12 +533,12 @@ async def _probe(args: argparse.Namespace) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    _output_dir(args.out)  # before any job runs (a probe too), not after
     if args.probe is not None:
         await _probe(args)
     else:
         _apply_plan(args)
     spec = _spec_from_args(args)
-    _output_dir(args.out)  # before the job runs, not after
     created: list[master_pb2.JobInfo] = []
     reports: list[master_pb2.IterationReport] = []
 
