@@ -53,7 +53,7 @@ import grpc
 from gradcode.common.codes.base import Array, Assignment
 from gradcode.common.codes.topology import descendants
 from gradcode.common.exceptions import JobFailedError
-from gradcode.common.gather.delivery import relay_peers
+from gradcode.common.gather.delivery import relay_peers, relays
 from gradcode.common.gather.integrity import IntegrityPolicy
 from gradcode.common.gather.primaries import Primaries
 from gradcode.common.gather.round import ChunkStream, FailureKind, GatherStrategy, Round, Source, WorkerFailure
@@ -70,13 +70,10 @@ from gradcode.master.spec import JobPlan
 from gradcode.v1 import worker_pb2
 from gradcode.worker.straggling import StragglerEmulation
 
-__all__ = ["RELAY_MIN_WORKERS", "AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy", "relays"]
+__all__ = ["AnswerTimes", "Primaries", "RelayOrder", "RoundPolicy"]
 
 log = logging.getLogger(__name__)
 
-RELAY_MIN_WORKERS = 3
-"""``JobSpec.model_delivery`` "auto" relays when a round's first gather asks at least this many workers over the
-network (with fewer, the master's link carries two models or less and a relay hop would cost more than it saves)."""
 RELAY_SUSPEND_ITERATIONS = 10
 """How long a peer whose fetcher could not get a correct model from it (it was dead, frozen, or lied) serves no
 relay."""
@@ -134,19 +131,6 @@ def sharing_a_machine(workers: Sequence[PoolWorker]) -> set[int]:
     and Reed-Solomon 1.2-1.3x slower than backups that waited to be promoted), so such a backup is deferred."""
     counts = collections.Counter(w.machine_id for w in workers if w.machine_id)
     return {i for i, w in enumerate(workers) if w.machine_id and counts[w.machine_id] > 1}
-
-
-def relays(mode: str, *, network: int, tree: bool = False) -> bool:
-    """Whether a round relays the model (``JobSpec.model_delivery`` ``mode``) to the ``network`` workers its first
-    gather asks over the network (a tree's: the parents of the first layer, who forward it to their children):
-    "relay" when there are two or more, "auto" when :data:`RELAY_MIN_WORKERS` or more of a flat code's; never
-    "direct". A tree relays only when asked: its first layer is few (the master sends a handful of models) and its
-    parents are busy, and on every emulated cluster measured the relaying seed parent, serving three fetchers
-    beside its own children, made the tree slower (n = 24, p = 1e5: 1.9-2.8x at 12 % of a core, 1.07-1.25x at 7 %;
-    p = 1e6: 1.06-1.4x; docs/cluster.md)."""
-    if mode == "auto" and tree:
-        return False
-    return (mode == "relay" and network >= 2) or (mode == "auto" and network >= RELAY_MIN_WORKERS)
 
 
 class RelayOrder:

@@ -408,8 +408,8 @@ DEFAULT_SURPLUS = "auto"
 MODEL_DELIVERIES = ("direct", "relay", "auto")
 """JobSpec.model_delivery: the master sends each iteration's model to every worker (direct), or inline to a few and
 the others fetch it from a peer, checked by its digest (relay: :mod:`gradcode.worker.relay`), or relays when a round
-asks enough workers of a flat code over the network (auto: :data:`gradcode.master.rounds.RELAY_MIN_WORKERS`; a tree
-relays only when asked, :func:`gradcode.master.rounds.relays`)."""
+asks enough workers of a flat code over the network (auto; a tree relays only when asked:
+:func:`gradcode.common.gather.delivery.relays`)."""
 DEFAULT_MODEL_DELIVERY = "direct"
 """Relaying pays where the master's link is the bottleneck and costs a hop and the peers' CPU where it is not
 (``python -m gradcode.bench.cluster --n 6 --systems uncoded fractional --surplus hold --model-delivery direct relay``,

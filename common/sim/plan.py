@@ -56,6 +56,7 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
+from gradcode.common.gather.delivery import relays
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 from gradcode.common.validation import check_int
@@ -66,6 +67,7 @@ __all__ = [
     "PlanRow",
     "WorkerFit",
     "candidate_codes",
+    "delivery_from_spec",
     "fit_workers",
     "plan",
     "read_history",
@@ -110,6 +112,14 @@ def surplus_from_spec(spec: Mapping[str, Any]) -> str:
     if surplus not in ("push", "hold", "auto"):
         raise ValueError(f"The spec's surplus must be push, hold or auto, not {surplus!r}.")
     return "push" if surplus == "push" else "hold"
+
+
+def delivery_from_spec(spec: Mapping[str, Any]) -> str:
+    """How the job would send its model (``JobSpec.model_delivery``): "direct" (its default), "relay" or "auto"."""
+    delivery = spec.get("model_delivery") or "direct"
+    if delivery not in ("direct", "relay", "auto"):
+        raise ValueError(f"The spec's model_delivery must be direct, relay or auto, not {delivery!r}.")
+    return str(delivery)
 
 
 def straggler_from_spec(spec: Mapping[str, Any] | None) -> DelayModel | None:
@@ -369,10 +379,15 @@ def _mean_time(
     iterations: int,
     injected: DelayModel | None,
     surplus: str,
+    delivery: str,
 ) -> float:
     fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
     costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
-    return float(simulate(code, costs, iterations, delays, surplus=surplus).seconds.mean())
+    topology = code.topology()
+    first_layer = code.n if topology is None else topology.parent_of().count(-1)
+    relayed = relays(delivery, network=first_layer, tree=topology is not None)  # the master's rule, on hosts apart
+    run = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery="relay" if relayed else "direct")
+    return float(run.seconds.mean())
 
 
 def plan(
@@ -387,12 +402,15 @@ def plan(
     candidates: Sequence[GradientCode] | None = None,
     injected: DelayModel | None = None,
     surplus: str = "hold",
+    delivery: str = "direct",
 ) -> tuple[list[PlanRow], list[WorkerFit]]:
     """Rank the candidate configurations by simulated mean seconds per iteration (``iterations`` = K each), with
     bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends).
     ``injected``: the emulated straggler law the history's job ran with (:func:`straggler_from_spec`), taken out
     of the fits and simulated as it is. ``surplus``: what the backups will do, as the master runs them
-    (:func:`surplus_from_spec`; "hold" on hosts of their own)."""
+    (:func:`surplus_from_spec`; "hold" on hosts of their own); ``delivery``: ``JobSpec.model_delivery``
+    (:func:`delivery_from_spec`), relayed or not per candidate by the master's rule (it matters when ``base``
+    has a master bandwidth)."""
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
     base = base or Costs(broadcast=False)
@@ -400,7 +418,7 @@ def plan(
     fits = [f for f, _ in fitted]
     shares = _shares(history_code)
     codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
-    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected, surplus) for c in codes}
+    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected, surplus, delivery) for c in codes}
     ranked = sorted(codes, key=lambda c: point[repr(c)])
     rng = np.random.default_rng(seed)
     intervals: dict[str, tuple[float, float]] = {}
@@ -410,7 +428,7 @@ def plan(
             sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
             try:
                 boot = _fit(_samples(sample, injected))
-                means.append(_mean_time(code, boot, shares, base, iterations, injected, surplus))
+                means.append(_mean_time(code, boot, shares, base, iterations, injected, surplus, delivery))
             except ValueError:  # a resample where some worker was never seen: skip it
                 continue
         if means:

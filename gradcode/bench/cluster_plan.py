@@ -60,6 +60,7 @@ from gradcode.common.sim.plan import (
     PlanRow,
     WorkerFit,
     code_from_spec,
+    delivery_from_spec,
     plan,
     read_history,
     straggler_from_spec,
@@ -231,7 +232,7 @@ async def _measure(
         started = time.perf_counter()
         plan_rows, fits = plan(
             reports, code_from_spec(spec), iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top,
-            injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec),
+            injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec), delivery=delivery_from_spec(spec),
         )  # fmt: skip
         print(f"  planned in {time.perf_counter() - started:.1f} s from {len(reports)} iterations", flush=True)
         chosen: list[PlanRow | None] = list(plan_rows[:top])

@@ -15,12 +15,14 @@ from gradcode.common.sim.plan import (
     Excess,
     FittedDelays,
     candidate_codes,
+    delivery_from_spec,
     fit_workers,
     plan,
     read_history,
     straggler_from_spec,
     surplus_from_spec,
 )
+from gradcode.common.sim.simulate import Costs
 from gradcode.common.sim.stragglers import FixedDelay
 
 N = 8
@@ -237,3 +239,25 @@ def test_a_fitted_hosts_excess_is_spent_computing_and_the_jobs_law_before_it_beg
     for w in (0, 1):
         before, whole = delays.parts(w, 3)
         assert before == (0.2 if w == 1 else 0.0) and whole == delays.delay(w, 3) and whole >= before + 0.05
+
+
+def test_the_planner_relays_the_model_where_the_master_would() -> None:
+    """``model_delivery`` from the spec, relayed per candidate by the master's own rule (``relays``): with the
+    master's link the limit, a relayed flat code is predicted faster than direct; ``auto`` never relays a tree."""
+    assert [delivery_from_spec(s) for s in ({}, {"model_delivery": "relay"}, {"model_delivery": "auto"})] == [
+        "direct", "relay", "auto",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="model_delivery must be direct, relay or auto, not 'pigeon'"):
+        delivery_from_spec({"model_delivery": "pigeon"})
+    rng = np.random.default_rng(6)
+    reports = _reports(SHIFT + rng.exponential(0.002, size=(100, 6)))
+    base = Costs(message_bytes=1e6, master_bandwidth=1e7, worker_bandwidth=1e8)  # 0.1 s a model on the master's link
+    flat, tree = make_code("uncoded", n=6), make_code("coded_reduce", n=2, s=1, L=2)
+    predicted = {
+        way: {r.scheme: r.mean_seconds for r in plan(reports, flat, base=base, iterations=20, bootstrap=0,
+                                                   candidates=[flat, tree], delivery=way)[0]}
+        for way in ("direct", "relay", "auto")
+    }  # fmt: skip
+    assert predicted["relay"]["uncoded"] < 0.6 * predicted["direct"]["uncoded"]
+    assert predicted["auto"]["uncoded"] == predicted["relay"]["uncoded"]  # six workers over the network: relayed
+    assert predicted["auto"]["coded_reduce"] == predicted["direct"]["coded_reduce"]  # a tree only when asked

@@ -5,15 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradcode.common.gather.delivery import RELAY_MIN_WORKERS, relays
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import array_from_tensor, model_digest, tensor_from_array
-from gradcode.master.rounds import (
-    RELAY_MIN_WORKERS,
-    RELAY_SUSPEND_ITERATIONS,
-    RelayOrder,
-    _ModelRequest,
-    relays,
-)
+from gradcode.master.rounds import RELAY_SUSPEND_ITERATIONS, RelayOrder, _ModelRequest
 from gradcode.v1 import worker_pb2
 
 
