@@ -59,6 +59,7 @@ from typing import Any
 import grpc
 
 from gradcode.common.exceptions import GradcodeError
+from gradcode.common.transport.status import drain_untrusted
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -585,6 +586,13 @@ def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, mess
     async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
 
+    async def deny_upload(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        # a client-streaming caller (LoadJob) is still writing: read what it sends, boundedly, so the refusal
+        # does not land on a write (grpcio's aio client would report INTERNAL in its place, grpc/grpc#36066);
+        # a bidirectional caller (Session) is refused at once: it reads the status before it writes
+        await drain_untrusted(requests)
+        await context.abort(code, message)
+
     async def deny_stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
@@ -598,7 +606,7 @@ def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, mess
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny_stream, **serializers)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **serializers)
+        return grpc.stream_unary_rpc_method_handler(deny_upload, **serializers)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(deny_stream, **serializers)
     return grpc.unary_unary_rpc_method_handler(deny, **serializers)

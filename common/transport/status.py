@@ -8,6 +8,8 @@ there, as before: only refusals the code means are mapped.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -31,7 +33,7 @@ from gradcode.common.exceptions import (
     WireError,
 )
 
-__all__ = ["STATUS_CODES", "grpc_errors", "status_code"]
+__all__ = ["STATUS_CODES", "drain_untrusted", "grpc_errors", "status_code"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,26 @@ async def _drain(requests: AsyncIterator[Any]) -> None:
     """
     async for _ in requests:
         pass
+
+
+UNTRUSTED_DRAIN_MESSAGES = 8
+"""Messages :func:`drain_untrusted` reads at most from a caller it is about to refuse."""
+UNTRUSTED_DRAIN_SECONDS = 1.0
+"""Seconds :func:`drain_untrusted` waits at most for such a caller's half-close."""
+
+
+async def drain_untrusted(requests: AsyncIterator[Any]) -> None:
+    """:func:`_drain` for a caller not authenticated: the same reason (a refusal that lands during a write reaches
+    a grpc.aio client as INTERNAL), but at most :data:`UNTRUSTED_DRAIN_MESSAGES` messages and
+    :data:`UNTRUSTED_DRAIN_SECONDS`, so a caller that streams without end costs the server that much and no more.
+    A client that sends a few messages and half-closes, as every gradcode client does, sees its refusal as sent."""
+    with contextlib.suppress(TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+        async with asyncio.timeout(UNTRUSTED_DRAIN_SECONDS):
+            read = 0
+            async for _ in requests:
+                read += 1
+                if read >= UNTRUSTED_DRAIN_MESSAGES:
+                    return
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:

@@ -497,3 +497,37 @@ def test_the_refusal_is_a_usage_error_before_any_port_opens(tmp_path: Path) -> N
         assert done.returncode == 2, done.stderr
         assert "Refusing to listen on 0.0.0.0" in done.stderr and "gradcode certs" in done.stderr
         assert "listening on" not in done.stdout
+
+
+async def test_a_burst_of_refused_uploads_each_sees_its_refusal_and_an_endless_one_is_cut_off() -> None:
+    """A LoadJob (client streaming) refused for its credential is read, boundedly, before the refusal is sent: a
+    refusal that lands on the client's write reaches grpcio's aio client as INTERNAL (grpc/grpc#36066). Sixty at
+    once, each writing five 200 kB chunks and half-closing, all see UNAUTHENTICATED (without the drain, some read
+    INTERNAL in about half the runs here); one that streams without end is cut off within the bound (its status,
+    landing on a write, may read INTERNAL) and the worker goes on answering."""
+    from gradcode.common.transport.status import UNTRUSTED_DRAIN_SECONDS
+
+    security = Security(join_secret=JOIN)
+    async with (
+        asyncio.timeout(TIMEOUT),
+        MasterNode(grace=0.2, security=security) as master,
+        WorkerNode(master_address=master.address, grace=0.2, security=security) as worker,
+    ):
+        await worker.registered.wait()
+        async with Security().channel(worker.address, bearer=None) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+            chunk = worker_pb2.LoadJobChunk(setup=worker_pb2.JobSetup(job_id="x"))
+            upload = [worker_pb2.LoadJobChunk(setup=worker_pb2.JobSetup(job_id="x" * 200_000))] * 5  # still writing
+            burst = await asyncio.gather(*(_status(stub.LoadJob(iter(upload))) for _ in range(60)))
+            assert set(burst) == {grpc.StatusCode.UNAUTHENTICATED}, burst
+
+            async def endless() -> AsyncIterator[worker_pb2.LoadJobChunk]:
+                while True:
+                    yield chunk
+                    await asyncio.sleep(0.01)
+
+            started = asyncio.get_running_loop().time()
+            code = await _status(stub.LoadJob(endless()))
+            assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL), code
+            assert asyncio.get_running_loop().time() - started < UNTRUSTED_DRAIN_SECONDS + 5
+            assert await _status(stub.LoadJob(iter([chunk]))) == grpc.StatusCode.UNAUTHENTICATED
