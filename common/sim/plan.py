@@ -70,6 +70,7 @@ __all__ = [
     "delivery_from_spec",
     "fit_workers",
     "plan",
+    "plan_for_spec",
     "read_history",
     "straggler_from_spec",
     "surplus_from_spec",
@@ -442,3 +443,23 @@ def plan(
             PlanRow(rank, type(code).name, _describe(code), params, _workers(code), mean, low, high, mean * iterations)
         )
     return rows, fits
+
+
+def plan_for_spec(
+    reports: Sequence[Mapping[str, Any]],
+    spec: Mapping[str, Any],
+    *,
+    surplus: str | None = None,
+    base: Costs | None = None,
+    iterations: int = 100,
+    bootstrap: int = 10,
+    top: int = 5,
+) -> tuple[list[PlanRow], list[WorkerFit]]:
+    """:func:`plan` for the job ``spec`` (a saved ``JobSpec``, as the master writes it beside its history) that
+    wrote ``reports``: its code, its emulated straggler law, its surplus (``surplus`` overrides it) and its model
+    delivery come from the spec."""
+    return plan(
+        reports, code_from_spec(spec), base=base, iterations=iterations, bootstrap=bootstrap, top=top,
+        injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec) if surplus is None else surplus,
+        delivery=delivery_from_spec(spec),
+    )  # fmt: skip

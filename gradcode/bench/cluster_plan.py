@@ -56,16 +56,7 @@ from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, lo
 from gradcode.bench.testbed import HostSpec, Testbed, TestbedUnavailableError, check_available
 from gradcode.bench.training import Delays, Workload
 from gradcode.client.sdk import GradcodeClient
-from gradcode.common.sim.plan import (
-    PlanRow,
-    WorkerFit,
-    code_from_spec,
-    delivery_from_spec,
-    plan,
-    read_history,
-    straggler_from_spec,
-    surplus_from_spec,
-)
+from gradcode.common.sim.plan import PlanRow, WorkerFit, plan_for_spec, read_history
 
 __all__ = ["Layout", "judge", "main", "run"]
 
@@ -230,10 +221,7 @@ async def _measure(
         # data): their one-off costs are not draws of a worker's time per iteration
         reports = [r for r in reports if int(r["iteration"]) > SKIP_ITERATIONS]
         started = time.perf_counter()
-        plan_rows, fits = plan(
-            reports, code_from_spec(spec), iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top,
-            injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec), delivery=delivery_from_spec(spec),
-        )  # fmt: skip
+        plan_rows, fits = plan_for_spec(reports, spec, iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top)
         print(f"  planned in {time.perf_counter() - started:.1f} s from {len(reports)} iterations", flush=True)
         chosen: list[PlanRow | None] = list(plan_rows[:top])
         probe_row = _probe_row(plan_rows, layout.n)

@@ -198,14 +198,7 @@ def add_simulate_command(
 def _plan_command(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from gradcode.common.sim.plan import (
-        code_from_spec,
-        delivery_from_spec,
-        plan,
-        read_history,
-        straggler_from_spec,
-        surplus_from_spec,
-    )
+    from gradcode.common.sim.plan import plan_for_spec, read_history
 
     for name in ("iterations", "top", "show"):
         if getattr(args, name) < 1:
@@ -218,16 +211,14 @@ def _plan_command(args: argparse.Namespace) -> int:
             f"No job spec beside {args.history} ({args.history.with_suffix('.spec.json').name}); give --spec FILE "
             "(the master writes it beside the history)."
         )
-    rows, fits = plan(
+    rows, fits = plan_for_spec(
         reports,
-        code_from_spec(spec),
+        spec,
+        surplus=None if args.surplus == "auto" else args.surplus,
         base=costs_from_args(args),
         iterations=args.iterations,
         bootstrap=args.bootstrap,
         top=args.top,
-        injected=straggler_from_spec(spec),
-        surplus=surplus_from_spec(spec) if args.surplus == "auto" else args.surplus,
-        delivery=delivery_from_spec(spec),
     )
     print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
     for f in fits:
@@ -269,18 +260,9 @@ def recommend(
     """The recommended scheme and its parameters for the cluster that ran ``spec`` and wrote ``reports`` (a history,
     as the master writes it; ``source`` names it in the line printed), no bootstrap: what ``gradcode run --plan`` and
     ``--probe`` run."""
-    from gradcode.common.sim.plan import (
-        code_from_spec,
-        delivery_from_spec,
-        plan,
-        straggler_from_spec,
-        surplus_from_spec,
-    )
+    from gradcode.common.sim.plan import plan_for_spec
 
-    rows, _ = plan(
-        reports, code_from_spec(spec), iterations=iterations, bootstrap=0, top=1, injected=straggler_from_spec(spec),
-        surplus=surplus_from_spec(spec), delivery=delivery_from_spec(spec),
-    )  # fmt: skip
+    rows, _ = plan_for_spec(reports, spec, iterations=iterations, bootstrap=0, top=1)
     best = rows[0]
     print(
         f"plan from {source}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
