@@ -553,6 +553,11 @@ class GradientCode(ABC):
         """The worker layout when not every worker answers the master (a tree); None for flat codes."""
         return None
 
+    def worker_processes(self) -> int:
+        """How many worker processes the code runs on: its ``n``, or every node of its tree."""
+        topology = self.topology()
+        return self.n if topology is None else topology.num_workers
+
     # ---- decoding ------------------------------------------------------------------------------
     def decoder(self, assignment: Assignment | None = None) -> OnlineDecoder:
         """A fresh online decoder for one iteration under ``assignment`` (default: static)."""

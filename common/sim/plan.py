@@ -358,11 +358,6 @@ def _describe(code: GradientCode) -> str:
     return " ".join(f"{k}={v}" for k, v in code._params().items() if k not in ("seed", "shifts"))
 
 
-def _workers(code: GradientCode) -> int:
-    topology = code.topology()
-    return code.n if topology is None else topology.num_workers
-
-
 def _shares(code: GradientCode) -> list[float]:
     """The data share of each of ``code``'s worker processes (a tree node: its own partitions)."""
     topology = code.topology()
@@ -439,8 +434,9 @@ def plan(
         mean = point[repr(code)]
         low, high = intervals.get(repr(code), (mean, mean))
         params = dict(code._params())
+        workers = code.worker_processes()
         rows.append(
-            PlanRow(rank, type(code).name, _describe(code), params, _workers(code), mean, low, high, mean * iterations)
+            PlanRow(rank, type(code).name, _describe(code), params, workers, mean, low, high, mean * iterations)
         )
     return rows, fits
 

@@ -73,8 +73,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     pushing when the run asked so (``--surplus push``; else holding, as the master's ``auto`` does on hosts of their
     own) and its model delivery."""
     code = make_code(entry["scheme"], **entry["code_params"])
-    topology = code.topology()
-    workers = code.n if topology is None else topology.num_workers
+    workers = code.worker_processes()
     costs = replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
     medians = []
     for round_ in range(result["rounds"]):

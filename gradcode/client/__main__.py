@@ -517,9 +517,7 @@ async def _probe(args: argparse.Namespace) -> None:
             f"warm-up), not {args.probe}."
         )
     asked = _spec_from_args(args)
-    code = make_code(asked.code.name, **dict_from_struct(asked.code.params))
-    topology = code.topology()
-    workers = code.n if topology is None else topology.num_workers
+    workers = make_code(asked.code.name, **dict_from_struct(asked.code.params)).worker_processes()
     probe = _spec_from_args(
         args, scheme="uncoded", n=workers, s=0, code_params=None, iterations=args.probe, target_accuracy=0.0,
         verify=False,

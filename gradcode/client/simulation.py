@@ -114,12 +114,11 @@ def simulation_row(
     model_delivery: str = "direct",
 ) -> dict[str, Any]:
     """One table row: the scheme, its parameters, its worker processes and the simulated summary."""
-    topology = code.topology()
     result = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery=model_delivery)
     return {
         "scheme": type(code).name,
         "parameters": _parameters(code),
-        "workers": code.n if topology is None else topology.num_workers,
+        "workers": code.worker_processes(),
         **result.summary(),
     }
 
