@@ -575,6 +575,7 @@ def _simulate_tree(
     rows = [topology.row(w) for w in range(total)]
     weights = code.partition_weights
     share = [float(weights[list(rows[w].partitions)].sum()) for w in range(total)]
+    work = [(share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w) for w in range(total)]
     top = [w for w in range(total) if parent_of[w] == -1]
     depth = [0] * total
     for w in range(total):  # parents come before their children (breadth first)
@@ -598,7 +599,6 @@ def _simulate_tree(
                 has_model[children[w]] = _down(float(has_model[w]), len(children[w]), costs, costs.worker_bandwidth)
         parts = [delays.parts(w, t) for w in range(total)]
         began = [float(has_model[w]) + parts[w][0] for w in range(total)]
-        work = [(share[w] * costs.compute_seconds + costs.worker_seconds) / costs.speed(w) for w in range(total)]
         computed = [float(has_model[w]) + parts[w][1] + work[w] for w in range(total)]
         ready = list(computed)
         for w in deepest_first:
