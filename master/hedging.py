@@ -100,7 +100,8 @@ class Hedging(GatherStrategy):
     def start_overdue_at(self) -> float | None:
         """When the expected workers that have not begun are covered although none ended (None: not now): at
         most ``s`` of them, every other expected worker began (or ended), and as long again has passed since the
-        last of those began as between the first and the last of them, at least ``START_SLACK_SECONDS``.
+        last of those began as between the first and the last of them, at least
+        :data:`~gradcode.common.gather.primaries.START_SLACK_SECONDS`.
 
         The others' spread is the measure on purpose: workers that share cores begin as the scheduler lets them,
         a few milliseconds apart under load, and a worker waiting for a core is within that; an emulated or

@@ -29,12 +29,12 @@ Dynamic codes are asked alike: they place each iteration from what every worker 
 The model reaches the workers of a flat code directly, or relayed (``JobSpec.model_delivery``; :class:`_ModelRequest`
 builds each worker's model fields, :class:`RelayOrder` picks the peers): the first gather of an iteration sends it
 inline to the first worker of the relay order, and worker j of that order fetches it from worker
-(j - 1) // ``RELAY_FANOUT``, checking its digest. A relayed request that ends FAILED_PRECONDITION (its peer was
-dead, frozen or lying: :mod:`gradcode.worker.relay`) is not the worker's fault: it is asked again at once, in the same
-gather, with the model inline, and its peer and those upstream of it serve no relay for
-:data:`RELAY_SUSPEND_ITERATIONS` iterations. Every later request of the iteration (a retry, a join, a request asked
-again after silence) carries the model inline: the relay saves the bytes of the common case and never delays a
-recovery.
+(j - 1) // :data:`~gradcode.common.gather.delivery.RELAY_FANOUT`, checking its digest. A relayed request that ends
+FAILED_PRECONDITION (its peer was dead, frozen or lying: :mod:`gradcode.worker.relay`) is not the worker's fault: it
+is asked again at once, in the same gather, with the model inline, and its peer and those upstream of it serve no
+relay for :data:`RELAY_SUSPEND_ITERATIONS` iterations. Every later request of the iteration (a retry, a join, a
+request asked again after silence) carries the model inline: the relay saves the bytes of the common case and never
+delays a recovery.
 """
 
 from __future__ import annotations
