@@ -224,9 +224,10 @@ class WorkerJob:
 class IterationComputation:
     """The partial gradients of one iteration, each computed at most once, and the messages built from them.
 
-    Runs in a worker thread (``asyncio.to_thread``), or on the event loop when its messages are known to be
-    short (:data:`gradcode.worker.runtime.INLINE_MESSAGE_SECONDS`); :meth:`message` checks ``cancelled``
-    before every partition and raises :class:`ComputeCancelledError` when it is set.
+    Runs in a worker thread (``asyncio.to_thread``), or on the event loop when its messages or partitions are
+    known to be short (:data:`gradcode.worker.runtime.INLINE_MESSAGE_SECONDS`,
+    :data:`~gradcode.worker.runtime.INLINE_PARTITION_SECONDS`); :meth:`message` checks ``cancelled`` before every
+    partition and raises :class:`ComputeCancelledError` when it is set.
     """
 
     def __init__(
@@ -242,6 +243,8 @@ class IterationComputation:
         self.cancelled = cancelled
         self.on_partition = on_partition
         self.partials: dict[int, Array] = {}
+        self.longest_partition_seconds = 0.0
+        """Wall seconds of the longest partial gradient this computation computed (0 before the first)."""
         self._cancel_counted = False
 
     def sharing(self, cancelled: CancelFlag) -> IterationComputation:
@@ -263,6 +266,7 @@ class IterationComputation:
                 self._cancel_counted = True
                 self.job.stats.add(iterations_cancelled=1)
             raise ComputeCancelledError(f"Iteration cancelled before partition {partition} was computed.")
+        started = time.perf_counter()
         X, y = self.job.partitions[partition]
         model = self.job.model
         g = (
@@ -274,6 +278,7 @@ class IterationComputation:
         self.job.stats.add(partitions_computed=1)
         if self.on_partition is not None:
             self.on_partition(partition)
+        self.longest_partition_seconds = max(self.longest_partition_seconds, time.perf_counter() - started)
         return g
 
     def message(self, row: int) -> tuple[Array, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
@@ -11,6 +12,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.numerics import RowProfile, bound_combination, unit_roundoff
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
+from gradcode.worker.runtime import _stepwise_message
 from tests.worker.conftest import (
     TOLERANCE,
     data_for,
@@ -107,6 +109,41 @@ def test_cancellation_stops_between_partitions() -> None:
     # A fresh computation (the next iteration) is unaffected.
     fresh = job.start(random_params(), cancelled=threading.Event())
     assert fresh.message(0)[0].shape == fresh.message(1)[0].shape == (job.num_params,)
+
+
+async def test_a_message_on_the_loop_serves_it_between_partitions_and_stops_at_a_cancellation() -> None:
+    """The event loop runs between the partial gradients of a message computed on it (a cancellation that arrives
+    then is seen), and the message is the one the thread would have computed."""
+    partitions = make_partitions(3)
+    data = [c for j in range(3) for c in partition_data(j, *partitions[j])]
+    job = build_job(_two_rows_sharing_a_partition(), data)
+    theta = random_params()
+    turns = 0
+
+    async def other_call() -> None:  # anything else the worker's loop serves
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    served = asyncio.create_task(other_call())
+    try:
+        turns_at: list[int] = []
+        computation = job.start(theta, on_partition=lambda j: turns_at.append(turns))
+        vector, seconds = await _stepwise_message(computation, 0)
+        assert turns_at[1] > turns_at[0] and seconds > 0
+        threaded, _ = job.start(theta).message(0)
+        np.testing.assert_array_equal(vector, threaded)
+
+        flag = threading.Event()
+        computed: list[int] = []
+        cancelled = job.start(theta, cancelled=flag, on_partition=computed.append)
+        asyncio.get_running_loop().call_soon(flag.set)  # the receiver's cancellation, handled by the loop
+        with pytest.raises(ComputeCancelledError):
+            await _stepwise_message(cancelled, 0)
+        assert computed == [0]
+    finally:
+        served.cancel()
 
 
 def test_rejects_bad_params_and_rows() -> None:

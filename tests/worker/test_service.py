@@ -382,14 +382,23 @@ class _ThreadRecorder:
 
 
 @pytest.mark.parametrize(
-    ("threshold", "sleep", "inline_after_first"),
-    [(60.0, 0.0, True), (runtime_module.INLINE_MESSAGE_SECONDS, 0.01, False)],
-    ids=["short messages inline", "long messages in a thread"],
+    ("message_threshold", "partition_threshold", "sleep", "inline_after_first"),
+    [
+        (60.0, 0.0, 0.0, True),
+        (runtime_module.INLINE_MESSAGE_SECONDS, 60.0, 0.005, True),
+        (runtime_module.INLINE_MESSAGE_SECONDS, 0.004, 0.005, False),
+    ],
+    ids=["short messages inline", "short partitions on the loop one at a time", "long partitions in a thread"],
 )
 async def test_short_messages_are_computed_on_the_loop_after_the_first(
-    monkeypatch: pytest.MonkeyPatch, threshold: float, sleep: float, inline_after_first: bool
+    monkeypatch: pytest.MonkeyPatch,
+    message_threshold: float,
+    partition_threshold: float,
+    sleep: float,
+    inline_after_first: bool,
 ) -> None:
-    monkeypatch.setattr(runtime_module, "INLINE_MESSAGE_SECONDS", threshold)
+    monkeypatch.setattr(runtime_module, "INLINE_MESSAGE_SECONDS", message_threshold)
+    monkeypatch.setattr(runtime_module, "INLINE_PARTITION_SECONDS", partition_threshold)
     async with asyncio.timeout(TEST_TIMEOUT):
         recorder = _ThreadRecorder(sleep)
         served = await serve_worker(WorkerServicer(on_partition=recorder))
