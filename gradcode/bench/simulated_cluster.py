@@ -5,14 +5,14 @@
 Reads a finished cluster run (nothing is started) and simulates every gradcode row of it with
 :func:`gradcode.common.sim.simulate.simulate`: the same scheme and parameters, the same straggler draws
 (``FixedDelay`` of one random worker, seeded by the round as the benchmark does), the hosts' link rates as
-bandwidths, 0.8 MB float64 messages (p = 1e5), the ``broadcast_spread`` the run measured for the row, and backups
-holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not state are
-fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota spends per
-iteration on the model and its message) and ``message_overhead`` (the master's per message) on every uncoded
-row with the model sent to each worker, ``relay_hop_seconds`` on the relayed uncoded rows (``--model-delivery
-relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode, combine and encode on its worker
-host) on the trees at the smallest n, each in non-negative least squares. The table gives the measured median,
-the simulated median and their ratio, and whether it is within the issue's 15 %.
+bandwidths, float64 messages of the run's p (0.8 MB at p = 1e5), the ``broadcast_spread`` the run measured for the
+row, and backups holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not
+state are fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota
+spends per iteration on the model and its message) and ``message_overhead`` (the master's per message) on every
+uncoded row with the model sent to each worker, ``relay_hop_seconds`` on the relayed uncoded rows
+(``--model-delivery relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode, combine and
+encode on its worker host) on the trees at the smallest n, each in non-negative least squares. The table gives the
+measured median, the simulated median and their ratio, and whether it is within the issue's 15 %.
 
 On the committed run (n = 6, 12, 24; 200 / 1000 Mbit/s; 50 % / 12 % of a core; 2 rounds; load 1.8-22) the fit
 is 0, 30.4 ms and 124 ms and 14 of the 16 predicted rows are within 15 % (ratios 0.88-1.29): every flat coded
@@ -38,16 +38,21 @@ from gradcode.common.codes import make_code
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import FixedDelay, NoDelay
 
-__all__ = ["calibrate", "compare", "main"]
+__all__ = ["calibrate", "compare", "main", "message_bytes"]
 
-MESSAGE_BYTES = 8e5
-"""p = 1e5 float64 parameters: the model down and each message up."""
+FLOAT64_BYTES = 8
+"""The benchmark's models and messages are float64."""
+
+
+def message_bytes(result: dict[str, Any]) -> float:
+    """The bytes of the model down and of each message up in the run ``result``: its ``p`` float64 parameters."""
+    return float(FLOAT64_BYTES * result["p"])
 
 
 def _base(result: dict[str, Any]) -> Costs:
     hosts = result["hosts"]
     return Costs(
-        message_bytes=MESSAGE_BYTES,
+        message_bytes=message_bytes(result),
         master_bandwidth=hosts["master"]["rate_mbit"] * 1e6 / 8,
         worker_bandwidth=hosts["worker"]["rate_mbit"] * 1e6 / 8,
     )
@@ -74,7 +79,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     own) and its model delivery."""
     code = make_code(entry["scheme"], **entry["code_params"])
     workers = code.worker_processes()
-    costs = replace(costs, broadcast_spread=entry.get("broadcast_spread", 0.0))
+    costs = replace(costs, message_bytes=message_bytes(result), broadcast_spread=entry.get("broadcast_spread", 0.0))
     medians = []
     for round_ in range(result["rounds"]):
         delays = (
@@ -202,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"message_overhead {1e3 * costs.message_overhead:.2f} ms; on the smallest tree: parent_decode_seconds "
         f"{1e3 * (costs.parent_decode_seconds or 0.0):.1f} ms; relay_hop_seconds "
         f"{1e3 * costs.relay_hop_seconds:.1f} ms; links {costs.master_bandwidth * 8 / 1e6:g} / "
-        f"{costs.worker_bandwidth * 8 / 1e6:g} Mbit/s, {MESSAGE_BYTES / 1e6:g} MB messages"
+        f"{costs.worker_bandwidth * 8 / 1e6:g} Mbit/s, {message_bytes(result) / 1e6:g} MB messages"
     )
     print(f"{'n':>3} {'straggler':>9} {'system':>16} {'measured ms':>11} {'simulated ms':>12} {'ratio':>6}  within 15%")
     for r in rows:

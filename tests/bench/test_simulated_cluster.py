@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench.output import RESULTS
-from gradcode.bench.simulated_cluster import _delivery, _surplus, compare
+from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, message_bytes
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
@@ -114,3 +114,19 @@ def test_on_hosts_that_fit_the_machine_a_run_at_n_12_predicts_every_row_at_n_24(
     _, rows = compare(large, small)
     assert len(rows) == 8 and not any(r["fitted"] for r in rows)
     assert all(r["within_15pct"] for r in rows) and all(0.85 <= r["ratio"] <= 1.07 for r in rows)
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_each_run_is_simulated_with_its_own_message_size() -> None:
+    """A run at ten times the parameters, predicted from the committed run's fit: its models and messages are ten
+    times larger (not the calibration's 0.8 MB), so every link-bound flat row takes several times longer."""
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    wide = {**result, "p": result["p"] * 10}
+    assert message_bytes(wide) == 10 * message_bytes(result) == 8 * 10 * result["p"]
+    costs, rows = compare(wide, result)
+    assert costs == compare(result)[0] and costs.message_bytes == message_bytes(result)
+    _, narrow = compare(result, result)
+    for big, small in zip(rows, narrow, strict=True):
+        assert big["system"] == small["system"] and big["n"] == small["n"]
+        if big["system"] in ("uncoded", "fractional s=1", "binary s=1"):
+            assert big["simulated_s"] > 5 * small["simulated_s"], big
