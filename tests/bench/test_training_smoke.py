@@ -85,6 +85,14 @@ def test_time_to_target_is_the_first_crossing() -> None:
     assert math.isnan(training.time_to_target([1.0, 2.0], [5.0, 4.0], 3.0))
 
 
+def test_gradcode_evaluates_no_more_than_the_allreduces_do() -> None:
+    """The held-out accuracy once, after the last step (the baselines evaluate nothing): not every 10th iteration
+    beside the rounds the benchmark times."""
+    for iterations in (4, 12, 100):
+        spec = training._spec(training.QUICK, "fractional", 1, training.Delays("none"), iterations)
+        assert spec.evaluate_every == spec.iterations == iterations
+
+
 def test_the_ideal_of_an_allreduce_waits_for_every_rank_and_a_code_for_a_decodable_set() -> None:
     n, solo, busy, cores = 6, 0.010, 0.012, 2
     draws = make_delay_model("fixed", {"delay_seconds": 0.25, "random_worker": True, "num_workers": n, "count": 1}, 3)
