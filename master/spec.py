@@ -28,7 +28,9 @@ from gradcode.common.codes.numerics import EXACT_TOLERANCE, FLOAT32_TOLERANCE
 from gradcode.common.codes.registry import available_codes, make_code
 from gradcode.common.codes.topology import Topology
 from gradcode.common.exceptions import JobSpecError, NumericallyUnsafeError
+from gradcode.common.gather.delivery import DEFAULT_MODEL_DELIVERY, MODEL_DELIVERIES
 from gradcode.common.gather.integrity import DEFAULT_INTEGRITY, INTEGRITY_POLICIES
+from gradcode.common.gather.primaries import DEFAULT_SURPLUS, SURPLUS_MODES
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, make_delay_model
 from gradcode.common.training.data import DATASET_NAMES, Dataset, load_dataset, partition_indices
 from gradcode.common.training.datafile import data_file as file_in_data_dir
@@ -401,23 +403,6 @@ def _check_optimizer_and_loop(spec: master_pb2.JobSpec, model: Model) -> None:
 
 BACKUP_PRIORITIES = ("low", "normal")
 DEFAULT_BACKUP_PRIORITY = "low"
-SURPLUS_MODES = ("push", "hold", "auto")
-"""JobSpec.surplus: backups stream their messages at once (push), keep them until the round pulls them (hold), or
-hold where the payload would cross the network and push where it goes through shared memory (auto)."""
-DEFAULT_SURPLUS = "auto"
-MODEL_DELIVERIES = ("direct", "relay", "auto")
-"""JobSpec.model_delivery: the master sends each iteration's model to every worker (direct), or inline to a few and
-the others fetch it from a peer, checked by its digest (relay: :mod:`gradcode.worker.relay`), or relays when a round
-asks enough workers of a flat code over the network (auto; a tree relays only when asked:
-:func:`gradcode.common.gather.delivery.relays`)."""
-DEFAULT_MODEL_DELIVERY = "direct"
-"""Relaying pays where the master's link is the bottleneck and costs a hop and the peers' CPU where it is not
-(``python -m gradcode.bench.cluster --n 6 --systems uncoded fractional --surplus hold --model-delivery direct relay``,
-p = 1e5, workers at 25% of a core and 1 Gbit/s): with the master's link at 200 Mbit/s relay took uncoded from 375 to
-268 ms per iteration and fractional s = 1 (held surplus) from 293 to 168 ms (175 with a 0.25 s straggler; the master
-sent 0.8 MB per iteration instead of 5.0); with it at 1 Gbit/s relay gained nothing (78 vs 80 ms, 62 vs 63) and a
-straggler iteration took 1.05-1.26x longer. The master cannot tell its links' speed, so the default stays direct:
-choose relay (or auto) when the master's link is slower than its workers' together."""
 
 
 def _check_integrity(spec: master_pb2.JobSpec, code: GradientCode) -> None:

@@ -6,8 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["RELAY_FANOUT", "RELAY_MIN_WORKERS", "relay_peers", "relays"]
+__all__ = ["DEFAULT_MODEL_DELIVERY", "MODEL_DELIVERIES", "RELAY_FANOUT", "RELAY_MIN_WORKERS", "relay_peers", "relays"]
 
+MODEL_DELIVERIES = ("direct", "relay", "auto")
+"""JobSpec.model_delivery: the master sends each iteration's model to every worker (direct), or inline to a few and
+the others fetch it from a peer, checked by its digest (relay: :mod:`gradcode.worker.relay`), or relays when a round
+asks enough workers of a flat code over the network (auto; a tree relays only when asked:
+:func:`gradcode.common.gather.delivery.relays`)."""
+DEFAULT_MODEL_DELIVERY = "direct"
+"""Relaying pays where the master's link is the bottleneck and costs a hop and the peers' CPU where it is not
+(``python -m gradcode.bench.cluster --n 6 --systems uncoded fractional --surplus hold --model-delivery direct relay``,
+p = 1e5, workers at 25% of a core and 1 Gbit/s): with the master's link at 200 Mbit/s relay took uncoded from 375 to
+268 ms per iteration and fractional s = 1 (held surplus) from 293 to 168 ms (175 with a 0.25 s straggler; the master
+sent 0.8 MB per iteration instead of 5.0); with it at 1 Gbit/s relay gained nothing (78 vs 80 ms, 62 vs 63) and a
+straggler iteration took 1.05-1.26x longer. The master cannot tell its links' speed, so the default stays direct:
+choose relay (or auto) when the master's link is slower than its workers' together."""
 RELAY_FANOUT = 3
 """Fetchers per relay peer: worker j of an iteration's relay order fetches the model from worker (j - 1) // 3, so
 n = 6 is a seed serving three workers, two of which serve one more each (two hops). A peer's link carries the model

@@ -13,8 +13,19 @@ from collections.abc import Iterable, Sequence
 
 from gradcode.common.codes.base import Assignment, GradientCode
 
-__all__ = ["HOLD_OVERDUE_FACTOR", "START_SLACK_SECONDS", "Primaries", "start_overdue"]
+__all__ = [
+    "DEFAULT_SURPLUS",
+    "HOLD_OVERDUE_FACTOR",
+    "START_SLACK_SECONDS",
+    "SURPLUS_MODES",
+    "Primaries",
+    "start_overdue",
+]
 
+SURPLUS_MODES = ("push", "hold", "auto")
+"""JobSpec.surplus: backups stream their messages at once (push), keep them until the round pulls them (hold), or
+hold where the payload would cross the network and push where it goes through shared memory (auto)."""
+DEFAULT_SURPLUS = "auto"
 HOLD_OVERDUE_FACTOR = 2.0
 """A held backup that is ready is pulled when an expected worker is still out this many times the round's time to
 the latest expected worker that finished (:meth:`~gradcode.master.hedging.Hedging.pull_at`); with no expected worker

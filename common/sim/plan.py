@@ -56,7 +56,8 @@ import numpy as np
 
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.registry import available_codes, code_class, make_code
-from gradcode.common.gather.delivery import relays
+from gradcode.common.gather.delivery import DEFAULT_MODEL_DELIVERY, MODEL_DELIVERIES, relays
+from gradcode.common.gather.primaries import DEFAULT_SURPLUS, SURPLUS_MODES
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import DELAY_MODEL_NAMES, DelayModel, make_delay_model
 from gradcode.common.validation import check_int
@@ -109,17 +110,17 @@ def surplus_from_spec(spec: Mapping[str, Any]) -> str:
     "hold" as the spec says; "auto" (its default) holds there, as the master does for every worker whose messages
     cross the network. (On one machine, where workers share the master's memory, ``auto`` pushes: plan such a job
     with ``surplus="push"``.)"""
-    surplus = spec.get("surplus") or "auto"
-    if surplus not in ("push", "hold", "auto"):
-        raise ValueError(f"The spec's surplus must be push, hold or auto, not {surplus!r}.")
+    surplus = spec.get("surplus") or DEFAULT_SURPLUS
+    if surplus not in SURPLUS_MODES:
+        raise ValueError(f"The spec's surplus must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
     return "push" if surplus == "push" else "hold"
 
 
 def delivery_from_spec(spec: Mapping[str, Any]) -> str:
     """How the job would send its model (``JobSpec.model_delivery``): "direct" (its default), "relay" or "auto"."""
-    delivery = spec.get("model_delivery") or "direct"
-    if delivery not in ("direct", "relay", "auto"):
-        raise ValueError(f"The spec's model_delivery must be direct, relay or auto, not {delivery!r}.")
+    delivery = spec.get("model_delivery") or DEFAULT_MODEL_DELIVERY
+    if delivery not in MODEL_DELIVERIES:
+        raise ValueError(f"The spec's model_delivery must be one of {', '.join(MODEL_DELIVERIES)}, not {delivery!r}.")
     return str(delivery)
 
 

@@ -218,7 +218,7 @@ def test_the_planner_simulates_backups_as_the_master_runs_them() -> None:
     assert [surplus_from_spec(s) for s in ({}, {"surplus": "auto"}, {"surplus": "hold"}, {"surplus": "push"})] == [
         "hold", "hold", "hold", "push",
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="surplus must be push, hold or auto, not 'sometimes'"):
+    with pytest.raises(ValueError, match="surplus must be one of push, hold, auto, not 'sometimes'"):
         surplus_from_spec({"surplus": "sometimes"})
     rng = np.random.default_rng(5)
     reports = _reports(SHIFT + rng.exponential(0.02, size=(200, 4)))
@@ -247,7 +247,7 @@ def test_the_planner_relays_the_model_where_the_master_would() -> None:
     assert [delivery_from_spec(s) for s in ({}, {"model_delivery": "relay"}, {"model_delivery": "auto"})] == [
         "direct", "relay", "auto",
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="model_delivery must be direct, relay or auto, not 'pigeon'"):
+    with pytest.raises(ValueError, match="model_delivery must be one of direct, relay, auto, not 'pigeon'"):
         delivery_from_spec({"model_delivery": "pigeon"})
     rng = np.random.default_rng(6)
     reports = _reports(SHIFT + rng.exponential(0.002, size=(100, 6)))
