@@ -303,16 +303,23 @@ class JobRuntime:
             )  # fmt: skip
 
     async def _message(
-        self, computation: IterationComputation, row: int, promotion: Cancellation | None = None
+        self,
+        computation: IterationComputation,
+        row: int,
+        promotion: Cancellation | None = None,
+        *,
+        beside_a_round: bool = False,
     ) -> tuple[Array, float]:
         """Row ``row``'s message (:meth:`IterationComputation.message`): on the event loop when this job's last
-        one took under :data:`INLINE_MESSAGE_SECONDS`, else in a worker thread; a backup not promoted
-        (``promotion`` not set) in a lowest-priority one (:meth:`_backup_message`)."""
+        one took under :data:`INLINE_MESSAGE_SECONDS`, or a partition at a time when its partitions took under
+        :data:`INLINE_PARTITION_SECONDS`, else in a worker thread; a backup not promoted (``promotion`` not set) in
+        a lowest-priority one (:meth:`_backup_message`). ``beside_a_round``: the loop gathers a parent's children
+        meanwhile, and a thread lets their messages be received while the partitions are computed."""
         if self.message_seconds < INLINE_MESSAGE_SECONDS:
             vector, self.message_seconds = computation.message(row)
         elif promotion is not None and not promotion.is_set():
             vector, self.message_seconds = await self._backup_message(computation, row, promotion)
-        elif self.partition_seconds < INLINE_PARTITION_SECONDS:
+        elif self.partition_seconds < INLINE_PARTITION_SECONDS and not beside_a_round:
             vector, self.message_seconds = await _stepwise_message(computation, row)
         else:
             vector, self.message_seconds = await asyncio.to_thread(computation.message, row)
@@ -360,7 +367,7 @@ class JobRuntime:
             if report_start:
                 yield COMPUTING
             computation = job.start(params, cancelled=flag, on_partition=on_partition)
-            own = {row: (await self._message(computation, row))[0] for row in rows}
+            own = {row: (await self._message(computation, row, beside_a_round=True))[0] for row in rows}
             gathered = await flag.race(children)
         finally:
             if not children.done():

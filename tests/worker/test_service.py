@@ -950,3 +950,29 @@ def test_a_stale_computation_never_overwrites_a_shared_slot(tmp_path: Path) -> N
     assert _write_shared(runtime, 3, row, newest + 1)
     np.testing.assert_array_equal(read, newest + 1)  # the same slot, in place
     shared.close()
+
+
+async def test_a_parent_computes_its_own_part_in_a_thread_while_its_loop_gathers_the_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Short partitions go on the loop a partition at a time (above), but not a parent's: its loop receives and
+    decodes the children's messages meanwhile."""
+    monkeypatch.setattr(runtime_module, "INLINE_PARTITION_SECONDS", 60.0)
+    async with asyncio.timeout(TEST_TIMEOUT):
+        partitions = make_partitions(2, seed=7)
+        recorder = _ThreadRecorder(0.005)
+        child, parent = await serve_worker(), await serve_worker(WorkerServicer(on_partition=recorder))
+        try:
+            await _load_single_child_tree(parent, child, partitions)
+            async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
+                stub = worker_pb2_grpc.WorkerStub(channel)
+                for iteration in range(3):
+                    theta = random_params(seed=iteration)
+                    full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(2))
+                    request = _request("tree", 0, (0,), theta, iteration=iteration)
+                    messages, _ = await _compute(stub, request, subtree=frozenset({1}))
+                    _assert_close(messages[0], full)
+        finally:
+            await stop_worker(parent)
+            await stop_worker(child)
+    assert recorder.on_loop == {0: {False}, 1: {False}, 2: {False}}
