@@ -72,7 +72,8 @@ nothing the worker serves (health checks, cancellations, other jobs' calls) by m
 
 INLINE_PARTITION_SECONDS = 0.012
 """A job whose partial gradients each took less than this computes the next message on the event loop a partition
-at a time, yielding to the loop between them, so nothing it serves waits longer than one partition. On 2 cores
+at a time, yielding to the loop between them: a cancellation or a request on a link is served at the next
+partition, a gRPC call (which needs several turns of the loop) within the message. On 2 cores
 with six workers of Tandon et al.'s logistic workload (5-9 ms partitions) the hop to a thread and back cost each
 worker 0.4-0.6 ms of CPU per message, and the iteration 6 % of its period (median of 8 interleaved pairs of 120
 iterations, uncoded and fractional s = 1; paired ratios 0.80-1.00; load 1.7-4.4)."""
@@ -111,15 +112,24 @@ class _AnyOf:
         return any(flag is not None and flag.is_set() for flag in self.flags)
 
 
+_ON_THE_LOOP: set[IterationComputation] = set()
+"""Messages being computed on this process's event loop now (:func:`_stepwise_message`). While one is, another
+job's goes to a thread: two jobs' gradients still run side by side where there are cores for both."""
+
+
 async def _stepwise_message(computation: IterationComputation, row: int) -> tuple[Array, float]:
     """Row ``row``'s message computed on the event loop one partial gradient at a time, the loop served between
     them (a cancellation set meanwhile stops it at the next partition); its seconds leave those yields out."""
     seconds = 0.0
-    for partition in computation.job.rows[row].partitions:
-        started = time.perf_counter()
-        computation.partial(partition)
-        seconds += time.perf_counter() - started
-        await asyncio.sleep(0)
+    _ON_THE_LOOP.add(computation)
+    try:
+        for partition in computation.job.rows[row].partitions:
+            started = time.perf_counter()
+            computation.partial(partition)
+            seconds += time.perf_counter() - started
+            await asyncio.sleep(0)
+    finally:
+        _ON_THE_LOOP.discard(computation)
     vector, combine_seconds = computation.message(row)  # the partials are cached: only their combination
     return vector, seconds + combine_seconds
 
@@ -315,12 +325,13 @@ class JobRuntime:
         one took under :data:`INLINE_MESSAGE_SECONDS`, or a partition at a time when its partitions took under
         :data:`INLINE_PARTITION_SECONDS`, else in a worker thread; a backup not promoted (``promotion`` not set) in
         a lowest-priority one (:meth:`_backup_message`). ``beside_a_round``: the loop gathers a parent's children
-        meanwhile, and a thread lets their messages be received while the partitions are computed."""
+        meanwhile, and a thread lets their messages be received while the partitions are computed; another job's
+        message on the loop (:data:`_ON_THE_LOOP`) sends this one to a thread too."""
         if self.message_seconds < INLINE_MESSAGE_SECONDS:
             vector, self.message_seconds = computation.message(row)
         elif promotion is not None and not promotion.is_set():
             vector, self.message_seconds = await self._backup_message(computation, row, promotion)
-        elif self.partition_seconds < INLINE_PARTITION_SECONDS and not beside_a_round:
+        elif self.partition_seconds < INLINE_PARTITION_SECONDS and not beside_a_round and not _ON_THE_LOOP:
             vector, self.message_seconds = await _stepwise_message(computation, row)
         else:
             vector, self.message_seconds = await asyncio.to_thread(computation.message, row)

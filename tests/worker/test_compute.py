@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from gradcode.common.codes import make_code
 from gradcode.common.codes.numerics import RowProfile, bound_combination, unit_roundoff
 from gradcode.v1 import common_pb2, worker_pb2
 from gradcode.worker.compute import ComputeCancelledError, JobBuilder, JobSetupError, RowSpec, build_job
-from gradcode.worker.runtime import _stepwise_message
+from gradcode.worker.runtime import JobRuntime, _stepwise_message
+from gradcode.worker.straggling import StragglerEmulation
 from tests.worker.conftest import (
     TOLERANCE,
     data_for,
@@ -144,6 +147,34 @@ async def test_a_message_on_the_loop_serves_it_between_partitions_and_stops_at_a
         assert computed == [0]
     finally:
         served.cancel()
+
+
+async def test_while_the_loop_computes_one_jobs_message_another_jobs_goes_to_a_thread_beside_it() -> None:
+    """Two jobs with short partitions asked at once: the first computes on the loop, the second, which starts at
+    the first's yield, in a thread beside it (two jobs' gradients run side by side where there are cores)."""
+    partitions = make_partitions(3)
+    data = [c for j in range(3) for c in partition_data(j, *partitions[j])]
+    no_delay = StragglerEmulation(common_pb2.StragglerSpec())
+    runtimes = [JobRuntime(build_job(_two_rows_sharing_a_partition(), data), no_delay) for _ in range(2)]
+    loop_thread = threading.get_ident()
+    on_loop: dict[int, set[bool]] = {0: set(), 1: set()}
+
+    def observer(index: int) -> Callable[[int], None]:
+        def seen(partition: int) -> None:
+            on_loop[index].add(threading.get_ident() == loop_thread)
+            time.sleep(0.005)
+
+        return seen
+
+    theta = random_params()
+    for runtime in runtimes:
+        runtime.message_seconds = runtime.partition_seconds = 0.006  # as after a message of short partitions
+    computations = [r.job.start(theta, on_partition=observer(i)) for i, r in enumerate(runtimes)]
+    both = await asyncio.gather(*(r._message(c, 0) for r, c in zip(runtimes, computations, strict=True)))
+    assert on_loop == {0: {True}, 1: {False}}
+    threaded, _ = runtimes[0].job.start(theta).message(0)
+    for vector, _ in both:
+        np.testing.assert_array_equal(vector, threaded)
 
 
 def test_rejects_bad_params_and_rows() -> None:
