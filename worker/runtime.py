@@ -78,7 +78,7 @@ with six workers of Tandon et al.'s logistic workload (5-9 ms partitions) the ho
 worker 0.4-0.6 ms of CPU per message, and the iteration 6 % of its period (median of 8 interleaved pairs of 120
 iterations, uncoded and fractional s = 1; paired ratios 0.80-1.00; load 1.7-4.4). In ``gradcode bench training``'s
 flow (12-iteration jobs, other schemes between them on the same cluster) three pairs showed no gain (uncoded
-0.98-1.10, load 2.1-3.2): there the jobs' period is 30 ms, not 24, for reasons outside the worker's compute."""
+0.98-1.10, load 2.1-3.2), within that flow's own spread from one minute to the next."""
 
 
 BACKUP_NICENESS = 19

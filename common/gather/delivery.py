@@ -11,8 +11,7 @@ __all__ = ["DEFAULT_MODEL_DELIVERY", "MODEL_DELIVERIES", "RELAY_FANOUT", "RELAY_
 MODEL_DELIVERIES = ("direct", "relay", "auto")
 """JobSpec.model_delivery: the master sends each iteration's model to every worker (direct), or inline to a few and
 the others fetch it from a peer, checked by its digest (relay: :mod:`gradcode.worker.relay`), or relays when a round
-asks enough workers of a flat code over the network (auto; a tree relays only when asked:
-:func:`gradcode.common.gather.delivery.relays`)."""
+asks enough workers of a flat code over the network (auto; a tree relays only when asked: :func:`relays`)."""
 DEFAULT_MODEL_DELIVERY = "direct"
 """Relaying pays where the master's link is the bottleneck and costs a hop and the peers' CPU where it is not
 (``python -m gradcode.bench.cluster --n 6 --systems uncoded fractional --surplus hold --model-delivery direct relay``,
