@@ -110,18 +110,20 @@ def surplus_from_spec(spec: Mapping[str, Any]) -> str:
     "hold" as the spec says; "auto" (its default) holds there, as the master does for every worker whose messages
     cross the network. (On one machine, where workers share the master's memory, ``auto`` pushes: plan such a job
     with ``surplus="push"``.)"""
-    surplus = spec.get("surplus") or DEFAULT_SURPLUS
-    if surplus not in SURPLUS_MODES:
-        raise ValueError(f"The spec's surplus must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
-    return "push" if surplus == "push" else "hold"
+    return "push" if _spec_choice(spec, "surplus", SURPLUS_MODES, DEFAULT_SURPLUS) == "push" else "hold"
 
 
 def delivery_from_spec(spec: Mapping[str, Any]) -> str:
     """How the job would send its model (``JobSpec.model_delivery``): "direct" (its default), "relay" or "auto"."""
-    delivery = spec.get("model_delivery") or DEFAULT_MODEL_DELIVERY
-    if delivery not in MODEL_DELIVERIES:
-        raise ValueError(f"The spec's model_delivery must be one of {', '.join(MODEL_DELIVERIES)}, not {delivery!r}.")
-    return str(delivery)
+    return _spec_choice(spec, "model_delivery", MODEL_DELIVERIES, DEFAULT_MODEL_DELIVERY)
+
+
+def _spec_choice(spec: Mapping[str, Any], field: str, choices: Sequence[str], default: str) -> str:
+    """The saved spec's ``field``, one of ``choices`` (``default`` when empty); ValueError naming them otherwise."""
+    value = spec.get(field) or default
+    if value not in choices:
+        raise ValueError(f"The spec's {field} must be one of {', '.join(choices)}, not {value!r}.")
+    return str(value)
 
 
 def straggler_from_spec(spec: Mapping[str, Any] | None) -> DelayModel | None:
