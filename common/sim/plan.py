@@ -382,9 +382,8 @@ def _mean_time(
 ) -> float:
     fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
     costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
-    topology = code.topology()
-    first_layer = code.n if topology is None else topology.parent_of().count(-1)
-    relayed = relays(delivery, network=first_layer, tree=topology is not None)  # the master's rule, on hosts apart
+    # the master's rule, on hosts apart: its first gather asks the code's n workers (a tree's first layer)
+    relayed = relays(delivery, network=code.n, tree=code.topology() is not None)
     run = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery="relay" if relayed else "direct")
     return float(run.seconds.mean())
 
