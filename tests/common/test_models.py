@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradcode.common.training.models import (
+    MIN_BLOCK_ROWS,
     MODEL_KINDS,
     NUM_STATISTICS,
     LinearPredictor,
@@ -18,6 +19,7 @@ from gradcode.common.training.models import (
     Model,
     SoftmaxRegression,
     make_model,
+    rows_per_block,
 )
 
 NUM_SAMPLES = 40
@@ -295,8 +297,8 @@ def test_a_batch_larger_than_a_block_is_evaluated_in_blocks_that_add_up_to_one_p
     monkeypatch.setattr(type(model), "block_bytes", 0)
     whole = model.gradient_and_statistics(params, X, y)
     whole_statistics = model.statistics(params, X, y)
-    for rows_per_block in (1, 3, 7, NUM_SAMPLES - 1):
-        monkeypatch.setattr(type(model), "block_bytes", rows_per_block * NUM_FEATURES * 8)
+    for rows in (MIN_BLOCK_ROWS, 7, NUM_SAMPLES - 1):
+        monkeypatch.setattr(type(model), "block_bytes", rows * NUM_FEATURES * 8)
         blocked = model.gradient_and_statistics(params, X, y)
         np.testing.assert_allclose(blocked, whole, rtol=1e-13, atol=1e-13)
         np.testing.assert_allclose(model.statistics(params, X, y), whole_statistics, rtol=1e-13)
@@ -305,6 +307,33 @@ def test_a_batch_larger_than_a_block_is_evaluated_in_blocks_that_add_up_to_one_p
         assert loss == pytest.approx(whole[model.num_params], rel=1e-13)
         if kind != "linear":  # the number of correct predictions is an exact count
             assert blocked[-1] == whole[-1]
+
+
+def test_rows_too_wide_for_a_block_of_several_go_in_one_block() -> None:
+    """Blocking pays only with several rows per block (the gradient is added once per block): a block of fewer
+    than MIN_BLOCK_ROWS rows, or none asked, makes the batch one block."""
+    assert rows_per_block(2 << 20, 16_000, 4000) == 131  # 2 MB of 16 KB rows: blocks of 131
+    assert rows_per_block(2 << 20, (2 << 20) // MIN_BLOCK_ROWS, 100) == MIN_BLOCK_ROWS
+    assert rows_per_block(2 << 20, (2 << 20) // MIN_BLOCK_ROWS + 8, 100) == 100  # one row fewer: one block
+    assert rows_per_block(2 << 20, 8_000_000, 16) == 16  # p = 1e6: one block, not sixteen of one row
+    assert rows_per_block(0, 8, 40) == 40
+    assert rows_per_block(2 << 20, 8_000_000, 0) == 1  # an empty batch: one (empty) block
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_batch_of_wide_rows_is_evaluated_in_one_block_equal_to_blocks(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block budget below MIN_BLOCK_ROWS rows gives the one-block evaluation exactly (the same code path), and it
+    equals a blocked one to rounding."""
+    model, X, y, params = _data(kind, seed=9)
+    monkeypatch.setattr(type(model), "block_bytes", 0)
+    whole = model.gradient_and_statistics(params, X, y)
+    monkeypatch.setattr(type(model), "block_bytes", (MIN_BLOCK_ROWS - 1) * NUM_FEATURES * 8)
+    np.testing.assert_array_equal(model.gradient_and_statistics(params, X, y), whole)
+    monkeypatch.setattr(type(model), "block_bytes", MIN_BLOCK_ROWS * NUM_FEATURES * 8)
+    blocked = model.gradient_and_statistics(params, X, y)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-13, atol=1e-13)
 
 
 class _PoissonRegression(LinearPredictor):
@@ -342,5 +371,5 @@ def test_a_linear_predictor_subclass_gives_only_its_block_terms_and_gets_the_str
     z = X @ params[:-1] + params[-1]
     assert whole[-2] == pytest.approx(float((np.exp(z) - y * z).sum()), rel=1e-13)
     assert whole[-1] == np.count_nonzero(np.round(np.exp(z)) == y)
-    monkeypatch.setattr(_PoissonRegression, "block_bytes", 3 * NUM_FEATURES * 8)  # blocks of 3 rows, the last of 1
+    monkeypatch.setattr(_PoissonRegression, "block_bytes", 6 * NUM_FEATURES * 8)  # blocks of 6 rows, the last of 4
     np.testing.assert_allclose(model.gradient_and_statistics(params, X, y), whole, rtol=1e-13, atol=1e-13)
