@@ -34,8 +34,9 @@ of these models once the data outgrows the cache. Besides the two products a blo
 $R_b$ and loss, and adding its $X_b^\top R_b$ into the gradient: a pass over the gradient that pays only when a
 block holds several rows. Rows too wide for :data:`MIN_BLOCK_ROWS` of them in a block (about 65,000 features and
 up) cannot stay in cache between the two products anyway, so such a batch goes in one block: two passes over
-``X``, none over the gradient per row (at p = 10⁶, 16 rows: 11 ms against 51 ms with a block per row, where numpy's
-product of a one-row block also takes a slow path). The score is counted once over the whole $Z$.
+``X``, none over the gradient per row (at p = 10⁶, 16 rows: 11.5 ms against 53 ms with a block per row, where
+numpy's product of a one-row block also takes a slow path; ``gradcode bench gradient``). The score is counted once
+over the whole $Z$.
 
 :class:`Model` is also the protocol a model plugin implements (see :mod:`gradcode.common.training.plugins`):
 what the master and the workers call is its public surface — :attr:`~Model.num_params`,
@@ -246,11 +247,12 @@ class Model(ABC):
         return f"<{type(self).__name__}(num_features={self.num_features})>"
 
 
-def rows_per_block(block_bytes: int, row_bytes: int, rows: int) -> int:
-    """Rows per block of a batch of ``rows`` rows of ``row_bytes``: as many as ``block_bytes`` holds, or the whole
-    batch (at least 1) when that is fewer than :data:`MIN_BLOCK_ROWS` or ``block_bytes`` is 0."""
-    step = block_bytes // max(1, row_bytes)
-    return step if block_bytes and step >= MIN_BLOCK_ROWS else max(1, rows)
+def rows_per_block(block_bytes: int, row_bytes: int, rows: int, min_rows: int = MIN_BLOCK_ROWS) -> int:
+    """Rows per block of a batch of ``rows`` rows of ``row_bytes``: as many as ``block_bytes`` holds (at least one),
+    or the whole batch (at least 1) when that is fewer than ``min_rows`` or ``block_bytes`` is 0. ``min_rows = 1``
+    is the rule before :data:`MIN_BLOCK_ROWS` (``gradcode bench gradient`` times the two)."""
+    step = max(1, block_bytes // max(1, row_bytes))
+    return step if block_bytes and step >= min_rows else max(1, rows)
 
 
 class LinearPredictor(Model):
@@ -264,6 +266,8 @@ class LinearPredictor(Model):
 
     block_bytes: ClassVar[int] = BLOCK_BYTES
     """Feature bytes per row block (0: the batch in one block)."""
+    min_block_rows: ClassVar[int] = MIN_BLOCK_ROWS
+    """Fewest rows per block; a batch whose blocks would hold fewer is one block (:func:`rows_per_block`)."""
 
     def _weights(self, params: FloatArray) -> tuple[FloatArray, FloatArray | float]:
         """$W$ and $b$ from ``params``: here ``[w, b]`` of a single output; models of several override it."""
@@ -299,7 +303,7 @@ class LinearPredictor(Model):
         """The summed loss and the outputs $Z$; the gradient written into ``flat_grad`` (every entry)."""
         weights, bias = self._weights(params)
         rows = X.shape[0]
-        step = rows_per_block(self.block_bytes, X.itemsize * X.shape[1], rows)
+        step = rows_per_block(self.block_bytes, X.itemsize * X.shape[1], rows, self.min_block_rows)
         outputs = np.empty((rows, *weights.shape[1:]), dtype=np.float64)
         if not flat_grad.flags.c_contiguous:  # reshaping it would copy, and the gradient would be lost
             raise ValueError("The gradient buffer must be C-contiguous.")

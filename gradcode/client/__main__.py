@@ -855,6 +855,7 @@ BENCHMARKS = {
     "chaos": "gradcode.bench.chaos",
     "cluster": "gradcode.bench.cluster",
     "cluster-plan": "gradcode.bench.cluster_plan",
+    "gradient": "gradcode.bench.gradient",
     "papers": "gradcode.bench.papers",
     "primaries": "gradcode.bench.primaries",
     "training": "gradcode.bench.training",

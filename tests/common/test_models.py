@@ -318,6 +318,7 @@ def test_rows_too_wide_for_a_block_of_several_go_in_one_block() -> None:
     assert rows_per_block(2 << 20, 8_000_000, 16) == 16  # p = 1e6: one block, not sixteen of one row
     assert rows_per_block(0, 8, 40) == 40
     assert rows_per_block(2 << 20, 8_000_000, 0) == 1  # an empty batch: one (empty) block
+    assert rows_per_block(2 << 20, 8_000_000, 16, min_rows=1) == 1  # the rule before: a block per row
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
