@@ -319,7 +319,9 @@ class LinearPredictor(Model):
             z += bias
             residual, block_loss = self._block_terms(z, y[start : start + step])
             loss += block_loss
-            if start == 0:  # while the block is still in cache; the first straight into the gradient
+            if start == 0 and len(block) == 1:  # X^T R of one row is an outer product: numpy's matmul is slow at it
+                np.multiply(block[0].reshape(-1, *[1] * (residual.ndim - 1)), residual[0], out=grad[:-1])
+            elif start == 0:  # while the block is still in cache; the first straight into the gradient
                 np.matmul(block.T, residual, out=grad[:-1])
             else:
                 grad[:-1] += block.T @ residual

@@ -337,6 +337,17 @@ def test_a_batch_of_wide_rows_is_evaluated_in_one_block_equal_to_blocks(
     np.testing.assert_allclose(blocked, whole, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_batch_of_one_row_has_the_gradient_of_that_row(kind: str) -> None:
+    """A one-row batch takes its own product (an outer product, not numpy's slow one-row matmul): its gradient is
+    the finite differences' and the one-row halves of a two-row batch add up to it."""
+    model, X, y, params = _data(kind, seed=4)
+    one = model.loss_and_gradient(params, X[:1], y[:1])[1]
+    np.testing.assert_allclose(one, _central_differences(model, params, X[:1], y[:1]), rtol=1e-6, atol=1e-6)
+    two = model.loss_and_gradient(params, X[:2], y[:2])[1]
+    np.testing.assert_allclose(one + model.loss_and_gradient(params, X[1:2], y[1:2])[1], two, rtol=1e-13, atol=1e-13)
+
+
 class _PoissonRegression(LinearPredictor):
     """A model outside the built-ins on the LinearPredictor extension point: rate exp(z), loss sum(exp(z) - y z)."""
 
