@@ -34,7 +34,7 @@ of these models once the data outgrows the cache. Besides the two products a blo
 $R_b$ and loss, and adding its $X_b^\top R_b$ into the gradient: a pass over the gradient that pays only when a
 block holds several rows. Rows too wide for :data:`MIN_BLOCK_ROWS` of them in a block (about 65,000 features and
 up) cannot stay in cache between the two products anyway, so such a batch goes in one block: two passes over
-``X``, none over the gradient per row (at p = 10⁶, 16 rows: 11.5 ms against 53 ms with a block per row, where
+``X``, none over the gradient per row (at p = 10⁶, 16 rows: 12 ms against 56 ms with a block per row, where
 numpy's product of a one-row block also takes a slow path; ``gradcode bench gradient``). The score is counted once
 over the whole $Z$.
 

@@ -9,7 +9,7 @@ with one BLAS thread (as a worker runs: ``--threads 1``), two ways, call by call
 * ``shipped``: row blocks of :data:`~gradcode.common.training.models.BLOCK_BYTES`, and the batch in one block when
   fewer than :data:`~gradcode.common.training.models.MIN_BLOCK_ROWS` rows fit;
 * ``row_blocks``: the rule before, as many rows as fit and at least one (``min_block_rows = 1``): at p = 10⁶ a
-  block per 8 MB row.
+  block per 8 MB row (its first block takes the shipped one-row product, the others numpy's matmul as before).
 
 It prints the medians, the paired ratio shipped / row_blocks (median and range) and the load, and saves
 ``gradient.json`` and ``gradient.png`` in ``docs/results/`` (or ``--out``).
