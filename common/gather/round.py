@@ -635,6 +635,17 @@ class Gathering:
             self.heard.add(worker_id)
             self.began_at.setdefault(worker_id, self.now() - self.round.started)
 
+    def _place(
+        self, worker_id: int, assembler: MessageAssembler, meta: worker_pb2.GradientChunk, nbytes: int
+    ) -> memoryview | None:
+        """Where a large chunk's payload is received (:meth:`MessageAssembler.place`), asked when its first bytes
+        arrive: the worker is heard from then, not once the chunk is whole. A message computed in a few milliseconds
+        sends no start notice, and on a slow link its one chunk takes a transfer to arrive: heard only at its end, a
+        worker whose message streamed beside another's read as not begun when that one ended (on the emulated
+        cluster, one 0.8 MB chunk over 200 Mbit/s: 32 ms later)."""
+        self._hear(worker_id)
+        return assembler.place(meta, nbytes)
+
     def _start(self, source: Source) -> None:
         """Open ``source``'s stream and have its items received."""
         round_, worker_id = self.round, source.worker_id
@@ -658,7 +669,7 @@ class Gathering:
             cast(Holds, stream).on_ready = functools.partial(self.queue.put_nowait, (worker_id, _NEWS))
         if callable(getattr(stream, "consume", None)):  # on a link: payloads received straight into the message
             direct = cast(DeliversItems, stream)
-            direct.place = assembler.place
+            direct.place = functools.partial(self._place, worker_id, assembler)
             direct.consume(functools.partial(self._receive, worker_id, assembler))
         else:
             self.tasks[worker_id] = round_.tasks.spawn(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import struct
 import time
 from collections.abc import AsyncIterator, Iterable
 
@@ -20,6 +21,7 @@ from gradcode.common.gather.clock import MONOTONIC, Clock, ManualClock
 from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS
 from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source, WorkerFailure
 from gradcode.common.tasks import TaskOwner
+from gradcode.common.transport.link import FrameProtocol, LinkStream
 from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
 from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
 from gradcode.master.hedging import Hedging
@@ -765,3 +767,52 @@ async def test_an_expected_worker_whose_message_is_arriving_is_waited_for_not_co
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
     for session in sessions:
         session.close()
+
+
+async def test_a_worker_whose_one_large_chunk_is_arriving_on_a_link_is_waited_for_not_covered_by_backups() -> None:
+    """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 is on a real link (TCP on the loopback) and sends
+    no started notice; its message is one chunk too large for the link's staging buffer, so the link delivers it
+    only once whole. Half of it has arrived when 2 answers: 0 is heard from its chunk's first bytes (its payload
+    is being placed in the message), so it is streaming, not straggling, and no backup is promoted; the rest of
+    0's message completes the decode, exactly."""
+    code = make_code("binary", n=4, s=1)
+    length = 60_000  # 480 kB: larger than a link's staging buffer
+    g = np.random.default_rng(12).standard_normal((4, length))
+    messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
+    wires, sessions, sources = _session_sources(code, expected={0, 2})
+    accepted: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Future()
+    server = await asyncio.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, protocol = await asyncio.get_running_loop().create_connection(lambda: FrameProtocol(64 << 20), "127.0.0.1", port)
+    reader, writer = await accepted
+    sessions[0] = Session(LinkStream(protocol, "worker 0"))
+    linked = worker_pb2.ComputeRequest(job_id="j", rows=[0])
+    sources[0] = Source(0, sources[0].rows, lambda: sessions[0].compute(linked))
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=length)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging()]))
+    try:
+        async with asyncio.timeout(10.0):
+            (size,) = struct.unpack(">I", await reader.readexactly(4))
+            request = worker_pb2.ComputeRequest.FromString(await reader.readexactly(size))
+            (chunk,) = message_chunk_bytes(
+                messages[0], job_id="j", iteration=0, worker_id=0, row=0, request_id=request.request_id, final=True,
+                chunk_bytes=8 * length,
+            )  # fmt: skip
+            frame = struct.pack(">I", len(chunk)) + chunk
+            writer.write(frame[: len(frame) // 2])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            assert not round_.finished
+            wires[2].answer(messages[2], worker_id=2, row=2)
+            await asyncio.sleep(0.1)
+            assert not any(wire.promoted for wire in wires) and not gather.done()
+            writer.write(frame[len(frame) // 2 :])
+            await gather
+        assert round_.decodable and not round_.promoted and round_.used_workers == [0, 2]
+        np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12, atol=1e-12)
+    finally:
+        for session in sessions:
+            session.close()
+        writer.close()
+        server.close()
+
