@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, start_overdue
+from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, START_SLACK_SECONDS, start_overdue
 from gradcode.common.gather.round import Gathering, GatherStrategy, Source, WorkerFailure
 
 __all__ = ["Hedging"]
@@ -45,13 +45,26 @@ class Hedging(GatherStrategy):
     promotes, and while the round is not decodable, a held backup is ready and at most ``s`` expected workers are
     still out past :meth:`pull_at`, the backups that complete the messages in hand are pulled too, the ready ones
     first (once per gather).
+
+    A ``start_slack`` (held backups: :meth:`~gradcode.common.gather.primaries.Primaries.start_slack`, the spread of
+    recent rounds' beginnings) is the least time an expected worker that has not begun is waited for after the
+    last of the others, and an expected worker that ends no longer covers the ones not begun at once: they are
+    covered when that time has passed. A pulled backup costs the receiver's link a whole message, and across hosts
+    workers begin as their models arrive, tens of milliseconds apart. Without one (backups computing beside the
+    expected workers, whose promotion costs only the CPU those left), the slack is
+    :data:`~gradcode.common.gather.primaries.START_SLACK_SECONDS` and an ending covers at once.
     """
 
     def __init__(
-        self, *, promote_after: float | None = None, reask_after: Callable[[int], float | None] | None = None
+        self,
+        *,
+        promote_after: float | None = None,
+        reask_after: Callable[[int], float | None] | None = None,
+        start_slack: float | None = None,
     ) -> None:
         self.promote_after = promote_after
         self.reask_after = reask_after
+        self.start_slack = start_slack
         self._gathering: Gathering | None = None
         self._out: set[int] = set()
         """Expected workers still out: the trigger of the backups' promotion (none: no backups to promote)."""
@@ -126,7 +139,19 @@ class Hedging(GatherStrategy):
             return gathering.round.started + HOLD_OVERDUE_FACTOR * max(held) if held else None
         if not others <= began_at.keys():
             return None
-        return gathering.round.started + start_overdue([began_at[w] for w in others])
+        slack = START_SLACK_SECONDS if self.start_slack is None else self.start_slack
+        return gathering.round.started + start_overdue([began_at[w] for w in others], slack)
+
+    def start_spread(self) -> float | None:
+        """How far apart the expected workers began (seconds), when every one did and none failed (None otherwise,
+        or when the gather expected every worker alike): what :meth:`Primaries.start_slack
+        <gradcode.common.gather.primaries.Primaries.start_slack>` learns from."""
+        gathering = self.gathering
+        expected = self._expected
+        if not expected or not expected <= gathering.began_at.keys() or expected & gathering.failures.keys():
+            return None
+        times = [gathering.began_at[w] for w in expected]
+        return max(times) - min(times)
 
     def pull_at(self) -> float | None:
         """When the held backups that are ready get pulled (None: not now, or not before an expected worker finished:
@@ -182,7 +207,8 @@ class Hedging(GatherStrategy):
         gathering = self.gathering
         if gathering.decodable or (self._promoted and failure is None):
             return
-        if not out or 0 < len(self._waiting()) <= gathering.round.decoder.code.s:
+        at_once = self.start_slack is None or failure is not None  # else start_overdue_at covers them in time
+        if not out or (at_once and 0 < len(self._waiting()) <= gathering.round.decoder.code.s):
             self._cover_stragglers()
 
     def _waiting(self) -> set[int]:

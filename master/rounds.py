@@ -301,7 +301,7 @@ class RoundPolicy:
         backups: set[int] = set()
         """Workers asked at low priority: the round expects to decode without them."""
         deferred: set[int] = set()
-        hedge = None
+        hedge = start_slack = None
         if self.primaries is not None and first:
             tree = self.plan.topology is not None
             sharing = set() if tree else sharing_a_machine(self.loader.workers[: self.plan.code.n])
@@ -309,13 +309,20 @@ class RoundPolicy:
             backups = set(ask) - self.primaries.choose(it.assignment, ask, held=held)
             deferred = backups & sharing
             hedge = self.primaries.hedge()
+            start_slack = self.primaries.start_slack() if backups and held else None
         it.backups, it.deferred = backups, deferred
         if first:
             ask = self._relay(it, ask)
         else:
             it.model.inline(*ask)
         sources = [self._source(it, w, backups=backups, deferred=w in deferred) for w in ask]
-        hedging = Hedging(promote_after=hedge, reask_after=functools.partial(self.answer_times.bound, iteration=it.t))
+        hedging = Hedging(
+            promote_after=hedge,
+            reask_after=functools.partial(self.answer_times.bound, iteration=it.t),
+            start_slack=start_slack,
+        )
+        if first:
+            it.hedging = hedging
         strategies, lost = (hedging, *it.wait_rules), functools.partial(self._lost, it)
         failures = await it.round.gather(sources, timeout=remaining, strategies=strategies, on_failure=lost)
         await self._after_gather(it, failures)
@@ -357,7 +364,8 @@ class RoundPolicy:
             on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
         )
         if self.primaries is not None:
-            self.primaries.answered(round_.finished, time.perf_counter() - round_.started)
+            spread = None if it.hedging is None else it.hedging.start_spread()
+            self.primaries.answered(round_.finished, time.perf_counter() - round_.started, start_spread=spread)
         self.answer_times.answered(round_)
         self.relay_order.answered(round_.finished)
         if round_.reasked:
@@ -505,6 +513,8 @@ class _Iteration:
         """The workers the gather under way asked as backups, and the deferred ones among them (a worker asked again
         inline after its relay failed keeps its part)."""
         self.relay_failures: dict[int, tuple[WorkerFailure, int]] = {}
+        self.hedging: Hedging | None = None
+        """The first gather's backups and hedges: how far apart its expected workers began."""
         """Workers whose relayed model failed: the failure, and the peer they fetched from."""
 
     @property

@@ -394,14 +394,15 @@ def _held_pulls(
     ready: Mapping[int, Sequence[float]],
     expected: frozenset[int],
     began: Mapping[int, float],
+    slack: float,
 ) -> dict[int, float]:
-    """When each held backup may send (``inf``: never), by the master's rules
-    (:class:`~gradcode.master.hedging.Hedging`), the first that applies:
+    """When each held backup may send (``inf``: never), by the master's rules for held backups
+    (:class:`~gradcode.master.hedging.Hedging` with a ``start_slack``), the first that applies:
 
-    * an expected worker's message through while 1..s expected workers still out have not begun (``ended``), or
-      every expected worker but 1..s begun and those not by :func:`start_overdue` of the others' beginnings, or
-      none begun and :data:`HOLD_OVERDUE_FACTOR` times the latest held backup's beginning passed
-      (``start_overdue_at``): the backups completing the expected workers that have begun are pulled;
+    * every expected worker but 1..s begun and those not by :func:`start_overdue` of the others' beginnings with
+      ``slack`` (:meth:`~gradcode.common.gather.primaries.Primaries.start_slack`), or none begun and
+      :data:`HOLD_OVERDUE_FACTOR` times the latest held backup's beginning passed (``start_overdue_at``): the
+      backups completing the expected workers that have begun are pulled;
     * 1..s expected workers out :data:`HOLD_OVERDUE_FACTOR` times the time to the latest that finished, and a
       backup ready (``pull_at``): the backups completing the finished ones, the ready ones first.
 
@@ -419,10 +420,10 @@ def _held_pulls(
     def waiting(t: float) -> set[int]:
         return {w for w in expected if began[w] > t and ends.get(w, math.inf) > t}
 
-    covers = [t for t in ends.values() if 0 < len(waiting(t)) <= s]
+    covers = []
     by_beginning = sorted(began[w] for w in expected)
     for k in range(max(len(expected) - s, 1), len(expected)):
-        t = start_overdue(by_beginning[:k])
+        t = start_overdue(by_beginning[:k], slack)
         if t < by_beginning[k]:
             covers.append(t)
     if len(expected) <= s and (t := HOLD_OVERDUE_FACTOR * max(began[w] for w in backups)) < by_beginning[0]:
@@ -529,12 +530,14 @@ def simulate(
         if chooser is not None and static is not None:
             chosen = chooser.choose(static, range(code.n), held=hold)
             expected = frozenset() if len(chosen) == code.n else chosen  # every worker: all asked alike
-        sendable = _held_pulls(receiver, assignment, ready, expected, began) if hold and expected else None
+        sendable = None
+        if hold and expected and chooser is not None:
+            sendable = _held_pulls(receiver, assignment, ready, expected, began, chooser.start_slack())
         seconds, used, received, arrived = receiver.run(assignment, ready, expected, sendable)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         if chooser is not None:
-            chooser.answered(arrived, seconds)
+            chooser.answered(arrived, seconds, start_spread=_start_spread(began, expected, seconds) if hold else None)
         delivery.answered(arrived)
         master_bytes = costs.message_bytes * ((delivery.models_sent(code.n) if costs.broadcast else 0) + received)
         used_set = set(used)
@@ -542,6 +545,13 @@ def simulate(
         last = IterationOutcome(t, seconds, used, late, master_bytes)
         outcomes.append(last)
     return _result(outcomes)
+
+
+def _start_spread(began: Mapping[int, float], expected: frozenset[int], seconds: float) -> float | None:
+    """How far apart the ``expected`` workers began, when every one did before the round ended after ``seconds``
+    (what the master's :meth:`~gradcode.master.hedging.Hedging.start_spread` reports)."""
+    times = [began[w] for w in expected]
+    return max(times) - min(times) if times and max(times) <= seconds else None
 
 
 def _result(outcomes: list[IterationOutcome]) -> SimulationResult:
@@ -607,17 +617,19 @@ def _simulate_tree(
             done, _, _, _ = parent_round.run(assignment, {i: [ready[c]] for i, c in enumerate(kids)})
             ready[w] = max(done, computed[w])
         top_ready = {i: [ready[w]] for i, w in enumerate(top)}
+        top_began = {i: began[w] for i, w in enumerate(top)}
         expected: frozenset[int] = frozenset()
         sendable = None
         if chooser is not None:
             chosen = chooser.choose(top_assignment, slots, held=True)
             expected = frozenset() if len(chosen) == len(top) else chosen
             if expected:
-                top_began = {i: began[w] for i, w in enumerate(top)}
-                sendable = _held_pulls(master_round, top_assignment, top_ready, expected, top_began)
+                slack = chooser.start_slack()
+                sendable = _held_pulls(master_round, top_assignment, top_ready, expected, top_began, slack)
         seconds, used_slots, received, arrived = master_round.run(top_assignment, top_ready, expected, sendable)
         if chooser is not None:
-            chooser.answered(arrived, seconds)
+            spread = _start_spread(top_began, expected, seconds) if expected else None
+            chooser.answered(arrived, seconds, start_spread=spread)
         delivery.answered([top[i] for i in arrived])
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the tree does not decode in iteration {t}.")

@@ -816,3 +816,52 @@ async def test_a_worker_whose_one_large_chunk_is_arriving_on_a_link_is_waited_fo
         writer.close()
         server.close()
 
+
+async def test_with_a_start_slack_an_ending_waits_for_the_slack_before_covering_a_worker_not_begun() -> None:
+    """Binary, n = 6, s = 1, expecting {0, 2, 4}, held backups' start slack 40 ms (a spread learnt from earlier
+    rounds): 0 and 2 begin at 1 and 5 ms and 2 answers at 10 ms while 4 has not begun. Without a slack that ending
+    covers 4 at once; with it, 4 is covered only 40 ms after the last of the others began (45 ms), and its start
+    spread is not learnt from (4 never began)."""
+    hedging = Hedging(start_slack=0.04)
+    six = _binary_six_expecting_0_2_4(13, hedging)
+    code, wires, messages, clock = six.code, six.wires, six.messages, six.clock
+    await clock.advance(0.001)
+    wires[0].begin()
+    await clock.advance(0.004)
+    wires[2].begin()
+    await clock.advance(0.005)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    await clock.advance(0.045 - clock.now() - 1e-4)
+    assert not any(wire.promoted for wire in wires)
+    await clock.advance(1e-4)
+    completing = code.decoding_set(code.static_assignment(), [1, 3, 5], given=[2, 0])
+    assert completing and [w for w in range(6) if wires[w].promoted] == list(completing)
+    await six.decodes_without(4, answering=(0, *completing))
+    assert hedging.start_spread() is None
+
+
+async def test_with_a_start_slack_a_worker_beginning_within_it_is_waited_for_and_its_spread_is_learnt() -> None:
+    """As above, but 4 begins 30 ms after 2 (within the 40 ms slack, after 2 answered): nothing is promoted, the
+    round decodes from 0, 2, 4, and the spread it reports for the next rounds' slack is 4's start less 0's."""
+    hedging = Hedging(start_slack=0.04)
+    six = _binary_six_expecting_0_2_4(14, hedging)
+    wires, messages, clock, round_ = six.wires, six.messages, six.clock, six.round
+    await clock.advance(0.001)
+    wires[0].begin()
+    await clock.advance(0.004)
+    wires[2].begin()
+    await clock.advance(0.005)
+    wires[2].answer(messages[2], worker_id=2, row=2)
+    await clock.advance(0.025)
+    wires[4].begin()
+    await clock.advance(0.1)
+    assert not any(wire.promoted for wire in wires) and not six.gather.done()
+    for w in (0, 4):
+        wires[w].answer(messages[w], worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await six.gather
+    assert round_.decodable and round_.used_workers == [0, 2, 4] and not round_.promoted
+    spread = hedging.start_spread()
+    assert spread is not None and spread == pytest.approx(0.035 - 0.001)
+    for session in six.sessions:
+        session.close()

@@ -203,6 +203,21 @@ def test_a_held_backup_is_pulled_for_an_expected_worker_that_has_not_begun_and_s
         simulate(code, _HALVES, 1, surplus="auto")
 
 
+def test_a_late_start_every_round_is_learnt_and_stops_pulling_held_backups_after_the_first() -> None:
+    """Fractional n = 6, s = 1, the round expecting {0, 1, 2}: expected worker 2 begins 60 ms after the others in
+    every round (as a model relayed to it arrives later) and 1 computes at half speed. The first round knows no
+    better than the fixed slack: 5 is pulled for 2 and its message crosses ahead of 2's and 1's (four messages,
+    4.67 s). From then on 60 ms is the learnt slack (Primaries.start_slack, as the master's): 2 is not late, three
+    messages, 3.67 s."""
+    code = make_code("fractional", n=6, s=1)
+    slow_one = dataclasses.replace(_HALVES, worker_speed=(1.0, 0.5, 1.0, 1.0, 1.0, 1.0))
+    late_start = FixedDelay(0.06, workers=[2])
+    held = simulate(code, slow_one, 3, late_start, surplus="hold")
+    assert held.master_bytes.tolist() == [4.0, 3.0, 3.0]
+    assert held.seconds.tolist() == pytest.approx([4 + 2 / 3, 3 + 2 / 3, 3 + 2 / 3])
+    assert [o.used for o in held.outcomes] == [(0, 1, 5), (0, 1, 2), (0, 1, 2)]
+
+
 def test_a_held_backup_is_pulled_at_twice_the_time_to_the_last_expected_worker_that_finished() -> None:
     """Expected worker 1 began but computes at a quarter speed (ready at 4 s). Pushed, the backups' messages follow
     0's (through at 2 s): decodable with 3's at 4 s, three messages. Held, nothing says 2 is late until twice 0's

@@ -7,7 +7,7 @@ import pytest
 
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Assignment
-from gradcode.common.gather.primaries import Primaries
+from gradcode.common.gather.primaries import START_SLACK_SECONDS, Primaries
 from gradcode.master.pool import PoolWorker
 from gradcode.master.rounds import sharing_a_machine
 from gradcode.master.spec import (
@@ -110,6 +110,24 @@ def test_the_hedge_is_twice_the_median_of_the_recent_gathers_and_a_second_before
     for _ in range(Primaries.HEDGE_HISTORY):
         primaries.answered([0, 2, 4], 0.5)
     assert primaries.hedge() == 1.0  # only the recent rounds count
+
+
+def test_the_start_slack_is_the_median_spread_of_the_recent_rounds_where_every_expected_worker_began() -> None:
+    """Before any spread, and while spreads are tiny, the fixed slack; then the median of the recent rounds' spreads
+    (one long spread does not move it far); rounds where an expected worker never began teach nothing."""
+    primaries = Primaries(make_code("fractional", n=6, s=1))
+    assert primaries.start_slack() == START_SLACK_SECONDS
+    primaries.answered([0, 2, 4], 0.1, start_spread=0.0005)
+    assert primaries.start_slack() == START_SLACK_SECONDS
+    for spread in (0.02, 0.03, 0.2, 0.04):
+        primaries.answered([0, 2, 4], 0.1, start_spread=spread)
+    assert primaries.start_slack() == 0.03
+    for _ in range(10):
+        primaries.answered([0, 2, 5], 0.2)  # a straggler covered: no spread
+    assert primaries.start_slack() == 0.03
+    for _ in range(Primaries.HEDGE_HISTORY):
+        primaries.answered([0, 2, 4], 0.1, start_spread=0.01)
+    assert primaries.start_slack() == 0.01  # only the recent rounds count
 
 
 def test_job_spec_model_delivery_defaults_to_direct_and_is_validated() -> None:
