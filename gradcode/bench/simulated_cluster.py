@@ -200,7 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text(encoding="utf-8"))
     calibration = None if args.calibrate_on is None else json.loads(args.calibrate_on.read_text(encoding="utf-8"))
-    costs, rows = compare(result, calibration)
+    try:
+        costs, rows = compare(result, calibration)
+    except ValueError as exc:  # a run it cannot calibrate on or compare: say why, as for a bad flag
+        parser.error(str(exc))
     where = "" if args.calibrate_on is None else f" on {args.calibrate_on}"
     print(
         f"fitted{where}: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "

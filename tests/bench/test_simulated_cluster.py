@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench.output import RESULTS
-from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, message_bytes
+from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, main, message_bytes
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
@@ -53,6 +53,19 @@ def test_a_run_of_one_n_is_refused_as_its_own_calibration_and_predicted_from_ano
     costs, rows = compare(one_n, result)
     assert not any(r["fitted"] for r in rows) and len(rows) == 8
     assert costs == compare(result)[0]
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
+def test_the_command_refuses_a_run_it_cannot_calibrate_on_with_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = json.loads((RESULTS / "cluster.json").read_text())
+    one_n = tmp_path / "one_n.json"
+    one_n.write_text(json.dumps({**result, "ns": [6], "summary": [e for e in result["summary"] if e["n"] == 6]}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--results", str(one_n)])
+    assert exit_.value.code == 2
+    assert "this run has [6]. Give --calibrate-on a run with several n" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
