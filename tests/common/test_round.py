@@ -817,20 +817,25 @@ async def test_a_worker_whose_one_large_chunk_is_arriving_on_a_link_is_waited_fo
         server.close()
 
 
-async def test_with_a_start_slack_an_ending_waits_for_the_slack_before_covering_a_worker_not_begun() -> None:
-    """Binary, n = 6, s = 1, expecting {0, 2, 4}, held backups' start slack 40 ms (a spread learnt from earlier
-    rounds): 0 and 2 begin at 1 and 5 ms and 2 answers at 10 ms while 4 has not begun. Without a slack that ending
-    covers 4 at once; with it, 4 is covered only 40 ms after the last of the others began (45 ms), and its start
-    spread is not learnt from (4 never began)."""
+async def _slack_of_40_ms_with_2_answered_and_4_not_begun(seed: int) -> tuple[Hedging, _BinarySix]:
+    """Binary, n = 6, s = 1, expecting {0, 2, 4}, with held backups' start slack of 40 ms (a spread learnt from
+    earlier rounds): 0 and 2 begin at 1 and 5 ms and 2 answers at 10 ms, while 4 has not begun."""
     hedging = Hedging(start_slack=0.04)
-    six = _binary_six_expecting_0_2_4(13, hedging)
-    code, wires, messages, clock = six.code, six.wires, six.messages, six.clock
-    await clock.advance(0.001)
-    wires[0].begin()
-    await clock.advance(0.004)
-    wires[2].begin()
-    await clock.advance(0.005)
-    wires[2].answer(messages[2], worker_id=2, row=2)
+    six = _binary_six_expecting_0_2_4(seed, hedging)
+    await six.clock.advance(0.001)
+    six.wires[0].begin()
+    await six.clock.advance(0.004)
+    six.wires[2].begin()
+    await six.clock.advance(0.005)
+    six.wires[2].answer(six.messages[2], worker_id=2, row=2)
+    return hedging, six
+
+
+async def test_with_a_start_slack_an_ending_waits_for_the_slack_before_covering_a_worker_not_begun() -> None:
+    """Without a slack, 2's ending would cover 4 at once; with the 40 ms slack, 4 is covered only 40 ms after the
+    last of the others began (45 ms), and its start spread is not learnt from (4 never began)."""
+    hedging, six = await _slack_of_40_ms_with_2_answered_and_4_not_begun(13)
+    code, wires, clock = six.code, six.wires, six.clock
     await clock.advance(0.045 - clock.now() - 1e-4)
     assert not any(wire.promoted for wire in wires)
     await clock.advance(1e-4)
@@ -841,17 +846,10 @@ async def test_with_a_start_slack_an_ending_waits_for_the_slack_before_covering_
 
 
 async def test_with_a_start_slack_a_worker_beginning_within_it_is_waited_for_and_its_spread_is_learnt() -> None:
-    """As above, but 4 begins 30 ms after 2 (within the 40 ms slack, after 2 answered): nothing is promoted, the
-    round decodes from 0, 2, 4, and the spread it reports for the next rounds' slack is 4's start less 0's."""
-    hedging = Hedging(start_slack=0.04)
-    six = _binary_six_expecting_0_2_4(14, hedging)
+    """4 begins 30 ms after 2 (within the 40 ms slack, after 2 answered): nothing is promoted, the round decodes
+    from 0, 2, 4, and the spread it reports for the next rounds' slack is 4's start less 0's."""
+    hedging, six = await _slack_of_40_ms_with_2_answered_and_4_not_begun(14)
     wires, messages, clock, round_ = six.wires, six.messages, six.clock, six.round
-    await clock.advance(0.001)
-    wires[0].begin()
-    await clock.advance(0.004)
-    wires[2].begin()
-    await clock.advance(0.005)
-    wires[2].answer(messages[2], worker_id=2, row=2)
     await clock.advance(0.025)
     wires[4].begin()
     await clock.advance(0.1)
