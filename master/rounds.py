@@ -513,9 +513,9 @@ class _Iteration:
         """The workers the gather under way asked as backups, and the deferred ones among them (a worker asked again
         inline after its relay failed keeps its part)."""
         self.relay_failures: dict[int, tuple[WorkerFailure, int]] = {}
+        """Workers whose relayed model failed: the failure, and the peer they fetched from."""
         self.hedging: Hedging | None = None
         """The first gather's backups and hedges: how far apart its expected workers began."""
-        """Workers whose relayed model failed: the failure, and the peer they fetched from."""
 
     @property
     def t(self) -> int:
