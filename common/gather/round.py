@@ -642,7 +642,8 @@ class Gathering:
         arrive: the worker is heard from then, not once the chunk is whole. A message computed in a few milliseconds
         sends no start notice, and on a slow link its one chunk takes a transfer to arrive: heard only at its end, a
         worker whose message streamed beside another's read as not begun when that one ended (on the emulated
-        cluster, one 0.8 MB chunk over 200 Mbit/s: 32 ms later)."""
+        cluster, one 0.8 MB chunk over 200 Mbit/s: 32 ms later). Heard, it is not asked again as silent: a stream
+        that stalls midway is the held-pull rule's and the hedge's to cover."""
         self._hear(worker_id)
         return assembler.place(meta, nbytes)
 
