@@ -8,6 +8,7 @@ worker-local data they are the setups alone, the same for a dataset 100 times la
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.helpers import free_port
 pytestmark = pytest.mark.e2e
 
 NUM_WORKERS, ITERATIONS, LEARNING_RATE, L2 = 4, 8, 0.5, 1e-4
+TREE, TREE_WORKERS = {"n": 2, "s": 1, "L": 2}, 6
 SMALL, LARGE, FEATURES = 600, 60_000, 8
 LOAD_BYTES = ("gradcode_load_bytes_sent_total", ())
 
@@ -40,24 +42,35 @@ def write_npy(data_dir: Path, stem: str, rows: int) -> None:
     np.save(data_dir / f"{stem}_y.npy", (X @ rng.standard_normal(FEATURES) > 0).astype(np.float64))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path, int]]:
-    run_dir = tmp_path_factory.mktemp("worker_data")
+@contextlib.contextmanager
+def _cluster(run_dir: Path, workers: int) -> Iterator[tuple[Cluster, Path, int]]:
+    """A master (its metrics on a port of its own) and ``workers`` workers sharing a data directory with the small
+    and the large file."""
     data_dir = run_dir / "data"
     data_dir.mkdir()
     write_npy(data_dir, "small", SMALL)
     write_npy(data_dir, "large", LARGE)
     port = free_port()
     env = {"GRADCODE_DATA_DIR": str(data_dir)}
-    with LocalCluster(NUM_WORKERS, run_dir=run_dir, env=env, master_args=["--metrics-port", str(port)]) as local:
+    with LocalCluster(workers, run_dir=run_dir, env=env, master_args=["--metrics-port", str(port)]) as local:
         c = Cluster(local)
         c.wait_all_up()
         yield c, data_dir, port
 
 
-def spec(stem: str, *, worker_data: bool, verify: bool = False) -> master_pb2.JobSpec:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path, int]]:
+    with _cluster(tmp_path_factory.mktemp("worker_data"), NUM_WORKERS) as running:
+        yield running
+
+
+def spec(stem: str, *, worker_data: bool, verify: bool = False, tree: bool = False) -> master_pb2.JobSpec:
+    """The job on ``stem``'s file: cyclic over the four workers, or (``tree``) a CodedReduce tree of six."""
+    code: dict[str, Any] = (
+        {"scheme": "coded_reduce", "code_params": TREE} if tree else {"scheme": "cyclic", "n": NUM_WORKERS, "s": 1}
+    )
     return build_job_spec(
-        scheme="cyclic", n=NUM_WORKERS, s=1, model="logistic", dataset="file", dataset_path=f"{stem}_X.npy",
+        **code, model="logistic", dataset="file", dataset_path=f"{stem}_X.npy",
         dataset_options={"labels": f"{stem}_y.npy"}, worker_data=worker_data, optimizer="nesterov",
         learning_rate=LEARNING_RATE, l2=L2, iterations=ITERATIONS, verify=verify, seed=3,
     )  # fmt: skip
@@ -180,3 +193,26 @@ async def test_bad_worker_local_inputs_are_invalid_argument_with_the_reason(clus
             assert message in (refused.value.details() or ""), (name, refused.value.details())
     # The master's pool still has every worker (nothing above came from it).
     assert len(c.list_workers()) == NUM_WORKERS and data_dir.is_dir()
+
+
+async def test_a_tree_with_worker_local_data_is_exact_and_its_setup_sends_no_data(tmp_path: Path) -> None:
+    """A CodedReduce tree (n = 2, s = 1, L = 2: two parents of two leaves each, six workers) on worker-local data:
+    every parent and leaf loads its own partitions, the master's LoadJob bytes are the setups alone (the streamed
+    tree sends every partition to s + 1 nodes), and the trajectory is the streamed one's, which verify mode checks
+    against the master's own gradient each iteration."""
+    with _cluster(tmp_path, TREE_WORKERS) as (c, _, port):
+        streamed_info, streamed, streamed_params, streamed_bytes = await run_and_count(
+            c, port, spec("small", worker_data=False, verify=True, tree=True)
+        )
+        local_info, local, local_params, local_bytes = await run_and_count(
+            c, port, spec("large", worker_data=True, tree=True)
+        )
+        small_info, small, small_params, _ = await run_and_count(c, port, spec("small", worker_data=True, tree=True))
+        for info in (streamed_info, local_info, small_info):
+            assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+        assert all(r.exact and r.verify_error <= 1e-9 for r in streamed) and len(streamed) == ITERATIONS
+        assert all(r.exact for r in (*local, *small)) and len(local) == len(small) == ITERATIONS
+        np.testing.assert_allclose(small_params, streamed_params, rtol=1e-11, atol=1e-13)
+        assert streamed_bytes > 0.8 * SMALL * (FEATURES + 1) * 8  # the training rows, through the master
+        assert local_bytes < 2_000 * TREE_WORKERS, local_bytes  # 100x the rows of the small file: setups only
+        assert np.all(np.isfinite(local_params))
