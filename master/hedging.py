@@ -145,10 +145,11 @@ class Hedging(GatherStrategy):
     def start_spread(self) -> float | None:
         """How far apart the expected workers began (seconds), when every one did and none failed (None otherwise,
         or when the gather expected every worker alike): what :meth:`Primaries.start_slack
-        <gradcode.common.gather.primaries.Primaries.start_slack>` learns from."""
-        gathering = self.gathering
-        expected = self._expected
-        if not expected or not expected <= gathering.began_at.keys() or expected & gathering.failures.keys():
+        <gradcode.common.gather.primaries.Primaries.start_slack>` learns from; None too before the gather began."""
+        gathering, expected = self._gathering, self._expected
+        if gathering is None or not expected or not expected <= gathering.began_at.keys():
+            return None
+        if expected & gathering.failures.keys():
             return None
         times = [gathering.began_at[w] for w in expected]
         return max(times) - min(times)

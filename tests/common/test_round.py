@@ -863,3 +863,7 @@ async def test_with_a_start_slack_a_worker_beginning_within_it_is_waited_for_and
     assert spread is not None and spread == pytest.approx(0.035 - 0.001)
     for session in six.sessions:
         session.close()
+
+
+def test_a_hedging_whose_gather_never_began_reports_no_start_spread() -> None:
+    assert Hedging(start_slack=0.04).start_spread() is None
