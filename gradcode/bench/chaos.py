@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradcode.bench.output import add_out_argument, load_average, save, up_workers
+from gradcode.bench.output import add_out_argument, figure, load_average, save, up_workers
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.exceptions import JobFailedError
@@ -145,22 +145,14 @@ def _own_machine_every_other(counter: Iterator[int]) -> Callable[[int], Sequence
 
 
 def _plot(tally: Tally, path: Path, load: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.semilogy(range(1, len(tally.job_errors) + 1), [max(e, 1e-18) for e in tally.job_errors], ".")
-    ax.set(
-        xlabel="job (succeeded)",
-        ylabel="worst verified relative error",
-        title=f"{tally.freezes} freezes, {tally.kills} kills, {len(tally.failed_jobs)} failed jobs ({load})",
-    )
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(8, 4), dpi=110) as ax:
+        ax.semilogy(range(1, len(tally.job_errors) + 1), [max(e, 1e-18) for e in tally.job_errors], ".")
+        ax.set(
+            xlabel="job (succeeded)",
+            ylabel="worst verified relative error",
+            title=f"{tally.freezes} freezes, {tally.kills} kills, {len(tally.failed_jobs)} failed jobs ({load})",
+        )
+        ax.grid(alpha=0.3)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

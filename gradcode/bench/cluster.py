@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, load_average, save, steady_periods
+from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
 from gradcode.bench.testbed import Host, HostSpec, Testbed, TestbedUnavailableError, check_available, cleanup
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
@@ -602,53 +602,46 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     summary = result["summary"]
     ns = sorted({e["n"] for e in summary})
     names = list(dict.fromkeys(e["system"].split(" n=")[0] if e["scheme"] == "coded_reduce" else e["system"]
                                for e in summary))  # fmt: skip
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    for ax, stragglers in zip(axes[:2], (0, 1), strict=True):
-        for name in names:
-            entries = [
-                e for e in summary
-                if e["stragglers"] == stragglers and (e["system"] == name or e["system"].startswith(name + " n="))
-            ]  # fmt: skip
-            ax.errorbar(
-                [e["n"] for e in entries], [e["median_s"] * 1e3 for e in entries],
-                yerr=[[(e["median_s"] - e["q1_s"]) * 1e3 for e in entries],
-                      [(e["q3_s"] - e["median_s"]) * 1e3 for e in entries]],
-                marker="o", capsize=3, label=name, linestyle="--" if name == ALLREDUCE else "-",
-            )  # fmt: skip
-        ax.set_xticks(ns)
-        ax.set_xlabel("workers n")
-        ax.set_ylabel("ms per iteration (median, IQR)")
-        ax.set_title("no straggler" if not stragglers else f"one random straggler ({result['delay_s']:g} s)")
-        ax.grid(True, alpha=0.3)
+    with figure(path, 1, 3, figsize=(16, 4.8), dpi=110) as axes:
+        for ax, stragglers in zip(axes[:2], (0, 1), strict=True):
+            for name in names:
+                entries = [
+                    e for e in summary
+                    if e["stragglers"] == stragglers and (e["system"] == name or e["system"].startswith(name + " n="))
+                ]  # fmt: skip
+                ax.errorbar(
+                    [e["n"] for e in entries], [e["median_s"] * 1e3 for e in entries],
+                    yerr=[[(e["median_s"] - e["q1_s"]) * 1e3 for e in entries],
+                          [(e["q3_s"] - e["median_s"]) * 1e3 for e in entries]],
+                    marker="o", capsize=3, label=name, linestyle="--" if name == ALLREDUCE else "-",
+                )  # fmt: skip
+            ax.set_xticks(ns)
+            ax.set_xlabel("workers n")
+            ax.set_ylabel("ms per iteration (median, IQR)")
+            ax.set_title("no straggler" if not stragglers else f"one random straggler ({result['delay_s']:g} s)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        ax = axes[2]
+        entries = [e for e in summary if e["stragglers"] == 0 and e["scheme"] != ALLREDUCE]
+        labels = [f"{e['system']}\nn={e['n']}" for e in entries]
+        xs = range(len(entries))
+        ax.bar([x - 0.2 for x in xs], [e["master_in_bytes"] / 1e6 for e in entries], 0.4, label="master in")
+        ax.bar([x + 0.2 for x in xs], [e["master_out_bytes"] / 1e6 for e in entries], 0.4, label="master out")
+        ax.set_xticks(list(xs), labels, fontsize=6, rotation=90)
+        ax.set_ylabel("MB per iteration (no straggler)")
+        ax.set_title("the master's link")
         ax.legend(fontsize=8)
-    ax = axes[2]
-    entries = [e for e in summary if e["stragglers"] == 0 and e["scheme"] != ALLREDUCE]
-    labels = [f"{e['system']}\nn={e['n']}" for e in entries]
-    xs = range(len(entries))
-    ax.bar([x - 0.2 for x in xs], [e["master_in_bytes"] / 1e6 for e in entries], 0.4, label="master in")
-    ax.bar([x + 0.2 for x in xs], [e["master_out_bytes"] / 1e6 for e in entries], 0.4, label="master out")
-    ax.set_xticks(list(xs), labels, fontsize=6, rotation=90)
-    ax.set_ylabel("MB per iteration (no straggler)")
-    ax.set_title("the master's link")
-    ax.legend(fontsize=8)
-    hosts = result["hosts"]
-    fig.suptitle(
-        f"p = {result['p']}: master {hosts['master']['rate_mbit']:g} Mbit/s, {hosts['master']['cpu_percent']:g}% core;"
-        f" workers {hosts['worker']['rate_mbit']:g} Mbit/s, {hosts['worker']['cpu_percent']:g}% core;"
-        f" load {min(result['load_range']):.1f}-{max(result['load_range']):.1f}"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        hosts = result["hosts"]
+        master = hosts["master"]
+        axes[0].figure.suptitle(
+            f"p = {result['p']}: master {master['rate_mbit']:g} Mbit/s, {master['cpu_percent']:g}% core;"
+            f" workers {hosts['worker']['rate_mbit']:g} Mbit/s, {hosts['worker']['cpu_percent']:g}% core;"
+            f" load {min(result['load_range']):.1f}-{max(result['load_range']):.1f}"
+        )
 
 
 def run(

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gradcode.bench.cluster import START_TIMEOUT, EmulatedCluster, System, gradcode_job, verify_exact
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, load_average, save, steady_periods
+from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
 from gradcode.bench.testbed import HostSpec, Testbed, TestbedUnavailableError, check_available
 from gradcode.bench.training import Delays, Workload
 from gradcode.client.sdk import GradcodeClient
@@ -328,44 +328,36 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     entries = [e for e in result["summary"] if e["predicted_rank"] is not None]
-    fig, ax = plt.subplots(figsize=(7.5, 6))
-    for e in entries:
-        x, y = e["predicted_s"] * 1e3, e["measured_s"] * 1e3
-        ax.errorbar(
-            x, y,
-            # a percentile bootstrap's interval need not hold the full history's point estimate: clamp the bars
-            xerr=[[max(0.0, x - e["predicted_low_s"] * 1e3)], [max(0.0, e["predicted_high_s"] * 1e3 - x)]],
-            yerr=[[max(0.0, y - min(e["rounds_s"]) * 1e3)], [max(0.0, max(e["rounds_s"]) * 1e3 - y)]],
-            marker="*" if e["recommended"] else "o", markersize=14 if e["recommended"] else 7, capsize=3,
-            label=f"{e['system']} (rank {e['predicted_rank']}/{e['measured_rank']})",
-        )  # fmt: skip
-    values = [v * 1e3 for e in entries for v in (e["predicted_s"], e["measured_s"], *e["rounds_s"])]
-    low, high = 0.8 * min(values), 1.2 * max(values)
-    ax.plot([low, high], [low, high], "k-", lw=0.8, label="measured = predicted")
-    ax.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="grey", alpha=0.15,
-                    label="within 15 %")  # fmt: skip
-    ax.set_xlim(low, high)
-    ax.set_ylim(low, high)
-    ax.set_xlabel("predicted ms per iteration (mean; bootstrap 5-95 %)")
-    ax.set_ylabel("measured ms per iteration (median of job means; rounds min-max)")
-    layout = result["layout"]
-    ax.set_title(
-        f"gradcode plan on {layout['n']} heterogeneous hosts ({layout['slow_hosts']} at {layout['slow_cpu']:g}%,"
-        f" {layout['delayed']} delayed)\nrank predicted/measured; load {min(result['load_range']):.1f}-"
-        f"{max(result['load_range']):.1f}",
-        fontsize=10,
-    )
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, figsize=(7.5, 6), dpi=100) as ax:
+        for e in entries:
+            x, y = e["predicted_s"] * 1e3, e["measured_s"] * 1e3
+            ax.errorbar(
+                x, y,
+                # a percentile bootstrap's interval need not hold the full history's point estimate: clamp the bars
+                xerr=[[max(0.0, x - e["predicted_low_s"] * 1e3)], [max(0.0, e["predicted_high_s"] * 1e3 - x)]],
+                yerr=[[max(0.0, y - min(e["rounds_s"]) * 1e3)], [max(0.0, max(e["rounds_s"]) * 1e3 - y)]],
+                marker="*" if e["recommended"] else "o", markersize=14 if e["recommended"] else 7, capsize=3,
+                label=f"{e['system']} (rank {e['predicted_rank']}/{e['measured_rank']})",
+            )  # fmt: skip
+        values = [v * 1e3 for e in entries for v in (e["predicted_s"], e["measured_s"], *e["rounds_s"])]
+        low, high = 0.8 * min(values), 1.2 * max(values)
+        ax.plot([low, high], [low, high], "k-", lw=0.8, label="measured = predicted")
+        ax.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="grey", alpha=0.15,
+                        label="within 15 %")  # fmt: skip
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_xlabel("predicted ms per iteration (mean; bootstrap 5-95 %)")
+        ax.set_ylabel("measured ms per iteration (median of job means; rounds min-max)")
+        layout = result["layout"]
+        ax.set_title(
+            f"gradcode plan on {layout['n']} heterogeneous hosts ({layout['slow_hosts']} at {layout['slow_cpu']:g}%,"
+            f" {layout['delayed']} delayed)\nrank predicted/measured; load {min(result['load_range']):.1f}-"
+            f"{max(result['load_range']):.1f}",
+            fontsize=10,
+        )
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
 
 
 def run(

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, quick_or_full_main, save
+from gradcode.bench.output import RESULTS, figure, quick_or_full_main, save
 from gradcode.common.codes.base import Decoding
 from gradcode.common.codes.numerics import survivor_sets
 from gradcode.common.codes.reed_solomon import (
@@ -170,36 +170,28 @@ def _format_combine(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _plot(coefficients: Sequence[dict[str, Any]], combine: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    fs = [r["f"] for r in coefficients]
-    for key, label in [
-        ("rs_fast", "RS closed form O(f·s)"),
-        ("rs_alg3", "RS Algorithm 3 O(f²)"),
-        ("rs_online", "RS online decoder (adds + weights)"),
-        ("lstsq", "numpy lstsq"),
-        ("lu", "numpy solve (LU)"),
-    ]:
-        left.loglog(fs, [r[f"{key}_s"] for r in coefficients], marker="o", label=label)
-    left.set_xlabel("f (workers decoded from), s = n/5")
-    left.set_ylabel("seconds per decoding vector")
-    left.set_title("Decoding coefficients")
-    left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
-    labels = [f"p={r['p']:.0e}\nf={r['f']}" for r in combine]
-    right.bar(range(len(combine)), [r["ratio"] for r in combine], color="tab:blue")
-    right.axhline(TARGET_COMBINE_RATIO, color="tab:red", linestyle="--", label="target 0.6")
-    right.set_xticks(range(len(combine)), labels, fontsize=7)
-    right.set_ylabel("copy time / combine time")
-    right.set_title("Combine vs memory copy of the same bytes")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(12, 4.5), dpi=120) as (left, right):
+        fs = [r["f"] for r in coefficients]
+        for key, label in [
+            ("rs_fast", "RS closed form O(f·s)"),
+            ("rs_alg3", "RS Algorithm 3 O(f²)"),
+            ("rs_online", "RS online decoder (adds + weights)"),
+            ("lstsq", "numpy lstsq"),
+            ("lu", "numpy solve (LU)"),
+        ]:
+            left.loglog(fs, [r[f"{key}_s"] for r in coefficients], marker="o", label=label)
+        left.set_xlabel("f (workers decoded from), s = n/5")
+        left.set_ylabel("seconds per decoding vector")
+        left.set_title("Decoding coefficients")
+        left.grid(True, which="both", alpha=0.3)
+        left.legend(fontsize=8)
+        labels = [f"p={r['p']:.0e}\nf={r['f']}" for r in combine]
+        right.bar(range(len(combine)), [r["ratio"] for r in combine], color="tab:blue")
+        right.axhline(TARGET_COMBINE_RATIO, color="tab:red", linestyle="--", label="target 0.6")
+        right.set_xticks(range(len(combine)), labels, fontsize=7)
+        right.set_ylabel("copy time / combine time")
+        right.set_title("Combine vs memory copy of the same bytes")
+        right.legend(fontsize=8)
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:

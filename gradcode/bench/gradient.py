@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from gradcode.bench.output import RESULTS, load_average, quick_or_full_main, save
+from gradcode.bench.output import RESULTS, figure, load_average, quick_or_full_main, save
 from gradcode.common.training.models import Model, make_model
 
 __all__ = ["BATCHES", "QUICK_BATCHES", "main", "run", "time_batch"]
@@ -70,27 +70,18 @@ def time_batch(kind: str, rows: int, features: int, repeats: int) -> dict[str, A
 
 
 def _plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    labels = [f"{r['kind']}\n{r['rows']}×{r['features']:.0e}" for r in rows]
-    ax.bar(range(len(rows)), [r["ratio_median"] for r in rows], color="tab:blue")
-    ax.errorbar(
-        range(len(rows)), [r["ratio_median"] for r in rows],
-        yerr=[[r["ratio_median"] - r["ratio_min"] for r in rows], [r["ratio_max"] - r["ratio_median"] for r in rows]],
-        fmt="none", color="black", capsize=3,
-    )  # fmt: skip
-    ax.axhline(1.0, color="tab:red", linestyle="--", label="as fast as a block per row")
-    ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_ylabel("time shipped / time with row blocks")
-    ax.set_title("A worker's gradient, one BLAS thread (paired ratios: median, range)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(9, 4), dpi=120) as ax:
+        labels = [f"{r['kind']}\n{r['rows']}×{r['features']:.0e}" for r in rows]
+        medians = [r["ratio_median"] for r in rows]
+        ax.bar(range(len(rows)), medians, color="tab:blue")
+        below = [r["ratio_median"] - r["ratio_min"] for r in rows]
+        above = [r["ratio_max"] - r["ratio_median"] for r in rows]
+        ax.errorbar(range(len(rows)), medians, yerr=[below, above], fmt="none", color="black", capsize=3)
+        ax.axhline(1.0, color="tab:red", linestyle="--", label="as fast as a block per row")
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_ylabel("time shipped / time with row blocks")
+        ax.set_title("A worker's gradient, one BLAS thread (paired ratios: median, range)")
+        ax.legend(fontsize=8)
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:

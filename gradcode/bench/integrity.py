@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import add_out_argument, load_average, save
+from gradcode.bench.output import add_out_argument, figure, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
@@ -133,32 +133,23 @@ def format_table(summary: list[dict[str, Any]]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     summary = results["summary"]
     models = list(STRAGGLERS)
     width = 0.8 / len(POLICIES)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, policy in enumerate(POLICIES):
-        values = [next(e for e in summary if e["straggler"] == m and e["policy"] == policy) for m in models]
-        xs = np.arange(len(models)) + (i - 1) * width
-        ax.bar(xs, [v["median_wall_s"] * 1e3 for v in values], width, label=policy)
-        for x, v in zip(xs, values, strict=True):
-            ax.text(x, v["median_wall_s"] * 1e3, f"{v['ratio_to_off']:.2f}x", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(models)), models)
-    ax.set_ylabel("median ms per iteration")
-    loads = [e["loadavg_1min"] for e in summary]
-    ax.set_title(
-        f"Consistency policies, cyclic n={N}, s={S} (load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cpus)"
-    )
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(8, 4.5), dpi=110) as ax:
+        for i, policy in enumerate(POLICIES):
+            values = [next(e for e in summary if e["straggler"] == m and e["policy"] == policy) for m in models]
+            xs = np.arange(len(models)) + (i - 1) * width
+            ax.bar(xs, [v["median_wall_s"] * 1e3 for v in values], width, label=policy)
+            for x, v in zip(xs, values, strict=True):
+                ax.text(x, v["median_wall_s"] * 1e3, f"{v['ratio_to_off']:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(np.arange(len(models)), models)
+        ax.set_ylabel("median ms per iteration")
+        loads = [e["loadavg_1min"] for e in summary]
+        load = f"load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cpus"
+        ax.set_title(f"Consistency policies, cyclic n={N}, s={S} ({load})")
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
 
 
 def run(*, rounds: int, iterations: int, out: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import add_out_argument, load_average, save
+from gradcode.bench.output import add_out_argument, figure, load_average, save
 from gradcode.common.codes.base import GradientCode
 from gradcode.common.codes.numerics import (
     DEFAULT_MAX_DECODE_ERROR,
@@ -167,28 +167,23 @@ def render(results: list[dict[str, Any]], sizes: list[int]) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.ticker import ScalarFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for index, name in enumerate(dict.fromkeys(r["scheme"] for r in results)):
-        color = plt.get_cmap("tab20")(index % 20)
-        ok = [r for r in results if r["scheme"] == name and r["certified"] is not None]
-        if ok:
-            ax.plot([r["n"] for r in ok], [max(r["error"], 1e-17) for r in ok], marker="o", color=color, label=name)
-            ax.plot([r["n"] for r in ok], [r["certified"] for r in ok], ls=":", marker="^", color=color)
-    ax.axhline(PROMISED_RELATIVE_ERROR, color="tab:red", ls="--", lw=1, label="promise (certified)")
-    ax.axhline(DEFAULT_MAX_DECODE_ERROR, color="k", ls="--", lw=1, label="bound")
-    ax.set(xscale="log", yscale="log", xlabel="workers n", ylabel="worst relative error: true (o) / certified (^)")
-    ax.set_xticks([r["n"] for r in results if r["scheme"] == results[0]["scheme"]])
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(8, 5), dpi=110) as ax:
+        for index, name in enumerate(dict.fromkeys(r["scheme"] for r in results)):
+            color = colormaps["tab20"](index % 20)
+            ok = [r for r in results if r["scheme"] == name and r["certified"] is not None]
+            if ok:
+                ax.plot([r["n"] for r in ok], [max(r["error"], 1e-17) for r in ok], marker="o", color=color, label=name)
+                ax.plot([r["n"] for r in ok], [r["certified"] for r in ok], ls=":", marker="^", color=color)
+        ax.axhline(PROMISED_RELATIVE_ERROR, color="tab:red", ls="--", lw=1, label="promise (certified)")
+        ax.axhline(DEFAULT_MAX_DECODE_ERROR, color="k", ls="--", lw=1, label="bound")
+        ax.set(xscale="log", yscale="log", xlabel="workers n", ylabel="worst relative error: true (o) / certified (^)")
+        ax.set_xticks([r["n"] for r in results if r["scheme"] == results[0]["scheme"]])
+        ax.get_xaxis().set_major_formatter(ScalarFormatter())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 CERTIFY_COLUMNS = 100_000

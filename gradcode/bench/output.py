@@ -1,10 +1,11 @@
-"""What every benchmark shares: where results go, the machine's load, saving JSON beside a PNG, waiting for a
-cluster's workers, and a job's medians and CPU."""
+"""What every benchmark shares: where results go, the machine's load, saving JSON beside a PNG (and drawing it),
+waiting for a cluster's workers, and a job's medians and CPU."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ __all__ = [
     "add_out_argument",
     "cluster_pids",
     "cpu_seconds",
+    "figure",
     "free_port",
     "job_medians",
     "load_average",
@@ -78,6 +80,25 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds process ``pid`` has used so far (``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def figure(path: Path, *grid: int, dpi: int, **subplots: Any) -> Iterator[Any]:
+    """The axes of a matplotlib figure (``plt.subplots(*grid, **subplots)``, off-screen: the Agg backend; an
+    axis' ``.figure`` is the figure), written to ``path`` at ``dpi`` when the block ends and closed whatever
+    happens: what each benchmark's plot draws in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*grid, **subplots)
+    try:
+        yield axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
 
 
 def save(results: Any, out: Path, name: str, plot: Callable[[Path], None]) -> tuple[Path, Path]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradcode.bench.output import RESULTS, load_average, quick_or_full_main, save
+from gradcode.bench.output import RESULTS, figure, load_average, quick_or_full_main, save
 from gradcode.common.codes.base import Assignment, GradientCode
 from gradcode.common.codes.registry import available_codes, code_class
 
@@ -114,27 +114,23 @@ def _format(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from matplotlib import colormaps
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    palette = plt.get_cmap("tab20")
-    for i, scheme in enumerate(sorted({r["scheme"] for r in rows})):
-        mine = [r for r in rows if r["scheme"] == scheme]
-        color = palette(2 * i % 20 + (2 * i // 20))
-        ax.loglog([r["n"] for r in mine], [r["choose_shipped_s"] for r in mine], marker="o", color=color, label=scheme)
-        again = [r for r in mine if r["choose_decoding_again_s"] is not None]
-        ax.loglog([r["n"] for r in again], [r["choose_decoding_again_s"] for r in again], ls="--", color=color)
-    ax.set_xlabel("workers n")
-    ax.set_ylabel("seconds to choose the expected set")
-    ax.set_title("decoding_set as shipped (solid) and decoding again without each member (dashed)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(8, 5), dpi=120) as ax:
+        palette = colormaps["tab20"]
+        for i, scheme in enumerate(sorted({r["scheme"] for r in rows})):
+            mine = [r for r in rows if r["scheme"] == scheme]
+            color = palette(2 * i % 20 + (2 * i // 20))
+            ax.loglog(
+                [r["n"] for r in mine], [r["choose_shipped_s"] for r in mine], marker="o", color=color, label=scheme
+            )
+            again = [r for r in mine if r["choose_decoding_again_s"] is not None]
+            ax.loglog([r["n"] for r in again], [r["choose_decoding_again_s"] for r in again], ls="--", color=color)
+        ax.set_xlabel("workers n")
+        ax.set_ylabel("seconds to choose the expected set")
+        ax.set_title("decoding_set as shipped (solid) and decoding again without each member (dashed)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
 
 
 def run(*, quick: bool = False, out: Path = RESULTS) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gradcode.bench.output import add_out_argument, free_port, load_average, save
+from gradcode.bench.output import add_out_argument, figure, free_port, load_average, save
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 
@@ -126,22 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot(samples: Sequence[dict[str, Any]], path: Path, load_before: list[float], load_after: list[float]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([s["job"] for s in samples], [s["rss_bytes"] / 2**20 for s in samples], marker=".", label="master RSS")
-    load = f"load {load_before} → {load_after}"
-    ax.set(xlabel="jobs finished", ylabel="resident memory (MiB)", title=f"Master memory, back-to-back jobs ({load})")
-    held = ax.twinx()
-    held.plot([s["job"] for s in samples], [s["jobs_held"] for s in samples], color="tab:gray", alpha=0.5)
-    held.set_ylabel("jobs held by the master", color="tab:gray")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(8, 4), dpi=110) as ax:
+        ax.plot([s["job"] for s in samples], [s["rss_bytes"] / 2**20 for s in samples], marker=".", label="master RSS")
+        load = f"load {load_before} → {load_after}"
+        ax.set(
+            xlabel="jobs finished", ylabel="resident memory (MiB)", title=f"Master memory, back-to-back jobs ({load})"
+        )
+        held = ax.twinx()
+        held.plot([s["job"] for s in samples], [s["jobs_held"] for s in samples], color="tab:gray", alpha=0.5)
+        held.set_ylabel("jobs held by the master", color="tab:gray")
+        ax.grid(alpha=0.3)
 
 
 if __name__ == "__main__":

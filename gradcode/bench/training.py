@@ -82,6 +82,7 @@ from gradcode.bench.output import (
     RESULTS,
     SKIP_ITERATIONS,
     benchmark_parser,
+    figure,
     free_port,
     load_average,
     save,
@@ -950,66 +951,60 @@ def format_tables(summary: dict[str, Any], systems: Sequence[str], seeds: int) -
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     summary = results["summary"]
     columns = [*results["systems"], ALLREDUCE]
-    fig, axes = plt.subplots(1, 3, figsize=(19, 5.2))
-    ax = axes[0]
-    width = 0.8 / len(columns)
-    configs = summary["sweep"]
-    for i, x in enumerate(columns):
-        xs = [k + i * width for k in range(len(configs))]
-        medians = [e[x]["period_s"]["median"] * 1e3 for e in configs]
-        errors = [
-            [(e[x]["period_s"]["median"] - e[x]["period_s"]["q1"]) * 1e3 for e in configs],
-            [(e[x]["period_s"]["q3"] - e[x]["period_s"]["median"]) * 1e3 for e in configs],
-        ]
-        ax.bar(xs, medians, width, yerr=errors, label=x, capsize=2)
-        ax.scatter(xs, [e[x]["ideal_s"]["median"] * 1e3 for e in configs], color="black", marker="_", s=120, zorder=3)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))])
-    ax.set_xticklabels([f"d = {e['delay_s']} s, s = {e['s']}" for e in configs])
-    ax.set_ylabel("ms per iteration (median, IQR over seeds)")
-    ax.set_title("Per-iteration time; black ticks: the ideal of the same draws")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(True, axis="y", alpha=0.3)
+    with figure(path, 1, 3, figsize=(19, 5.2), dpi=110) as axes:
+        ax = axes[0]
+        width = 0.8 / len(columns)
+        configs = summary["sweep"]
+        for i, x in enumerate(columns):
+            xs = [k + i * width for k in range(len(configs))]
+            medians = [e[x]["period_s"]["median"] * 1e3 for e in configs]
+            errors = [
+                [(e[x]["period_s"]["median"] - e[x]["period_s"]["q1"]) * 1e3 for e in configs],
+                [(e[x]["period_s"]["q3"] - e[x]["period_s"]["median"]) * 1e3 for e in configs],
+            ]
+            ax.bar(xs, medians, width, yerr=errors, label=x, capsize=2)
+            ax.scatter(
+                xs, [e[x]["ideal_s"]["median"] * 1e3 for e in configs], color="black", marker="_", s=120, zorder=3
+            )
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))])
+        ax.set_xticklabels([f"d = {e['delay_s']} s, s = {e['s']}" for e in configs])
+        ax.set_ylabel("ms per iteration (median, IQR over seeds)")
+        ax.set_title("Per-iteration time; black ticks: the ideal of the same draws")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, axis="y", alpha=0.3)
 
-    ax = axes[1]
-    p = summary["pareto"]
-    top = 0.0
-    for x in columns:
-        q = p["systems"][x]
-        ideal, measured = q["ideal_s"]["values"], q["time_to_target_s"]["values"]
-        ax.scatter(ideal, measured, label=x, s=18)
-        top = max([top, *(v for v in (*ideal, *measured) if math.isfinite(v))])
-    ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="measured = ideal")
-    ax.plot([0, top], [0, 1.15 * top], color="black", linewidth=0.8, linestyle="--", label="1.15 x ideal")
-    ax.set_xlabel("ideal time to target (s), one point per seed")
-    ax.set_ylabel("measured time to target (s)")
-    ax.set_title(f"Pareto delays (scale {PARETO['scale']} s, shape {PARETO['shape']}): measured against ideal")
-    ax.legend(fontsize=7)
-    ax.grid(True, alpha=0.3)
+        ax = axes[1]
+        p = summary["pareto"]
+        top = 0.0
+        for x in columns:
+            q = p["systems"][x]
+            ideal, measured = q["ideal_s"]["values"], q["time_to_target_s"]["values"]
+            ax.scatter(ideal, measured, label=x, s=18)
+            top = max([top, *(v for v in (*ideal, *measured) if math.isfinite(v))])
+        ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="measured = ideal")
+        ax.plot([0, top], [0, 1.15 * top], color="black", linewidth=0.8, linestyle="--", label="1.15 x ideal")
+        ax.set_xlabel("ideal time to target (s), one point per seed")
+        ax.set_ylabel("measured time to target (s)")
+        ax.set_title(f"Pareto delays (scale {PARETO['scale']} s, shape {PARETO['shape']}): measured against ideal")
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
 
-    ax = axes[2]
-    rows = results["raw"]["pareto"]
-    seeds = sorted({r["seed"] for r in rows})
-    seed = seeds[len(seeds) // 2]
-    for row in rows:
-        if row["seed"] == seed:
-            ax.plot(row["elapsed_s"], row["loss"], label=row["system"],
-                    linestyle="--" if row["system"] in BASELINES else "-")  # fmt: skip
-    ax.axhline(p["target_loss"], color="black", linewidth=0.8, label="target")
-    ax.set_xlabel("wall-clock (s)")
-    ax.set_ylabel("training loss")
-    ax.set_title(f"Training loss, Pareto delays, seed {seed}")
-    ax.legend(fontsize=7)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax = axes[2]
+        rows = results["raw"]["pareto"]
+        seeds = sorted({r["seed"] for r in rows})
+        seed = seeds[len(seeds) // 2]
+        for row in rows:
+            if row["seed"] == seed:
+                ax.plot(row["elapsed_s"], row["loss"], label=row["system"],
+                        linestyle="--" if row["system"] in BASELINES else "-")  # fmt: skip
+        ax.axhline(p["target_loss"], color="black", linewidth=0.8, label="target")
+        ax.set_xlabel("wall-clock (s)")
+        ax.set_ylabel("training loss")
+        ax.set_title(f"Training loss, Pareto delays, seed {seed}")
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
 
 
 def prepare_data(workload: Workload, data_dir: Path) -> Workload:

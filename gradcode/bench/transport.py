@@ -105,6 +105,7 @@ from gradcode.bench.output import (
     benchmark_parser,
     cluster_pids,
     cpu_seconds,
+    figure,
     job_medians,
     load_average,
     run_with_cpu,
@@ -1263,66 +1264,60 @@ def _format_wide(result: dict[str, Any]) -> str:
 
 
 def _plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    with figure(path, 1, 4, figsize=(21, 4.8), dpi=120) as (left, middle, tls, right):
+        rows = results["streaming"]
+        ps = [r["p"] for r in rows]
+        for key, label in [
+            ("memcpy_GBps", "numpy memory copy"),
+            ("loopback_GBps", "loopback TCP, plain socket"),
+            ("raw_grpc_GBps", "bare gRPC bytes call, same chunks"),
+            ("transport_GBps", "gRPC Compute transport"),
+        ]:
+            left.loglog(ps, [r[key] for r in rows], marker="o", label=label)
+        left.loglog(ps, [r["link"]["transport_GBps"] for r in rows], marker="^", label="link Compute transport")
+        left.loglog(
+            ps, [r["shared"]["transport_GBps"] for r in rows], marker="s", label="shared-memory Compute transport"
+        )
+        left.set_xlabel("p (float64 parameters); 16p bytes per call")
+        left.set_ylabel("GB/s (model down + message up)")
+        left.set_title("Gradient streaming vs the machine's limits")
+        left.grid(True, which="both", alpha=0.3)
+        left.legend(fontsize=8)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        sweep = results["chunk_sweep"]
+        labels = [f"{r['chunk_bytes'] // KiB} KiB" + (" (auto)" if r["auto"] else "") for r in sweep["rows"]]
+        colors = ["tab:orange" if r["auto"] else "tab:blue" for r in sweep["rows"]]
+        middle.bar(labels, [r["transport_GBps"] for r in sweep["rows"]], color=colors)
+        middle.set_ylabel("gRPC transport GB/s")
+        middle.set_title(f"Worker chunk size at p = {sweep['p']:.0e} (orange: default)")
 
-    fig, (left, middle, tls, right) = plt.subplots(1, 4, figsize=(21, 4.8))
-    rows = results["streaming"]
-    ps = [r["p"] for r in rows]
-    for key, label in [
-        ("memcpy_GBps", "numpy memory copy"),
-        ("loopback_GBps", "loopback TCP, plain socket"),
-        ("raw_grpc_GBps", "bare gRPC bytes call, same chunks"),
-        ("transport_GBps", "gRPC Compute transport"),
-    ]:
-        left.loglog(ps, [r[key] for r in rows], marker="o", label=label)
-    left.loglog(ps, [r["link"]["transport_GBps"] for r in rows], marker="^", label="link Compute transport")
-    left.loglog(ps, [r["shared"]["transport_GBps"] for r in rows], marker="s", label="shared-memory Compute transport")
-    left.set_xlabel("p (float64 parameters); 16p bytes per call")
-    left.set_ylabel("GB/s (model down + message up)")
-    left.set_title("Gradient streaming vs the machine's limits")
-    left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
+        secure = results["tls"]
+        modes = [("plaintext", "tab:blue"), ("mutual_tls", "tab:red")]
+        x = np.arange(2)
+        for i, (mode, color) in enumerate(modes):
+            values = [secure[mode]["transport_s"] * 1e3, secure[mode]["ingest_s"] * 1e3]
+            tls.bar(x + (i - 0.5) * 0.4, values, width=0.4, color=color, label=mode.replace("_", " "))
+        tls.set_xticks(x, ["transport", "ingest"])
+        tls.set_ylabel("ms (median)")
+        load = "/".join(f"{v:.1f}" for v in secure["load_average_after"])
+        tls.set_title(
+            f"TLS at p = {secure['p']:.0e}: transport {secure['ratio_transport']:.2f}x, "
+            f"ingest {secure['ratio_ingest']:.2f}x\n(load {load})",
+            fontsize=10,
+        )
+        tls.legend(fontsize=8)
 
-    sweep = results["chunk_sweep"]
-    labels = [f"{r['chunk_bytes'] // KiB} KiB" + (" (auto)" if r["auto"] else "") for r in sweep["rows"]]
-    colors = ["tab:orange" if r["auto"] else "tab:blue" for r in sweep["rows"]]
-    middle.bar(labels, [r["transport_GBps"] for r in sweep["rows"]], color=colors)
-    middle.set_ylabel("gRPC transport GB/s")
-    middle.set_title(f"Worker chunk size at p = {sweep['p']:.0e} (orange: default)")
-
-    secure = results["tls"]
-    modes = [("plaintext", "tab:blue"), ("mutual_tls", "tab:red")]
-    x = np.arange(2)
-    for i, (mode, color) in enumerate(modes):
-        values = [secure[mode]["transport_s"] * 1e3, secure[mode]["ingest_s"] * 1e3]
-        tls.bar(x + (i - 0.5) * 0.4, values, width=0.4, color=color, label=mode.replace("_", " "))
-    tls.set_xticks(x, ["transport", "ingest"])
-    tls.set_ylabel("ms (median)")
-    load = "/".join(f"{v:.1f}" for v in secure["load_average_after"])
-    tls.set_title(
-        f"TLS at p = {secure['p']:.0e}: transport {secure['ratio_transport']:.2f}x, "
-        f"ingest {secure['ratio_ingest']:.2f}x\n(load {load})",
-        fontsize=10,
-    )
-    tls.legend(fontsize=8)
-
-    it = results["iteration"]
-    short = {"gRPC": "gRPC", "link": "link", "shared memory": "shm"}
-    names = [f"{r['scheme'][:3]} {r['n']}\n{short.get(r['path'], r['path'])}" for r in it["rows"]]
-    decode = [r["decode_s"] * 1e3 for r in it["rows"]]
-    rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
-    right.bar(names, rest, label="wall − decode", color="tab:blue")
-    right.bar(names, decode, bottom=rest, label="decode", color="tab:red")
-    right.axhline(it["rtt_s"] * 1e3, color="black", linestyle="--", label="gRPC unary round trip")
-    right.set_ylabel("ms per iteration (median)")
-    right.set_title("Master per-iteration time")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        it = results["iteration"]
+        short = {"gRPC": "gRPC", "link": "link", "shared memory": "shm"}
+        names = [f"{r['scheme'][:3]} {r['n']}\n{short.get(r['path'], r['path'])}" for r in it["rows"]]
+        decode = [r["decode_s"] * 1e3 for r in it["rows"]]
+        rest = [(r["wall_s"] - r["decode_s"]) * 1e3 for r in it["rows"]]
+        right.bar(names, rest, label="wall − decode", color="tab:blue")
+        right.bar(names, decode, bottom=rest, label="decode", color="tab:red")
+        right.axhline(it["rtt_s"] * 1e3, color="black", linestyle="--", label="gRPC unary round trip")
+        right.set_ylabel("ms per iteration (median)")
+        right.set_title("Master per-iteration time")
+        right.legend(fontsize=8)
 
 
 async def _measure_all(quick: bool, repeats: int, logs: Path) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from gradcode.bench.output import (
     SKIP_ITERATIONS,
     add_out_argument,
     cluster_pids,
+    figure,
     job_medians,
     load_average,
     run_with_cpu,
@@ -193,27 +194,19 @@ def _format(result: dict[str, Any]) -> str:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = {"gradcode": "gradcode", "bare": "bare processes", "arithmetic": "arithmetic / cores"}
     rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.25
-    for i, system in enumerate(SYSTEMS):
-        xs = [x + (i - 1) * width for x in range(len(rows))]
-        ax.bar(xs, [row[system]["overhead_s"] * 1e3 for row in rows], width, label=labels[system])
-    target = f"target at n = {result['n']}: 5 ms + one transfer"
-    ax.axhline(result["target_s"] * 1e3, color="black", linestyle="--", label=target)
-    ax.set_xticks(range(len(rows)), [f"{row['name']} (n = {row['n']})" for row in rows])
-    ax.set_ylabel("overhead, ms per iteration")
-    ax.set_title(f"p = {result['p']}: gradcode's overhead against the floor of the same work")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4), dpi=120) as ax:
+        width = 0.25
+        for i, system in enumerate(SYSTEMS):
+            xs = [x + (i - 1) * width for x in range(len(rows))]
+            ax.bar(xs, [row[system]["overhead_s"] * 1e3 for row in rows], width, label=labels[system])
+        target = f"target at n = {result['n']}: 5 ms + one transfer"
+        ax.axhline(result["target_s"] * 1e3, color="black", linestyle="--", label=target)
+        ax.set_xticks(range(len(rows)), [f"{row['name']} (n = {row['n']})" for row in rows])
+        ax.set_ylabel("overhead, ms per iteration")
+        ax.set_title(f"p = {result['p']}: gradcode's overhead against the floor of the same work")
+        ax.legend()
 
 
 def run(*, n: int = 16, rounds: int = 3, iterations: int = 200, out: Path = RESULTS) -> dict[str, Any]:
