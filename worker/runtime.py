@@ -71,14 +71,19 @@ Compute on 2 cores at n = 16, p = 1e5, more than such a gradient; blocking the l
 nothing the worker serves (health checks, cancellations, other jobs' calls) by more than that."""
 
 INLINE_PARTITION_SECONDS = 0.012
-"""A job whose partial gradients each took less than this computes the next message on the event loop a partition
-at a time, yielding to the loop between them: a cancellation or a request on a link is served at the next
-partition, a gRPC call (which needs several turns of the loop) within the message. On 2 cores
-with six workers of Tandon et al.'s logistic workload (5-9 ms partitions) the hop to a thread and back cost each
-worker 0.4-0.6 ms of CPU per message, and the iteration 6 % of its period (median of 8 interleaved pairs of 120
-iterations, uncoded and fractional s = 1; paired ratios 0.80-1.00; load 1.7-4.4). In ``gradcode bench training``'s
-flow (12-iteration jobs, other schemes between them on the same cluster) three pairs showed no gain (uncoded
-0.98-1.10, load 2.1-3.2), within that flow's own spread from one minute to the next."""
+"""A job whose partial gradients each took less than this much CPU computes the next message on the event loop a
+partition at a time, yielding to the loop between them: a cancellation or a request on a link is served at the
+next partition, a gRPC call (which needs several turns of the loop) within the message. On 2 cores with six
+workers of Tandon et al.'s logistic workload (5-9 ms partitions) the hop to a thread and back cost each worker
+0.4-0.6 ms of CPU per message.
+
+A partition is timed in its thread's CPU seconds
+(:attr:`~gradcode.worker.compute.IterationComputation.longest_partition_seconds`), not in wall seconds: six
+workers on two cores each wait for a core two thirds of the time, so a 7 ms partition took 20 ms of wall time and
+every message went to a thread all the same. Timed in CPU, the steady period of a 150-iteration uncoded job of that
+workload went from 28.3 to 24.8 ms (6 interleaved pairs, each pair's ratio 0.79-0.98, median 0.885; the workers'
+CPU 0.91x; load 3.4-4.3). A partition that waits on something else (a page of memory-mapped data read from disk)
+holds the loop for that wait too; between partitions the loop is served."""
 
 
 BACKUP_NICENESS = 19

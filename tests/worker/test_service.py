@@ -369,38 +369,49 @@ async def test_later_iteration_supersedes_a_running_one() -> None:
 
 class _ThreadRecorder:
     """Partition observer recording, per iteration, whether the partition ran on the event loop's thread;
-    ``sleep`` makes each partition take at least that long."""
+    each partition then takes at least ``sleep`` seconds of waiting and ``busy`` seconds of its thread's CPU."""
 
-    def __init__(self, sleep: float = 0.0) -> None:
+    def __init__(self, sleep: float = 0.0, busy: float = 0.0) -> None:
         self.loop_thread = threading.get_ident()
         self.sleep = sleep
+        self.busy = busy
         self.on_loop: dict[int, set[bool]] = {}
 
     def __call__(self, job_id: str, iteration: int, partition: int) -> None:
         self.on_loop.setdefault(iteration, set()).add(threading.get_ident() == self.loop_thread)
         time.sleep(self.sleep)
+        started = time.thread_time()
+        while time.thread_time() - started < self.busy:
+            pass
 
 
 @pytest.mark.parametrize(
-    ("message_threshold", "partition_threshold", "sleep", "inline_after_first"),
+    ("message_threshold", "partition_threshold", "sleep", "busy", "inline_after_first"),
     [
-        (60.0, 0.0, 0.0, True),
-        (runtime_module.INLINE_MESSAGE_SECONDS, 60.0, 0.005, True),
-        (runtime_module.INLINE_MESSAGE_SECONDS, 0.004, 0.005, False),
+        (60.0, 0.0, 0.0, 0.0, True),
+        (runtime_module.INLINE_MESSAGE_SECONDS, 60.0, 0.005, 0.0, True),
+        (runtime_module.INLINE_MESSAGE_SECONDS, 0.004, 0.0, 0.008, False),
+        (runtime_module.INLINE_MESSAGE_SECONDS, 0.004, 0.008, 0.0, True),
     ],
-    ids=["short messages inline", "short partitions on the loop one at a time", "long partitions in a thread"],
+    ids=[
+        "short messages inline",
+        "short partitions on the loop one at a time",
+        "partitions of long CPU in a thread",
+        "partitions of long wall time but short CPU on the loop",  # a partition waiting for a core, as on busy hosts
+    ],
 )
 async def test_short_messages_are_computed_on_the_loop_after_the_first(
     monkeypatch: pytest.MonkeyPatch,
     message_threshold: float,
     partition_threshold: float,
     sleep: float,
+    busy: float,
     inline_after_first: bool,
 ) -> None:
     monkeypatch.setattr(runtime_module, "INLINE_MESSAGE_SECONDS", message_threshold)
     monkeypatch.setattr(runtime_module, "INLINE_PARTITION_SECONDS", partition_threshold)
     async with asyncio.timeout(TEST_TIMEOUT):
-        recorder = _ThreadRecorder(sleep)
+        recorder = _ThreadRecorder(sleep, busy)
         served = await serve_worker(WorkerServicer(on_partition=recorder))
         try:
             async with grpc.aio.insecure_channel(served.address, options=CHANNEL_OPTIONS) as channel:
