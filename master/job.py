@@ -427,7 +427,7 @@ class JobRunner:
         training = training_metrics(plan.model, decoded.vector, point, plan.dataset.y_train, l2=plan.spec.model.l2)
         error = await verify_error(plan, t, point, decoded, training.gradient, self._pool_ids())
         asked = [w for w in range(code.n) if assignment.rows[w]]
-        return _Gathered(round_, decoded, training, asked, point, error)
+        return _Gathered(round_, decoded, training, asked, point, error, self.rounds.start_slack)
 
     def _commit(self, t: int, it: _Gathered) -> tuple[master_pb2.IterationReport, np.ndarray[Any, Any]]:
         """Step and record iteration ``t`` as done, together (no await in between, so a cancel sees both or
@@ -444,7 +444,7 @@ class JobRunner:
         report = iteration_report(
             self.job_id, t, it.round, it.decoded, asked=it.asked, pool_ids=self._pool_ids(),
             wall_seconds=now - it.round.started, elapsed_seconds=now - self._started, verify_error=it.verify_error,
-            training=it.training,
+            training=it.training, start_slack_seconds=it.start_slack,
         )  # fmt: skip
         return report, params
 
@@ -530,6 +530,8 @@ class _Gathered:
     """Worker indices that had rows this iteration."""
     point: np.ndarray[Any, Any]
     verify_error: float
+    start_slack: float
+    """How long the round waited past its expected workers' beginnings before pulling held backups (0: none held)."""
 
 
 @dataclass(eq=False)

@@ -67,9 +67,11 @@ def iteration_report(
     elapsed_seconds: float,
     verify_error: float,
     training: TrainingMetrics,
+    start_slack_seconds: float = 0.0,
 ) -> master_pb2.IterationReport:
     """The report of a decoded iteration (test accuracy NaN until evaluated); ``asked`` are the worker
-    indices it had rows for; ``training`` is what the decode says about the training set."""
+    indices it had rows for; ``training`` is what the decode says about the training set; ``start_slack_seconds``
+    how long the round waited past its expected workers' beginnings before pulling held backups (0: none held)."""
     finished = round_.finished
     return master_pb2.IterationReport(
         job_id=job_id,
@@ -86,6 +88,7 @@ def iteration_report(
         exact=decoded.exact,
         verify_error=verify_error,
         error_bound=decoded.error_bound,
+        start_slack_seconds=start_slack_seconds,
         **_round_fields(round_, pool_ids),
     )
 

@@ -188,6 +188,9 @@ class RoundPolicy:
         self.answer_times = AnswerTimes(StragglerEmulation(plan.spec.straggler))
         """When a silent worker is asked again within the round."""
         self.relay_order = RelayOrder()
+        self.start_slack = 0.0
+        """The last decoded round's wait for a held backup's expected worker not yet begun (:class:`Hedging`'s
+        ``start_slack``, learnt by :meth:`Primaries.start_slack`); 0 when that round held no backups."""
         """Who serves the relayed model (``JobSpec.model_delivery``)."""
         self._joining: Callable[[int], None] | None = None
         """Asks a worker in the round under way (:meth:`run`) once its reload is done; None between rounds."""
@@ -363,6 +366,7 @@ class RoundPolicy:
         self.lateness.observe(
             on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
         )
+        self.start_slack = (it.hedging.start_slack if it.hedging is not None else None) or 0.0
         if self.primaries is not None:
             spread = None if it.hedging is None else it.hedging.start_spread()
             self.primaries.answered(round_.finished, time.perf_counter() - round_.started, start_spread=spread)

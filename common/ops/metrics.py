@@ -16,7 +16,7 @@ Where each is recorded:
   :class:`~gradcode.v1.master_pb2.IterationReport` (the master servicer watches every job it creates
   and records each report) — iteration time, time to the first decodable set,
   decode time, per-worker response time, late, failed, backup and promoted counts, exact/approximate
-  iterations and the straggler tolerance left;
+  iterations, the straggler tolerance left and the start slack of held backups;
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
@@ -133,6 +133,12 @@ STRAGGLER_TOLERANCE_LEFT = Gauge(
     "(how many more may be slow before an iteration cannot decode).",
     registry=MASTER_REGISTRY,
 )  # fmt: skip
+HELD_START_SLACK = Gauge(
+    "gradcode_start_slack_seconds",
+    "In the last iteration that held backups: how long past the last expected worker's beginning the round waited "
+    "for one not yet begun before pulling its backups (learnt from recent rounds, at least 3 ms).",
+    registry=MASTER_REGISTRY,
+)  # fmt: skip
 WORKERS_UP = Gauge("gradcode_workers_up", "Workers the master sees UP.", registry=MASTER_REGISTRY)
 WORKERS_KNOWN = Gauge("gradcode_workers_known", "Workers the master knows (UP or DOWN).", registry=MASTER_REGISTRY)
 JOBS_FINISHED = Counter(
@@ -237,6 +243,8 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
         WORKER_RESPONSE_SECONDS.labels(job_id=job, worker=str(timing.worker_id)).observe(timing.seconds)
     if stragglers_tolerated is not None:
         STRAGGLER_TOLERANCE_LEFT.set(stragglers_tolerated - len(report.failed_workers))
+    if report.start_slack_seconds > 0:
+        HELD_START_SLACK.set(report.start_slack_seconds)
 
 
 _job_workers: dict[str, set[str]] = {}

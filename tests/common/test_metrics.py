@@ -38,6 +38,15 @@ def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
     assert _value("gradcode_straggler_tolerance_left") == 1  # 2 tolerated, 1 failed
 
 
+def test_the_start_slack_gauge_is_the_last_held_rounds_and_a_round_without_held_backups_leaves_it() -> None:
+    metrics.record_iteration(_report(4, start_slack_seconds=0.042))
+    assert _value("gradcode_start_slack_seconds") == 0.042
+    metrics.record_iteration(_report(5))  # held no backups: says nothing about the slack
+    assert _value("gradcode_start_slack_seconds") == 0.042
+    metrics.record_iteration(_report(6, start_slack_seconds=0.003))
+    assert _value("gradcode_start_slack_seconds") == 0.003
+
+
 def test_a_report_counts_its_backups_and_promotions_per_worker() -> None:
     backup, promoted = (
         _value("gradcode_worker_backup_total", job_id="j", worker="904"),

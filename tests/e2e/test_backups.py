@@ -92,6 +92,7 @@ async def test_backups_on_one_machine_compute_only_once_promoted(tmp_path: Path)
         info, reports = await run_job(cluster.master_address, _spec(cluster))
         _assert_exact(info, reports)
         assert reports[0].backup_workers and all(r.backup_workers for r in reports)
+        assert all(r.start_slack_seconds == 0 for r in reports), "backups on the master's machine are not held"
         assert [_niced_threads(pid) for pid in pids] == [0, 0, 0, 0], "no backup computed at low priority"
         computes = sum(metric_total(port, "gradcode_computes_served_total") for port in ports)
         asked = sum(4 - len(r.backup_workers) + len(r.promoted_workers) for r in reports)

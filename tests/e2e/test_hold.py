@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gradcode.common.gather.primaries import START_SLACK_SECONDS
 from gradcode.v1 import master_pb2
 from tests.e2e.conftest import Cluster, job_spec, metric_total, run_job, start_cluster
 from tests.helpers import fixed_delay, free_port
@@ -80,6 +81,8 @@ async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Pat
         _assert_exact_and_only_pulled_backups_used(info, reports)
         assert all(r.backup_workers for r in reports)
         assert all(r.bytes_sent > 0 and r.bytes_received > 0 for r in reports), "each report counts its bytes"
+        slacks = [r.start_slack_seconds for r in reports]  # the wait each round allowed a worker not yet begun
+        assert all(START_SLACK_SECONDS <= slack < 1.0 for slack in slacks), slacks
         served = sum(metric_total(port, "gradcode_computes_served_total") for port in ports)
         asked = sum(4 - len(r.backup_workers) + len(r.promoted_workers) for r in reports)
         assert served <= asked < 4 * len(reports), (served, asked)  # an unpulled backup never finished a Compute

@@ -217,7 +217,7 @@ class WorkerTiming(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class IterationReport(_message.Message):
-    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity", "backup_workers", "promoted_workers", "unchecked_workers", "bytes_received", "bytes_sent", "child_timings", "late_children")
+    __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity", "backup_workers", "promoted_workers", "unchecked_workers", "bytes_received", "bytes_sent", "child_timings", "late_children", "start_slack_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,7 @@ class IterationReport(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     CHILD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     LATE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    START_SLACK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     iteration: int
     loss: float
@@ -272,7 +273,8 @@ class IterationReport(_message.Message):
     bytes_sent: int
     child_timings: _containers.RepeatedCompositeFieldContainer[WorkerTiming]
     late_children: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., error_bound: _Optional[float] = ..., consistency_checks: _Optional[int] = ..., suspect_workers: _Optional[_Iterable[int]] = ..., integrity: _Optional[str] = ..., backup_workers: _Optional[_Iterable[int]] = ..., promoted_workers: _Optional[_Iterable[int]] = ..., unchecked_workers: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., child_timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., late_children: _Optional[_Iterable[int]] = ...) -> None: ...
+    start_slack_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., loss: _Optional[float] = ..., train_accuracy: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., used_workers: _Optional[_Iterable[int]] = ..., late_workers: _Optional[_Iterable[int]] = ..., failed_workers: _Optional[_Iterable[int]] = ..., timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., exact: _Optional[bool] = ..., verify_error: _Optional[float] = ..., state: _Optional[_Union[JobState, str]] = ..., message: _Optional[str] = ..., error_bound: _Optional[float] = ..., consistency_checks: _Optional[int] = ..., suspect_workers: _Optional[_Iterable[int]] = ..., integrity: _Optional[str] = ..., backup_workers: _Optional[_Iterable[int]] = ..., promoted_workers: _Optional[_Iterable[int]] = ..., unchecked_workers: _Optional[_Iterable[int]] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., child_timings: _Optional[_Iterable[_Union[WorkerTiming, _Mapping]]] = ..., late_children: _Optional[_Iterable[int]] = ..., start_slack_seconds: _Optional[float] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("job_id",)
