@@ -366,7 +366,8 @@ class RoundPolicy:
         self.lateness.observe(
             on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
         )
-        self.start_slack = (it.hedging.start_slack if it.hedging is not None else None) or 0.0
+        held = None if it.hedging is None else it.hedging.start_slack
+        self.start_slack = 0.0 if held is None else held
         if self.primaries is not None:
             spread = None if it.hedging is None else it.hedging.start_spread()
             self.primaries.answered(round_.finished, time.perf_counter() - round_.started, start_spread=spread)
