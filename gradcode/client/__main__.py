@@ -412,12 +412,19 @@ def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
     )
     evaluated = [r.test_accuracy for r in reports if not math.isnan(r.test_accuracy)]
     accuracy = f"test accuracy {evaluated[-1]:.3f}" if evaluated else "no test accuracy"
+    slacks = [r.start_slack_seconds for r in reports if r.start_slack_seconds > 0]
+    held = (
+        f"; held backups waited {statistics.median(slacks) * 1e3:.1f} ms past the expected workers' beginnings "
+        f"(median of {len(slacks)} rounds)"
+        if slacks
+        else ""
+    )
     return (
         f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
         f"final loss {last.loss:.4f}, {accuracy}, "
         f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
         f"; master received/sent {_megabytes(r.bytes_received for r in reports)}/"
-        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median)"
+        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median){held}"
     )
 
 

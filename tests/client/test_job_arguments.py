@@ -65,6 +65,16 @@ def test_the_run_summary_gives_the_masters_bytes_per_iteration() -> None:
     assert _summary("fractional", reports).endswith("; master received/sent 2.5/4.8 MB per iteration (median)")
 
 
+def test_the_run_summary_gives_the_start_slack_of_the_rounds_that_held_backups() -> None:
+    reports = [
+        master_pb2.IterationReport(iteration=t, wall_seconds=0.1, exact=True, start_slack_seconds=slack)
+        for t, slack in enumerate((0.0, 0.003, 0.021, 0.040))
+    ]
+    assert _summary("fractional", reports).endswith(
+        "; held backups waited 21.0 ms past the expected workers' beginnings (median of 3 rounds)"
+    )  # the round that held none does not count
+
+
 def test_uncoded_runs_without_s_and_an_explicit_s_for_it_is_refused() -> None:
     uncoded = _spec_from_args(build_parser().parse_args(["run", "--scheme", "uncoded", "--n", "4"]))
     assert uncoded.code.name == "uncoded"
