@@ -188,10 +188,10 @@ class RoundPolicy:
         self.answer_times = AnswerTimes(StragglerEmulation(plan.spec.straggler))
         """When a silent worker is asked again within the round."""
         self.relay_order = RelayOrder()
+        """Who serves the relayed model (``JobSpec.model_delivery``)."""
         self.start_slack = 0.0
         """The last decoded round's wait for a held backup's expected worker not yet begun (:class:`Hedging`'s
         ``start_slack``, learnt by :meth:`Primaries.start_slack`); 0 when that round held no backups."""
-        """Who serves the relayed model (``JobSpec.model_delivery``)."""
         self._joining: Callable[[int], None] | None = None
         """Asks a worker in the round under way (:meth:`run`) once its reload is done; None between rounds."""
         topology = plan.topology
@@ -366,10 +366,10 @@ class RoundPolicy:
         self.lateness.observe(
             on_time=[workers[w] for w in round_.finished], late=[workers[w] for w in round_.stragglers]
         )
-        held = None if it.hedging is None else it.hedging.start_slack
-        self.start_slack = 0.0 if held is None else held
+        hedging = it.hedging
+        self.start_slack = 0.0 if hedging is None or hedging.start_slack is None else hedging.start_slack
         if self.primaries is not None:
-            spread = None if it.hedging is None else it.hedging.start_spread()
+            spread = None if hedging is None else hedging.start_spread()
             self.primaries.answered(round_.finished, time.perf_counter() - round_.started, start_spread=spread)
         self.answer_times.answered(round_)
         self.relay_order.answered(round_.finished)
