@@ -4,7 +4,7 @@ When a worker runs on its receiver's host (the local cluster, or several workers
 payload that goes through gRPC crosses HTTP/2 framing, loopback TCP and several copies on each side;
 through a file on tmpfs (``/dev/shm``) it costs one copy, into the file: the other side reads it there. The Compute
 call stays the control path: authentication, cancellation, failure detection and the message header
-and trailer (with the CRC-32C of the payload) still travel on it.
+and trailer (with the payload's XXH3-64 checksum) still travel on it.
 
 1. The receiver creates a private directory (:meth:`SharedDirectory.create`, mode 0700) and offers it in
    ``JobSetup.shared_memory`` only to a worker registered with the receiver's own machine id, or with none
@@ -17,7 +17,7 @@ and trailer (with the CRC-32C of the payload) still travel on it.
    ``/dev/shm`` (another host or container, another mount of it, another user) or lies about its machine id
    cannot give it, and everything goes through gRPC, with the reason in the master's worker list.
 3. Each iteration the receiver writes the model into the file ``model``. A ComputeRequest with
-   ``shared_model`` (length and CRC-32C) tells an accepting worker to read it there, and to write
+   ``shared_model`` (length and XXH3-64) tells an accepting worker to read it there, and to write
    each coded message into its file ``message-<worker>-<row>`` and send a GradientChunk with
    ``shared_payload``, header and trailer and no data. A request with an inline model gets inline
    messages, so a receiver never meets a payload it did not ask for.
@@ -29,7 +29,7 @@ and trailer (with the CRC-32C of the payload) still travel on it.
    is announced until the round is over: the model changes only between rounds, a receiver asks a
    worker for shared payloads at most once per round (asked again, perhaps as a restarted process, it
    gets the model inline and answers inline), and a worker writes a message only for the newest
-   iteration it was asked (a stale computation never overwrites it). The CRC-32C in the request and in
+   iteration it was asked (a stale computation never overwrites it). The checksums in the request and in
    the trailer would catch a slot changed before it was checked all the same: it is refused, never
    decoded. A worker still computing when the next model is written (a late one) reads parts of both,
    for an iteration no round takes any more.
@@ -56,10 +56,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import numpy as np
 
-from gradcode.common.transport.wire import FLOAT64, WireError
+from gradcode.common.transport.wire import FLOAT64, WireError, payload_digest
 from gradcode.v1 import worker_pb2
 
 __all__ = [
@@ -207,7 +206,7 @@ class SharedDirectory:
         Call it between rounds only: the workers of a round read it."""
         data = np.ascontiguousarray(params, dtype=FLOAT64)
         self._slots.write(MODEL, data)
-        return worker_pb2.SharedModel(length=data.size, crc32c=google_crc32c.value(data))
+        return worker_pb2.SharedModel(length=data.size, xxh3=payload_digest(data))
 
     def message(self, worker_id: int, row: int, dtype: np.dtype[Any], length: int) -> np.ndarray[Any, Any]:
         """A worker's message in place (a read-only view of its slot, of the announced dtype and length); WireError
@@ -236,18 +235,18 @@ class SharedPeer:
 
     def read_model(self, shared: worker_pb2.SharedModel) -> np.ndarray[Any, Any]:
         """The parameters the receiver wrote, in place (a read-only view of the file), checked against ``shared``'s
-        length and CRC-32C (a call that comes after the receiver moved on to the next round finds another model
+        length and XXH3-64 (a call that comes after the receiver moved on to the next round finds another model
         and is refused).
 
         Not copied: the receiver writes the next model only once the round that sent this one has ended. A
         computation still running then (a late worker) may read parts of both models, but its message is for an
         iteration the receiver has left, and a round takes only its own iteration's chunks."""
         params = self._slots.view(MODEL, FLOAT64, int(shared.length))
-        crc = google_crc32c.value(params)
-        if crc != shared.crc32c:
+        digest = payload_digest(params)
+        if digest != shared.xxh3:
             raise WireError(
-                f"The shared model failed its CRC32C check: the request says {shared.crc32c:#010x}, the file gives "
-                f"{crc:#010x} (the receiver has moved on to a later round)."
+                f"The shared model failed its XXH3-64 check: the request says {shared.xxh3:#018x}, the file gives "
+                f"{digest:#018x} (the receiver has moved on to a later round)."
             )
         return params
 

@@ -7,7 +7,7 @@ per iteration the master writes the model into a shared-memory file, wakes every
 pipe, each worker computes its message from the file (:meth:`GradientCode.encode` over its partitions'
 gradients and statistics, as a gradcode worker does) into its own shared-memory slot and answers with one
 byte, and the master feeds the answers to the code's online decoder, combines the first decodable set and
-steps. No CRC, no finiteness checks, no framing, no event loop, no reports.
+steps. No checksum, no finiteness checks, no framing, no event loop, no reports.
 
 Its time per iteration is the floor any Python design on this machine would pay for the same work: the
 wide benchmark (:mod:`gradcode.bench.wide`) quotes gradcode's time as a multiple of it.

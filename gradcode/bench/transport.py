@@ -33,8 +33,8 @@ calls alternating between gRPC and shared memory, beside the worker's gradient t
 ``x raw`` / ``x loop`` / ``x copy`` = that time / gradcode's transport time (1.0 would be as fast as
 the limit). The ``codec`` columns time, in this process and without any socket, the protobuf/numpy work
 the path does on the same bytes: the master's request encoding, the worker's request decoding, the
-worker's chunking (with CRC32) and serialization, and the master's parsing and reassembly (with CRC32
-check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, its copies, the event
+worker's chunking (with its XXH3-64 checksum) and serialization, and the master's parsing and reassembly (with
+the checksum's check); the rest of the transport time is gRPC (HTTP/2 framing, flow control, its copies, the event
 loops) and the socket.
 
 **Chunk size.** The same Compute measurement at p = 1e6 with the worker's chunk size (its
@@ -95,7 +95,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import google_crc32c
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -129,6 +128,7 @@ from gradcode.common.transport.wire import (
     message_chunk_bytes,
     model_request_bytes,
     parse_chunk,
+    payload_digest,
     row_definition,
 )
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -564,13 +564,12 @@ def codec_times(p: int, repeats: int, chunk_bytes: int | None = None) -> dict[st
             done = assembler.feed(parse_chunk(data)) or done
         return done
 
-    data = message.tobytes()
     return {
         "master_encode_s": median_time(master_encode, repeats),
         "worker_decode_s": median_time(worker_decode, repeats),
         "worker_encode_s": median_time(worker_encode, repeats),
         "master_decode_s": median_time(master_decode, repeats),
-        "crc32c_s": median_time(lambda: google_crc32c.value(data), repeats),
+        "checksum_s": median_time(lambda: payload_digest(message), repeats),
     }
 
 
@@ -798,7 +797,7 @@ async def streaming(sizes: Sequence[int], repeats: int, logs: Path) -> list[dict
         p = int(row["p"])
         nbytes = 16 * p
         codec = codec_times(p, repeats)
-        codec_total = sum(v for k, v in codec.items() if k != "crc32c_s")
+        codec_total = sum(v for k, v in codec.items() if k != "checksum_s")
         rows.append(
             {
                 **row,
@@ -849,7 +848,7 @@ def _where_time_goes(transport: float, raw_grpc: float, loopback: float, codec: 
 
     * ``loopback``: the same bytes over a plain TCP socket (the floor);
     * ``grpc``: what a bare gRPC call adds on top for the same bytes and chunks (HTTP/2, its copies, its loops);
-    * ``codec``: gradcode's protobuf/numpy/CRC work on the path, timed without a socket;
+    * ``codec``: gradcode's protobuf/numpy/checksum work on the path, timed without a socket;
     * ``rest``: what remains (per-message costs of the generated servicer and stubs, the worker's thread
       hop and event loop, allocation of fresh buffers); negative means the parts overlap (pipelining).
     """
@@ -1114,12 +1113,12 @@ def _format_streaming(rows: Sequence[dict[str, Any]]) -> str:
             + f" {r['compute_s'] * 1e3:>9.2f}"
         )
     lines.append("")
-    lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each CRC32C alone)")
+    lines.append("Codec steps, ms: master encode / worker decode / worker encode / master decode (each checksum alone)")
     for r in rows:
         c = r["codec"]
         lines.append(
             f"{r['p']:>9} {c['master_encode_s'] * 1e3:>8.2f} {c['worker_decode_s'] * 1e3:>8.2f}"
-            f" {c['worker_encode_s'] * 1e3:>8.2f} {c['master_decode_s'] * 1e3:>8.2f}   ({c['crc32c_s'] * 1e3:.2f})"
+            f" {c['worker_encode_s'] * 1e3:>8.2f} {c['master_decode_s'] * 1e3:>8.2f}   ({c['checksum_s'] * 1e3:.2f})"
         )
     lines.append("")
     lines.append("Where the transport time goes, ms (% of transport): loopback TCP floor | gRPC's own cost over it")

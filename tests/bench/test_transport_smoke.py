@@ -48,7 +48,7 @@ def test_quick_transport_benchmark_runs_end_to_end(tmp_path: Path, capsys: pytes
             "worker_decode_s",
             "worker_encode_s",
             "master_decode_s",
-            "crc32c_s",
+            "checksum_s",
         }
         assert _positive(row["ingest_s"])
         for name in ("ingest_GBps", "ingest_ratio_loopback"):  # the rest of the message after its first chunk

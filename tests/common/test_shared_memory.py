@@ -95,11 +95,11 @@ def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: Share
     assert np.shares_memory(model, peer.read_model(reference))  # the file itself, not a copy per call
     with pytest.raises(ValueError, match="read-only"):
         model[0] = 0.0  # the receiver's model: a worker cannot write into it
-    wrong_length = worker_pb2.SharedModel(length=1000, crc32c=reference.crc32c)
+    wrong_length = worker_pb2.SharedModel(length=1000, xxh3=reference.xxh3)
     with pytest.raises(WireError, match="has 8008 bytes; 8000 were announced"):
         peer.read_model(wrong_length)
     shared.write_model(params + 1)  # the receiver moved on: a late call of the earlier round is refused
-    with pytest.raises(WireError, match="failed its CRC32C check"):
+    with pytest.raises(WireError, match="failed its XXH3-64 check"):
         peer.read_model(reference)
     np.testing.assert_array_equal(model, params + 1)  # a computation still running sees the next model
 
@@ -182,8 +182,8 @@ def test_shared_payloads_are_refused_where_not_asked_for_missing_or_corrupt(shar
     mixed.data = b"\0" * 8
     with pytest.raises(WireError, match="mixes a shared-memory payload with inline data"):
         _assembler(shared).feed(mixed)
-    peer.write_message(1, 5, np.arange(100.0) + 1)  # the slot no longer holds what the trailer's CRC says
-    with pytest.raises(WireError, match="failed its CRC32C check"):
+    peer.write_message(1, 5, np.arange(100.0) + 1)  # the slot no longer holds what the trailer's checksum says
+    with pytest.raises(WireError, match="failed its XXH3-64 check"):
         _assembler(shared).feed(chunk)
     other_row = worker_pb2.GradientChunk()
     other_row.CopyFrom(chunk)

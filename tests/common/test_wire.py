@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-import google_crc32c
 import grpc
 import numpy as np
 import pytest
+import xxhash
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,6 +32,7 @@ from gradcode.common.transport.wire import (
     message_chunks,
     model_request_bytes,
     parse_chunk,
+    payload_digest,
     serialize_chunk,
     serialized_size,
     struct_from_dict,
@@ -106,7 +107,7 @@ def test_corruption_and_gaps_are_detected() -> None:
         asm.feed(chunks[2])
     chunks[3].data = bytes(len(chunks[3].data))
     asm = _assembler()
-    with pytest.raises(WireError, match="CRC32"):
+    with pytest.raises(WireError, match="XXH3-64"):
         for c in chunks:
             asm.feed(c)
 
@@ -189,7 +190,7 @@ def test_absurd_tensor_shapes_get_a_precise_error() -> None:
         array_from_tensor(t)
 
 
-# ---- the copy-light gradient path: serialized chunks, parse_chunk views, CRC-32C -------------------------------
+# ---- the copy-light gradient path: serialized chunks, parse_chunk views, checksum -------------------------------
 
 
 def _bytes_chunks(vec: np.ndarray, row: int = 5, **kw: object) -> list[bytes]:
@@ -229,7 +230,7 @@ def test_serialized_chunks_parse_like_protobuf_and_reassemble(
     np.testing.assert_array_equal(done.vector, vec)
     assert done.compute_seconds == compute and done.approximate == approximate
     trailer = worker_pb2.GradientChunk.FromString(raw[-1]).trailer
-    assert trailer.crc32c == google_crc32c.value(vec.astype("<f8").tobytes())
+    assert trailer.xxh3 == xxhash.xxh3_64_intdigest(vec.astype("<f8").tobytes())
 
 
 def test_parse_chunk_accepts_any_field_order_and_keeps_the_last_data() -> None:
@@ -259,20 +260,36 @@ def test_serialize_chunk_passes_bytes_through() -> None:
     assert worker_pb2.GradientChunk.FromString(serialize_chunk(message)) == message
 
 
-def test_a_bad_or_missing_crc32c_is_refused_precisely() -> None:
+def test_a_bad_or_missing_checksum_is_refused_precisely() -> None:
     chunks = _chunks(np.arange(1000.0))
-    chunks[-1].trailer.crc32c ^= 1
+    chunks[-1].trailer.xxh3 ^= 1
     asm = _assembler()
     with pytest.raises(
-        WireError, match=r"Row 5 from worker 1, job 'j', iteration 3 failed its CRC32C check: the trailer"
+        WireError, match=r"Row 5 from worker 1, job 'j', iteration 3 failed its XXH3-64 check: the trailer"
     ):
         for c in chunks:
             asm.feed(c)
-    chunks[-1].trailer.ClearField("crc32c")  # what a sender from before CRC-32C looks like (field 1 is gone)
+    chunks[-1].trailer.ClearField("xxh3")  # what a sender from before XXH3-64 looks like (field 5 is gone)
     asm = _assembler()
-    with pytest.raises(WireError, match=r"has no CRC32C checksum in its trailer \(field crc32c\)"):
+    with pytest.raises(WireError, match=r"has no XXH3-64 checksum in its trailer \(field xxh3\)"):
         for c in chunks:
             asm.feed(c)
+
+
+def test_each_row_is_checksummed_from_its_own_first_byte() -> None:
+    """The digest streams over a row's chunks and starts afresh with the next row: a second row (and a row after a
+    first that ended in a bad trailer on another assembler) is checked against its own bytes only."""
+    rng = np.random.default_rng(7)
+    first, second = rng.standard_normal(1000), rng.standard_normal(1000)
+    asm = _assembler()
+    done = [asm.feed(c) for c in _chunks(first, row=5) + _chunks(second, row=6)]
+    messages = [d for d in done if d is not None]
+    assert [m.row for m in messages] == [5, 6] and asm.complete
+    np.testing.assert_array_equal(messages[1].vector, second)
+    # The second row's trailer carries the digest of its bytes alone, as the library computes it in one call.
+    assert (
+        _chunks(second, row=6)[-1].trailer.xxh3 == payload_digest(second) == xxhash.xxh3_64_intdigest(second.tobytes())
+    )
 
 
 def test_a_chunk_with_data_is_its_fields_and_a_view_of_the_payload_never_a_copy() -> None:
@@ -411,12 +428,12 @@ def test_a_payload_received_in_place_is_checked_as_a_copied_one() -> None:
     got = [placed.feed(r) for r in received][-1]
     assert want is not None and got is not None
     assert np.array_equal(got.vector, vec) and got.norm == want.norm and got.compute_seconds == 0.5
-    # A payload that arrived damaged fails the CRC as it would have copied.
+    # A payload that arrived damaged fails the checksum as it would have copied.
     damaged = _assembler()
     received = _placed(damaged, chunks)
     assert received[1] is not None
     received[1].data[3] ^= 0xFF
-    with pytest.raises(WireError, match="failed its CRC32C check"):
+    with pytest.raises(WireError, match="failed its XXH3-64 check"):
         for r in received:
             damaged.feed(r)
 

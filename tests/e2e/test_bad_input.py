@@ -258,7 +258,7 @@ def _other_worker(c: worker_pb2.GradientChunk) -> None:
 
 def _corrupt(c: worker_pb2.GradientChunk) -> None:
     if c.HasField("trailer"):
-        c.trailer.crc32c ^= 1
+        c.trailer.xxh3 ^= 1
 
 
 def _unrequested_row(c: worker_pb2.GradientChunk) -> None:
@@ -274,7 +274,7 @@ BAD_CHUNKS = [
     ("unknown job", _other_job, 0, "Chunk for job 'someone-elses-job' arrived on the stream of worker 0"),
     ("wrong gradient length", _untouched, 1, "has 653 elements; the gradient has 652"),  # 650 params + 2 statistics
     ("unknown worker id", _other_worker, 0, "Chunk claims worker 9 on the stream of worker 0"),
-    ("failed checksum", _corrupt, 0, "failed its CRC32C check"),
+    ("failed checksum", _corrupt, 0, "failed its XXH3-64 check"),
     ("row not asked for", _unrequested_row, 0, "Row 5 was not requested"),
 ]
 

@@ -1,7 +1,7 @@
 """A worker sending well-formed wrong gradients, caught by the code's own redundancy (issue 10), without verify mode.
 
 A real master and five real worker processes, plus one hostile worker (in this process, on loopback)
-that answers every Compute with CRC-valid chunks of 1e3 everywhere (cyclic, n = 6). Under ``detect``
+that answers every Compute with checksum-valid chunks of 1e3 everywhere (cyclic, n = 6). Under ``detect``
 (s = 2) the affected iterations are labelled (not exact) and the worker named; under ``locate`` (s = 3:
 three relations, so no two other workers colluding could have framed it) the job ends exactly like an
 honest (centralized) run and the worker is quarantined.
@@ -41,7 +41,7 @@ async def _with_hostile(
     cluster: Cluster, mangle: Callable[[worker_pb2.GradientChunk], None] = lambda chunk: None
 ) -> tuple[HostileWorker, ServingHandle, list[int]]:
     """Start and register the hostile worker; the job's six pool ids with it at HOSTILE_INDEX."""
-    hostile = HostileWorker(mangle, value=1e3)  # well-formed, CRC-valid messages of 1e3s
+    hostile = HostileWorker(mangle, value=1e3)  # well-formed, checksum-valid messages of 1e3s
     handle = await start_server(
         "127.0.0.1",
         0,

@@ -2,7 +2,7 @@
 it when the evidence singles it out under the fault model.
 
 A real master, real worker processes and one hostile leaf (in this process, on loopback) that answers every
-Compute with well-formed, CRC-valid messages of 1e3 everywhere. Worker index ``w`` is tree node ``w + 1``
+Compute with well-formed, checksum-valid messages of 1e3 everywhere. Worker index ``w`` is tree node ``w + 1``
 (breadth first): ``0 .. n-1`` the first layer, ``n .. 2n-1`` the children of node 0 (the hostile leaf is the
 second of them). Under ``locate`` the parent checks its children, singles the leaf out, decodes without it
 and names it in its trailer; the master names the leaf, never the parent, which stays UP, and the job ends at

@@ -2,7 +2,7 @@
 
 The gather runs over in-process streams of real chunks (the gRPC path is covered end to end in
 ``tests/e2e/test_integrity.py``); messages are formed by the code's own ``encode`` from partial
-gradients, and a wrong worker sends well-formed, CRC-valid chunks of wrong values.
+gradients, and a wrong worker sends well-formed, checksum-valid chunks of wrong values.
 """
 
 from __future__ import annotations

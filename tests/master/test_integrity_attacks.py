@@ -1,7 +1,7 @@
 """Issue 24: one lying worker against ``detect`` and ``locate``, in process, on the real Round/IntegrityPolicy path.
 
 Every worker's messages are formed by the code's own ``encode`` from partial gradients and sent as real,
-CRC-valid chunks; the liar sends well-formed wrong values of one shape (scaled, sign flip, zero, random,
+checksum-valid chunks; the liar sends well-formed wrong values of one shape (scaled, sign flip, zero, random,
 a stale copy of another row, or a perturbation swept through the check's threshold). The property: no decode
 is reported exact with a true error above the tolerance, and nobody honest is quarantined, even when two
 workers collude.

@@ -1,7 +1,7 @@
 """Issue 24: a tree parent checks its own children (the same Round and IntegrityPolicy as the master).
 
 Real worker servers on loopback: a parent over three children (cyclic n = 3, s = 2: every child holds every
-partition, two relations), one of them a hostile worker sending well-formed, CRC-valid wrong values. Before,
+partition, two relations), one of them a hostile worker sending well-formed, checksum-valid wrong values. Before,
 parents ran no checks: the lie went up inside the parent's message, and the master blamed the parent.
 """
 

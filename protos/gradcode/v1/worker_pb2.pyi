@@ -239,12 +239,12 @@ class RelayedModel(_message.Message):
     def __init__(self, address: _Optional[str] = ..., bearer: _Optional[str] = ..., length: _Optional[int] = ..., blake2b: _Optional[bytes] = ..., hops: _Optional[int] = ...) -> None: ...
 
 class SharedModel(_message.Message):
-    __slots__ = ("length", "crc32c")
+    __slots__ = ("length", "xxh3")
     LENGTH_FIELD_NUMBER: _ClassVar[int]
-    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     length: int
-    crc32c: int
-    def __init__(self, length: _Optional[int] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    xxh3: int
+    def __init__(self, length: _Optional[int] = ..., xxh3: _Optional[int] = ...) -> None: ...
 
 class MessageHeader(_message.Message):
     __slots__ = ("dtype", "length")
@@ -255,8 +255,8 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("crc32c", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined", "children_timings", "children_late")
-    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("xxh3", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined", "children_timings", "children_late")
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
@@ -267,7 +267,7 @@ class MessageTrailer(_message.Message):
     CHILDREN_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_LATE_FIELD_NUMBER: _ClassVar[int]
-    crc32c: int
+    xxh3: int
     compute_seconds: float
     straggle_seconds: float
     approximate: bool
@@ -278,7 +278,7 @@ class MessageTrailer(_message.Message):
     children_quarantined: _containers.RepeatedScalarFieldContainer[int]
     children_timings: _containers.RepeatedCompositeFieldContainer[ChildTiming]
     children_late: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, crc32c: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ..., children_timings: _Optional[_Iterable[_Union[ChildTiming, _Mapping]]] = ..., children_late: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, xxh3: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ..., children_timings: _Optional[_Iterable[_Union[ChildTiming, _Mapping]]] = ..., children_late: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChildTiming(_message.Message):
     __slots__ = ("worker_id", "seconds")
