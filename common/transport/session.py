@@ -372,7 +372,9 @@ class Session:
     async def _write(self) -> None:
         while True:
             compute, data, job_id = await self._outbox.get()
-            if compute is not None and compute.ended:
+            ended = compute is not None and compute.ended
+            del compute  # waiting for the next, the writer holds no request (nor the round its callbacks lead to)
+            if ended:
                 continue  # cancelled before its turn: not sent at all
             try:
                 await self._call.write(data)

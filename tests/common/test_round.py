@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import gc
 import struct
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
@@ -867,3 +869,27 @@ async def test_with_a_start_slack_a_worker_beginning_within_it_is_waited_for_and
 
 def test_a_hedging_whose_gather_never_began_reports_no_start_spread() -> None:
     assert Hedging(start_slack=0.04).start_spread() is None
+
+
+async def test_a_finished_gather_is_freed_by_reference_counting_not_left_to_the_cyclic_collector() -> None:
+    """A gather's streams call back into it, its sources and strategies lead back to it: once it is over it lets go
+    of them, so the whole gather goes when its last reference does. Left to the cyclic collector, every iteration's
+    gathers were about 1000 objects at n = 16 and the collections 6 % of the master's CPU."""
+    gc.disable()
+    try:
+        hedging = Hedging(promote_after=10.0)
+        six = _binary_six_expecting_0_2_4(5, hedging)
+        await six.clock.settle()  # the gather has begun: its sources are asked, the hedging holds it
+        gathering = weakref.ref(hedging.gathering)
+        for w in (0, 2, 4):
+            six.wires[w].answer(six.messages[w], worker_id=w, row=w)
+        async with asyncio.timeout(5.0):
+            await six.gather
+        assert six.round.decodable and six.round.late == [1, 3, 5]
+        for session in six.sessions:
+            session.close()
+        await six.clock.settle()  # the late backups' streams are cancelled and end
+        del six, hedging
+        assert gathering() is None
+    finally:
+        gc.enable()
