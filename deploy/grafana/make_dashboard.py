@@ -26,6 +26,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
                 f"histogram_quantile(0.5, sum by (le) (rate(gradcode_first_decodable_seconds_bucket[{RATE}])))",
             ),
             ("decode p50", f"histogram_quantile(0.5, sum by (le) (rate(gradcode_decode_seconds_bucket[{RATE}])))"),
+            # What a round that held backups waited past its expected workers' beginnings before pulling them.
+            ("held backups' start slack", "gradcode_start_slack_seconds"),
         ],
     ),
     (
