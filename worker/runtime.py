@@ -205,7 +205,7 @@ class JobRuntime:
     """Wall seconds this job's last own message took to compute (inf before the first): what decides whether the
     next one runs inline (:data:`INLINE_MESSAGE_SECONDS`)."""
     partition_seconds: float = math.inf
-    """Wall seconds of the longest partial gradient of this job's last own message (inf before the first): whether
+    """CPU seconds of the longest partial gradient of this job's last own message (inf before the first): whether
     the next message is computed on the loop a partition at a time (:data:`INLINE_PARTITION_SECONDS`)."""
     promotions: dict[int, Cancellation] = field(default_factory=dict)
     """By iteration, set when the receiver promotes this worker's backup computation of it."""
