@@ -201,6 +201,8 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         for i, system in enumerate(SYSTEMS):
             xs = [x + (i - 1) * width for x in range(len(rows))]
             ax.bar(xs, [row[system]["overhead_s"] * 1e3 for row in rows], width, label=labels[system])
+        highest = max(row[system]["overhead_s"] for row in rows for system in SYSTEMS)
+        ax.set_ylim(0, 1.45e3 * max(highest, result["target_s"]))  # room above the bars for the legend
         target = f"target at n = {result['n']}: 5 ms + one transfer"
         ax.axhline(result["target_s"] * 1e3, color="black", linestyle="--", label=target)
         ax.set_xticks(range(len(rows)), [f"{row['name']} (n = {row['n']})" for row in rows])
