@@ -241,6 +241,11 @@ class SharedPeer:
         Not copied: the receiver writes the next model only once the round that sent this one has ended. A
         computation still running then (a late worker) may read parts of both models, but its message is for an
         iteration the receiver has left, and a round takes only its own iteration's chunks."""
+        if not shared.HasField("xxh3"):
+            raise WireError(
+                "The shared model has no XXH3-64 checksum (field xxh3): the receiver is from before XXH3-64 replaced "
+                "CRC-32C; run the same gradcode version on both sides."
+            )
         params = self._slots.view(MODEL, FLOAT64, int(shared.length))
         digest = payload_digest(params)
         if digest != shared.xxh3:

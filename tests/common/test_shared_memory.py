@@ -102,13 +102,16 @@ def test_a_model_written_once_is_read_back_bit_for_bit_and_checked(shared: Share
     with pytest.raises(WireError, match="failed its XXH3-64 check"):
         peer.read_model(reference)
     np.testing.assert_array_equal(model, params + 1)  # a computation still running sees the next model
+    older = worker_pb2.SharedModel(length=1001)  # what a receiver from before XXH3-64 sends (field 2 is gone)
+    with pytest.raises(WireError, match=r"has no XXH3-64 checksum \(field xxh3\).*same gradcode version"):
+        peer.read_model(older)
 
 
 def test_a_new_directory_has_no_model_yet(shared: SharedDirectory) -> None:
     peer = accept(_offer(shared), 1)
     assert peer is not None
     with pytest.raises(WireError, match="model is not in the shared-memory directory"):
-        peer.read_model(worker_pb2.SharedModel(length=3))
+        peer.read_model(worker_pb2.SharedModel(length=3, xxh3=0))
 
 
 def _peer(shared: SharedDirectory) -> SharedPeer:
