@@ -607,7 +607,7 @@ def payload_digest(data: Array) -> int:
     peer that chose its bytes: that is what :func:`model_digest` and the integrity checks are for. Not CRC-32C any
     more: on a message just written by another process (cold in this core's caches) CRC-32C read 0.8 MB at about
     11 GB/s here, XXH3 at twice that."""
-    return int(xxhash.xxh3_64_intdigest(np.ascontiguousarray(data).data))
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(data).data)
 
 
 MODEL_DIGEST_BYTES = 32
