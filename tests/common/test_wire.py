@@ -277,8 +277,8 @@ def test_a_bad_or_missing_checksum_is_refused_precisely() -> None:
 
 
 def test_each_row_is_checksummed_from_its_own_first_byte() -> None:
-    """The digest streams over a row's chunks and starts afresh with the next row: a second row (and a row after a
-    first that ended in a bad trailer on another assembler) is checked against its own bytes only."""
+    """The digest streams over a row's chunks and starts afresh with the next row: the second row of one stream is
+    checked against its own bytes only."""
     rng = np.random.default_rng(7)
     first, second = rng.standard_normal(1000), rng.standard_normal(1000)
     asm = _assembler()
