@@ -19,6 +19,7 @@
     gradcode bench cluster-plan        heterogeneous emulated hosts (root): gradcode plan's pick, measured
     gradcode bench papers [--quick]    the papers' timing results beside gradcode's simulation of its own codes
     gradcode bench primaries [--quick] how long a round takes to choose the workers it expects, n = 16 to 2000
+    gradcode bench versus COMMIT       this checkout's master CPU on bench wide's job against a commit's, interleaved
     gradcode workers remove ID         remove a worker from the master's pool
     gradcode certs --host H ...        make a CA and TLS certificates for a cluster
 
@@ -867,6 +868,7 @@ BENCHMARKS = {
     "primaries": "gradcode.bench.primaries",
     "training": "gradcode.bench.training",
     "transport": "gradcode.bench.transport",
+    "versus": "gradcode.bench.versus",
     "wide": "gradcode.bench.wide",
 }
 """``gradcode bench NAME ARGS``: runs ``python -m MODULE ARGS``."""
