@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import xxhash
-from google.protobuf.message import DecodeError
+from google.protobuf import struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.message import DecodeError, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +35,7 @@ from gradcode.common.transport.wire import (
     message_chunk_bytes,
     message_chunk_pieces,
     message_chunks,
+    message_to_dict,
     model_request_bytes,
     parse_chunk,
     payload_digest,
@@ -38,7 +44,7 @@ from gradcode.common.transport.wire import (
     struct_from_dict,
     tensor_from_array,
 )
-from gradcode.v1 import common_pb2, worker_pb2
+from gradcode.v1 import common_pb2, master_pb2, worker_pb2
 
 
 def _assembler(**overrides: object) -> MessageAssembler:
@@ -328,11 +334,6 @@ def test_model_request_bytes_equal_protobufs_serialization(params: np.ndarray) -
 def test_message_to_dict_keeps_integers_as_numbers() -> None:
     """protobuf's JSON mapping writes 64-bit ints as strings and Struct numbers as doubles; history
     files and saved specs keep their own types, and ParseDict reads them back unchanged."""
-    from google.protobuf.json_format import ParseDict
-
-    from gradcode.common.transport.wire import message_to_dict
-    from gradcode.v1 import common_pb2, master_pb2
-
     spec = master_pb2.JobSpec(
         job_id="j", iterations=5, seed=2**40,
         code=common_pb2.CodeSpec(name="cyclic", params=struct_from_dict({"n": 8, "s": 2, "rate": 0.5, "ws": [1, 2]})),
@@ -503,3 +504,126 @@ def test_a_trailer_naming_only_its_own_subtree_is_accepted() -> None:
     claim = Subtree(lost=(5,), singled_out=(4,), quarantined=(4,), timings=((5, 0.1),), late=(4,))
     done = [asm.feed(c) for c in _chunks(np.arange(1000.0), subtree=claim)][-1]
     assert done is not None and done.subtree == claim
+
+
+def _library_mapping(message: Message) -> Any:
+    """What message_to_dict promises, from protobuf's own JSON mapping: ``MessageToDict`` (every field, proto
+    names), then 64-bit integers back to numbers and integral Struct numbers to ints: the reference its plan of
+    converters is held to."""
+    as_dict = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _own_numbers(message, as_dict)
+
+
+def _own_numbers(message: Message, as_dict: Any) -> Any:
+    def integral(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, list):
+            return [integral(x) for x in v]
+        return {k: integral(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    if isinstance(message, struct_pb2.Struct):
+        return integral(as_dict)
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in as_dict:
+            continue
+        value = getattr(message, field.name)
+        if field.type in _INT64:
+            as_dict[field.name] = [int(v) for v in value] if field.is_repeated else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.is_repeated:
+                as_dict[field.name] = [_own_numbers(m, d) for m, d in zip(value, as_dict[field.name], strict=True)]
+            else:
+                as_dict[field.name] = _own_numbers(value, as_dict[field.name])
+    return as_dict
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}  # fmt: skip
+_DOUBLES = (0.25, math.nan, math.inf, -math.inf, 2.0, -0.0)
+
+
+def _scalar(field: FieldDescriptor, variant: int) -> Any:
+    kind = field.type
+    if kind == FieldDescriptor.TYPE_DOUBLE:
+        return _DOUBLES[variant % len(_DOUBLES)]
+    if kind == FieldDescriptor.TYPE_ENUM:
+        numbers = [v.number for v in field.enum_type.values]
+        return 99 if variant % 3 == 2 else numbers[-1 - variant % len(numbers)]  # 99: a number it does not know
+    if kind == FieldDescriptor.TYPE_BOOL:
+        return variant % 2 == 0
+    if kind == FieldDescriptor.TYPE_STRING:
+        return f"é {variant}"
+    if kind == FieldDescriptor.TYPE_BYTES:
+        return bytes([0, 255, variant % 256]) + b" ab"
+    if kind in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
+        return 2**63 + 5 + variant
+    if kind in _INT64:
+        return -(2**40) - variant
+    if kind in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32):
+        return 7 + variant
+    return -7 - variant
+
+
+def _filled(message: Message, variant: int, depth: int = 0) -> Message:
+    """Every field of ``message`` set (one member of each oneof), nested messages to depth 3, values by ``variant``:
+    NaN and infinities, an enum number the schema does not name, 64-bit extremes, bytes, maps, Structs."""
+    for i, field in enumerate(message.DESCRIPTOR.fields):
+        oneof = field.containing_oneof
+        if oneof is not None and oneof.fields[variant % len(oneof.fields)] is not field:
+            continue
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            value_field = entry.fields_by_name["value"]
+            target = getattr(message, field.name)
+            for k in ("a", "b"):
+                if value_field.message_type is None:
+                    target[k] = _scalar(value_field, variant + i)
+                else:
+                    _filled(target[k], variant, depth + 1)
+        elif entry is not None and entry.full_name == "google.protobuf.Struct":
+            getattr(message, field.name).update({"n": 8, "rate": 0.5, "ws": [1, 2.5], "on": True, "name": "x"})
+        elif entry is not None:
+            if field.is_repeated:
+                for _ in range(2 if depth < 3 else 0):
+                    _filled(getattr(message, field.name).add(), variant + 1, depth + 1)
+            elif depth < 3:
+                _filled(getattr(message, field.name), variant + i, depth + 1)
+            else:
+                getattr(message, field.name).SetInParent()
+        elif field.is_repeated:
+            getattr(message, field.name).extend([_scalar(field, variant + i), _scalar(field, variant + i + 1)])
+        else:
+            setattr(message, field.name, _scalar(field, variant + i))
+    return message
+
+
+_EVERY_MESSAGE = [
+    cls
+    for module in (common_pb2, master_pb2, worker_pb2)
+    for name in module.DESCRIPTOR.message_types_by_name
+    for cls in [getattr(module, name)]
+]
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("cls", _EVERY_MESSAGE, ids=lambda cls: cls.DESCRIPTOR.name)
+def test_message_to_dict_is_protobufs_json_mapping_with_numbers_kept(cls: Any, variant: int) -> None:
+    """Every message of the wire contract, empty and with every field set (NaN, infinities, -0.0, unknown enum
+    numbers, 64-bit extremes, bytes, maps, Structs, nested and repeated messages): the plan of converters gives what
+    protobuf's ``MessageToDict`` gives (64-bit integers and integral Struct numbers as numbers), and ParseDict reads
+    it back to the same message."""
+    for message in (cls(), _filled(cls(), variant)):
+        got = message_to_dict(message)
+        assert got == _library_mapping(message)
+        assert json.loads(json.dumps(got)) == got or _has_nan_or_negative_zero(got)
+        back = ParseDict(got, cls())
+        assert back.SerializeToString(deterministic=True) == message.SerializeToString(deterministic=True)
+
+
+def _has_nan_or_negative_zero(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_nan_or_negative_zero(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_nan_or_negative_zero(v) for v in value)
+    return isinstance(value, float) and (math.isnan(value) or (value == 0 and math.copysign(1, value) < 0))
