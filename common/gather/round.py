@@ -462,10 +462,11 @@ class GatherStrategy:
 
     :meth:`Round.gather` calls these hooks from its loop, in its own task: :meth:`begin` once its sources are
     asked, :meth:`joined` for a source that joins later (:meth:`Round.join`), :meth:`tick` at each turn of the
-    loop that is about to wait (the items that came together are taken first), :meth:`ended` when a worker's stream ended (``failure`` None: it delivered every row), :meth:`wake_at`
-    for when the strategy wants a turn although nothing arrived, and :meth:`enough` whether a decodable round may
-    stop (asked after each new message once decodable; every strategy must agree). A strategy acts through the
-    :class:`Gathering` it was given (:meth:`Gathering.promote`, :meth:`Gathering.reopen`).
+    loop that is about to wait (the items that came together are taken first), :meth:`ended` when a worker's
+    stream ended (``failure`` None: it delivered every row), :meth:`wake_at` for when the strategy wants a turn
+    although nothing arrived, and :meth:`enough` whether a decodable round may stop (asked after each new message
+    once decodable; every strategy must agree). A strategy acts through the :class:`Gathering` it was given
+    (:meth:`Gathering.promote`, :meth:`Gathering.reopen`).
     """
 
     def begin(self, gathering: Gathering) -> None:
