@@ -352,9 +352,12 @@ class LinkStream:
             except LinkClosedError as exc:
                 raise self._unavailable(exc) from None
             if isinstance(frame, PlacedFrame):
-                yield ReceivedChunk(meta=frame.head, data=frame.payload, placed=True, nbytes=frame.size)
+                chunk = ReceivedChunk(meta=frame.head, data=frame.payload, placed=True, nbytes=frame.size)
             else:
-                yield parse_chunk(frame)
+                chunk = parse_chunk(frame)
+            del frame  # neither is held while the next frame is awaited: a placed chunk is a view of its message
+            yield chunk
+            del chunk
 
     def cancel(self) -> bool:
         self.protocol.close()

@@ -388,34 +388,8 @@ class Session:
     async def _read(self) -> None:
         try:
             async for chunk in self._call:
-                compute = self._computes.get(chunk.meta.request_id)
-                self._count(chunk, compute)
-                if compute is None:  # the rest of a cancelled request
-                    if chunk.meta.HasField("status"):
-                        self._late_status(chunk.meta.request_id, chunk.meta.status)
-                    continue
-                if chunk.meta.started:  # news of the computation, not part of a message
-                    compute.started = True
-                    if compute.on_started is not None:
-                        compute.on_started()
-                    continue
-                if chunk.meta.ready:  # a held backup's messages wait to be pulled
-                    compute.ready = True
-                    if compute.on_ready is not None:
-                        compute.on_ready()
-                    continue
-                if not chunk.meta.HasField("status"):
-                    compute._deliver(chunk)
-                    continue
-                del self._computes[chunk.meta.request_id]
-                status = chunk.meta.status
-                if status.code == 0:
-                    if chunk.meta.HasField("header") or chunk.meta.HasField("trailer"):
-                        compute._deliver(chunk)  # the last message's last chunk carries the status
-                    compute._deliver(_END)
-                else:
-                    self._tell_lost(compute.job_id, status)
-                    compute._deliver(CallError.from_status(status))
+                self._take(chunk)
+                del chunk  # not held while the next is awaited: a chunk placed in its message is a view of it
             self._break(CallError(grpc.StatusCode.UNAVAILABLE, "the worker closed the session"))
         except (grpc.aio.AioRpcError, CallError) as exc:
             self._break(exc)
@@ -425,6 +399,37 @@ class Session:
         except Exception as exc:  # a malformed chunk: nothing on this stream can be trusted any more
             self._break(exc)
             self._call.cancel()
+
+    def _take(self, chunk: ReceivedChunk) -> None:
+        """One chunk from the worker: to its request, as news of it, or as its end."""
+        compute = self._computes.get(chunk.meta.request_id)
+        self._count(chunk, compute)
+        if compute is None:  # the rest of a cancelled request
+            if chunk.meta.HasField("status"):
+                self._late_status(chunk.meta.request_id, chunk.meta.status)
+            return
+        if chunk.meta.started:  # news of the computation, not part of a message
+            compute.started = True
+            if compute.on_started is not None:
+                compute.on_started()
+            return
+        if chunk.meta.ready:  # a held backup's messages wait to be pulled
+            compute.ready = True
+            if compute.on_ready is not None:
+                compute.on_ready()
+            return
+        if not chunk.meta.HasField("status"):
+            compute._deliver(chunk)
+            return
+        del self._computes[chunk.meta.request_id]
+        status = chunk.meta.status
+        if status.code == 0:
+            if chunk.meta.HasField("header") or chunk.meta.HasField("trailer"):
+                compute._deliver(chunk)  # the last message's last chunk carries the status
+            compute._deliver(_END)
+        else:
+            self._tell_lost(compute.job_id, status)
+            compute._deliver(CallError.from_status(status))
 
     def _count(self, chunk: ReceivedChunk, compute: SessionCompute | None) -> None:
         """Count a chunk's bytes for its request's job (a cancelled request's too, while remembered)."""
