@@ -742,7 +742,7 @@ class Gathering:
         try:
             while self.pending and not self._done():
                 now = self.now()
-                if self.idle:  # before a wait; not between the items that came together (n = 16: 31 turns -> about 5)
+                if self.idle:  # before a wait, not between the items that came together (n = 16: 31 ticks -> 2.4)
                     for strategy in self.strategies:
                         strategy.tick(now)
                 if deadline is not None and now >= deadline:
