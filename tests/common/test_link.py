@@ -4,6 +4,7 @@ Session over it against the same Session over gRPC, on a real worker node."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import weakref
 from collections.abc import AsyncIterator
@@ -266,18 +267,25 @@ async def test_a_session_over_a_link_answers_exactly_what_it_answers_over_grpc()
             over_grpc.close()
 
 
-async def test_large_payloads_are_received_straight_into_the_message_exactly() -> None:
-    """Chunks larger than the staging buffer land in the message's own buffer (no copy on the master), and the
-    message equals the same Compute's over the gRPC Session, bit for bit."""
-    p = 300_001  # a 2.4 MB message: chunks of 1 MiB and more
+@contextlib.asynccontextmanager
+async def _linear_job_on_a_worker(p: int) -> AsyncIterator[tuple[str, grpc.aio.Channel, Session]]:
+    """A worker process's node holding a linear job of ``p`` parameters: the job's id, a channel to the node and a
+    Session over a link to it (linear regression: its messages are as long as the model)."""
     async with (
-        asyncio.timeout(TIMEOUT),
         WorkerNode(grace=0.2) as node,
         Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
     ):
         job_id, chunks = _linear_job(p)
         await worker_pb2_grpc.WorkerStub(channel).LoadJob(chunks)  # type: ignore[no-untyped-call]
-        linked, grpc_session = Session(await open_link(channel, node.address, Security(), 5.0)), Session.on(channel)
+        yield job_id, channel, Session(await open_link(channel, node.address, Security(), 5.0))
+
+
+async def test_large_payloads_are_received_straight_into_the_message_exactly() -> None:
+    """Chunks larger than the staging buffer land in the message's own buffer (no copy on the master), and the
+    message equals the same Compute's over the gRPC Session, bit for bit."""
+    p = 300_001  # a 2.4 MB message: chunks of 1 MiB and more
+    async with asyncio.timeout(TIMEOUT), _linear_job_on_a_worker(p) as (job_id, channel, linked):
+        grpc_session = Session.on(channel)
         try:
             for iteration in (1, 2, 3):
                 params = np.random.default_rng(iteration).standard_normal(p)
@@ -392,14 +400,7 @@ async def test_a_received_message_is_not_kept_alive_by_the_link_once_its_reader_
     next one. Held, every session pinned its last message until the next iteration's first chunk: the master kept
     two iterations of messages alive (n = 100 workers, p = 1e7: 8 GB more)."""
     p = 300_001
-    async with (
-        asyncio.timeout(TIMEOUT),
-        WorkerNode(grace=0.2) as node,
-        Security().channel(node.address, options=CHANNEL_OPTIONS) as channel,
-    ):
-        job_id, chunks = _linear_job(p)
-        await worker_pb2_grpc.WorkerStub(channel).LoadJob(chunks)  # type: ignore[no-untyped-call]
-        session = Session(await open_link(channel, node.address, Security(), 5.0))
+    async with asyncio.timeout(TIMEOUT), _linear_job_on_a_worker(p) as (job_id, _, session):
         try:
             head = worker_pb2.ComputeRequest(job_id=job_id, iteration=1, worker_id=0, rows=[0])
             assembler = MessageAssembler(job_id=job_id, iteration=1, worker_id=0, rows=(0,), length=p)
