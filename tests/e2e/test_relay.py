@@ -115,6 +115,38 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
     assert all(seed not in r.used_workers for r in reports[4:])
 
 
+async def test_the_seed_and_another_worker_killed_at_once_leave_more_failures_than_s_which_inline_copies_cover(
+    tmp_path: Path,
+) -> None:
+    """Fractional, n = 6, s = 2, the model relayed: the seed (worker 0, every worker but it straggles) and worker 5
+    are killed together on iteration 2's report. A round after it sees the two killed and the seed's fetchers fail,
+    their relayed model gone with it: more failures than s in two of four runs here (which fetchers the seed serves
+    depends on who answered first). The chaos benchmark's one failed job on 2026-11-28 was such a round, with a whole
+    group of the code failing at once, not decodable within 30 s. The fetchers must get the model inline in the same
+    round and make it decodable: every iteration exact, none at the deadline."""
+    ports = [free_port() for _ in range(N)]
+    with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
+        spec = job_spec(
+            "fractional", {"n": N, "s": 2}, iterations=ITERATIONS, verify=True, worker_ids=cluster.ids[:N],
+            surplus="hold", model_delivery="relay", straggler=fixed_delay(0.3, workers=list(range(1, N))),
+            backup_priority="normal", iteration_deadline_seconds=20.0,
+        )  # fmt: skip
+
+        def strike(report: master_pb2.IterationReport) -> None:
+            if report.iteration == 2:
+                cluster.kill(0)
+                cluster.kill(5)
+
+        async with asyncio.timeout(120):
+            info, reports = await run_job(cluster.master_address, spec, strike)
+        master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
+    _assert_exact(info, reports)
+    assert re.findall(r"could not fetch the model from worker \d+ \(", master_log), (
+        f"no fetcher lost its relayed model: the test tested nothing\n{master_log[-3000:]}"
+    )
+    assert all(cluster.ids[0] not in r.used_workers and cluster.ids[5] not in r.used_workers for r in reports[3:])
+
+
 class _LyingPeer(WorkerServicer):
     """A real worker (it computes honest gradients) that serves its peers a wrong model, ``delay`` seconds after they
     ask (``asked``: fetches begun; ``fetches``: fetches it lied to)."""
