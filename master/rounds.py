@@ -405,7 +405,11 @@ class RoundPolicy:
             workers = self.loader.workers
             log.info("iteration %d: %s could not fetch the model from %s (%s); sending it inline", it.t,
                      workers[w].describe(), workers[peer].describe(), failure.details)  # fmt: skip
-            it.round.join(self._source(it, w, backups=it.backups, deferred=w in it.deferred))
+            # A backup this round promoted already is asked to send at once: the round promotes a worker once, and
+            # a promotion that crossed the failure on the wire found no request to apply to on the worker, which
+            # would then hold the new request's messages until the deadline.
+            backups = it.backups - it.round.promoted
+            it.round.join(self._source(it, w, backups=backups, deferred=w in it.deferred))
 
     def _reload_lost(self, round_: Round, failures: Iterable[WorkerFailure]) -> None:
         """Reload the tree nodes the parents say lost the job (in their messages, or their errors)."""
