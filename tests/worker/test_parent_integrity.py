@@ -33,6 +33,12 @@ from tests.worker.test_service import _assert_close, _compute, _load, _request
 
 HOSTILE = 1
 """The hostile child's position (worker id HOSTILE + 1)."""
+MAX_ITERATIONS = 40
+"""Iterations the quarantine test may take. The liar is singled out only in the rounds whose checks included its
+message: a parent whose honest children's messages checked out first decodes without it (in a loaded CI run it was
+checked in one round of the first eight)."""
+AFTER_QUARANTINE = 4
+"""Iterations run after the quarantine, in which the liar must not be asked."""
 
 
 @pytest.mark.parametrize("policy", ["off", "detect", "locate"])
@@ -107,7 +113,7 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(4, *partitions[4])))
-                for t in range(8):
+                for t in range(MAX_ITERATIONS):
                     request = _request("tree", 0, (0,), theta, iteration=t)
                     messages, trailers = await _compute(stub, request, subtree=frozenset({1, 2, 3, 4}))
                     trailer = trailers[0].trailer
@@ -116,7 +122,9 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
                     if list(trailer.children_quarantined):
                         assert list(trailer.children_quarantined) == [HOSTILE + 1] and quarantined_at is None
                         quarantined_at, computes = t, hostile.computes
-            assert quarantined_at is not None
+                    if quarantined_at is not None and t >= quarantined_at + AFTER_QUARANTINE:
+                        break
+            assert quarantined_at is not None, f"not quarantined in {MAX_ITERATIONS} iterations"
             assert hostile.computes == computes  # never asked after its quarantine
         finally:
             await stop_worker(parent)
