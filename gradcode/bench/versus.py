@@ -86,6 +86,9 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def run(base: str, *, job_name: str, n: int, pairs: int, iterations: int, out: Path) -> dict[str, Any]:
+    """Compare this checkout with commit ``base`` on ``bench wide``'s job ``job_name`` at ``n`` workers over ``pairs``
+    interleaved pairs of ``iterations``-iteration jobs; print the table, save ``versus.{json,png}`` in ``out``, return
+    the results. ValueError (nothing run) for a commit that does not exist or a job it cannot run."""
     if pairs < 1 or iterations < SKIP_ITERATIONS + 3:
         raise ValueError(f"pairs must be >= 1 and iterations >= {SKIP_ITERATIONS + 3}; got {pairs} and {iterations}.")
     job = _job(job_name, n, iterations)
