@@ -187,7 +187,7 @@ class Hedging(GatherStrategy):
         if self._reask_at:
             if gathering.decodable:  # gathering surplus (integrity): nobody is needed any more
                 self._reask_at.clear()
-            elif gathering.idle:
+            else:  # (the loop ticks only when every item that arrived is taken: a silent worker is silent)
                 self._reask(now)
 
     def _reask(self, now: float) -> None:
