@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcode.bench.output import SKIP_ITERATIONS, add_out_argument, figure, load_average, save
+from gradcode.bench.output import SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
 from gradcode.bench.wide import START_TIMEOUT, configurations
 
 __all__ = ["main", "run"]
@@ -78,6 +78,7 @@ def _measure(side: Path, job: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     measured = dict(json.loads(lines[-1]))
     if Path(measured["checkout"]) != side.resolve():  # e.g. an install that shadows PYTHONPATH
         raise RuntimeError(f"the job meant for {side} ran the code in {measured['checkout']}")
+    measured["period_s"] = statistics.median(steady_periods(measured.pop("elapsed_s"), job["skip"]))
     return measured
 
 

@@ -4,8 +4,9 @@ checkout first on ``PYTHONPATH``.
 It uses only what every gradcode it compares has had (``LocalCluster``, ``GradcodeClient.run`` with a per-report
 callback, ``build_job_spec``), and counts CPU and periods itself, so an older commit is measured as it was, not
 through this checkout's helpers. Prints one JSON line: the master's and the workers' CPU seconds per iteration over
-the job after its first ``skip`` iterations (``/proc``), the median period after them, the 1-minute load before,
-and the checkout the code came from (what the comparison checks it asked for).
+the job after its first ``skip`` iterations (``/proc``), each report's seconds since the job started (the
+comparison takes the periods from them), the 1-minute load before, and the checkout the code came from (what the
+comparison checks it asked for).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,12 +61,11 @@ async def _measure(job: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
             _, reports = await client.run(spec(iterations), sample)
             used = [_cpu_seconds(pid) - before for pid, before in zip(pids, steady, strict=True)]
-    elapsed = [r.elapsed_seconds for r in reports]
     counted = len(reports) - skip
     return {
         "cpu_master_s": used[0] / counted,
         "cpu_workers_s": sum(used[1:]) / counted,
-        "period_s": statistics.median(b - a for a, b in zip(elapsed[skip:-1], elapsed[skip + 1 :], strict=True)),
+        "elapsed_s": [r.elapsed_seconds for r in reports],
         "load": load,
         "checkout": str(Path(gradcode.__file__).resolve().parents[1]),
     }
