@@ -16,7 +16,7 @@ import pytest
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.transport.serving import start_server
 from gradcode.common.transport.wire import CHANNEL_OPTIONS, struct_from_dict
-from gradcode.v1 import worker_pb2, worker_pb2_grpc
+from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.helpers import HostileWorker
 from tests.worker.conftest import (
     data_for,
@@ -33,10 +33,14 @@ from tests.worker.test_service import _assert_close, _compute, _load, _request
 
 HOSTILE = 1
 """The hostile child's position (worker id HOSTILE + 1)."""
-MAX_ITERATIONS = 40
-"""Iterations the quarantine test may take. The liar is singled out only in the rounds whose checks included its
-message: a parent whose honest children's messages checked out first decodes without it (in a loaded CI run it was
-checked in one round of the first eight)."""
+HONEST_DELAY = 0.3
+"""Seconds each honest child sleeps before computing, so the liar's message (sent at once) is always in hand when the
+parent checks: a parent whose honest children's messages came first and checked out decoded without it, and the
+tests depended on the order of in-process servers under load (a loaded CI run checked the liar in one round of
+eight)."""
+MAX_ITERATIONS = 12
+"""Iterations the quarantine test may take (it needs QUARANTINE_AFTER rounds naming the liar, then
+AFTER_QUARANTINE)."""
 AFTER_QUARANTINE = 4
 """Iterations run after the quarantine, in which the liar must not be asked."""
 
@@ -75,8 +79,7 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
                         if not trailer.approximate:  # the two honest children came first and checked each other
                             _assert_close(messages[0], full)
                         continue
-                    # The hostile child answers at once, so it is (almost) always in hand; when the two others came
-                    # first, they check each other and the parent need not wait for it.
+                    # The hostile child answers at once and the honest ones HONEST_DELAY later, so it is in hand.
                     assert list(trailer.children_singled_out) in ([HOSTILE + 1], []), t
                     named += len(trailer.children_singled_out)
                     assert list(trailer.children_quarantined) == []  # two siblings could have framed it
@@ -139,9 +142,13 @@ async def _load_children_and_parent(
     """Load each child (cyclic ``child_code``, child i at ``addresses[i]``) with its partitions; return the parent's
     JobSetup: its own partition (the last), those children, the job's integrity ``policy``."""
     n = child_code.n
+    honest = [i + 1 for i in range(n) if i != HOSTILE]
+    honest_late = common_pb2.StragglerSpec(
+        model="fixed", params=struct_from_dict({"delay_seconds": HONEST_DELAY, "workers": honest})
+    )
     for i in range(n):
         async with grpc.aio.insecure_channel(addresses[i]) as channel:
-            setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1)
+            setup = job_setup(child_code, i, job_id="tree", worker_id=i + 1, straggler=honest_late)
             await _load(worker_pb2_grpc.WorkerStub(channel), load_chunks(setup, data_for(child_code, i, partitions)))
     setup = job_setup(make_code("uncoded", n=1), 0, job_id="tree")
     del setup.rows[:]
