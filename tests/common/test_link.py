@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gradcode.bench.transport import _linear_job
 from gradcode.client.certs import CertificateSet, make_certificates
+from gradcode.common.training.models import make_model
 from gradcode.common.transport import link
 from gradcode.common.transport.link import (
     FrameProtocol,
@@ -282,7 +283,8 @@ async def _linear_job_on_a_worker(p: int) -> AsyncIterator[tuple[str, grpc.aio.C
 
 async def test_large_payloads_are_received_straight_into_the_message_exactly() -> None:
     """Chunks larger than the staging buffer land in the message's own buffer (no copy on the master), and the
-    message equals the same Compute's over the gRPC Session, bit for bit."""
+    message equals the same Compute's over the gRPC Session, bit for bit, and the gradient at the model sent (which
+    the worker reads where it arrived, in the link's frame or gRPC's bytes)."""
     p = 300_001  # a 2.4 MB message: chunks of 1 MiB and more
     async with asyncio.timeout(TIMEOUT), _linear_job_on_a_worker(p) as (job_id, channel, linked):
         grpc_session = Session.on(channel)
@@ -309,6 +311,9 @@ async def test_large_payloads_are_received_straight_into_the_message_exactly() -
                     got[placing] = done[0].vector
                     assert (len(placed) >= 2 and all(placed)) if placing else placed == []
                 assert np.array_equal(got[True], got[False])
+                X = np.random.default_rng(p).standard_normal((1, p - 1))  # _linear_job's one sample, label 1
+                want = make_model("linear", num_features=p - 1).gradient(params, X, np.ones(1))
+                np.testing.assert_allclose(got[True], want, rtol=1e-12)  # the model arrived whole on both ways
         finally:
             linked.close()
             grpc_session.close()
