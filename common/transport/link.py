@@ -293,7 +293,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 small.append(piece)
                 continue
             self.transport.write(b"".join(small))
-            self.transport.write(piece)
+            self.transport.write(memoryview(piece))  # asyncio slices off what the socket took: a copy of bytes
             small = []
         if small:
             self.transport.write(b"".join(small))
