@@ -1,6 +1,6 @@
-"""This checkout's master CPU per iteration against another commit's, on ``bench wide``'s jobs, interleaved.
+"""This checkout's CPU per iteration against another commit's, on ``bench wide``'s jobs or a tree, interleaved.
 
-    python -m gradcode.bench.versus BASE [--job uncoded|cyclic] [--n 16] [--pairs 5] [--iterations 400] [--out DIR]
+    python -m gradcode.bench.versus BASE [--job uncoded|cyclic|tree] [--n N] [--pairs 5] [--iterations 400] [--out DIR]
 
 What issue 26's target asks ("master CPU per message in ``gradcode bench wide`` at most 0.6x today's, measured
 interleaved with today's code") and what catches a commit that makes the master dearer without anyone noticing
@@ -10,11 +10,13 @@ included. Each pair runs both sides one after the other, the order swapped every
 :class:`~gradcode.client.launch.LocalCluster` of the side's own code, a 10-iteration warm-up job, then one job of
 ``--iterations`` on ``bench wide``'s workload (n = 16 workers, p = 1e5, no stragglers;
 :func:`gradcode.bench.wide.configurations`), measured by :mod:`gradcode.bench.versus_run`: the ``/proc`` CPU of the
-master and of the workers per iteration after the first :data:`~gradcode.bench.output.SKIP_ITERATIONS`, the
-median period, the 1-minute load before the job. Every job sends each worker the same requests on both sides, so
-the master's CPU per message is its CPU per iteration over n and their ratio is the same. Prints each pair's ratios
-(this / base) and their median and range; saves ``versus.json`` and ``versus.png`` in ``docs/results/`` (or
-``--out``).
+master, of the workers and of the busiest worker per iteration after the first
+:data:`~gradcode.bench.output.SKIP_ITERATIONS`, the median period, the 1-minute load before the job. ``--job tree``
+runs ``bench cluster``'s CodedReduce tree at ``--n`` (default 24: 20 workers) at p = 10⁶ with the model relayed,
+where a parent is the busiest worker and bytes, not messages, cost the CPU. Every job sends each worker the same
+requests on both sides, so the master's CPU per message is its CPU per iteration over n and their ratio is the
+same. Prints each pair's ratios (this / base) and their median and range; saves ``versus.json`` and ``versus.png``
+in ``docs/results/`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradcode.bench.cluster import NUM_SAMPLES, TREES
 from gradcode.bench.output import SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
 from gradcode.bench.wide import START_TIMEOUT, configurations
 
@@ -42,7 +45,7 @@ RUN_JOB = Path(__file__).with_name("versus_run.py")
 WARMUP_ITERATIONS = 10
 RUN_TIMEOUT = 900.0
 """Seconds one side's cluster and jobs may take before the comparison stops with an error."""
-FIGURES = ("cpu_master_s", "cpu_workers_s", "period_s")
+FIGURES = ("cpu_master_s", "cpu_workers_s", "cpu_busiest_worker_s", "period_s")
 
 
 def _git(*args: str) -> str:
@@ -52,16 +55,35 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def _job(name: str, n: int, iterations: int) -> dict[str, Any]:
-    """``bench wide``'s job ``name`` at ``n`` workers, as the fields :mod:`versus_run` passes to ``build_job_spec``."""
+TREE_JOB = "tree"
+TREE_FEATURES = 999_999
+"""The tree job's p = 10⁶ (features + bias): where a parent's and a leaf's bytes, not their messages, cost CPU."""
+
+
+def _job(name: str, n: int | None, iterations: int) -> dict[str, Any]:
+    """``bench wide``'s job ``name`` at ``n`` workers (default 16), or ``tree``: ``bench cluster``'s CodedReduce tree at
+    ``n`` (default 24: 4 children per parent, 2 layers, 20 workers) at p = 10⁶, the model relayed; as the fields
+    :mod:`versus_run` passes to ``build_job_spec`` (and the master's ``--max-features``)."""
+    common = {"iterations": iterations, "warmup": WARMUP_ITERATIONS, "skip": SKIP_ITERATIONS, "timeout": START_TIMEOUT}
+    if name == TREE_JOB:
+        n = 24 if n is None else n
+        if n not in TREES:
+            raise ValueError(f"No tree at n = {n}; bench cluster's trees are at n = {sorted(TREES)}.")
+        children, layers = TREES[n]
+        return {
+            "scheme": "coded_reduce", "code_params": {"n": children, "s": 1, "L": layers},
+            "n": sum(children**layer for layer in range(1, layers + 1)), "s": 1, "seed": 1, "model": "linear",
+            "dataset": "linear", "num_samples": NUM_SAMPLES, "num_features": TREE_FEATURES, "learning_rate": 1e-5,
+            "model_delivery": "relay", "master_args": ["--max-features", str(TREE_FEATURES + 1)], **common,
+        }  # fmt: skip
+    n = 16 if n is None else n
     jobs = {c.name: c.job for c in configurations(n) if c.job.n == n}
     if name not in jobs:
-        raise ValueError(f"No job {name!r} at n = {n}; the jobs are {sorted(jobs)}.")
+        raise ValueError(f"No job {name!r} at n = {n}; the jobs are {sorted([*jobs, TREE_JOB])}.")
     job = jobs[name]
     return {
         "scheme": job.scheme, "n": job.n, "s": job.s, "seed": job.seed, "model": job.model, "dataset": job.dataset,
-        "num_samples": job.num_samples, "num_features": job.num_features, "learning_rate": job.learning_rate,
-        "iterations": iterations, "warmup": WARMUP_ITERATIONS, "skip": SKIP_ITERATIONS, "timeout": START_TIMEOUT,
+        "num_samples": job.num_samples, "num_features": job.num_features, "learning_rate": job.learning_rate, **common,
     }  # fmt: skip
 
 
@@ -86,7 +108,7 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run(base: str, *, job_name: str, n: int, pairs: int, iterations: int, out: Path) -> dict[str, Any]:
+def run(base: str, *, job_name: str, n: int | None, pairs: int, iterations: int, out: Path) -> dict[str, Any]:
     """Compare this checkout with commit ``base`` on ``bench wide``'s job ``job_name`` at ``n`` workers over ``pairs``
     interleaved pairs of ``iterations``-iteration jobs; print the table, save ``versus.{json,png}`` in ``out``, return
     the results. ValueError (nothing run) for a commit that does not exist or a job it cannot run."""
@@ -134,7 +156,8 @@ def _side(runs: list[dict[str, Any]], pair: int, side: str) -> dict[str, Any]:
 def _progress(r: dict[str, Any]) -> str:
     return (
         f"pair {r['pair']} {r['side']:>4}: master {1e3 * r['cpu_master_s']:.2f} ms/iteration, workers "
-        f"{1e3 * r['cpu_workers_s']:.2f}, period {1e3 * r['period_s']:.2f} ms (load {r['load']:.1f})"
+        f"{1e3 * r['cpu_workers_s']:.2f} (busiest {1e3 * r['cpu_busiest_worker_s']:.2f}), period "
+        f"{1e3 * r['period_s']:.2f} ms (load {r['load']:.1f})"
     )
 
 
@@ -147,7 +170,7 @@ def _format(result: dict[str, Any]) -> str:
         f"{'':>26} {'base':>9} {'this':>9}   this / base: median (min-max)",
     ]
     names = {"cpu_master_s": "master CPU ms/iteration", "cpu_workers_s": "workers CPU ms/iteration",
-             "period_s": "period ms"}  # fmt: skip
+             "cpu_busiest_worker_s": "busiest worker ms/iteration", "period_s": "period ms"}  # fmt: skip
     for f in FIGURES:
         ratio = result["ratios"][f]
         lines.append(
@@ -170,7 +193,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
             xlabel="pair", ylabel="master CPU per iteration (ms)", title="Master CPU, each pair", xticks=list(pairs)
         )
         cpu.legend()
-        for f, marker in zip(FIGURES, ("o", "^", "s"), strict=True):
+        for f, marker in zip(FIGURES, ("o", "^", "v", "s"), strict=True):
             ratio.plot(list(pairs), result["ratios"][f]["pairs"], marker=marker, label=f.removesuffix("_s"))
         ratio.axhline(1.0, color="grey", lw=0.8)
         ratio.set(xlabel="pair", ylabel="this / base", title="Ratios (1 = unchanged)", xticks=list(pairs))
@@ -180,8 +203,14 @@ def _plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gradcode.bench.versus", description=__doc__.splitlines()[0])
     parser.add_argument("base", help="the commit to compare this checkout with (a hash, tag or branch)")
-    parser.add_argument("--job", default="uncoded", help="bench wide's job: uncoded or cyclic (default uncoded)")
-    parser.add_argument("--n", type=int, default=16, help="workers (default 16, bench wide's)")
+    parser.add_argument(
+        "--job", default="uncoded",
+        help="bench wide's job, uncoded or cyclic (default), or tree: bench cluster's CodedReduce tree (p = 1e6)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--n", type=int, default=None,
+        help="workers (default 16, bench wide's); for tree, bench cluster's n: 6, 12 or 24 (default; 20 workers)",
+    )  # fmt: skip
     parser.add_argument("--pairs", type=int, default=5, help="interleaved pairs of runs (default 5)")
     parser.add_argument("--iterations", type=int, default=400, help="iterations of each measured job (default 400)")
     add_out_argument(parser, "versus")

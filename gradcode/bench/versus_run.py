@@ -3,10 +3,10 @@ checkout first on ``PYTHONPATH``.
 
 It uses only what every gradcode it compares has had (``LocalCluster``, ``GradcodeClient.run`` with a per-report
 callback, ``build_job_spec``), and counts CPU and periods itself, so an older commit is measured as it was, not
-through this checkout's helpers. Prints one JSON line: the master's and the workers' CPU seconds per iteration over
-the job after its first ``skip`` iterations (``/proc``), each report's seconds since the job started (the
-comparison takes the periods from them), the 1-minute load before, and the checkout the code came from (what the
-comparison checks it asked for).
+through this checkout's helpers. Prints one JSON line: the master's, the workers' and the busiest worker's CPU
+seconds per iteration over the job after its first ``skip`` iterations (``/proc``), each report's seconds since the
+job started (the comparison takes the periods from them), the 1-minute load before, and the checkout the code came
+from (what the comparison checks it asked for).
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ async def _measure(job: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
     n, skip, iterations = job["n"], job["skip"], job["iterations"]
 
+    tree: dict[str, Any] = {key: job[key] for key in ("code_params", "model_delivery") if key in job}  # n: its size
+
     def spec(count: int) -> Any:
         return build_job_spec(
-            scheme=job["scheme"], n=n, s=job["s"], iterations=count, seed=job["seed"], model=job["model"],
+            scheme=job["scheme"], s=job["s"], iterations=count, seed=job["seed"], model=job["model"],
             dataset=job["dataset"], num_samples=job["num_samples"], num_features=job["num_features"],
-            learning_rate=job["learning_rate"],
+            learning_rate=job["learning_rate"], **(tree or {"n": n}),
         )  # fmt: skip
 
-    with LocalCluster(n, run_dir=run_dir) as cluster:
+    with LocalCluster(n, run_dir=run_dir, master_args=job.get("master_args", ())) as cluster:
         if cluster.master is None:
             raise RuntimeError("the local cluster started no master")
         pids = [cluster.master.process.pid, *(w.process.pid for w in cluster.workers)]
@@ -65,6 +67,7 @@ async def _measure(job: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return {
         "cpu_master_s": used[0] / counted,
         "cpu_workers_s": sum(used[1:]) / counted,
+        "cpu_busiest_worker_s": max(used[1:]) / counted,
         "elapsed_s": [r.elapsed_seconds for r in reports],
         "load": load,
         "checkout": str(Path(gradcode.__file__).resolve().parents[1]),

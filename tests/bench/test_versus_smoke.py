@@ -49,7 +49,8 @@ def test_a_commit_that_does_not_exist_is_refused_by_name(tmp_path: Path, capsys:
 @pytest.mark.parametrize(
     ("job", "n", "pairs", "iterations", "message"),
     [
-        ("1 worker", 16, 1, 8, r"No job '1 worker' at n = 16; the jobs are \['cyclic', 'uncoded'\]"),
+        ("1 worker", 16, 1, 8, r"No job '1 worker' at n = 16; the jobs are \['cyclic', 'tree', 'uncoded'\]"),
+        ("tree", 16, 1, 8, r"No tree at n = 16; bench cluster's trees are at n = \[6, 12, 24\]"),
         ("uncoded", 2, 0, 8, "pairs must be >= 1"),
         ("uncoded", 2, 1, 4, "iterations >= 5"),
     ],
@@ -60,3 +61,16 @@ def test_a_job_it_cannot_run_is_refused_with_what_would_do(
     with pytest.raises(ValueError, match=message):
         versus.run("HEAD", job_name=job, n=n, pairs=pairs, iterations=iterations, out=tmp_path)
     assert not (tmp_path / "versus.json").exists()
+
+
+def test_the_tree_job_is_bench_clusters_tree_and_runs_as_one_on_this_checkout(tmp_path: Path) -> None:
+    """``--job tree``: bench cluster's CodedReduce tree at n (6: two children per parent, two layers, 6 workers), the
+    model relayed, the master allowing p = 1e6; measured here on a small p, on real processes, as a side runs it."""
+    job = versus._job("tree", None, 8)
+    assert job["code_params"] == {"n": 4, "s": 1, "L": 2} and job["n"] == 20
+    assert job["num_features"] == 999_999 and job["master_args"] == ["--max-features", "1000000"]
+    job = {**versus._job("tree", 6, 8), "num_features": 99}
+    assert job["code_params"] == {"n": 2, "s": 1, "L": 2} and job["n"] == 6 and job["model_delivery"] == "relay"
+    measured = versus._measure(versus.CHECKOUT, job, tmp_path / "run")
+    assert measured["period_s"] > 0 and measured["checkout"] == str(versus.CHECKOUT)
+    assert 0 < measured["cpu_busiest_worker_s"] <= measured["cpu_workers_s"]
