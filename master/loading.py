@@ -70,7 +70,7 @@ class PartitionBytes:
 
     A partition is serialised once per job (however many workers hold it, and however often a
     restarted worker is reloaded), in a thread so the event loop keeps serving; concurrent requests
-    for the same partition share one serialisation. :meth:`clear` frees the bytes when the job ends.
+    for the same partition share one serialisation. :meth:`clear` frees the bytes and the samples when the job ends.
     The serialisations are tasks of ``tasks`` (the job's owner; by default one of their own); one that fails
     only logs there, since each LoadJob that awaits it gets its error.
     """
@@ -94,6 +94,8 @@ class PartitionBytes:
         return await asyncio.shield(task)  # a cancelled LoadJob must not cancel the shared serialisation
 
     def _serialise(self, j: int) -> tuple[bytes, bytes]:
+        if not self._partitions:
+            raise RuntimeError(f"partition {j} was asked for after the job ended and its samples were freed")
         idx = self._partitions[j]
         self.serialisations += 1
         features = np.ascontiguousarray(self._dataset.X_train[idx], dtype="<f8").tobytes()
@@ -101,7 +103,11 @@ class PartitionBytes:
         return features, labels
 
     def clear(self) -> None:
+        """Free the serialised bytes and the job's samples: the job has ended (a finished job the master keeps
+        for GetJob and WatchJob must not keep its dataset: at p = 10^6 that is 400 MB a job)."""
         self._cache.clear()
+        self._dataset = self._dataset.without_samples()
+        self._partitions = []
 
 
 class WorkerLoader:
