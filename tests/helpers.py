@@ -58,13 +58,17 @@ Mangle = Callable[[worker_pb2.GradientChunk], None]
 
 
 class HostileWorker(worker_pb2_grpc.WorkerServicer):
-    """Accepts any job, then answers every Compute at once with a well-formed message of ``value`` s,
-    its chunks altered by ``mangle`` (or ``extra_elements`` too long): a worker that lies on the wire."""
+    """Accepts any job, then answers every Compute (at once, or after ``delay`` seconds) with a well-formed message of
+    ``value`` s, its chunks altered by ``mangle`` (or ``extra_elements`` too long): a worker that lies on the wire."""
 
-    def __init__(self, mangle: Mangle = lambda chunk: None, extra_elements: int = 0, *, value: float = 0.0) -> None:
+    def __init__(
+        self, mangle: Mangle = lambda chunk: None, extra_elements: int = 0, *, value: float = 0.0, delay: float = 0.0
+    ) -> None:
         self.mangle = mangle
         self.extra_elements = extra_elements
         self.value = value
+        self.delay = delay
+        """Seconds it waits before answering each Compute (0: at once)."""
         self.num_params = 0
         self.computes = 0
         self.process_secret = new_process_secret()
@@ -94,6 +98,7 @@ class HostileWorker(worker_pb2_grpc.WorkerServicer):
 
     async def _chunks(self, request: worker_pb2.ComputeRequest) -> AsyncIterator[bytes]:
         self.computes += 1
+        await asyncio.sleep(self.delay)
         vector = np.full(self.length + self.extra_elements, self.value)
         for chunk in message_chunks(
             vector, job_id=request.job_id, iteration=request.iteration, worker_id=request.worker_id,

@@ -45,14 +45,17 @@ AFTER_QUARANTINE = 4
 """Iterations run after the quarantine, in which the liar must not be asked."""
 
 
+@pytest.mark.parametrize("liar_first", [True, False], ids=["liar-first", "liar-last"])
 @pytest.mark.parametrize("policy", ["off", "detect", "locate"])
-async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str) -> None:
+async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str, liar_first: bool) -> None:
+    """The liar's message first (the honest children HONEST_DELAY later): it is checked, and named where the policy
+    locates; last: the two honest children check each other, and the parent decodes exactly without waiting for it."""
     async with asyncio.timeout(30):
         child_code = make_code("cyclic", n=3, s=2)
         partitions = make_partitions(4, seed=24)
         theta = random_params()
         full = sum(softmax_model().gradient(theta, *partitions[j]) for j in range(4))
-        hostile = HostileWorker(value=1e3)
+        hostile = HostileWorker(value=1e3, delay=0.0 if liar_first else HONEST_DELAY)
         hostile_handle = await start_server(
             "127.0.0.1", 0,
             registrars=[lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(hostile, server)],
@@ -62,7 +65,8 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
         addresses = {i: (honest[i].address if i in honest else hostile_handle.address) for i in range(3)}
         parent = await serve_worker()
         try:
-            setup = await _load_children_and_parent(child_code, addresses, partitions, policy)
+            honest_delay = HONEST_DELAY if liar_first else 0.0
+            setup = await _load_children_and_parent(child_code, addresses, partitions, policy, honest_delay)
             async with grpc.aio.insecure_channel(parent.address, options=CHANNEL_OPTIONS) as channel:
                 stub = worker_pb2_grpc.WorkerStub(channel)
                 await _load(stub, load_chunks(setup, partition_data(3, *partitions[3])))
@@ -71,6 +75,12 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
                     request = _request("tree", 0, (0,), theta, iteration=t)
                     messages, trailers = await _compute(stub, request, subtree=frozenset({1, 2, 3}))
                     trailer = trailers[0].trailer
+                    if not liar_first:  # decoded from the honest two before the liar answered
+                        assert list(trailer.children_singled_out) == []
+                        if policy != "off":
+                            _assert_close(messages[0], full)
+                            assert not trailer.approximate
+                        continue
                     if policy == "off":  # nothing checked: whatever it decoded, it cannot tell
                         assert list(trailer.children_singled_out) == []
                         continue
@@ -85,7 +95,7 @@ async def test_a_parent_names_its_lying_child_and_decodes_without_it(policy: str
                     assert list(trailer.children_quarantined) == []  # two siblings could have framed it
                     _assert_close(messages[0], full)  # decoded without the liar, and vouched for
                     assert not trailer.approximate
-                assert policy != "locate" or named >= 1
+                assert policy != "locate" or not liar_first or named >= 1
         finally:
             await stop_worker(parent)
             for served in honest.values():
@@ -137,14 +147,19 @@ async def test_a_parent_with_enough_surplus_quarantines_its_lying_child_and_asks
 
 
 async def _load_children_and_parent(
-    child_code: GradientCode, addresses: dict[int, str], partitions: list[Any], policy: str
+    child_code: GradientCode,
+    addresses: dict[int, str],
+    partitions: list[Any],
+    policy: str,
+    honest_delay: float = HONEST_DELAY,
 ) -> worker_pb2.JobSetup:
-    """Load each child (cyclic ``child_code``, child i at ``addresses[i]``) with its partitions; return the parent's
-    JobSetup: its own partition (the last), those children, the job's integrity ``policy``."""
+    """Load each child (cyclic ``child_code``, child i at ``addresses[i]``) with its partitions, the honest ones
+    sleeping ``honest_delay`` before each computation; return the parent's JobSetup: its own partition (the last),
+    those children, the job's integrity ``policy``."""
     n = child_code.n
     honest = [i + 1 for i in range(n) if i != HOSTILE]
     honest_late = common_pb2.StragglerSpec(
-        model="fixed", params=struct_from_dict({"delay_seconds": HONEST_DELAY, "workers": honest})
+        model="fixed", params=struct_from_dict({"delay_seconds": honest_delay, "workers": honest})
     )
     for i in range(n):
         async with grpc.aio.insecure_channel(addresses[i]) as channel:
