@@ -41,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import select
 import statistics
 import subprocess
@@ -601,18 +602,20 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _series(entry: dict[str, Any]) -> str:
+    """The plot's line a row belongs to: its system, a tree's without its size (one line across n, one per way the
+    model is delivered: "tree n=4 L=2 relay" is on "tree relay")."""
+    return re.sub(r" n=\d+ L=\d+", "", entry["system"]) if entry["scheme"] == "coded_reduce" else str(entry["system"])
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     summary = result["summary"]
     ns = sorted({e["n"] for e in summary})
-    names = list(dict.fromkeys(e["system"].split(" n=")[0] if e["scheme"] == "coded_reduce" else e["system"]
-                               for e in summary))  # fmt: skip
+    names = list(dict.fromkeys(_series(e) for e in summary))
     with figure(path, 1, 3, figsize=(16, 4.8), dpi=110) as axes:
         for ax, stragglers in zip(axes[:2], (0, 1), strict=True):
             for name in names:
-                entries = [
-                    e for e in summary
-                    if e["stragglers"] == stragglers and (e["system"] == name or e["system"].startswith(name + " n="))
-                ]  # fmt: skip
+                entries = [e for e in summary if e["stragglers"] == stragglers and _series(e) == name]
                 ax.errorbar(
                     [e["n"] for e in entries], [e["median_s"] * 1e3 for e in entries],
                     yerr=[[(e["median_s"] - e["q1_s"]) * 1e3 for e in entries],

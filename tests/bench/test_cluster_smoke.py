@@ -237,3 +237,18 @@ def test_sigterm_removes_everything_and_cleanup_removes_a_killed_owners_leftover
         names = [*made["namespaces"], *made["cgroups"]]
         assert all(name.startswith(f"{PREFIX}{owner.pid}-") for name in names)
         _assert_gone(names, pids, owner.pid)
+
+
+def test_the_plot_draws_one_line_per_system_and_a_tree_one_per_model_delivery() -> None:
+    """A tree's size changes with n, so its rows share a line by their system without the size: before, every way
+    of delivering the model ended on one line that zig-zagged between them."""
+    rows = [
+        {"scheme": "coded_reduce", "system": "tree n=2 L=2 relay"},
+        {"scheme": "coded_reduce", "system": "tree n=4 L=2 relay"},
+        {"scheme": "coded_reduce", "system": "tree n=4 L=2 direct"},
+        {"scheme": "coded_reduce", "system": "tree n=3 L=2"},
+        {"scheme": "fractional", "system": "fractional s=1 relay"},
+    ]
+    assert [cluster._series(r) for r in rows] == [
+        "tree relay", "tree relay", "tree direct", "tree", "fractional s=1 relay"
+    ]  # fmt: skip
