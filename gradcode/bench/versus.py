@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("base", help="the commit to compare this checkout with (a hash, tag or branch)")
     parser.add_argument(
         "--job", default="uncoded",
-        help="bench wide's job, uncoded or cyclic (default), or tree: bench cluster's CodedReduce tree (p = 1e6)",
+        help="bench wide's job, uncoded (default) or cyclic, or tree: bench cluster's CodedReduce tree (p = 1e6)",
     )  # fmt: skip
     parser.add_argument(
         "--n", type=int, default=None,

@@ -283,8 +283,7 @@ async def _linear_job_on_a_worker(p: int) -> AsyncIterator[tuple[str, grpc.aio.C
 
 async def test_large_payloads_are_received_straight_into_the_message_exactly() -> None:
     """Chunks larger than the staging buffer land in the message's own buffer (no copy on the master), and the
-    message equals the same Compute's over the gRPC Session, bit for bit, and the gradient at the model sent (which
-    the worker reads where it arrived, in the link's frame or gRPC's bytes)."""
+    message equals the same Compute's over the gRPC Session, bit for bit, and the gradient at the model sent."""
     p = 300_001  # a 2.4 MB message: chunks of 1 MiB and more
     async with asyncio.timeout(TIMEOUT), _linear_job_on_a_worker(p) as (job_id, channel, linked):
         grpc_session = Session.on(channel)
