@@ -62,7 +62,17 @@ from gradcode.common.sim.simulate import broadcast_spread
 from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 from gradcode.v1 import master_pb2
 
-__all__ = ["EmulatedCluster", "System", "gradcode_job", "job_spec", "main", "run", "systems_for", "verify_exact"]
+__all__ = [
+    "EmulatedCluster",
+    "System",
+    "gradcode_job",
+    "job_spec",
+    "main",
+    "run",
+    "systems_for",
+    "verify_exact",
+    "workload_at",
+]
 
 ALLREDUCE = "allreduce"
 """The gloo ring allreduce baseline (:func:`gradcode.bench.training.allreduce_rank`), one rank per worker host."""
@@ -130,6 +140,19 @@ def systems_for(
         ]  # fmt: skip
     systems.append(System(ALLREDUCE, ALLREDUCE, n))
     return [system for system in systems if system.scheme in schemes]
+
+
+def workload_at(n: int, features: int = NUM_FEATURES, iterations: int = 12) -> Workload:
+    """What every system runs at n workers: CodedReduce's linear regression on NUM_SAMPLES samples."""
+    return Workload(
+        num_samples=NUM_SAMPLES,
+        num_features=features,
+        n=n,
+        iterations=iterations,
+        model="linear",
+        dataset="linear",
+        learning_rate=1e-5,
+    )
 
 
 # ---- the cluster on the testbed --------------------------------------------------------------------------------
@@ -469,10 +492,7 @@ async def _measure(
         ids = [by_address[a] for a in cluster.worker_addresses]
         roles = [h.role for h in testbed.hosts.values() if h.role != "m"]
         for n in ns:
-            workload = Workload(
-                num_samples=NUM_SAMPLES, num_features=features, n=n, iterations=iterations, model="linear",
-                dataset="linear", learning_rate=1e-5,
-            )  # fmt: skip
+            workload = workload_at(n, features, iterations)
             systems = systems_for(n, surplus, schemes, deliveries)
             for system in systems:
                 if system.scheme == ALLREDUCE:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradcode.bench.cluster import NUM_SAMPLES, TREES
+from gradcode.bench.cluster import TREES, systems_for, workload_at
 from gradcode.bench.output import SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
 from gradcode.bench.wide import START_TIMEOUT, configurations
 
@@ -69,12 +69,14 @@ def _job(name: str, n: int | None, iterations: int) -> dict[str, Any]:
         n = 24 if n is None else n
         if n not in TREES:
             raise ValueError(f"No tree at n = {n}; bench cluster's trees are at n = {sorted(TREES)}.")
-        children, layers = TREES[n]
+        (tree,) = systems_for(n, schemes=("coded_reduce",), deliveries=("relay",))
+        workload = workload_at(n, TREE_FEATURES)
         return {
-            "scheme": "coded_reduce", "code_params": {"n": children, "s": 1, "L": layers},
-            "n": sum(children**layer for layer in range(1, layers + 1)), "s": 1, "seed": 1, "model": "linear",
-            "dataset": "linear", "num_samples": NUM_SAMPLES, "num_features": TREE_FEATURES, "learning_rate": 1e-5,
-            "model_delivery": "relay", "master_args": ["--max-features", str(TREE_FEATURES + 1)], **common,
+            "scheme": tree.scheme, "code_params": tree.code_params, "n": tree.workers, "s": tree.code_params["s"],
+            "seed": workload.seed, "model": workload.model, "dataset": workload.dataset,
+            "num_samples": workload.num_samples, "num_features": workload.num_features,
+            "learning_rate": workload.learning_rate, "model_delivery": tree.model_delivery,
+            "master_args": ["--max-features", str(TREE_FEATURES + 1)], **common,
         }  # fmt: skip
     n = 16 if n is None else n
     jobs = {c.name: c.job for c in configurations(n) if c.job.n == n}
