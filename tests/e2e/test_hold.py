@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -52,23 +52,27 @@ def _own_machine(i: int, ports: list[int]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _struck_on_iteration_2(cluster: Cluster, fault: str) -> Iterator[Callable[[master_pb2.IterationReport], None]]:
+def _struck_on_iteration_2(
+    cluster: Cluster, fault: str, victims: Sequence[int] = (0,)
+) -> Iterator[Callable[[master_pb2.IterationReport], None]]:
     """A report watch for :func:`run_job` that kills (``fault`` "kill") or freezes (SIGSTOP) the cluster's worker
-    process 0 on iteration 2's report; a frozen one is resumed on leaving."""
-    victim = cluster.processes[0].process
+    processes ``victims`` (default 0) on iteration 2's report; frozen ones are resumed on leaving."""
+    processes = [cluster.processes[i].process for i in victims]
 
     def strike(report: master_pb2.IterationReport) -> None:
         if report.iteration == 2:
-            if fault == "kill":
-                cluster.kill(0)
-            else:
-                victim.send_signal(signal.SIGSTOP)
+            for i, process in zip(victims, processes, strict=True):
+                if fault == "kill":
+                    cluster.kill(i)
+                else:
+                    process.send_signal(signal.SIGSTOP)
 
     try:
         yield strike
     finally:
         if fault == "freeze":
-            victim.send_signal(signal.SIGCONT)
+            for process in processes:
+                process.send_signal(signal.SIGCONT)
 
 
 async def test_held_backups_compute_but_send_nothing_unless_pulled(tmp_path: Path) -> None:

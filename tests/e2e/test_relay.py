@@ -37,11 +37,19 @@ MODEL_BYTES = (64 * 10 + 10) * 8
 """Softmax regression on digits: 64 features x 10 classes + 10 biases, float64."""
 
 
-def _spec(cluster: Cluster, delivery: str, ids: list[int] | None = None, **fields: object) -> master_pb2.JobSpec:
+def _spec(
+    cluster: Cluster, delivery: str, ids: list[int] | None = None, s: int = 1, **fields: object
+) -> master_pb2.JobSpec:
     return job_spec(
-        "fractional", {"n": N, "s": 1}, iterations=ITERATIONS, verify=True, worker_ids=ids or cluster.ids[:N],
+        "fractional", {"n": N, "s": s}, iterations=ITERATIONS, verify=True, worker_ids=ids or cluster.ids[:N],
         surplus="hold", model_delivery=delivery, **fields,
     )  # fmt: skip
+
+
+def _assert_a_fetcher_fell_back(master_log: str) -> None:
+    """A fetcher found its peer gone and got the model inline: else the test struck too late and tested nothing."""
+    fell_back = re.findall(r"could not fetch the model from worker \d+ \(", master_log)
+    assert fell_back, f"no fetcher lost its relayed model: the test tested nothing\n{master_log[-3000:]}"
 
 
 def _assert_exact(
@@ -110,8 +118,7 @@ async def test_a_relay_seed_killed_or_frozen_costs_an_inline_copy_not_the_job(tm
     assert all(seed in r.used_workers for r in reports[:2]), "worker 0 answered first"
     # A fetcher of worker 0 names it; one of a peer that was itself waiting on worker 0 names that peer (and the
     # peer's own failure may be cancelled with the round, unlogged): either way worker 0's fault is the only cause.
-    fell_back = re.findall(r"could not fetch the model from worker \d+ \(", master_log)
-    assert fell_back, f"no fetcher found worker 0 gone: the test tested nothing\n{master_log[-3000:]}"
+    _assert_a_fetcher_fell_back(master_log)
     assert all(seed not in r.used_workers for r in reports[4:])
 
 
@@ -126,24 +133,16 @@ async def test_the_seed_and_another_worker_killed_at_once_leave_more_failures_th
     round and make it decodable: every iteration exact, none at the deadline."""
     ports = [free_port() for _ in range(N)]
     with start_cluster(N, tmp_path, worker_args=lambda i: _own_machine(i, ports)) as cluster:
-        spec = job_spec(
-            "fractional", {"n": N, "s": 2}, iterations=ITERATIONS, verify=True, worker_ids=cluster.ids[:N],
-            surplus="hold", model_delivery="relay", straggler=fixed_delay(0.3, workers=list(range(1, N))),
-            backup_priority="normal", iteration_deadline_seconds=20.0,
+        spec = _spec(
+            cluster, "relay", s=2, straggler=fixed_delay(0.3, workers=list(range(1, N))), backup_priority="normal",
+            iteration_deadline_seconds=20.0,
         )  # fmt: skip
-
-        def strike(report: master_pb2.IterationReport) -> None:
-            if report.iteration == 2:
-                cluster.kill(0)
-                cluster.kill(5)
-
-        async with asyncio.timeout(120):
-            info, reports = await run_job(cluster.master_address, spec, strike)
+        with _struck_on_iteration_2(cluster, "kill", victims=(0, 5)) as strike:
+            async with asyncio.timeout(120):
+                info, reports = await run_job(cluster.master_address, spec, strike)
         master_log = cluster.local.master.log_path.read_text() if cluster.local.master else ""
     _assert_exact(info, reports)
-    assert re.findall(r"could not fetch the model from worker \d+ \(", master_log), (
-        f"no fetcher lost its relayed model: the test tested nothing\n{master_log[-3000:]}"
-    )
+    _assert_a_fetcher_fell_back(master_log)
     assert all(cluster.ids[0] not in r.used_workers and cluster.ids[5] not in r.used_workers for r in reports[3:])
 
 
