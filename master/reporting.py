@@ -117,7 +117,7 @@ def failure_report(
 
 def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     """Who was late, asked as a backup or promoted, what the consistency checks found, in the report's terms (pool
-    ids), and the bytes the job's Computes carried since its last report
+    ids), and the bytes the job's Computes carried for this iteration
     (:data:`~gradcode.common.transport.session.TRAFFIC`)."""
     integrity = round_.integrity
     child_timings: dict[int, float] = {}
@@ -125,7 +125,7 @@ def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     for message in round_.messages.values():  # a tree's first layer: what each parent saw of the nodes below it
         child_timings.update((pool_ids[c], s) for c, s in message.subtree.timings if c < len(pool_ids))
         late_children.update(pool_ids[c] for c in message.subtree.late if c < len(pool_ids))
-    bytes_sent, bytes_received = TRAFFIC.take(round_.job_id)  # since the job's last report
+    bytes_sent, bytes_received = TRAFFIC.take(round_.job_id, round_.iteration)
     return {
         "bytes_sent": bytes_sent,
         "bytes_received": bytes_received,

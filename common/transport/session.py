@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -153,33 +154,61 @@ GRPC_MESSAGE_PREFIX_BYTES = 5
 and TCP's segments are below what a process counts."""
 
 
+TrafficKey = tuple[str, int]
+"""What :class:`Traffic` counts bytes for: a job's id and an iteration."""
+
+
 class Traffic:
-    """Bytes a receiver's Computes carried, by job: what it sent (requests with their models, cancels, promotions)
-    and what it received (every chunk: messages, notices, statuses), each counted as it went through the stream
-    (its serialized size plus the stream's framing of it: :data:`GRPC_MESSAGE_PREFIX_BYTES`, or a link's length).
-    Payloads left in shared memory do not cross the stream and do not count. The master reads (and resets) a job's
-    totals with each iteration's report (:meth:`take`), so bytes of an iteration that arrive after its report (the
-    rest of a cancelled message) count in the next one."""
+    """Bytes a receiver's Computes carried, by job and iteration: what it sent (requests with their models, cancels,
+    promotions) and what it received (every chunk: messages, notices, statuses), each counted as it went through the
+    stream (its serialized size plus the stream's framing of it: :data:`GRPC_MESSAGE_PREFIX_BYTES`, or a link's
+    length). Payloads left in shared memory do not cross the stream and do not count. The master takes an iteration's
+    totals with its report (:meth:`take`): the next round's requests, sent before that report, wait for their own;
+    bytes of an iteration that arrive after its report (the rest of a cancelled message) count in the next one."""
 
     JOBS = 4096
     """Jobs remembered; the oldest is forgotten beyond (a tree parent counts its jobs too, and nobody takes them)."""
+    ITERATIONS = 64
+    """Iterations of a job counted apart until taken; beyond, the two oldest are counted as one."""
 
     def __init__(self) -> None:
-        self._jobs: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._jobs: collections.OrderedDict[str, _JobTraffic] = collections.OrderedDict()
 
-    def add(self, job_id: str, *, sent: int = 0, received: int = 0) -> None:
-        totals = self._jobs.get(job_id)
-        if totals is None:
-            totals = self._jobs[job_id] = [0, 0]
+    def add(self, key: TrafficKey, *, sent: int = 0, received: int = 0) -> None:
+        job_id, iteration = key
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _JobTraffic()
             if len(self._jobs) > self.JOBS:
                 self._jobs.popitem(last=False)
+        totals = job.pending.setdefault(max(iteration, job.taken + 1), [0, 0])
         totals[0] += sent
         totals[1] += received
+        if len(job.pending) > self.ITERATIONS:
+            oldest, older = sorted(job.pending)[:2]
+            merged = job.pending.pop(oldest)
+            job.pending[older] = [merged[0] + job.pending[older][0], merged[1] + job.pending[older][1]]
 
-    def take(self, job_id: str) -> tuple[int, int]:
-        """Bytes (sent, received) for ``job_id`` since the last take."""
-        sent, received = self._jobs.pop(job_id, (0, 0))
+    def take(self, job_id: str, iteration: int) -> tuple[int, int]:
+        """Bytes (sent, received) of ``job_id``'s ``iteration``, with those of its earlier iterations not yet taken."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _JobTraffic()
+        job.taken = max(job.taken, iteration)
+        sent = received = 0
+        for counted in [i for i in job.pending if i <= iteration]:
+            out, came = job.pending.pop(counted)
+            sent += out
+            received += came
         return sent, received
+
+
+@dataclasses.dataclass
+class _JobTraffic:
+    taken: int = -1
+    """The last iteration taken: bytes of it or before count in the next."""
+    pending: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    """(sent, received) by iteration, not yet taken."""
 
 
 TRAFFIC = Traffic()
@@ -198,10 +227,11 @@ class SessionCompute:
     """One Compute on a :class:`Session`: iterate it for the chunks, or have them passed to a callback as they
     arrive (:meth:`consume`); :meth:`cancel` stops it (a ChunkStream)."""
 
-    def __init__(self, session: Session, request_id: int, job_id: str = "") -> None:
+    def __init__(self, session: Session, request_id: int, job_id: str = "", iteration: int = 0) -> None:
         self.session = session
         self.request_id = request_id
         self.job_id = job_id
+        self.traffic_key: TrafficKey = (job_id, iteration)
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._sink: Sink | None = None
         self.ended = False
@@ -242,7 +272,7 @@ class SessionCompute:
         """Ask the worker to compute this backup's remaining messages at normal priority (if still running), and
         to send the messages it holds (``hold``)."""
         if not self.ended:
-            self.session._promote(self.request_id, self.job_id)
+            self.session._promote(self.request_id, self.traffic_key)
 
     def consume(self, sink: Sink) -> None:
         """Pass every item to ``sink`` as the session reads it (those already here at once), instead of iterating:
@@ -291,11 +321,12 @@ class Session:
         self._call = stream
         self.on_lost_job = on_lost_job
         self._computes: dict[int, SessionCompute] = {}
-        self._cancelled: collections.OrderedDict[int, str] = collections.OrderedDict()
-        """Job ids of the requests cancelled lately, by request id, until their status arrives."""
+        self._cancelled: collections.OrderedDict[int, TrafficKey] = collections.OrderedDict()
+        """Job ids and iterations of the requests cancelled lately, by request id, until their status arrives."""
         self._ids = itertools.count(1)
-        self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized, str]] = asyncio.Queue()
-        """What to write: the request it belongs to (not sent once ended; None: a control), the bytes, the job."""
+        self._outbox: asyncio.Queue[tuple[SessionCompute | None, Serialized, TrafficKey]] = asyncio.Queue()
+        """What to write: the request it belongs to (not sent once ended; None: a control), the bytes, whose
+        iteration they count for."""
         self._framing: int = getattr(stream, "framing_bytes", GRPC_MESSAGE_PREFIX_BYTES)
         self._write_at_once: Callable[[Serialized], bool] | None = getattr(stream, "write_now", None)
         """A link's ``write_now`` (a gRPC call has none: it is written by the writer task only)."""
@@ -325,28 +356,28 @@ class Session:
         already serialized (the iteration's model, shared by every worker's request)."""
         request_id = next(self._ids)
         head.request_id = request_id
-        compute = SessionCompute(self, request_id, head.job_id)
+        compute = SessionCompute(self, request_id, head.job_id, head.iteration)
         if self.error is not None:
             compute._deliver(self.error)
             return compute
         self._computes[request_id] = compute
         data = (head.SerializeToString(), body)  # on a link, the model is not copied
-        if not (self._outbox.empty() and self._write_now(data, head.job_id)):
-            self._outbox.put_nowait((compute, data, head.job_id))
+        if not (self._outbox.empty() and self._write_now(data, compute.traffic_key)):
+            self._outbox.put_nowait((compute, data, compute.traffic_key))
         return compute
 
-    def _write_now(self, data: Serialized, job_id: str) -> bool:
+    def _write_now(self, data: Serialized, key: TrafficKey) -> bool:
         """Write ``data`` from the caller's own step when the stream can (a link with room in its send buffer) and
         nothing waits before it: a round's requests then leave as it asks them, not after whatever the event loop
         runs before the writer task (a job's publish ran first: 1-2 ms of every iteration with no worker busy)."""
         if self._write_at_once is None or not self._write_at_once(data):
             return False
-        self._sent(data, job_id)
+        self._sent(data, key)
         return True
 
-    def _sent(self, data: Serialized, job_id: str) -> None:
+    def _sent(self, data: Serialized, key: TrafficKey) -> None:
         nbytes = serialized_size(data) + self._framing
-        TRAFFIC.add(job_id, sent=nbytes)
+        TRAFFIC.add(key, sent=nbytes)
         metrics.COMPUTE_BYTES_SENT.inc(nbytes)
 
     def _place(self, meta: worker_pb2.GradientChunk, nbytes: int) -> memoryview | None:
@@ -358,27 +389,27 @@ class Session:
     def _cancel(self, request_id: int) -> None:
         compute = self._computes.pop(request_id, None)
         if compute is not None and self.error is None:
-            self._cancelled[request_id] = compute.job_id
+            self._cancelled[request_id] = compute.traffic_key
             if len(self._cancelled) > _CANCELLED_REMEMBERED:
                 self._cancelled.popitem(last=False)
             cancel = worker_pb2.ComputeRequest(request_id=request_id, cancel=True).SerializeToString()
-            self._outbox.put_nowait((None, cancel, compute.job_id))
+            self._outbox.put_nowait((None, cancel, compute.traffic_key))
 
-    def _promote(self, request_id: int, job_id: str) -> None:
+    def _promote(self, request_id: int, key: TrafficKey) -> None:
         if self.error is None:
             promote = worker_pb2.ComputeRequest(request_id=request_id, promote=True).SerializeToString()
-            self._outbox.put_nowait((None, promote, job_id))
+            self._outbox.put_nowait((None, promote, key))
 
     async def _write(self) -> None:
         while True:
-            compute, data, job_id = await self._outbox.get()
+            compute, data, key = await self._outbox.get()
             ended = compute is not None and compute.ended
             del compute  # waiting for the next, the writer holds no request (nor the round its callbacks lead to)
             if ended:
                 continue  # cancelled before its turn: not sent at all
             try:
                 await self._call.write(data)
-                self._sent(data, job_id)
+                self._sent(data, key)
             except Exception as exc:  # the stream broke
                 if not isinstance(exc, (grpc.aio.AioRpcError, CallError)):  # the reader breaks it, with its status
                     await asyncio.wait({self._reader}, timeout=1.0)
@@ -435,14 +466,14 @@ class Session:
         """Count a chunk's bytes for its request's job (a cancelled request's too, while remembered)."""
         nbytes = chunk.nbytes + self._framing
         metrics.COMPUTE_BYTES_RECEIVED.inc(nbytes)
-        job_id = compute.job_id if compute is not None else self._cancelled.get(chunk.meta.request_id)
-        if job_id is not None:
-            TRAFFIC.add(job_id, received=nbytes)
+        key = compute.traffic_key if compute is not None else self._cancelled.get(chunk.meta.request_id)
+        if key is not None:
+            TRAFFIC.add(key, received=nbytes)
 
     def _late_status(self, request_id: int, status: worker_pb2.CallStatus) -> None:
-        job_id = self._cancelled.pop(request_id, None)
-        if job_id is not None:
-            self._tell_lost(job_id, status)
+        key = self._cancelled.pop(request_id, None)
+        if key is not None:
+            self._tell_lost(key[0], status)
 
     def _tell_lost(self, job_id: str, status: worker_pb2.CallStatus) -> None:
         if status.code == grpc.StatusCode.NOT_FOUND.value[0] and self.on_lost_job is not None:
@@ -506,7 +537,7 @@ class Caller:
         if self._linked is not None and not self._linked.broken:
             return self._linked.compute(head, body)
         if self.serves_sessions is False:
-            return _CountedCall(self._compute_call, head.SerializeToString() + body, head.job_id)
+            return _CountedCall(self._compute_call, head.SerializeToString() + body, (head.job_id, head.iteration))
         if self._session is None or self._session.broken:
             self._session = Session.on(self.channel, self.on_lost_job)
         if self.serves_links is not False and self._dialing is None:
@@ -523,7 +554,7 @@ class Caller:
         request.ClearField("request_id")  # a call, not a Session request: no in-band status
         request.report_start = False
         request.hold = False  # a call cannot be promoted: it sends its messages
-        return _CountedCall(self._compute_call, request.SerializeToString() + body, head.job_id)
+        return _CountedCall(self._compute_call, request.SerializeToString() + body, (head.job_id, head.iteration))
 
     async def _dial(self) -> None:
         assert self._link is not None
@@ -558,11 +589,11 @@ class Caller:
 class _CountedCall:
     """A Compute call (``call``, with the serialized request) whose bytes count in :data:`TRAFFIC` as they go."""
 
-    def __init__(self, call: Callable[[bytes], Any], request: bytes, job_id: str) -> None:
-        self.job_id = job_id
+    def __init__(self, call: Callable[[bytes], Any], request: bytes, key: TrafficKey) -> None:
+        self.traffic_key = key
         self.inner: ChunkStream = call(request)
         nbytes = len(request) + GRPC_MESSAGE_PREFIX_BYTES
-        TRAFFIC.add(job_id, sent=nbytes)
+        TRAFFIC.add(key, sent=nbytes)
         metrics.COMPUTE_BYTES_SENT.inc(nbytes)
 
     def __aiter__(self) -> AsyncIterator[worker_pb2.GradientChunk | ReceivedChunk]:
@@ -572,7 +603,7 @@ class _CountedCall:
         async for chunk in self.inner:
             if isinstance(chunk, ReceivedChunk):
                 nbytes = chunk.nbytes + GRPC_MESSAGE_PREFIX_BYTES
-                TRAFFIC.add(self.job_id, received=nbytes)
+                TRAFFIC.add(self.traffic_key, received=nbytes)
                 metrics.COMPUTE_BYTES_RECEIVED.inc(nbytes)
             yield chunk
 

@@ -18,7 +18,14 @@ from gradcode.common.codes.base import Array, GradientCode
 from gradcode.common.gather.round import ChunkStream, WorkerFailure
 from gradcode.common.ops import metrics
 from gradcode.common.training.models import message_length
-from gradcode.common.transport.session import TRAFFIC, CallError, Session, serve_session, status_chunk
+from gradcode.common.transport.session import (
+    TRAFFIC,
+    CallError,
+    Session,
+    Traffic,
+    serve_session,
+    status_chunk,
+)
 from gradcode.common.transport.wire import (
     CHANNEL_OPTIONS,
     SESSION_METHOD,
@@ -491,10 +498,13 @@ async def test_hold_without_backup_is_refused(channel: grpc.aio.Channel, session
         assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT and "set backup too" in refused.value.details
 
 
-async def test_a_sessions_bytes_count_for_its_job_as_the_stream_carried_them(channel: grpc.aio.Channel) -> None:
+async def test_a_sessions_bytes_count_for_its_job_and_iteration_as_the_stream_carried_them(
+    channel: grpc.aio.Channel,
+) -> None:
     """TRAFFIC counts every request (with its model), cancel and chunk of a job's Computes at its serialized size
-    plus gRPC's 5-byte message prefix: the same bytes the stream's serializers handled, recorded here beside it.
-    Each message's payload is its 8 bytes per element; the rest is a few dozen bytes of header and trailer."""
+    plus gRPC's 5-byte message prefix: the same bytes the stream's serializers handled, recorded here beside it,
+    each for its request's iteration. Each message's payload is its 8 bytes per element; the rest is a few dozen
+    bytes of header and trailer."""
     sent: list[int] = []
     received: list[int] = []
 
@@ -510,7 +520,6 @@ async def test_a_sessions_bytes_count_for_its_job_as_the_stream_carried_them(cha
     async with asyncio.timeout(TEST_TIMEOUT):
         partitions = make_partitions(3)
         await _load(channel, job_setup(CYCLIC, 0, job_id="counted"), data_for(CYCLIC, 0, partitions))
-        TRAFFIC.take("counted")
         method = channel.stream_stream(SESSION_METHOD, request_serializer=serialize, response_deserializer=parse)
         session = Session(method())
         try:
@@ -525,9 +534,30 @@ async def test_a_sessions_bytes_count_for_its_job_as_the_stream_carried_them(cha
             await _wait_until(lambda: len(received) == len(rows) + 2)  # the messages, the notice, the status
         finally:
             session.close()
-        out, came = TRAFFIC.take("counted")
-        assert out == sum(sent) + 5 * len(sent) and len(sent) == 3  # two requests and a cancel
-        assert came == sum(received) + 5 * len(received)
+        assert len(sent) == 3  # two requests and a cancel
+        first = len(rows)  # iteration 0's messages; then iteration 1's notice and status
+        assert TRAFFIC.take("counted", 0) == (sent[0] + 5, sum(received[:first]) + 5 * first)
+        assert TRAFFIC.take("counted", 1) == (sent[1] + sent[2] + 10, sum(received[first:]) + 10)
         payload = 8 * message_length(softmax_model(), statistics=False) * len(rows)
-        assert payload < sum(received[: len(rows)]) < payload + 100 * len(rows)
-        assert TRAFFIC.take("counted") == (0, 0), "taken"
+        assert payload < sum(received[:first]) < payload + 100 * len(rows)
+        assert TRAFFIC.take("counted", 1) == (0, 0), "taken"
+
+
+def test_traffic_reports_an_iteration_without_the_next_ones_requests_and_late_bytes_in_the_next_report() -> None:
+    """The master sends iteration 1's requests before it takes iteration 0's report: they wait for their own. The
+    rest of a cancelled message of iteration 0, arriving after its report, counts in the next one; a job nobody takes
+    (a tree parent's) keeps at most ITERATIONS counts, with no byte lost."""
+    traffic = Traffic()
+    traffic.add(("job", 0), sent=100, received=1000)
+    traffic.add(("job", 1), sent=101)
+    traffic.add(("other", 0), sent=7)
+    assert traffic.take("job", 0) == (100, 1000)
+    traffic.add(("job", 0), received=30)  # late
+    traffic.add(("job", 1), received=1001)
+    assert traffic.take("job", 1) == (101, 1031)
+    assert traffic.take("job", 2) == (0, 0)
+    assert traffic.take("other", 0) == (7, 0)
+    for iteration in range(3 * Traffic.ITERATIONS):
+        traffic.add(("parent", iteration), sent=1, received=2)
+    assert len(traffic._jobs["parent"].pending) == Traffic.ITERATIONS
+    assert traffic.take("parent", 3 * Traffic.ITERATIONS) == (3 * Traffic.ITERATIONS, 6 * Traffic.ITERATIONS)
