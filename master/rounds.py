@@ -592,7 +592,7 @@ class _ModelRequest:
                 self._digest = model_digest(self.point)
             address, bearer = self.relay_peer(peer)
             relayed = worker_pb2.RelayedModel(
-                address=address, bearer=bearer, length=int(self.point.size), blake2b=self._digest,
+                address=address, bearer=bearer, length=int(self.point.size), digest=self._digest,
                 hops=len(self.upstream(peer)),  # the fetches the model passes to reach ``worker``
             )  # fmt: skip
             return worker_pb2.ComputeRequest(relayed_model=relayed).SerializeToString(), False

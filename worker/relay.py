@@ -4,7 +4,7 @@ The master of a flat job with ``JobSpec.model_delivery`` "relay" sends each iter
 tells the others to fetch it from a peer (:mod:`gradcode.master.rounds`), so its own link carries the model about once
 instead of once per worker. Every worker keeps the models it received for its own Computes (:class:`HeldModels`, the
 last :data:`HeldModels.KEEP` iterations) and serves them to its job's peers; a worker told to fetch one
-(:class:`PeerFetcher`) checks its length and BLAKE2b digest (:func:`~gradcode.common.transport.wire.model_digest`)
+(:class:`PeerFetcher`) checks its length and BLAKE3 digest (:func:`~gradcode.common.transport.wire.model_digest`)
 against what the master sent, so a stale or lying peer is caught and never yields a gradient.
 
 Failure is simple on purpose: a fetch that fails (a dead peer, one frozen past :func:`fetch_seconds`, which grows with
@@ -208,8 +208,8 @@ def check_relayed(relay: worker_pb2.RelayedModel, num_params: int) -> None:
         raise ValueError("relayed_model names no peer address.")
     if relay.length != num_params:
         raise ValueError(f"relayed_model.length is {relay.length}; this job's model has {num_params} parameters.")
-    if len(relay.blake2b) != MODEL_DIGEST_BYTES:
-        raise ValueError(f"relayed_model.blake2b is {len(relay.blake2b)} bytes; a digest is {MODEL_DIGEST_BYTES}.")
+    if len(relay.digest) != MODEL_DIGEST_BYTES:
+        raise ValueError(f"relayed_model.digest is {len(relay.digest)} bytes; a digest is {MODEL_DIGEST_BYTES}.")
     if relay.hops > MAX_HOPS:
         raise ValueError(f"relayed_model.hops is {relay.hops}; a relayed model passes at most {MAX_HOPS} fetches.")
 
@@ -232,7 +232,7 @@ async def relayed(
         params = check(await fetch())
         if not _digest_matches(params, relay):
             raise ModelUnavailableError(
-                f"peer {short(relay.address)} sent a model whose BLAKE2b digest is not the master's (a stale or lying "
+                f"peer {short(relay.address)} sent a model whose BLAKE3 digest is not the master's (a stale or lying "
                 "peer); it is not used"
             )
     except (ModelUnavailableError, ValueError) as exc:
@@ -245,4 +245,4 @@ async def relayed(
 
 
 def _digest_matches(params: Array, relay: worker_pb2.RelayedModel) -> bool:
-    return params.dtype == FLOAT64 and hmac.compare_digest(model_digest(params), relay.blake2b)
+    return params.dtype == FLOAT64 and hmac.compare_digest(model_digest(params), relay.digest)

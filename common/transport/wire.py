@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import grpc
 import numpy as np
 import xxhash
@@ -662,11 +662,13 @@ MODEL_DIGEST_BYTES = 32
 
 
 def model_digest(params: Array) -> bytes:
-    """BLAKE2b (:data:`MODEL_DIGEST_BYTES`) of a model's little-endian float64 bytes: what a worker told to fetch the
+    """BLAKE3 (:data:`MODEL_DIGEST_BYTES`) of a model's little-endian float64 bytes: what a worker told to fetch the
     model from a peer (``ComputeRequest.relayed_model``) checks it against, so a stale or lying peer is caught.
-    A cryptographic hash, not a checksum: a peer that chose its bytes could match any checksum."""
+    A cryptographic hash, not a checksum: a peer that chose its bytes could match any checksum. BLAKE3, not the
+    standard library's BLAKE2b: 1.5 against 8.7 ms for a p = 10⁶ model here (one thread), and the master hashes
+    every relayed model, every worker that fetches one too (a tree parent: 13 % of its CPU with BLAKE2b)."""
     a = np.ascontiguousarray(np.asarray(params, dtype=FLOAT64))
-    return hashlib.blake2b(a.view(np.uint8).data, digest_size=MODEL_DIGEST_BYTES).digest()
+    return blake3.blake3(a.view(np.uint8).data).digest(MODEL_DIGEST_BYTES)
 
 
 def model_request_bytes(params: Array) -> bytes:

@@ -53,7 +53,7 @@ def test_a_relayed_iteration_sends_the_model_inline_to_its_seed_and_a_checked_re
         body, in_shared = model.fields(w, shared=False)
         relayed = worker_pb2.ComputeRequest.FromString(body).relayed_model
         assert not in_shared and len(body) < 128
-        assert (relayed.length, relayed.blake2b) == (100, model_digest(params))
+        assert (relayed.length, relayed.digest) == (100, model_digest(params))
         peers[w], hops[w] = int(relayed.address.split(".")[-1].split(":")[0]), relayed.hops
         assert relayed.bearer == f"token-of-{peers[w]}"
     assert peers == {0: 5, 4: 5, 1: 5, 3: 0, 2: 0, 6: 0}

@@ -73,7 +73,7 @@ async def peer_and_fetcher() -> AsyncIterator[tuple[ServedWorker, ServedWorker]]
 def _relayed(address: str, params: Array, iteration: int = 1, hops: int = 0) -> worker_pb2.ComputeRequest:
     """Worker 1's Compute of ``iteration`` told to fetch ``params`` from the peer at ``address``, ``hops`` fetches
     from the master's inline copy (0: one)."""
-    relay = worker_pb2.RelayedModel(address=address, length=params.size, blake2b=model_digest(params), hops=hops)
+    relay = worker_pb2.RelayedModel(address=address, length=params.size, digest=model_digest(params), hops=hops)
     rows = CODE.static_assignment().rows[1]
     return worker_pb2.ComputeRequest(job_id="job", iteration=iteration, worker_id=1, rows=rows, relayed_model=relay)
 
@@ -156,7 +156,7 @@ async def test_a_stale_or_lying_peer_is_caught_by_the_digest(
         await _peer_computes(peer, params + 2.0**-40)  # one ulp-scale change is enough
         refused = await _fetcher_refuses(fetcher, _relayed(peer.address, params))
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "BLAKE2b digest is not the master's" in str(refused.details()) and "Send it inline" in str(refused.details())
+    assert "BLAKE3 digest is not the master's" in str(refused.details()) and "Send it inline" in str(refused.details())
     assert fetcher.servicer.jobs["job"].models.held(1) is None
 
 
@@ -201,7 +201,7 @@ async def test_a_relayed_model_must_name_a_peer_and_match_the_jobs_model() -> No
                 "a digest is 32": _relayed("127.0.0.1:1", params),
                 "passes at most 32 fetches": _relayed("127.0.0.1:1", params, hops=33),
             }
-            bad["a digest is 32"].relayed_model.blake2b = b"short"
+            bad["a digest is 32"].relayed_model.digest = b"short"
             for expected, request in bad.items():
                 refused = await _status(stub.Compute(request))
                 assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and expected in str(refused.details())

@@ -225,18 +225,18 @@ class ComputeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., worker_id: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., shared_model: _Optional[_Union[SharedModel, _Mapping]] = ..., request_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., backup: _Optional[bool] = ..., promote: _Optional[bool] = ..., deferred: _Optional[bool] = ..., report_start: _Optional[bool] = ..., hold: _Optional[bool] = ..., relayed_model: _Optional[_Union[RelayedModel, _Mapping]] = ...) -> None: ...
 
 class RelayedModel(_message.Message):
-    __slots__ = ("address", "bearer", "length", "blake2b", "hops")
+    __slots__ = ("address", "bearer", "length", "digest", "hops")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BEARER_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
-    BLAKE2B_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     address: str
     bearer: str
     length: int
-    blake2b: bytes
+    digest: bytes
     hops: int
-    def __init__(self, address: _Optional[str] = ..., bearer: _Optional[str] = ..., length: _Optional[int] = ..., blake2b: _Optional[bytes] = ..., hops: _Optional[int] = ...) -> None: ...
+    def __init__(self, address: _Optional[str] = ..., bearer: _Optional[str] = ..., length: _Optional[int] = ..., digest: _Optional[bytes] = ..., hops: _Optional[int] = ...) -> None: ...
 
 class SharedModel(_message.Message):
     __slots__ = ("length", "xxh3")
