@@ -30,7 +30,8 @@ talks to, or the ring's neighbours), all flows at once, scaled to the measured w
 multiple of the floor; the seconds the master host's CPU quota held it back per iteration; how one model sent
 to each of those workers at once ends (``broadcast_spread``, for the simulator); and ``/proc/loadavg`` before
 the job. A short ``verify`` job per scheme and n shows every gradient exact.
-Prints the table and saves ``cluster.json`` and ``cluster.png`` in ``docs/results/`` (or ``--out``).
+Prints the table and saves ``cluster.json`` and ``cluster.png`` in ``docs/results/`` (or ``--out``); while it runs,
+``cluster.partial.json`` holds the rows measured so far (a run that dies keeps them).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -482,8 +483,10 @@ SPREAD_REPEATS = 3
 async def _measure(
     testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
     data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, features: int = NUM_FEATURES,
-    deliveries: Sequence[str] = ("",),
+    deliveries: Sequence[str] = ("",), on_row: Callable[[list[dict[str, Any]], dict[str, float]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
+    """Every row of the run (``on_row`` is told the rows so far after each one), and each system's worst verified
+    error."""
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
     async with GradcodeClient(cluster.client_address) as client:
@@ -527,6 +530,8 @@ async def _measure(
                         row = _row(n, system, stragglers, round_, job, measured)
                         rows.append(row)
                         print(_progress(row), flush=True)
+                        if on_row is not None:
+                            on_row(rows, verified)
             finally:
                 if ranks is not None:
                     ranks.close()
@@ -688,6 +693,13 @@ def run(
     specs += [HostSpec(f"w{i}", worker_mbit, worker_cpu) for i in range(hosts_needed)]
     started = time.perf_counter()
     load_start = load_average()
+    partial = out / "cluster.partial.json"
+
+    def save_partial(rows: list[dict[str, Any]], verified: dict[str, float]) -> None:
+        """The rows so far, so a run that dies (a full disk, the OOM killer) keeps what it measured."""
+        out.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"verify_max_error": verified, "rows": rows}, indent=1) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-cluster-") as tmp, Testbed(specs) as testbed:
         print(
             f"Testbed: master host {master_cpu:g}% of a core, {master_mbit:g} Mbit/s; {hosts_needed} worker hosts"
@@ -697,8 +709,11 @@ def run(
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             data = Path(tmp) / "data"
             rows, verified = asyncio.run(
-                _measure(testbed, cluster, ns, rounds, iterations, delay, data, surplus, schemes, features, deliveries)
-            )
+                _measure(
+                    testbed, cluster, ns, rounds, iterations, delay, data, surplus, schemes, features, deliveries,
+                    on_row=save_partial,
+                )
+            )  # fmt: skip
     result: dict[str, Any] = {
         "p": features + 1,
         "num_samples": NUM_SAMPLES,
@@ -726,6 +741,7 @@ def run(
     print()
     print(format_table(result))
     save(result, out, "cluster", lambda path: plot(result, path))
+    partial.unlink(missing_ok=True)
     return result
 
 

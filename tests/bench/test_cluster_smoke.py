@@ -6,12 +6,14 @@ The refusal without root is checked everywhere."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +254,23 @@ def test_the_plot_draws_one_line_per_system_and_a_tree_one_per_model_delivery() 
     assert [cluster._series(r) for r in rows] == [
         "tree relay", "tree relay", "tree direct", "tree", "fractional s=1 relay"
     ]  # fmt: skip
+
+
+@pytest.mark.e2e
+@needs_testbed
+def test_a_run_that_dies_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cluster.partial.json`` holds the rows after each one: a run that dies halfway (the OOM killer ended one 45
+    minutes in, its rows only in its log) keeps what it measured. The testbed and the cluster are real; the
+    measuring is cut to one row and a crash."""
+    measured = [{"n": 2, "system": "uncoded", "median_ms": 12.5}]
+
+    async def one_row_then_dies(*args: object, on_row: Any, **kwargs: object) -> None:
+        on_row(measured, {"uncoded, n=2": 0.0})
+        raise RuntimeError("killed halfway")
+
+    monkeypatch.setattr(cluster, "_measure", one_row_then_dies)
+    with pytest.raises(RuntimeError, match="halfway"):
+        cluster.run(ns=[2], iterations=6, out=tmp_path, schemes=["uncoded"])
+    saved = json.loads((tmp_path / "cluster.partial.json").read_text())
+    assert saved == {"verify_max_error": {"uncoded, n=2": 0.0}, "rows": measured}
+    assert not (tmp_path / "cluster.json").exists()
