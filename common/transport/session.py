@@ -168,8 +168,9 @@ class Traffic:
 
     JOBS = 4096
     """Jobs remembered; the oldest is forgotten beyond (a tree parent counts its jobs too, and nobody takes them)."""
-    ITERATIONS = 64
-    """Iterations of a job counted apart until taken; beyond, the two oldest are counted as one."""
+    ITERATIONS = 8
+    """Iterations of a job counted apart until taken (the master takes each with its report, so two or three
+    wait at most); beyond, the two oldest are counted as one, and a job nobody takes stays small."""
 
     def __init__(self) -> None:
         self._jobs: collections.OrderedDict[str, _JobTraffic] = collections.OrderedDict()
