@@ -115,11 +115,14 @@ class Dataset:
         return int(self.y_train.shape[0])
 
     def without_samples(self) -> Dataset:
-        """The same dataset with no samples: what a finished job keeps (its name, shape and classes)."""
+        """The same dataset with no samples: what a finished job keeps (its name, shape and classes). Nor does it
+        keep a synthetic set's generating parameters (a model's size: 8 MB at p = 10⁶, for each finished job the
+        master holds)."""
         f = self.num_features
         return dataclasses.replace(
-            self, X_train=np.empty((0, f)), y_train=np.empty(0), X_test=np.empty((0, f)), y_test=np.empty(0)
-        )
+            self, X_train=np.empty((0, f)), y_train=np.empty(0), X_test=np.empty((0, f)), y_test=np.empty(0),
+            true_params=None,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (

@@ -255,3 +255,15 @@ def test_partition_errors() -> None:
         partition_indices(-1, [1], seed=0)
     with pytest.raises(ValueError, match=re.escape("'seed' must be an integer >= 0, not -3")):
         partition_indices(5, [1], seed=-3)
+
+
+def test_a_dataset_without_samples_keeps_its_shape_and_nothing_the_size_of_its_data_or_model() -> None:
+    """What a finished job keeps: name, shape, classes and kind; not the samples, nor a synthetic set's generating
+    parameters (at p = 10^6 a finished job held 8 MB of them, unused)."""
+    data = load_dataset("linear", num_samples=200, num_features=30, seed=1, test_fraction=0.25)
+    kept = data.without_samples()
+    assert (kept.name, kept.num_features, kept.num_classes, kept.model_kind) == (
+        data.name, 30, data.num_classes, data.model_kind,
+    )  # fmt: skip
+    assert kept.X_train.shape == (0, 30) and kept.X_test.shape == (0, 30) and kept.y_train.size == kept.y_test.size == 0
+    assert data.true_params is not None and kept.true_params is None
