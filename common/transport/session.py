@@ -177,24 +177,19 @@ class Traffic:
 
     def add(self, key: TrafficKey, *, sent: int = 0, received: int = 0) -> None:
         job_id, iteration = key
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = self._jobs[job_id] = _JobTraffic()
-            if len(self._jobs) > self.JOBS:
-                self._jobs.popitem(last=False)
+        job = self._job(job_id)
         totals = job.pending.setdefault(max(iteration, job.taken + 1), [0, 0])
         totals[0] += sent
         totals[1] += received
         if len(job.pending) > self.ITERATIONS:
             oldest, older = sorted(job.pending)[:2]
-            merged = job.pending.pop(oldest)
-            job.pending[older] = [merged[0] + job.pending[older][0], merged[1] + job.pending[older][1]]
+            out, came = job.pending.pop(oldest)
+            job.pending[older][0] += out
+            job.pending[older][1] += came
 
     def take(self, job_id: str, iteration: int) -> tuple[int, int]:
         """Bytes (sent, received) of ``job_id``'s ``iteration``, with those of its earlier iterations not yet taken."""
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = self._jobs[job_id] = _JobTraffic()
+        job = self._job(job_id)
         job.taken = max(job.taken, iteration)
         sent = received = 0
         for counted in [i for i in job.pending if i <= iteration]:
@@ -202,6 +197,14 @@ class Traffic:
             sent += out
             received += came
         return sent, received
+
+    def _job(self, job_id: str) -> _JobTraffic:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _JobTraffic()
+            if len(self._jobs) > self.JOBS:
+                self._jobs.popitem(last=False)
+        return job
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import statistics
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -89,8 +90,10 @@ async def test_a_relayed_job_is_exact_ends_where_direct_ends_and_the_master_send
     assert (N - 1 - 2) * ITERATIONS <= relayed <= (N - 1) * ITERATIONS, relayed
     # Per worker asked, a direct request is its model plus a few dozen bytes of its own fields; a relayed one is those
     # fields plus the relay's (peer address, token, length, digest: under 128 bytes).
-    per_request = max(r.bytes_sent for r in direct) / N - MODEL_BYTES
-    assert 0 < per_request < MODEL_BYTES / 4, per_request
+    # (the median iteration: under load a worker can be asked again, and its request carries the model again; one run
+    # of six side by side on two cores had an iteration with nine models' bytes)
+    per_request = statistics.median(d.bytes_sent for d in direct) / N - MODEL_BYTES
+    assert 0 < per_request < MODEL_BYTES / 4, [d.bytes_sent for d in direct]
     # A report counts its own iteration's requests, whenever they were written: the next round's, sent before this
     # report was taken, wait for theirs (counted since the last report, one CI run under load had iteration 2's report
     # hold five models' bytes, 26247 of 31200, and another four). Direct sends every worker the model, backups
@@ -98,7 +101,7 @@ async def test_a_relayed_job_is_exact_ends_where_direct_ends_and_the_master_send
     assert sum(d.bytes_sent for d in direct) >= (N * ITERATIONS - 1) * MODEL_BYTES
     for d, r in zip(direct, relay, strict=True):
         assert d.bytes_sent >= (N - 1) * MODEL_BYTES, (d.iteration, d.bytes_sent)
-        assert r.bytes_sent <= MODEL_BYTES + N * (per_request + 128), (r.iteration, r.bytes_sent, d.bytes_sent)
+        assert r.bytes_sent <= MODEL_BYTES + N * (per_request + 128), [r.bytes_sent for r in relay]
 
 
 @pytest.mark.parametrize("fault", ["kill", "freeze"])
