@@ -36,6 +36,7 @@ from gradcode.common.transport.wire import (
     message_chunk_pieces,
     message_chunks,
     message_to_dict,
+    model_digest,
     model_request_bytes,
     parse_chunk,
     payload_digest,
@@ -627,3 +628,20 @@ def _has_nan_or_negative_zero(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_nan_or_negative_zero(v) for v in value)
     return isinstance(value, float) and (math.isnan(value) or (value == 0 and math.copysign(1, value) < 0))
+
+
+def test_the_relay_digest_is_blake3_of_the_models_little_endian_float64_bytes() -> None:
+    """The wire contract a peer of another implementation must match (RelayedModel.digest): BLAKE3, 32 bytes, of the
+    parameters as little-endian float64, whatever dtype or byte order they were held in. The empty model gives the
+    BLAKE3 specification's test vector for empty input."""
+    assert model_digest(np.empty(0)).hex() == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    params = np.array([1.0, -0.5, 3.25e-300, np.pi])
+    digest = model_digest(params)
+    assert len(digest) == 32
+    assert digest == model_digest(params.astype(">f8"))
+    held32 = params.astype(np.float32)
+    assert model_digest(held32) == model_digest(held32.astype(np.float64)) != digest  # its float64 values, rounded
+    assert digest == model_digest(np.asfortranarray(params)) != model_digest(params[::-1])
+    changed = params.copy()
+    changed[3] = np.nextafter(changed[3], 0.0)  # one bit of one parameter
+    assert model_digest(changed) != digest
