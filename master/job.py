@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -266,7 +265,7 @@ class JobRunner:
             await self.rounds.close()
             await self.tasks.close()
             await self.loader.end()
-            self._release_data()
+            self.plan = self.loader.plan  # without its samples now
             self.history_file.close()
 
     async def _loop(self) -> None:
@@ -447,12 +446,6 @@ class JobRunner:
             training=it.training, start_slack_seconds=it.start_slack,
         )  # fmt: skip
         return report, params
-
-    def _release_data(self) -> None:
-        """Drop the training data once the job has ended: the master keeps finished jobs (for GetJob,
-        GetModel and WatchJob) but not their datasets, so its memory does not grow with them."""
-        self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
-        self.loader.plan = self.plan
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint(self, state: str = "running") -> Checkpoint:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -386,9 +387,11 @@ class WorkerLoader:
             raise JobFailedError(f"Worker(s) {ids} cannot load {what}; worker {first}: {reason}")
 
     async def end(self) -> None:
-        """EndJob on every worker that holds the job (best effort), and free the partition bytes and the
-        shared-memory directory."""
+        """EndJob on every worker that holds the job (best effort), and free the training data (the partition
+        bytes, and the plan's samples: a finished job the master keeps answers GetJob and WatchJob without them) and
+        the shared-memory directory."""
         self.partition_bytes.clear()
+        self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
         if self.shared is not None:
             self.shared.close()
 
