@@ -54,7 +54,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradcode.bench.output import RESULTS, SKIP_ITERATIONS, add_out_argument, figure, load_average, save, steady_periods
+from gradcode.bench.output import (
+    RESULTS,
+    SKIP_ITERATIONS,
+    add_out_argument,
+    figure,
+    load_average,
+    save,
+    save_json,
+    steady_periods,
+)
 from gradcode.bench.testbed import Host, HostSpec, Testbed, TestbedUnavailableError, check_available, cleanup
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
@@ -334,7 +343,7 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
 def job_spec(system: System, workload: Workload, delays: Delays, iterations: int, *, verify: bool = False) -> Any:
     """The JobSpec of ``system`` on ``workload`` under ``delays`` (its worker ids left for the caller)."""
     return build_job_spec(
-        scheme=system.scheme, code_params=system.code_params, model="linear", dataset="linear",
+        scheme=system.scheme, code_params=system.code_params, model=workload.model, dataset=workload.dataset,
         num_samples=workload.num_samples, num_features=workload.num_features, test_fraction=workload.test_fraction,
         learning_rate=workload.learning_rate, l2=workload.l2, iterations=iterations, deadline_seconds=60.0,
         verify=verify, straggler=delays.model, straggler_params=delays.params, straggler_seed=delays.seed,
@@ -697,8 +706,7 @@ def run(
 
     def save_partial(rows: list[dict[str, Any]], verified: dict[str, float]) -> None:
         """The rows so far, so a run that dies (a full disk, the OOM killer) keeps what it measured."""
-        out.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"verify_max_error": verified, "rows": rows}, indent=1) + "\n")
+        save_json({"verify_max_error": verified, "rows": rows}, partial)
 
     with tempfile.TemporaryDirectory(prefix="gradcode-bench-cluster-") as tmp, Testbed(specs) as testbed:
         print(

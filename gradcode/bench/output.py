@@ -31,6 +31,7 @@ __all__ = [
     "load_average",
     "run_with_cpu",
     "save",
+    "save_json",
     "steady_periods",
     "up_workers",
 ]
@@ -101,11 +102,16 @@ def figure(path: Path, *grid: int, dpi: int, **subplots: Any) -> Iterator[Any]:
         plt.close(fig)
 
 
+def save_json(results: Any, path: Path) -> None:
+    """Write ``results`` to ``path`` as indented JSON (its folder made if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def save(results: Any, out: Path, name: str, plot: Callable[[Path], None]) -> tuple[Path, Path]:
     """Write ``out/name.json`` and draw ``out/name.png`` with ``plot``; print and return both paths."""
-    out.mkdir(parents=True, exist_ok=True)
     data, figure = out / f"{name}.json", out / f"{name}.png"
-    data.write_text(json.dumps(results, indent=1) + "\n")
+    save_json(results, data)
     plot(figure)
     print(f"Saved {data} and {figure}")
     return data, figure
