@@ -178,7 +178,10 @@ class Traffic:
     def add(self, key: TrafficKey, *, sent: int = 0, received: int = 0) -> None:
         job_id, iteration = key
         job = self._job(job_id)
-        totals = job.pending.setdefault(max(iteration, job.taken + 1), [0, 0])
+        counted = max(iteration, job.taken + 1)
+        totals = job.pending.get(counted)
+        if totals is None:
+            totals = job.pending[counted] = [0, 0]
         totals[0] += sent
         totals[1] += received
         if len(job.pending) > self.ITERATIONS:
