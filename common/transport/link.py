@@ -39,6 +39,7 @@ import numpy as np
 
 from gradcode.common.exceptions import GradcodeError
 from gradcode.common.ops import metrics
+from gradcode.common.transport.egress import LARGE_FRAME_BYTES, egress
 from gradcode.common.transport.security import CALL_SCOPE, Security
 from gradcode.common.transport.serving import parse_address
 from gradcode.common.transport.session import CallError, SessionProtocolError, status_chunk
@@ -113,6 +114,10 @@ class PlacedFrame:
 FramePlacer = Callable[[memoryview, int], "tuple[Any, int, memoryview] | None"]
 """Given the first bytes of a large frame and its length: what they say (``head``), where the frame's tail starts
 in it, and the buffer to receive that tail into (exactly its size); None to receive the frame as usual."""
+
+
+def _frame_bytes(pieces: tuple[bytes | memoryview, ...]) -> int:
+    return sum(len(piece) for piece in pieces)
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -217,6 +222,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._writable = asyncio.get_running_loop().create_future()
 
     def resume_writing(self) -> None:
+        egress().release(self)  # the large frame (if any) has left the process
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)
@@ -232,6 +238,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 waiter.set_exception(self.error)
                 waiter.exception()  # retrieved here: the waiting coroutine (if any) sees it too
         self._arrived = self._writable = None
+        egress().release(self)
 
     # ---- the user's side -----------------------------------------------------------------------------
     def _deliver(self, frame: bytes | memoryview | PlacedFrame) -> None:
@@ -272,22 +279,38 @@ class FrameProtocol(asyncio.BufferedProtocol):
         connection's send buffer is full; :class:`LinkClosedError` once it ended."""
         if self.error is not None or self.transport is None:
             raise self.error or LinkClosedError("the link is not connected")
-        self._write_frame(data)
+        pieces = (data,) if isinstance(data, bytes) else data
+        if _frame_bytes(pieces) >= LARGE_FRAME_BYTES:
+            await egress().take(self)  # (:mod:`~gradcode.common.transport.egress`)
+            if self.error is not None or self.transport is None:
+                egress().release(self)
+                raise self.error or LinkClosedError("the link is not connected")
+        self._write_frame(pieces)
         while self._writable is not None:
             await asyncio.shield(self._writable)
 
     def send_now(self, data: Serialized) -> bool:
-        """Send one frame at once if the link takes it without waiting (open, its send buffer not full); False
-        otherwise, having sent nothing (the caller then sends it with :meth:`send`, in turn)."""
+        """Send one frame at once if the link takes it without waiting (open, its send buffer not full, and for a
+        large frame the process's turn free); False otherwise, having sent nothing (the caller then sends it with
+        :meth:`send`, in turn)."""
         if self.error is not None or self.transport is None or self._writable is not None:
             return False
-        self._write_frame(data)
+        pieces = (data,) if isinstance(data, bytes) else data
+        if _frame_bytes(pieces) >= LARGE_FRAME_BYTES and not egress().try_take(self):
+            return False
+        self._write_frame(pieces)
         return True
 
-    def _write_frame(self, data: Serialized) -> None:
+    def unsent_bytes(self) -> int:
+        """What this connection has yet to hand to the kernel (:class:`~gradcode.common.transport.egress.Sender`)."""
+        return 0 if self.transport is None else self.transport.get_write_buffer_size()
+
+    def _write_frame(self, pieces: tuple[bytes | memoryview, ...]) -> None:
+        """Write one frame; a large one holds the process's turn (taken by the caller) until it drained, which is at
+        once if the kernel took it all."""
         assert self.transport is not None
-        pieces = (data,) if isinstance(data, bytes) else data
-        small: list[bytes | memoryview] = [_LENGTH.pack(sum(len(piece) for piece in pieces))]
+        size = _frame_bytes(pieces)
+        small: list[bytes | memoryview] = [_LENGTH.pack(size)]
         for piece in pieces:
             if len(piece) <= _SMALL_PIECE_BYTES:
                 small.append(piece)
@@ -297,6 +320,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             small = []
         if small:
             self.transport.write(b"".join(small))
+        if size >= LARGE_FRAME_BYTES and self._writable is None:
+            egress().release(self)
 
     def close(self) -> None:
         if self.transport is not None:
