@@ -314,6 +314,7 @@ class RoundPolicy:
             hedge = self.primaries.hedge()
             start_slack = self.primaries.start_slack() if backups and held else None
         it.backups, it.deferred = backups, deferred
+        ask = sorted(ask, key=lambda w: w in backups)  # large models leave in turn (egress): the expected set's first
         if first:
             ask = self._relay(it, ask)
         else:

@@ -34,6 +34,7 @@ from gradcode.master.node import MasterNode
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from gradcode.worker.node import WorkerNode
+from tests.helpers import fixed_delay
 
 TIMEOUT = 60.0
 SAMPLES = 200
@@ -436,3 +437,29 @@ async def test_over_links_the_master_receives_large_messages_straight_into_them_
     assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
     assert all(r.exact and 0 <= r.verify_error <= EXACT for r in reports)
     assert placed.count(True) >= 10, placed  # once the links are up (a few ms in), every message is placed
+
+
+async def test_a_rounds_requests_go_to_the_workers_it_expects_before_its_backups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large models leave a process one at a time (:mod:`~gradcode.common.transport.egress`), so the order the master
+    asks in is the order the models arrive in: the set a round expects to decode from first, its backups after."""
+    from gradcode.common.transport.session import Caller
+
+    asked: list[tuple[int, int, bool]] = []
+    compute = Caller.compute
+
+    def recording(self: Caller, head: worker_pb2.ComputeRequest, body: bytes = b"") -> Any:
+        asked.append((int(head.iteration), int(head.worker_id), bool(head.backup)))
+        return compute(self, head, body)
+
+    monkeypatch.setattr(Caller, "compute", recording)
+    async with asyncio.timeout(TIMEOUT), running_master(6) as master:
+        straggler = fixed_delay(0.3, workers=[0])  # worker 0 misses the rounds: a backup from the second on
+        info, _ = await master.run(job_spec("fractional", {"n": 6, "s": 1}, iterations=4, straggler=straggler))
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.error
+    for t in range(2, 5):
+        first_asks = [(worker, backup) for iteration, worker, backup in asked if iteration == t][:6]
+        assert (0, True) in first_asks, f"worker 0 was expected in iteration {t}: {asked}"
+        backups = [backup for _, backup in first_asks]
+        assert backups == sorted(backups), f"iteration {t} asked a backup before an expected worker: {first_asks}"
