@@ -14,7 +14,8 @@ The time model of one iteration (all times in seconds from its start):
   once. Shared fairly, the transfers would all end ``c b / B_parent`` after the parent has the model (``b`` the
   message bytes, ``B`` the link bandwidths); through a first-come-first-served queue one after another, the
   ``k``-th at ``k b / B_parent``. A real link lies between: ``Costs.broadcast_spread`` (``σ``, 0 fair, 1 one
-  after another; ``gradcode bench cluster`` measures it with plain TCP) puts the ``k``-th child's model in at
+  after another: gradcode's links, which send large models in turn; ``gradcode bench cluster`` measures plain TCP
+  for the relayed fetches, ``Costs.relay_spread``) puts the ``k``-th child's model in at
   ``c b / B_parent · (1 - σ + σ k / c)``, no earlier than ``b / B_child``, children taking turns in worker order.
 * **compute**: ``delay + (share * compute_seconds + worker_seconds) / speed``, where ``share`` is the fraction
   of the data set the worker's rows cover (:meth:`GradientCode.data_share`, a tree node's own partitions),
@@ -45,7 +46,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,10 @@ class Costs:
     ``parent_decode_seconds``: a tree parent's ``decode_seconds`` (None: the same), from its decodable moment
     to its message ready to go up (decode, combine, encode); a parent runs on a worker host, often with less CPU
     than the master's. ``broadcast_spread``: how the models sent at once end, from 0 (all together: a fairly
-    shared link) to 1 (one after another: a first-come-first-served one). ``relay_hop_seconds``: what a relayed
-    model's fetch costs besides its bytes (the peer serving it, the fetcher checking its digest).
+    shared link) to 1 (one after another: a first-come-first-served one; gradcode's links send large models in
+    turn, :mod:`~gradcode.common.transport.egress`). ``relay_spread``: the same for the relayed fetches a peer serves
+    at once (over gRPC, not in turn; None: ``broadcast_spread``). ``relay_hop_seconds``: what a relayed model's
+    fetch costs besides its bytes (the peer serving it, the fetcher checking its digest).
     """
 
     compute_seconds: float = 0.0
@@ -104,15 +107,19 @@ class Costs:
     worker_seconds: float = 0.0
     parent_decode_seconds: float | None = None
     broadcast_spread: float = 0.0
+    relay_spread: float | None = None
     relay_hop_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        spread = self.broadcast_spread
-        if isinstance(spread, bool) or not (isinstance(spread, (int, float)) and 0 <= spread <= 1):
-            raise ValueError(
-                f"Argument 'broadcast_spread' must be a number from 0 (transfers sharing a link fairly end together) "
-                f"to 1 (they end one after another), not {self.broadcast_spread!r}."
-            )
+        for name in ("broadcast_spread", "relay_spread"):
+            spread = getattr(self, name)
+            if name == "relay_spread" and spread is None:
+                continue
+            if isinstance(spread, bool) or not (isinstance(spread, (int, float)) and 0 <= spread <= 1):
+                raise ValueError(
+                    f"Argument {name!r} must be a number from 0 (transfers sharing a link fairly end together) "
+                    f"to 1 (they end one after another), not {spread!r}."
+                )
         for name in (
             "compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds",
             "relay_hop_seconds",
@@ -252,13 +259,16 @@ def broadcast_spread(ends: Sequence[float]) -> float:
     return min(max(spread, 0.0), 1.0)
 
 
-def _down(parent_has: float, children: int, costs: Costs, parent_bandwidth: float) -> Array:
+def _down(
+    parent_has: float, children: int, costs: Costs, parent_bandwidth: float, spread: float | None = None
+) -> Array:
     """When each of ``children`` holds the model its parent starts sending at ``parent_has``: the concurrent
-    transfers (one TCP connection per child) end between all together and one after another
-    (``Costs.broadcast_spread``), none earlier than one child's own link allows."""
+    transfers (one TCP connection per child) end between all together and one after another (``spread``; default
+    ``Costs.broadcast_spread``), none earlier than one child's own link allows."""
     if not costs.broadcast or children == 0:
         return np.full(children, parent_has)
-    b, spread = costs.message_bytes, costs.broadcast_spread
+    b = costs.message_bytes
+    spread = costs.broadcast_spread if spread is None else spread
     turns = np.arange(1, children + 1) / children
     ends: Array = parent_has + np.maximum(
         children * b / parent_bandwidth * (1 - spread + spread * turns), b / costs.worker_bandwidth
@@ -278,30 +288,43 @@ class _Delivery:
     order is the live master's (:class:`~gradcode.master.rounds.RelayOrder`): the workers whose messages came
     through in the last round first, fastest first, then the others."""
 
-    def __init__(self, mode: str, costs: Costs, bandwidth: float) -> None:
+    def __init__(self, mode: str, costs: Costs, bandwidth: float, *, expected_first: bool = True) -> None:
         if mode not in MODEL_DELIVERIES:
             raise ValueError(f"Argument 'model_delivery' must be one of {', '.join(MODEL_DELIVERIES)}, not {mode!r}.")
         self.relay = mode == "relay"
         self.costs = costs
         self.bandwidth = bandwidth
+        self.expected_first = expected_first
+        """Direct, the expected workers' models go first (the live master's order); False: worker order."""
         self._answered: tuple[int, ...] = ()
+        self._busy = 0.0
+        """How far into this iteration the sender's link still carries the last one's models: a round that decoded
+        before its last model left (the backups' models, sent last) hands the rest to the next."""
+        self._last_sent = 0.0
 
-    def holds(self, workers: Sequence[int]) -> dict[int, float]:
-        """When each of ``workers`` holds the model its sender starts sending at the iteration's start."""
+    def holds(self, workers: Sequence[int], first: Collection[int] = ()) -> dict[int, float]:
+        """When each of ``workers`` holds the model its sender starts sending once its link is done with the last
+        iteration's; sent to each, those in ``first`` (the workers the round expects) before the others, as the live
+        master asks them."""
+        start = self._busy
         if not self.relay or len(workers) < 2:
-            return dict(zip(workers, _down(0.0, len(workers), self.costs, self.bandwidth).tolist(), strict=True))
+            order = sorted(workers, key=lambda w: self.expected_first and w not in first)
+            ends = _down(start, len(order), self.costs, self.bandwidth)
+            self._last_sent = float(ends.max()) if len(order) else start
+            return dict(zip(order, ends.tolist(), strict=True))
         asked = set(workers)
         first = [w for w in self._answered if w in asked]
         answered = set(first)
         order = first + [w for w in workers if w not in answered]
         peers = relay_peers(order)
-        holds = {order[0]: float(_down(0.0, 1, self.costs, self.bandwidth)[0])}
+        holds = {order[0]: float(_down(start, 1, self.costs, self.bandwidth)[0])}
+        self._last_sent = holds[order[0]]
         fetchers: dict[int, list[int]] = {}
         for w in order[1:]:
             fetchers.setdefault(peers[w], []).append(w)
         for peer in order:  # a peer comes before its fetchers in the order
             kids = fetchers.get(peer, [])
-            ends = _down(holds[peer], len(kids), self.costs, self.costs.worker_bandwidth)
+            ends = _down(holds[peer], len(kids), self.costs, self.costs.worker_bandwidth, self.costs.relay_spread)
             holds.update({w: float(end) + self.costs.relay_hop_seconds for w, end in zip(kids, ends, strict=True)})
         return holds
 
@@ -309,9 +332,10 @@ class _Delivery:
         """Models through the sender's link per iteration."""
         return min(workers, 1) if self.relay else workers
 
-    def answered(self, arrived: Sequence[int]) -> None:
-        """The workers whose messages came through in the round just decoded, in order."""
+    def answered(self, arrived: Sequence[int], seconds: float) -> None:
+        """The workers whose messages came through in the round just decoded (in ``seconds``), in order."""
         self._answered = tuple(arrived)
+        self._busy = max(0.0, self._last_sent - seconds)
 
 
 class _Round:
@@ -468,6 +492,7 @@ def simulate(
     primaries: bool = True,
     surplus: str = "push",
     model_delivery: str = "direct",
+    expected_first: bool = True,
 ) -> SimulationResult:
     """Simulate ``iterations`` synchronous iterations of ``code`` under ``costs`` and ``delays`` (None: no delay).
 
@@ -485,7 +510,8 @@ def simulate(
     an ``n - s`` set counts as a set (a tree's surplus first-layer nodes hold too). ``model_delivery``
     (``JobSpec.model_delivery``): ``"direct"``, the model sent to every worker at once; ``"relay"``, to one, the
     others fetching it from peers (:class:`_Delivery`; a tree's first layer relays it, each parent sending it on
-    to its children).
+    to its children). ``expected_first``: the models of the workers a round expects go out before its backups', as
+    the live master sends them since 2026-11-29; False: in worker order, as it did before.
 
     An iteration that can never decode (every worker's rows together do not)
     raises ``ValueError``.
@@ -497,7 +523,7 @@ def simulate(
         raise ValueError(f"Argument 'surplus' must be one of {', '.join(SURPLUS_MODES)}, not {surplus!r}.")
     hold = surplus == "hold"
     topology = code.topology()
-    delivery = _Delivery(model_delivery, costs, costs.master_bandwidth)
+    delivery = _Delivery(model_delivery, costs, costs.master_bandwidth, expected_first=expected_first)
     if topology is not None:
         return _simulate_tree(code, topology, costs, iterations, delays, first_iteration, hold=hold, delivery=delivery)
     observe = observe if observe is not None else straggler_observation(code.n)
@@ -511,7 +537,10 @@ def simulate(
     expected: frozenset[int] = frozenset()
     for t in range(first_iteration, first_iteration + iterations):
         assignment = static if static is not None else code.assign(observe(t, last))
-        has_model = delivery.holds(range(code.n))
+        if chooser is not None and static is not None:
+            chosen = chooser.choose(static, range(code.n), held=hold)
+            expected = frozenset() if len(chosen) == code.n else chosen  # every worker: all asked alike
+        has_model = delivery.holds(range(code.n), first=expected)
         ready: dict[int, list[float]] = {}
         began: dict[int, float] = {}
         for w in range(code.n):
@@ -527,9 +556,6 @@ def simulate(
             start = has_model[w] + delay + costs.worker_seconds / costs.speed(w)
             per_share = costs.compute_seconds / costs.speed(w)
             ready[w] = [start + share * per_share for share in shares]
-        if chooser is not None and static is not None:
-            chosen = chooser.choose(static, range(code.n), held=hold)
-            expected = frozenset() if len(chosen) == code.n else chosen  # every worker: all asked alike
         sendable = None
         if hold and expected and chooser is not None:
             sendable = _held_pulls(receiver, assignment, ready, expected, began, chooser.start_slack())
@@ -538,7 +564,7 @@ def simulate(
             raise ValueError(f"{code!r}: the rows of all its workers do not decode in iteration {t}.")
         if chooser is not None:
             chooser.answered(arrived, seconds, start_spread=_start_spread(began, expected, seconds) if hold else None)
-        delivery.answered(arrived)
+        delivery.answered(arrived, seconds)
         master_bytes = costs.message_bytes * ((delivery.models_sent(code.n) if costs.broadcast else 0) + received)
         used_set = set(used)
         late = tuple(w for w in range(code.n) if w not in used_set)
@@ -602,7 +628,11 @@ def _simulate_tree(
     outcomes: list[IterationOutcome] = []
     for t in range(first, first + iterations):
         has_model = np.zeros(total)
-        top_holds = delivery.holds(top)
+        expected: frozenset[int] = frozenset()
+        if chooser is not None:
+            chosen = chooser.choose(top_assignment, slots, held=True)
+            expected = frozenset() if len(chosen) == len(top) else chosen
+        top_holds = delivery.holds(top, first={top[i] for i in expected})
         has_model[top] = [top_holds[w] for w in top]
         for w in range(total):
             if children[w]:
@@ -618,19 +648,15 @@ def _simulate_tree(
             ready[w] = max(done, computed[w])
         top_ready = {i: [ready[w]] for i, w in enumerate(top)}
         top_began = {i: began[w] for i, w in enumerate(top)}
-        expected: frozenset[int] = frozenset()
         sendable = None
-        if chooser is not None:
-            chosen = chooser.choose(top_assignment, slots, held=True)
-            expected = frozenset() if len(chosen) == len(top) else chosen
-            if expected:
-                slack = chooser.start_slack()
-                sendable = _held_pulls(master_round, top_assignment, top_ready, expected, top_began, slack)
+        if chooser is not None and expected:
+            slack = chooser.start_slack()
+            sendable = _held_pulls(master_round, top_assignment, top_ready, expected, top_began, slack)
         seconds, used_slots, received, arrived = master_round.run(top_assignment, top_ready, expected, sendable)
         if chooser is not None:
             spread = _start_spread(top_began, expected, seconds) if expected else None
             chooser.answered(arrived, seconds, start_spread=spread)
-        delivery.answered([top[i] for i in arrived])
+        delivery.answered([top[i] for i in arrived], seconds)
         if math.isinf(seconds):
             raise ValueError(f"{code!r}: the tree does not decode in iteration {t}.")
         used = tuple(top[i] for i in used_slots)

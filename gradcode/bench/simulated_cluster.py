@@ -6,8 +6,9 @@ Reads a finished cluster run (nothing is started) and simulates every gradcode r
 :func:`gradcode.common.sim.simulate.simulate`: the same scheme and parameters, the same straggler draws
 (``FixedDelay`` of one random worker, seeded by the round as the benchmark does), the hosts' link rates as
 bandwidths, float64 messages of the run's p (0.8 MB at p = 1e5), the ``broadcast_spread`` the run measured for the
-row, and backups holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not
-state are fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota
+row (the relayed fetches' only, for a run whose links sent large models in turn: ``frames_in_turn``), and
+backups holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not state are
+fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota
 spends per iteration on the model and its message) and ``message_overhead`` (the master's per message) on every
 uncoded row with the model sent to each worker, ``relay_hop_seconds`` on the relayed uncoded rows
 (``--model-delivery relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode, combine and
@@ -79,7 +80,11 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     own) and its model delivery."""
     code = make_code(entry["scheme"], **entry["code_params"])
     workers = code.worker_processes()
-    costs = replace(costs, message_bytes=message_bytes(result), broadcast_spread=entry.get("broadcast_spread", 0.0))
+    measured = entry.get("broadcast_spread", 0.0)
+    in_turn = result.get("frames_in_turn", False)  # (runs since 2026-11-29: gradcode's links send models in turn)
+    costs = replace(
+        costs, message_bytes=message_bytes(result), broadcast_spread=1.0 if in_turn else measured, relay_spread=measured
+    )
     medians = []
     for round_ in range(result["rounds"]):
         delays = (
@@ -88,8 +93,9 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
             else NoDelay()
         )
         run = simulate(
-            code, costs, result["iterations"], delays, surplus=_surplus(entry), model_delivery=_delivery(entry)
-        )
+            code, costs, result["iterations"], delays, surplus=_surplus(entry), model_delivery=_delivery(entry),
+            expected_first=result.get("frames_in_turn", False),  # the same change
+        )  # fmt: skip
         medians.append(float(np.median(run.seconds)))
     return statistics.median(medians)
 

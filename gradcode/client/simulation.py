@@ -48,6 +48,7 @@ COST_FLAGS = {
     "worker_seconds": "seconds every worker spends per iteration whatever its share (model in, message out)",
     "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
     "broadcast_spread": "how models sent at once end: 0 together (a fair link) to 1 one after another",
+    "relay_spread": "the same for the relayed fetches a peer serves at once (default: --broadcast-spread)",
     "relay_hop_seconds": "seconds a relayed model's fetch costs besides its bytes (--model-delivery relay)",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""

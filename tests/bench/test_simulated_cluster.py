@@ -143,3 +143,20 @@ def test_each_run_is_simulated_with_its_own_message_size() -> None:
         assert big["system"] == small["system"] and big["n"] == small["n"]
         if big["system"] in ("uncoded", "fractional s=1", "binary s=1"):
             assert big["simulated_s"] > 5 * small["simulated_s"], big
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster-1e6-n6-24.json").is_file(), reason="needs a checkout's docs/results")
+def test_a_run_whose_links_sent_models_in_turn_is_simulated_with_its_broadcasts_in_turn() -> None:
+    """Runs since gradcode's links send large models one at a time say so (``frames_in_turn``): their broadcasts (the
+    master's to each worker, a parent's to its children) are simulated one after another, the relayed fetches a peer
+    serves at once with the spread the run measured."""
+    result = json.loads((RESULTS / "cluster-1e6-n6-24.json").read_text())
+    assert "frames_in_turn" not in result  # made before
+    _, shared = compare(result, result)
+    _, in_turn = compare({**result, "frames_in_turn": True}, result)  # the same fitted costs
+    pairs = list(zip(shared, in_turn, strict=True))
+    direct = [(a, b) for a, b in pairs if "direct" in a["system"]]
+    flat_relayed = [(a, b) for a, b in pairs if "relay" in a["system"] and "tree" not in a["system"]]
+    assert direct and flat_relayed
+    assert all(b["simulated_s"] < a["simulated_s"] for a, b in direct), direct
+    assert all(b["simulated_s"] == a["simulated_s"] for a, b in flat_relayed), flat_relayed

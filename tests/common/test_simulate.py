@@ -14,7 +14,7 @@ import pytest
 from gradcode.common.codes import make_code
 from gradcode.common.codes.base import Observation
 from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
-from gradcode.common.sim.simulate import Costs, IterationOutcome, broadcast_spread, simulate
+from gradcode.common.sim.simulate import Costs, IterationOutcome, _Delivery, broadcast_spread, simulate
 from gradcode.common.sim.stragglers import DelayModel, FixedDelay, ShiftedExponential
 
 
@@ -295,3 +295,34 @@ def test_a_trees_first_layer_relays_the_model() -> None:
     relayed = simulate(code, costs, 2, surplus="hold", model_delivery="relay")
     assert relayed.master_bytes.tolist() == [1.0 + 2.0] * 2 and direct.master_bytes.tolist() == [3.0 + 2.0] * 2
     assert relayed.seconds[0] < direct.seconds[0]  # the master's link carries one model, not three
+
+
+def test_models_sent_in_turn_reach_the_expected_workers_first_and_a_rounds_unsent_models_delay_the_next() -> None:
+    """gradcode's links send large models one at a time (``broadcast_spread`` 1), the expected workers' first; a
+    round that decodes before its backups' models have left hands the rest of its sends to the next round."""
+    code = make_code("fractional", n=4, s=1)
+    costs = Costs(message_bytes=1.0, master_bandwidth=1.0, broadcast_spread=1.0)  # a model or a message: 1 s
+    # the expected pair's models are in at 1 and 2 s and their messages through at 2 and 3 s, while the backups'
+    # models leave until 4 s: every round after the first starts its sends 1 s late
+    assert simulate(code, costs, 4, surplus="hold").seconds.tolist() == [3.0, 4.0, 4.0, 4.0]
+    # shared fairly, the four models end together at 4 s and nothing is left for the next round
+    fair = dataclasses.replace(costs, broadcast_spread=0.0)
+    assert simulate(code, fair, 4, surplus="hold").seconds.tolist() == [6.0] * 4
+    delivery = _Delivery("direct", costs, 1.0)
+    assert delivery.holds([0, 1, 2, 3], first={1, 3}) == {1: 1.0, 3: 2.0, 0: 3.0, 2: 4.0}
+    delivery.answered([1, 3], 2.5)
+    assert delivery.holds([0, 1, 2, 3], first={0, 2}) == {0: 2.5, 2: 3.5, 1: 4.5, 3: 5.5}
+    delivery.answered([0, 2], 6.0)  # everything left before the round ended
+    assert delivery.holds([0, 1], first={0}) == {0: 1.0, 1: 2.0}
+
+
+def test_relayed_fetches_end_as_their_own_spread_says() -> None:
+    """A peer serves its fetchers at once over gRPC, not in turn: ``relay_spread``, apart from the links'."""
+    costs = Costs(message_bytes=1.0, master_bandwidth=1.0, worker_bandwidth=1.0, broadcast_spread=1.0, relay_spread=0.0)
+    # the seed (0) has the model at 1 s; 1, 2 and 3 fetch it from the seed
+    assert _Delivery("relay", costs, 1.0).holds([0, 1, 2, 3]) == {0: 1.0, 1: 4.0, 2: 4.0, 3: 4.0}
+    in_turn = _Delivery("relay", dataclasses.replace(costs, relay_spread=None), 1.0)  # None: as the broadcasts
+    assert in_turn.holds([0, 1, 2, 3]) == {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}
+    for wrong in (-0.1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="relay_spread"):
+            Costs(relay_spread=wrong)  # type: ignore[arg-type]
