@@ -123,11 +123,14 @@ def metric_total(port: int, name: str) -> float:
 
 @contextlib.contextmanager
 def start_cluster(
-    num_workers: int, run_dir: Path, worker_args: Callable[[int], Sequence[str]] | None = None
+    num_workers: int,
+    run_dir: Path,
+    worker_args: Callable[[int], Sequence[str]] | None = None,
+    master_args: Sequence[str] = (),
 ) -> Iterator[Cluster]:
-    """A master and ``num_workers`` registered workers (worker ``i`` with ``worker_args(i)``); every process is
-    stopped on exit."""
-    local = LocalCluster(num_workers, run_dir=run_dir, worker_args=worker_args)
+    """A master (with ``master_args``) and ``num_workers`` registered workers (worker ``i`` with ``worker_args(i)``);
+    every process is stopped on exit."""
+    local = LocalCluster(num_workers, run_dir=run_dir, worker_args=worker_args, master_args=list(master_args))
     try:
         local.start(timeout=START_TIMEOUT)
         cluster = Cluster(local)
