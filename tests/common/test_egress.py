@@ -195,3 +195,20 @@ async def test_a_turn_that_keeps_draining_is_kept_and_one_that_stops_is_released
     assert turns.holder is draining
     await asyncio.sleep(0.1)  # no progress for several periods
     assert turns.holder is None
+
+
+async def test_a_wait_cancelled_while_a_release_passes_over_it_leaves_the_turns_consistent() -> None:
+    """The cancelled waiter's future is dropped by the release before the waiter's task handles its cancel."""
+    turns = Egress()
+    a, b, c = _Sender(), _Sender(), _Sender()
+    assert turns.try_take(a)
+    waiting_b = asyncio.create_task(turns.take(b))
+    waiting_c = asyncio.create_task(turns.take(c))
+    await asyncio.sleep(0)
+    waiting_b.cancel()
+    turns.release(a)  # runs before b's task sees its cancel: skips b's cancelled wait, grants c
+    results = await asyncio.gather(waiting_b, waiting_c, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError) and results[1] is None
+    assert turns.holder is c
+    turns.release(c)
+    assert turns.holder is None and turns.try_take(a)
