@@ -43,7 +43,15 @@ from gradcode.common.transport.egress import LARGE_FRAME_BYTES, egress
 from gradcode.common.transport.security import CALL_SCOPE, Security
 from gradcode.common.transport.serving import parse_address
 from gradcode.common.transport.session import CallError, SessionProtocolError, status_chunk
-from gradcode.common.transport.wire import MAX_MESSAGE_BYTES, Placer, ReceivedChunk, Serialized, chunk_head, parse_chunk
+from gradcode.common.transport.wire import (
+    MAX_MESSAGE_BYTES,
+    Placer,
+    ReceivedChunk,
+    Serialized,
+    chunk_head,
+    parse_chunk,
+    serialized_size,
+)
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
@@ -114,10 +122,6 @@ class PlacedFrame:
 FramePlacer = Callable[[memoryview, int], "tuple[Any, int, memoryview] | None"]
 """Given the first bytes of a large frame and its length: what they say (``head``), where the frame's tail starts
 in it, and the buffer to receive that tail into (exactly its size); None to receive the frame as usual."""
-
-
-def _frame_bytes(pieces: tuple[bytes | memoryview, ...]) -> int:
-    return sum(len(piece) for piece in pieces)
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
@@ -279,13 +283,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
         connection's send buffer is full; :class:`LinkClosedError` once it ended."""
         if self.error is not None or self.transport is None:
             raise self.error or LinkClosedError("the link is not connected")
-        pieces = (data,) if isinstance(data, bytes) else data
-        if _frame_bytes(pieces) >= LARGE_FRAME_BYTES:
+        size = serialized_size(data)
+        if size >= LARGE_FRAME_BYTES:
             await egress().take(self)  # (:mod:`~gradcode.common.transport.egress`)
             if self.error is not None or self.transport is None:
                 egress().release(self)
                 raise self.error or LinkClosedError("the link is not connected")
-        self._write_frame(pieces)
+        self._write_frame(data, size)
         while self._writable is not None:
             await asyncio.shield(self._writable)
 
@@ -295,21 +299,21 @@ class FrameProtocol(asyncio.BufferedProtocol):
         :meth:`send`, in turn)."""
         if self.error is not None or self.transport is None or self._writable is not None:
             return False
-        pieces = (data,) if isinstance(data, bytes) else data
-        if _frame_bytes(pieces) >= LARGE_FRAME_BYTES and not egress().try_take(self):
+        size = serialized_size(data)
+        if size >= LARGE_FRAME_BYTES and not egress().try_take(self):
             return False
-        self._write_frame(pieces)
+        self._write_frame(data, size)
         return True
 
     def unsent_bytes(self) -> int:
         """What this connection has yet to hand to the kernel (:class:`~gradcode.common.transport.egress.Sender`)."""
         return 0 if self.transport is None else self.transport.get_write_buffer_size()
 
-    def _write_frame(self, pieces: tuple[bytes | memoryview, ...]) -> None:
-        """Write one frame; a large one holds the process's turn (taken by the caller) until it drained, which is at
-        once if the kernel took it all."""
+    def _write_frame(self, data: Serialized, size: int) -> None:
+        """Write one frame of ``size`` bytes; a large one holds the process's turn (taken by the caller) until it
+        drained, which is at once if the kernel took it all."""
         assert self.transport is not None
-        size = _frame_bytes(pieces)
+        pieces = (data,) if isinstance(data, bytes) else data
         small: list[bytes | memoryview] = [_LENGTH.pack(size)]
         for piece in pieces:
             if len(piece) <= _SMALL_PIECE_BYTES:
