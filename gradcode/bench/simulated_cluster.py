@@ -81,7 +81,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     code = make_code(entry["scheme"], **entry["code_params"])
     workers = code.worker_processes()
     measured = entry.get("broadcast_spread", 0.0)
-    in_turn = result.get("frames_in_turn", False)  # (runs since 2026-11-29: gradcode's links send models in turn)
+    in_turn = result.get("frames_in_turn", False)  # since 2026-11-29: models in turn, the expected workers' first
     costs = replace(
         costs, message_bytes=message_bytes(result), broadcast_spread=1.0 if in_turn else measured, relay_spread=measured
     )
@@ -94,7 +94,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
         )
         run = simulate(
             code, costs, result["iterations"], delays, surplus=_surplus(entry), model_delivery=_delivery(entry),
-            expected_first=result.get("frames_in_turn", False),  # the same change
+            expected_first=in_turn,
         )  # fmt: skip
         medians.append(float(np.median(run.seconds)))
     return statistics.median(medians)
