@@ -140,6 +140,19 @@ class _Sender:
         return self.unsent
 
 
+_Waits = tuple[asyncio.Task[None], asyncio.Task[None]]
+
+
+async def _a_holding_b_and_c_waiting() -> tuple[Egress, tuple[_Sender, _Sender, _Sender], _Waits]:
+    """Turns held by ``a``, with ``b`` then ``c`` waiting (their tasks started)."""
+    turns = Egress()
+    a, b, c = _Sender(), _Sender(), _Sender()
+    assert turns.try_take(a)
+    waits = asyncio.create_task(turns.take(b)), asyncio.create_task(turns.take(c))
+    await asyncio.sleep(0)
+    return turns, (a, b, c), waits
+
+
 async def test_turns_are_granted_in_the_order_asked_and_a_cancelled_wait_passes_its_turn_on() -> None:
     turns = Egress()
     a, b, c, d = _Sender(), _Sender(), _Sender(), _Sender()
@@ -169,12 +182,7 @@ async def test_turns_are_granted_in_the_order_asked_and_a_cancelled_wait_passes_
 
 
 async def test_a_wait_cancelled_after_its_turn_was_granted_passes_it_to_the_next() -> None:
-    turns = Egress()
-    a, b, c = _Sender(), _Sender(), _Sender()
-    assert turns.try_take(a)
-    waiting_b = asyncio.create_task(turns.take(b))
-    waiting_c = asyncio.create_task(turns.take(c))
-    await asyncio.sleep(0)
+    turns, (a, _, c), (waiting_b, waiting_c) = await _a_holding_b_and_c_waiting()
     turns.release(a)  # b's turn is granted, but b is cancelled before it runs
     waiting_b.cancel()
     await asyncio.gather(waiting_b, return_exceptions=True)
@@ -199,12 +207,7 @@ async def test_a_turn_that_keeps_draining_is_kept_and_one_that_stops_is_released
 
 async def test_a_wait_cancelled_while_a_release_passes_over_it_leaves_the_turns_consistent() -> None:
     """The cancelled waiter's future is dropped by the release before the waiter's task handles its cancel."""
-    turns = Egress()
-    a, b, c = _Sender(), _Sender(), _Sender()
-    assert turns.try_take(a)
-    waiting_b = asyncio.create_task(turns.take(b))
-    waiting_c = asyncio.create_task(turns.take(c))
-    await asyncio.sleep(0)
+    turns, (a, _, c), (waiting_b, waiting_c) = await _a_holding_b_and_c_waiting()
     waiting_b.cancel()
     turns.release(a)  # runs before b's task sees its cancel: skips b's cancelled wait, grants c
     results = await asyncio.gather(waiting_b, waiting_c, return_exceptions=True)
