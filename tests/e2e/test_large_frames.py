@@ -8,6 +8,7 @@ never ended. It ends after two stall periods at most, so the job keeps its pace 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import statistics
 import time
@@ -17,7 +18,7 @@ import pytest
 
 from gradcode.common.transport.egress import LARGE_FRAME_BYTES
 from gradcode.v1 import common_pb2, master_pb2
-from tests.e2e.conftest import job_spec, run_job, start_cluster
+from tests.e2e.conftest import Cluster, job_spec, run_job, start_cluster
 from tests.e2e.test_hold import _own_machine, _struck_on_iteration_2
 from tests.helpers import free_port
 
@@ -38,12 +39,22 @@ def _spec(workers: list[int], iterations: int = ITERATIONS) -> master_pb2.JobSpe
     )  # fmt: skip
 
 
+def _large_models_cluster(workers: int, run_dir: Path) -> contextlib.AbstractContextManager[Cluster]:
+    """A master taking p = 4e5 and ``workers`` workers each on a machine of its own (links, no shared memory)."""
+    ports = [free_port() for _ in range(workers)]
+    return start_cluster(workers, run_dir, lambda i: _own_machine(i, ports), ["--max-features", str(FEATURES)])
+
+
+def _assert_exact(info: master_pb2.JobInfo, reports: list[master_pb2.IterationReport]) -> None:
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    bad = [(r.iteration, r.verify_error) for r in reports if not (r.exact and 0 <= r.verify_error <= EXACT)]
+    assert not bad
+
+
 async def test_a_frozen_worker_holds_the_masters_large_models_back_for_a_moment_only(tmp_path: Path) -> None:
     assert 8 * FEATURES >= 2 * LARGE_FRAME_BYTES
-    ports = [free_port() for _ in range(4)]
     arrived: list[float] = []
-    own_machines = lambda i: _own_machine(i, ports)  # noqa: E731 - links, no shared memory
-    with start_cluster(4, tmp_path, own_machines, ["--max-features", str(FEATURES)]) as cluster:
+    with _large_models_cluster(4, tmp_path) as cluster:
         spec = _spec(cluster.ids)
         with _struck_on_iteration_2(cluster, "freeze", victims=(1,)) as strike:
 
@@ -53,10 +64,8 @@ async def test_a_frozen_worker_holds_the_masters_large_models_back_for_a_moment_
 
             async with asyncio.timeout(240):
                 info, reports = await run_job(cluster.master_address, spec, watch)
-    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    _assert_exact(info, reports)
     assert [r.iteration for r in reports] == list(range(1, ITERATIONS + 1))
-    bad = [(r.iteration, r.verify_error) for r in reports if not (r.exact and 0 <= r.verify_error <= EXACT)]
-    assert not bad
     frozen = cluster.ids[1]
     assert all(frozen not in r.used_workers for r in reports[3:]), "a frozen worker's message was used"
     # the frozen worker's unread models fill the kernel's buffers within a few rounds; from then on each round's model
@@ -71,12 +80,9 @@ async def test_a_frozen_worker_of_one_job_does_not_hold_back_another_jobs_large_
     worker 0, frozen on A's second report) has had its unread models fill the kernel's buffers: A's frozen models
     then hold B's back two stall periods at most, and both jobs end exact. Without the stall rule B's rounds took
     2.1-2.4 s each (measured)."""
-    ports = [free_port() for _ in range(8)]
     arrived: list[float] = []
     a_stuck = asyncio.Event()
-    own_machines = lambda i: _own_machine(i, ports)  # noqa: E731
-    big = ["--max-features", str(FEATURES)]
-    with start_cluster(8, tmp_path, own_machines, big) as cluster, _struck_on_iteration_2(cluster, "freeze") as strike:
+    with _large_models_cluster(8, tmp_path) as cluster, _struck_on_iteration_2(cluster, "freeze") as strike:
 
         def watch_a(report: master_pb2.IterationReport) -> None:
             strike(report)
@@ -94,9 +100,7 @@ async def test_a_frozen_worker_of_one_job_does_not_hold_back_another_jobs_large_
             (a_info, a_reports), (b_info, b_reports) = await asyncio.gather(
                 run_job(cluster.master_address, _spec(cluster.ids[:4], iterations=30), watch_a), run_b()
             )
-    for info, reports in ((a_info, a_reports), (b_info, b_reports)):
-        assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
-        bad = [(r.iteration, r.verify_error) for r in reports if not (r.exact and 0 <= r.verify_error <= EXACT)]
-        assert not bad
+    _assert_exact(a_info, a_reports)
+    _assert_exact(b_info, b_reports)
     gaps = [b - a for a, b in itertools.pairwise(arrived)]
     assert statistics.median(gaps) < 1.0, gaps
