@@ -75,6 +75,14 @@ __all__ = [
 ]
 
 
+def _check_spread(name: str, spread: object) -> None:
+    if isinstance(spread, bool) or not (isinstance(spread, (int, float)) and 0 <= spread <= 1):
+        raise ValueError(
+            f"Argument {name!r} must be a number from 0 (transfers sharing a link fairly end together) "
+            f"to 1 (they end one after another), not {spread!r}."
+        )
+
+
 @dataclass(frozen=True)
 class Costs:
     """What one iteration costs apart from the code: calibrate from a job's history or ``gradcode bench cluster``.
@@ -111,15 +119,9 @@ class Costs:
     relay_hop_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("broadcast_spread", "relay_spread"):
-            spread = getattr(self, name)
-            if name == "relay_spread" and spread is None:
-                continue
-            if isinstance(spread, bool) or not (isinstance(spread, (int, float)) and 0 <= spread <= 1):
-                raise ValueError(
-                    f"Argument {name!r} must be a number from 0 (transfers sharing a link fairly end together) "
-                    f"to 1 (they end one after another), not {spread!r}."
-                )
+        _check_spread("broadcast_spread", self.broadcast_spread)
+        if self.relay_spread is not None:
+            _check_spread("relay_spread", self.relay_spread)
         for name in (
             "compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds",
             "relay_hop_seconds",
