@@ -278,7 +278,7 @@ class ParentRunner:
         (its children late or failed, and theirs)."""
         ids = [worker_id for worker_id, _, _ in self.children]
         integrity = round_.integrity
-        timings = dict(round_.finished)
+        timings = round_.timings()
         late = (set(round_.stragglers) | set(round_.failed)) - set(timings)
         for message in round_.messages.values():
             timings.update(message.subtree.timings)

@@ -154,7 +154,9 @@ class Message:
     row: int
     vector: Array
     compute_seconds: float
+    """The computing this message adds to the ones before it (their sum is the worker's)."""
     straggle_seconds: float
+    """The emulated delay slept by the time this message was ready."""
     approximate: bool = False
     decode_error: float = 0.0
     """The sender's certified absolute error of this message: a leaf's rounding of a row of several partitions
@@ -403,12 +405,13 @@ class JobRuntime:
         )  # fmt: skip
         subtree = parent.subtree(gathered)
         length = min(parent.certified_length or job.message_length, job.message_length)
-        for row in rows:
+        for index, row in enumerate(rows):
             terms = len(job.rows[row].partitions)
             up = upward_message(own[row], computation.magnitude(row), terms, decoded, job.row_dtype(row), length)
-            yield Message(
-                row, up.vector, seconds, delay, not decoded.exact, up.decode_error, subtree, magnitude=up.magnitude
-            )
+            yield Message(  # its rows are computed together: the first carries the time
+                row, up.vector, 0.0 if index else seconds, delay, not decoded.exact, up.decode_error, subtree,
+                magnitude=up.magnitude,
+            )  # fmt: skip
 
 
 def _bind(observer: PartitionObserver, job_id: str, iteration: int) -> Callable[[int], None]:

@@ -36,6 +36,7 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -319,11 +320,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """One Compute: the serialized chunks of every requested row; a gradcode refusal ends it. On a Session
         (``request_id`` set) the last chunk carries the request's OK status."""
         set_log_context(job_id=request.job_id, iteration=int(request.iteration))  # this call's task only
+        started = time.perf_counter()
         runtime, params, rows, delay = await self._admit(request)
+        model_seconds = time.perf_counter() - started
         job, iteration = runtime.job, int(request.iteration)
         flag = runtime.begin(iteration)
         try:
-            async for chunk in self._answer(request, runtime, params, rows, delay, flag):
+            async for chunk in self._answer(request, runtime, params, rows, delay, flag, model_seconds):
                 yield chunk
             job.stats.add(iterations_completed=1)
             metrics.COMPUTES_SERVED.inc()
@@ -421,9 +424,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         rows: tuple[int, ...],
         delay: float,
         flag: Cancellation,
+        model_seconds: float,
     ) -> AsyncIterator[Serialized]:
         """The chunks of the requested rows as they are computed: the started notice, each message (a held backup's
-        kept until pulled, after its ready notice), and a Session's OK status had no message carried it."""
+        kept until pulled, after its ready notice), and a Session's OK status had no message carried it.
+        ``model_seconds``: how long the request took to admit, its model read and checked (each message says so)."""
         shared = runtime.shared if request.HasField("shared_model") else None
         hold = runtime.promotion(int(request.iteration)) if request.hold and request.request_id else None
         """Set when the receiver pulls this held backup's messages (a Compute call cannot be promoted: it sends)."""
@@ -445,7 +450,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 outgoing, held = held, []
             for message in outgoing:
                 sent += 1
-                for chunk in self._message_chunks(message, request, runtime, final=sent == len(rows), shared=shared):
+                final = sent == len(rows)
+                for chunk in self._message_chunks(message, request, runtime, model_seconds, final=final, shared=shared):
                     metrics.BYTES_SENT.inc(serialized_size(chunk))
                     yield chunk
         if request.request_id and sent < len(rows):  # the Session's status, had no message carried it
@@ -456,6 +462,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         m: Message,
         request: worker_pb2.ComputeRequest,
         runtime: JobRuntime,
+        model_seconds: float,
         *,
         final: bool,
         shared: shared_memory.SharedPeer | None,
@@ -465,7 +472,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         job, iteration = runtime.job, int(request.iteration)
         return message_chunk_pieces(
             m.vector, job_id=job.job_id, iteration=iteration, worker_id=job.worker_id, row=m.row,
-            compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds,
+            compute_seconds=m.compute_seconds, straggle_seconds=m.straggle_seconds, model_seconds=model_seconds,
             approximate=m.approximate, decode_error=m.decode_error, subtree=m.subtree,
             chunk_bytes=self.chunk_bytes, magnitude=m.magnitude, request_id=request.request_id, final=final,
             shared=None if shared is None else functools.partial(_write_shared, runtime, iteration, m.row),

@@ -54,6 +54,7 @@ from gradcode.common.transport.wire import (
     CompletedMessage,
     MessageAssembler,
     ReceivedChunk,
+    Timing,
     WireError,
     children_lost_from_metadata,
 )
@@ -323,6 +324,23 @@ class Round:
     @property
     def decodable(self) -> bool:
         return self.decoding is not None
+
+    def timings(self) -> dict[int, Timing]:
+        """Each worker in :attr:`finished`: its seconds, with its own account from its messages' trailers (its model's
+        seconds, its rows' computing added up, its emulated delay as its last row says: a worker's delays add up
+        row by row)."""
+        own: dict[int, list[CompletedMessage]] = {}
+        for message in self.messages.values():
+            own.setdefault(message.worker_id, []).append(message)
+        return {
+            worker: Timing(
+                seconds,
+                model_seconds=max((m.model_seconds for m in own.get(worker, ())), default=0.0),
+                compute_seconds=sum(m.compute_seconds for m in own.get(worker, ())),
+                straggle_seconds=max((m.straggle_seconds for m in own.get(worker, ())), default=0.0),
+            )
+            for worker, seconds in self.finished.items()
+        }
 
     @property
     def approximate_messages(self) -> bool:

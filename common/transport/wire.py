@@ -31,7 +31,7 @@ import base64
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import blake3
@@ -69,6 +69,7 @@ __all__ = [
     "ReceivedChunk",
     "Serialized",
     "Subtree",
+    "Timing",
     "WireError",
     "array_from_tensor",
     "children_lost_from_metadata",
@@ -378,6 +379,30 @@ def serialized_size(message: Serialized) -> int:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """One node's answer to one request: ``seconds`` from the request to its last message as its receiver saw them,
+    and the node's own account of them from its trailers (the fields of WorkerTiming and ChildTiming): getting its
+    model checked (a relayed one: the fetch), computing its messages, and the emulated delay it slept (a leaf
+    before computing; a tree parent's computing runs from its start to its decode and covers its delay)."""
+
+    seconds: float
+    model_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    straggle_seconds: float = 0.0
+
+    def fields(self) -> dict[str, float]:
+        """Keyword arguments of a WorkerTiming or ChildTiming."""
+        return asdict(self)
+
+
+def _checked_durations(what: str, **seconds: float) -> None:
+    """WireError unless every one of ``seconds`` is a finite number >= 0 (a peer's account of its time)."""
+    for name, value in seconds.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise WireError(f"{what} {name} {value!r}, which must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
 class Subtree:
     """What a tree parent's message says of the nodes below it (job worker indices), in its trailer; a leaf's
     message says nothing (:data:`NO_SUBTREE`)."""
@@ -388,8 +413,8 @@ class Subtree:
     """Its children its consistency checks singled out: its decoded part leaves them out."""
     quarantined: tuple[int, ...] = ()
     """Of those, the ones it quarantined (asks no more in this job)."""
-    timings: tuple[tuple[int, float], ...] = ()
-    """Its descendants that delivered, each with its seconds as its own parent saw it."""
+    timings: tuple[tuple[int, Timing], ...] = ()
+    """Its descendants that delivered, each with its seconds as its own parent saw them and its own account."""
     late: tuple[int, ...] = ()
     """Its descendants a parent decoded without (late or failed in that parent's round)."""
 
@@ -401,8 +426,8 @@ class Subtree:
         trailer.children_lost.extend(self.lost)
         trailer.children_singled_out.extend(self.singled_out)
         trailer.children_quarantined.extend(self.quarantined)
-        for child, seconds in self.timings:
-            trailer.children_timings.add(worker_id=child, seconds=seconds)
+        for child, timing in self.timings:
+            trailer.children_timings.add(worker_id=child, **timing.fields())
         trailer.children_late.extend(self.late)
 
     @classmethod
@@ -412,14 +437,16 @@ class Subtree:
         if not (trailer.children_lost or trailer.children_singled_out or trailer.children_quarantined
                 or trailer.children_timings or trailer.children_late):  # fmt: skip
             return NO_SUBTREE
-        timings = tuple((int(t.worker_id), float(t.seconds)) for t in trailer.children_timings)
-        if any(not (math.isfinite(seconds) and seconds >= 0) for _, seconds in timings):
-            raise WireError("a child's seconds that are not finite and >= 0")
+        timings = []
+        for t in trailer.children_timings:
+            timing = Timing(t.seconds, t.model_seconds, t.compute_seconds, t.straggle_seconds)
+            _checked_durations("a child's", **timing.fields())
+            timings.append((int(t.worker_id), timing))
         return cls(
             lost=tuple(int(c) for c in trailer.children_lost),
             singled_out=tuple(int(c) for c in trailer.children_singled_out),
             quarantined=tuple(int(c) for c in trailer.children_quarantined),
-            timings=timings,
+            timings=tuple(timings),
             late=tuple(int(c) for c in trailer.children_late),
         )
 
@@ -443,6 +470,7 @@ def message_chunk_pieces(
     row: int,
     compute_seconds: float = 0.0,
     straggle_seconds: float = 0.0,
+    model_seconds: float = 0.0,
     approximate: bool = False,
     decode_error: float = 0.0,
     subtree: Subtree = NO_SUBTREE,
@@ -455,6 +483,8 @@ def message_chunk_pieces(
     r"""One coded message as serialized GradientChunks: header on the first, checksummed trailer on the last.
 
     ``chunk_bytes`` (payload per chunk) defaults to :func:`chunk_bytes_for` the message's size.
+    ``model_seconds``, ``compute_seconds`` and ``straggle_seconds`` are the sender's account of its time
+    (:class:`Timing`).
     ``approximate`` marks a tree parent's message whose decoded part is not exact; ``decode_error`` is the
     sender's certified absolute error bound on its message (a leaf's rounding of several partitions, a parent's
     decode and own rounding; 0: the receiver bounds it); ``subtree`` what a tree parent says of the nodes below it
@@ -498,6 +528,7 @@ def message_chunk_pieces(
             meta.trailer.xxh3 = digest
             meta.trailer.compute_seconds = compute_seconds
             meta.trailer.straggle_seconds = straggle_seconds
+            meta.trailer.model_seconds = model_seconds
             meta.trailer.approximate = approximate
             meta.trailer.decode_error = decode_error
             subtree.write(meta.trailer)
@@ -710,6 +741,8 @@ class CompletedMessage:
     straggle_seconds: float
     approximate: bool = False
     """True when the sender (a tree parent) decoded its children only approximately."""
+    model_seconds: float = 0.0
+    """The sender's seconds from its request to its model checked (:class:`Timing`)."""
     norm: float = math.nan
     """Euclidean norm of the message's first ``norm_length`` elements (the gradient part), accumulated
     chunk by chunk as it arrived: what the decode's error certificate needs of each message."""
@@ -826,8 +859,13 @@ class MessageAssembler:
             raise WireError(
                 f"Row {chunk.row} from {where} has magnitude {magnitude!r}; it must be a finite number >= 0."
             )
+        trailer = chunk.trailer
         try:
-            subtree = Subtree.read(chunk.trailer)
+            _checked_durations(
+                "its", compute_seconds=trailer.compute_seconds, straggle_seconds=trailer.straggle_seconds,
+                model_seconds=trailer.model_seconds,
+            )  # fmt: skip
+            subtree = Subtree.read(trailer)
         except WireError as exc:
             raise WireError(f"Row {chunk.row} from {where} reports {exc}.") from None
         outside = () if subtree is NO_SUBTREE else sorted(subtree.named() - self.subtree)  # (a leaf's: nothing)
@@ -843,6 +881,7 @@ class MessageAssembler:
             vector=self._buffer,
             compute_seconds=chunk.trailer.compute_seconds,
             straggle_seconds=chunk.trailer.straggle_seconds,
+            model_seconds=chunk.trailer.model_seconds,
             approximate=chunk.trailer.approximate,
             norm=math.sqrt(self._squares),
             decode_error=chunk.trailer.decode_error,

@@ -25,7 +25,14 @@ from gradcode.common.gather.round import ChunkStream, FailureKind, Round, Source
 from gradcode.common.tasks import TaskOwner
 from gradcode.common.transport.link import FrameProtocol, LinkStream
 from gradcode.common.transport.session import CallError, Session, ready_chunk, started_chunk, status_chunk
-from gradcode.common.transport.wire import ReceivedChunk, Serialized, message_chunk_bytes, message_chunks, parse_chunk
+from gradcode.common.transport.wire import (
+    ReceivedChunk,
+    Serialized,
+    Timing,
+    message_chunk_bytes,
+    message_chunks,
+    parse_chunk,
+)
 from gradcode.master.hedging import Hedging
 from gradcode.v1 import worker_pb2
 
@@ -91,6 +98,40 @@ async def test_decodes_from_fastest_and_cancels_the_rest() -> None:
     assert streams[2].cancelled  # ... but before anything else runs
     await advancing
     np.testing.assert_allclose(result.combine(), g[[0, 1, 3]].sum(axis=0) * 4 / 3)
+
+
+async def test_a_workers_timing_is_its_seconds_with_its_own_account_of_its_rows_added_up() -> None:
+    """The report's timings: the seconds the round saw, the model's seconds and the emulated delay as the worker's
+    last message says (each carries them whole), and its rows' computing added up (each carries its own)."""
+    code = make_code("ignore_stragglers", n=4, s=0)
+    g = np.random.default_rng(3).standard_normal((4, 20))
+    clock = ManualClock()
+
+    def chunks(worker: int, row: int, compute: float, straggle: float) -> list[worker_pb2.GradientChunk]:
+        return list(
+            message_chunks(
+                g[row], job_id="j", iteration=0, worker_id=worker, row=row, model_seconds=0.125,
+                compute_seconds=compute, straggle_seconds=straggle,
+            )
+        )  # fmt: skip
+
+    streams = {
+        0: _FakeStream([*chunks(0, 0, 0.25, 0.5), *chunks(0, 1, 0.75, 1.0)], 2.0, clock=clock),
+        2: _FakeStream(chunks(2, 2, 0.5, 0.0), 1.0, clock=clock),
+        3: _FakeStream(chunks(3, 3, 0.0625, 0.0), 3.0, clock=clock),
+    }
+    sources = [Source(w, rows, lambda w=w: streams[w]) for w, rows in ((0, (0, 1)), (2, (2,)), (3, (3,)))]  # type: ignore[misc]
+    result = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    advancing = asyncio.create_task(clock.advance(3.0))
+    async with asyncio.timeout(2.0):
+        await result.gather(sources, timeout=10.0)
+    await advancing
+    assert result.decoding is not None
+    assert result.timings() == {
+        0: Timing(2.0, model_seconds=0.125, compute_seconds=1.0, straggle_seconds=1.0),
+        2: Timing(1.0, model_seconds=0.125, compute_seconds=0.5, straggle_seconds=0.0),
+        3: Timing(3.0, model_seconds=0.125, compute_seconds=0.0625, straggle_seconds=0.0),
+    }
 
 
 async def test_the_late_streams_are_held_by_the_owner_the_round_is_given_until_they_end() -> None:

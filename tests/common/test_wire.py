@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from gradcode.common.transport.wire import (
     MessageAssembler,
     ReceivedChunk,
     Subtree,
+    Timing,
     WireError,
     array_from_tensor,
     children_lost_from_metadata,
@@ -345,7 +347,8 @@ def test_message_to_dict_keeps_integers_as_numbers() -> None:
     assert isinstance(as_dict["code"]["params"]["n"], int)
     report = master_pb2.IterationReport(iteration=3, timings=[master_pb2.WorkerTiming(worker_id=1, seconds=0.5)])
     row = message_to_dict(report)
-    assert row["iteration"] == 3 and row["timings"] == [{"worker_id": 1, "seconds": 0.5}]
+    zeros = {"model_seconds": 0.0, "compute_seconds": 0.0, "straggle_seconds": 0.0}
+    assert row["iteration"] == 3 and row["timings"] == [{"worker_id": 1, "seconds": 0.5, **zeros}]
     assert ParseDict(row, master_pb2.IterationReport()) == report
     assert ParseDict(as_dict, master_pb2.JobSpec()) == spec
 
@@ -461,17 +464,35 @@ def test_a_chunk_that_fails_its_checks_is_not_placed_and_feed_says_why() -> None
     assert first[0] is not None and _placed(asm, _chunks(vec, row=6)[:1]) == [None]
 
 
+def test_a_senders_account_of_its_time_travels_in_its_trailer_and_bad_seconds_are_refused() -> None:
+    vec = np.arange(1000, dtype=np.float64)
+    account = {"model_seconds": 0.5, "compute_seconds": 0.25, "straggle_seconds": 0.125}
+    receiver = _assembler()
+    done = [receiver.feed(c) for c in _chunks(vec, **account)][-1]
+    assert done is not None
+    assert (done.model_seconds, done.compute_seconds, done.straggle_seconds) == (0.5, 0.25, 0.125)
+    for field in account:
+        for seconds in (math.nan, -1.0, math.inf):
+            asm = _assembler()
+            with pytest.raises(WireError, match=f"reports its {field} {seconds!r}, which must be a finite number"):
+                for chunk in _chunks(vec, **{**account, field: seconds}):
+                    asm.feed(chunk)
+
+
 def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused() -> None:
     vec = np.arange(1000, dtype=np.float64)
     receiver = _assembler(subtree=frozenset({4, 7, 9}))
-    done = [receiver.feed(c) for c in _chunks(vec, subtree=Subtree(timings=((4, 0.25), (7, 0.5)), late=(9,)))]
+    timings = ((4, Timing(0.25, 0.01, 0.125, 0.0625)), (7, Timing(0.5)))
+    done = [receiver.feed(c) for c in _chunks(vec, subtree=Subtree(timings=timings, late=(9,)))]
     assert done[-1] is not None
-    assert done[-1].subtree.timings == ((4, 0.25), (7, 0.5)) and done[-1].subtree.late == (9,)
-    for seconds in (math.nan, -1.0, math.inf):
-        asm = _assembler(subtree=frozenset({4}))
-        with pytest.raises(WireError, match="child's seconds"):
-            for chunk in _chunks(vec, subtree=Subtree(timings=((4, seconds),))):
-                asm.feed(chunk)
+    assert done[-1].subtree.timings == timings and done[-1].subtree.late == (9,)
+    for field in ("seconds", "model_seconds", "compute_seconds", "straggle_seconds"):
+        for seconds in (math.nan, -1.0, math.inf):
+            asm = _assembler(subtree=frozenset({4}))
+            bad = dataclasses.replace(Timing(0.25), **{field: seconds})
+            with pytest.raises(WireError, match=f"child's {field} {seconds!r}"):
+                for chunk in _chunks(vec, subtree=Subtree(timings=((4, bad),))):
+                    asm.feed(chunk)
 
 
 @pytest.mark.parametrize(
@@ -480,7 +501,7 @@ def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused
         Subtree(lost=(3,)),
         Subtree(singled_out=(3,)),
         Subtree(quarantined=(3,)),
-        Subtree(timings=((3, 0.1),)),
+        Subtree(timings=((3, Timing(0.1)),)),
         Subtree(late=(3,)),
         Subtree(singled_out=(4,), quarantined=(4, 3)),
     ],
@@ -502,7 +523,7 @@ def test_a_trailer_that_names_a_node_outside_its_senders_subtree_is_refused(
 
 def test_a_trailer_naming_only_its_own_subtree_is_accepted() -> None:
     asm = _assembler(subtree=frozenset({4, 5}))
-    claim = Subtree(lost=(5,), singled_out=(4,), quarantined=(4,), timings=((5, 0.1),), late=(4,))
+    claim = Subtree(lost=(5,), singled_out=(4,), quarantined=(4,), timings=((5, Timing(0.1)),), late=(4,))
     done = [asm.feed(c) for c in _chunks(np.arange(1000.0), subtree=claim)][-1]
     assert done is not None and done.subtree == claim
 

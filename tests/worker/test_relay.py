@@ -111,6 +111,26 @@ async def test_a_relayed_model_fetched_from_a_peer_gives_the_inline_gradient_eve
     assert fetcher.servicer.jobs["job"].models.held(1) is not None, "the fetcher holds it for its own fetchers"
 
 
+async def test_a_fetchers_wait_for_its_relayed_model_is_its_model_seconds(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker],
+) -> None:
+    """Each message's trailer gives the sender's seconds from its request to its model checked (the master's reports
+    show them): a fetcher's cover its wait for the peer, an inline model's its reading alone."""
+    peer, fetcher = peer_and_fetcher
+    params = random_params()
+    wait = 0.3
+    async with asyncio.timeout(TIMEOUT), _stub(fetcher) as fetcher_stub, _stub(peer) as peer_stub:
+        fetched = asyncio.create_task(_compute(fetcher_stub, _relayed(peer.address, params)))
+        await asyncio.sleep(wait)
+        assert not fetched.done()
+        _, inline = await _compute(peer_stub, _request("job", 0, tuple(CODE.static_assignment().rows[0]), params, 1))
+        _, relayed = await fetched
+    # (the fetcher holds its request a little after the wait began, and the peer's model comes a little after it ends)
+    for chunks, (low, high) in ((relayed, (wait / 2, TIMEOUT)), (inline, (0.0, wait / 2))):
+        trailers = [c.trailer for c in chunks if c.HasField("trailer")]
+        assert trailers and all(low < t.model_seconds < high and t.compute_seconds > 0 for t in trailers), trailers
+
+
 @pytest.mark.parametrize("hops", [1, 3])
 async def test_a_fetcher_deep_in_the_relay_waits_for_a_peer_that_is_itself_still_fetching(
     peer_and_fetcher: tuple[ServedWorker, ServedWorker], hops: int

@@ -209,12 +209,18 @@ class WatchJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class WorkerTiming(_message.Message):
-    __slots__ = ("worker_id", "seconds")
+    __slots__ = ("worker_id", "seconds", "model_seconds", "compute_seconds", "straggle_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    model_seconds: float
+    compute_seconds: float
+    straggle_seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ...) -> None: ...
 
 class IterationReport(_message.Message):
     __slots__ = ("job_id", "iteration", "loss", "train_accuracy", "test_accuracy", "wall_seconds", "elapsed_seconds", "decode_seconds", "used_workers", "late_workers", "failed_workers", "timings", "exact", "verify_error", "state", "message", "error_bound", "consistency_checks", "suspect_workers", "integrity", "backup_workers", "promoted_workers", "unchecked_workers", "bytes_received", "bytes_sent", "child_timings", "late_children", "start_slack_seconds")

@@ -255,10 +255,11 @@ class MessageHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class MessageTrailer(_message.Message):
-    __slots__ = ("xxh3", "compute_seconds", "straggle_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined", "children_timings", "children_late")
+    __slots__ = ("xxh3", "compute_seconds", "straggle_seconds", "model_seconds", "approximate", "decode_error", "children_lost", "magnitude", "children_singled_out", "children_quarantined", "children_timings", "children_late")
     XXH3_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
     DECODE_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_LOST_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +271,7 @@ class MessageTrailer(_message.Message):
     xxh3: int
     compute_seconds: float
     straggle_seconds: float
+    model_seconds: float
     approximate: bool
     decode_error: float
     children_lost: _containers.RepeatedScalarFieldContainer[int]
@@ -278,15 +280,21 @@ class MessageTrailer(_message.Message):
     children_quarantined: _containers.RepeatedScalarFieldContainer[int]
     children_timings: _containers.RepeatedCompositeFieldContainer[ChildTiming]
     children_late: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, xxh3: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ..., children_timings: _Optional[_Iterable[_Union[ChildTiming, _Mapping]]] = ..., children_late: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, xxh3: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., approximate: _Optional[bool] = ..., decode_error: _Optional[float] = ..., children_lost: _Optional[_Iterable[int]] = ..., magnitude: _Optional[float] = ..., children_singled_out: _Optional[_Iterable[int]] = ..., children_quarantined: _Optional[_Iterable[int]] = ..., children_timings: _Optional[_Iterable[_Union[ChildTiming, _Mapping]]] = ..., children_late: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChildTiming(_message.Message):
-    __slots__ = ("worker_id", "seconds")
+    __slots__ = ("worker_id", "seconds", "model_seconds", "compute_seconds", "straggle_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     seconds: float
-    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    model_seconds: float
+    compute_seconds: float
+    straggle_seconds: float
+    def __init__(self, worker_id: _Optional[int] = ..., seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., straggle_seconds: _Optional[float] = ...) -> None: ...
 
 class GradientChunk(_message.Message):
     __slots__ = ("job_id", "iteration", "worker_id", "row", "offset", "header", "data", "trailer", "shared_payload", "request_id", "status", "started", "ready")
