@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,7 +28,7 @@ from google.protobuf import json_format
 from gradcode.common.gather.round import Decoded, Round
 from gradcode.common.training.models import TrainingMetrics
 from gradcode.common.transport.session import TRAFFIC
-from gradcode.common.transport.wire import message_to_dict
+from gradcode.common.transport.wire import Timing, message_to_dict
 from gradcode.master.spec import JobPlan
 from gradcode.v1 import master_pb2
 
@@ -72,7 +72,7 @@ def iteration_report(
     """The report of a decoded iteration (test accuracy NaN until evaluated); ``asked`` are the worker
     indices it had rows for; ``training`` is what the decode says about the training set; ``start_slack_seconds``
     how long the round waited past its expected workers' beginnings before pulling held backups (0: none held)."""
-    finished = round_.finished
+    timings = round_.timings()
     return master_pb2.IterationReport(
         job_id=job_id,
         iteration=t,
@@ -83,8 +83,8 @@ def iteration_report(
         elapsed_seconds=elapsed_seconds,
         decode_seconds=decoded.decode_seconds,
         used_workers=sorted(pool_ids[w] for w in decoded.used_workers),
-        failed_workers=sorted(pool_ids[w] for w in round_.failed if w not in finished and w in asked),
-        timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in sorted(finished.items())],
+        failed_workers=sorted(pool_ids[w] for w in round_.failed if w not in timings and w in asked),
+        timings=_worker_timings(timings, pool_ids),
         exact=decoded.exact,
         verify_error=verify_error,
         error_bound=decoded.error_bound,
@@ -107,11 +107,20 @@ def failure_report(
         wall_seconds=wall_seconds,
         elapsed_seconds=elapsed_seconds,
         failed_workers=sorted(pool_ids[w] for w in round_.failed),
-        timings=[master_pb2.WorkerTiming(worker_id=pool_ids[w], seconds=s) for w, s in round_.finished.items()],
+        timings=_worker_timings(round_.timings(), pool_ids),
         exact=exact,
         verify_error=-1.0,
         error_bound=-1.0,
         **_round_fields(round_, pool_ids),
+    )
+
+
+def _worker_timings(timings: Mapping[int, Timing], pool_ids: Sequence[int]) -> list[master_pb2.WorkerTiming]:
+    """``timings`` by job worker index (a round's, or what a tree's first layer said of the nodes below it) as the
+    report's WorkerTimings, by pool id."""
+    return sorted(
+        (master_pb2.WorkerTiming(worker_id=pool_ids[w], **t.fields()) for w, t in timings.items()),
+        key=lambda timing: timing.worker_id,
     )
 
 
@@ -120,17 +129,17 @@ def _round_fields(round_: Round, pool_ids: list[int]) -> dict[str, Any]:
     ids), and the bytes the job's Computes carried for this iteration
     (:data:`~gradcode.common.transport.session.TRAFFIC`)."""
     integrity = round_.integrity
-    child_timings: dict[int, float] = {}
+    child_timings: dict[int, Timing] = {}
     late_children: set[int] = set()
     for message in round_.messages.values():  # a tree's first layer: what each parent saw of the nodes below it
-        child_timings.update((pool_ids[c], s) for c, s in message.subtree.timings if c < len(pool_ids))
-        late_children.update(pool_ids[c] for c in message.subtree.late if c < len(pool_ids))
+        child_timings.update((c, t) for c, t in message.subtree.timings if c < len(pool_ids))
+        late_children.update(c for c in message.subtree.late if c < len(pool_ids))
     bytes_sent, bytes_received = TRAFFIC.take(round_.job_id, round_.iteration)
     return {
         "bytes_sent": bytes_sent,
         "bytes_received": bytes_received,
-        "child_timings": [master_pb2.WorkerTiming(worker_id=c, seconds=s) for c, s in sorted(child_timings.items())],
-        "late_children": sorted(late_children - child_timings.keys()),
+        "child_timings": _worker_timings(child_timings, pool_ids),
+        "late_children": sorted(pool_ids[c] for c in late_children - child_timings.keys()),
         "late_workers": sorted(pool_ids[w] for w in round_.stragglers),
         "backup_workers": sorted(pool_ids[w] for w in round_.backups),
         "promoted_workers": sorted(pool_ids[w] for w in round_.promoted),

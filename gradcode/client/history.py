@@ -1,9 +1,10 @@
 """Saving, summarising and plotting a job's per-iteration history.
 
 Every format keeps the per-worker timings: JSON has each report whole (``timings`` as
-``[{"worker_id": 3, "seconds": 0.41}, ...]``, numbers as numbers), CSV adds one
-``worker_<id>_seconds`` column per worker (empty when that worker did not answer that iteration),
-and :func:`plot_workers` draws who was late, how often and by how much.
+``[{"worker_id": 3, "seconds": 0.41, "model_seconds": 0.002, "compute_seconds": 0.12, ...}, ...]``, numbers as
+numbers), CSV adds ``worker_<id>_seconds``, ``worker_<id>_model_seconds`` and ``worker_<id>_compute_seconds`` columns
+per worker (empty when that worker did not answer that iteration), :func:`format_worker_table` puts each worker's
+median response beside its own account of it, and :func:`plot_workers` draws who was late, how often and by how much.
 """
 
 from __future__ import annotations
@@ -47,9 +48,13 @@ def _worker_ids(reports: Sequence[master_pb2.IterationReport]) -> list[int]:
     return sorted(ids)
 
 
+_TIMING_COLUMNS = ("seconds", "model_seconds", "compute_seconds")
+"""The WorkerTiming fields a CSV history has a column of per worker."""
+
+
 def save_history(reports: Sequence[master_pb2.IterationReport], path: Path) -> Path:
-    """Write the history as JSON (``.json``) or CSV (``.csv``: list fields joined with spaces, and one
-    ``worker_<id>_seconds`` column per worker)."""
+    """Write the history as JSON (``.json``) or CSV (``.csv``: list fields joined with spaces, and per worker
+    its ``worker_<id>_seconds``, ``worker_<id>_model_seconds`` and ``worker_<id>_compute_seconds`` columns)."""
     rows = report_rows(reports)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
@@ -57,14 +62,16 @@ def save_history(reports: Sequence[master_pb2.IterationReport], path: Path) -> P
     elif path.suffix == ".csv":
         workers = _worker_ids(reports)
         fields = [k for k in rows[0] if k != "timings"] if rows else []
-        fields += [f"worker_{w}_seconds" for w in workers]
+        fields += [f"worker_{w}_{name}" for w in workers for name in _TIMING_COLUMNS]
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             for report, row in zip(reports, rows, strict=True):
                 flat = {k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()}
                 answered = (*report.timings, *report.child_timings)
-                flat.update({f"worker_{t.worker_id}_seconds": t.seconds for t in answered})
+                flat.update(
+                    {f"worker_{t.worker_id}_{name}": getattr(t, name) for t in answered for name in _TIMING_COLUMNS}
+                )
                 writer.writerow(flat)
     else:
         raise ValueError(f"History file must end in .json or .csv, not {path.name!r}.")
@@ -95,20 +102,36 @@ class WorkerRecord:
     """Iterations that asked it as a backup and decoded without it (neither late nor failed)."""
     response_seconds: list[float]
     """Its response time in each iteration it answered."""
+    model_seconds: list[float]
+    compute_seconds: list[float]
+    """Its own account of each of those responses: getting its model checked, and computing (WorkerTiming)."""
     late_by_at_least: list[float]
     """For each iteration it was late: how long the decodable set waited (the worker had not
     answered by then; a late call is cancelled, so the true lateness is only bounded below)."""
 
     below_first_layer: bool = False
 
+    def answered(self, timing: master_pb2.WorkerTiming) -> None:
+        self.response_seconds.append(timing.seconds)
+        self.model_seconds.append(timing.model_seconds)
+        self.compute_seconds.append(timing.compute_seconds)
+
     @property
     def median_response(self) -> float | None:
         return statistics.median(self.response_seconds) if self.response_seconds else None
 
+    @property
+    def median_model(self) -> float | None:
+        return statistics.median(self.model_seconds) if self.model_seconds else None
+
+    @property
+    def median_compute(self) -> float | None:
+        return statistics.median(self.compute_seconds) if self.compute_seconds else None
+
 
 def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[WorkerRecord]:
     """Per-worker straggler attribution over ``reports``, by worker id."""
-    records = {w: WorkerRecord(w, 0, 0, 0, 0, 0, [], []) for w in _worker_ids(reports)}
+    records = {w: WorkerRecord(w, 0, 0, 0, 0, 0, [], [], [], []) for w in _worker_ids(reports)}
     for r in reports:
         first = first_decodable_seconds(r)
         for w in {*r.used_workers, *r.late_workers, *r.failed_workers, *r.backup_workers}:
@@ -124,13 +147,13 @@ def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[Worker
         for w in r.failed_workers:
             records[w].failed += 1
         for t in r.timings:
-            records[t.worker_id].response_seconds.append(t.seconds)
+            records[t.worker_id].answered(t)
         for t in r.child_timings:
             child = records[t.worker_id]
             child.below_first_layer = True
             child.iterations += 1
             child.used += 1
-            child.response_seconds.append(t.seconds)
+            child.answered(t)
         for w in r.late_children:
             records[w].below_first_layer = True
             records[w].iterations += 1
@@ -139,19 +162,26 @@ def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[Worker
 
 
 def format_worker_table(reports: Sequence[master_pb2.IterationReport]) -> str:
-    """A table of who straggled: per worker, used, late, failed and spare counts and median response time."""
-    lines = ["worker  used  late        failed  spare  median response"]
+    """A table of who straggled: per worker, used, late, failed and spare counts, and its median response time
+    beside its own account of it (median seconds getting its model and computing)."""
+    lines = ["worker  used  late        failed  spare  median response     model   compute"]
     records = worker_records(reports)
     for rec in records:
         share = f"({rec.late / rec.iterations:.0%})" if rec.iterations else ""
-        median = "-" if rec.median_response is None else f"{rec.median_response * 1e3:.1f} ms"
+        response, model, compute = (
+            "-" if median is None else f"{median * 1e3:.1f} ms"
+            for median in (rec.median_response, rec.median_model, rec.median_compute)
+        )
         name = f"{rec.worker_id}*" if rec.below_first_layer else f"{rec.worker_id}"
         lines.append(
-            f"{name:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {rec.spare:>5}  {median:>15}"
+            f"{name:>6}  {rec.used:>4}  {rec.late:>4} {share:<6} {rec.failed:>6}  {rec.spare:>5}  {response:>15}"
+            f"  {model:>8}  {compute:>8}"
         )
     if any(rec.below_first_layer for rec in records):
         lines.append("* a tree node below the first layer: used = delivered to its parent, late = its parent decoded "
                      "without it, response as its parent saw it")  # fmt: skip
+    lines.append("model: the worker's seconds getting its model checked (a relayed one: the fetch); compute: its "
+                 "computing (a tree parent's: until its children's decode)")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gradcode.client.history import continuous_elapsed, format_worker_table, plot_history, plot_workers, worker_records
+from gradcode.client.history import (
+    continuous_elapsed,
+    format_worker_table,
+    plot_history,
+    plot_workers,
+    save_history,
+    worker_records,
+)
 from gradcode.v1 import master_pb2
 
 
@@ -27,8 +35,41 @@ def test_a_backup_the_round_did_not_need_is_spare_one_it_used_is_used_and_neithe
     counts = {w: (r.iterations, r.used, r.late, r.failed, r.spare) for w, r in records.items()}
     assert counts == {0: (3, 2, 1, 0, 0), 1: (3, 0, 0, 1, 2), 2: (3, 3, 0, 0, 0), 3: (3, 1, 0, 0, 2)}
     table = format_worker_table(reports).splitlines()
-    assert table[0].split() == ["worker", "used", "late", "failed", "spare", "median", "response"]
+    assert table[0].split() == ["worker", "used", "late", "failed", "spare", "median", "response", "model", "compute"]
     assert table[2].split()[:5] == ["1", "0", "0", "(0%)", "1"] and table[2].split()[5] == "2"
+
+
+def test_the_worker_table_puts_each_workers_own_account_beside_its_response() -> None:
+    """Median response, model and compute seconds per worker, a tree's nodes below the first layer included."""
+    reports = [
+        master_pb2.IterationReport(
+            iteration=i, used_workers=[0],
+            timings=[
+                master_pb2.WorkerTiming(worker_id=0, seconds=0.1 * i, model_seconds=0.01 * i, compute_seconds=0.02 * i)
+            ],
+            child_timings=[master_pb2.WorkerTiming(worker_id=5, seconds=0.3, model_seconds=0.004, compute_seconds=0.2)],
+        )
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+    records = {r.worker_id: r for r in worker_records(reports)}
+    assert (records[0].median_model, records[0].median_compute) == (0.02, 0.04)
+    rows = {line.split()[0]: line.split() for line in format_worker_table(reports).splitlines()[1:3]}
+    assert rows["0"][-6:] == ["200.0", "ms", "20.0", "ms", "40.0", "ms"]
+    assert rows["5*"][-6:] == ["300.0", "ms", "4.0", "ms", "200.0", "ms"]
+
+
+def test_a_csv_history_has_each_workers_seconds_and_its_own_account(tmp_path: Path) -> None:
+    report = master_pb2.IterationReport(
+        iteration=1, used_workers=[0],
+        timings=[master_pb2.WorkerTiming(worker_id=0, seconds=0.5, model_seconds=0.125, compute_seconds=0.25)],
+        child_timings=[master_pb2.WorkerTiming(worker_id=3, seconds=0.25, compute_seconds=0.0625)],
+    )  # fmt: skip
+    with save_history([report], tmp_path / "h.csv").open(newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert {k: float(v) for k, v in row.items() if k.startswith("worker_")} == {
+        "worker_0_seconds": 0.5, "worker_0_model_seconds": 0.125, "worker_0_compute_seconds": 0.25,
+        "worker_3_seconds": 0.25, "worker_3_model_seconds": 0.0, "worker_3_compute_seconds": 0.0625,
+    }  # fmt: skip
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -117,8 +118,9 @@ def test_run_prints_the_id_detaches_on_ctrl_c_and_watch_reattaches(tmp_path: Pat
     assert spec["iterations"] == ITERATIONS and spec["job_id"] == job_id
     with (tmp_path / "watch" / "history.csv").open() as f:
         rows = list(csv.DictReader(f))
-    worker_columns = [c for c in rows[0] if c.startswith("worker_") and c.endswith("_seconds")]
+    worker_columns = [c for c in rows[0] if re.fullmatch(r"worker_\d+_seconds", c)]
     assert sorted(worker_columns) == sorted(f"worker_{w}_seconds" for w in cluster.ids)
+    assert {f"worker_{w}_{name}_seconds" for w in cluster.ids for name in ("model", "compute")} <= rows[0].keys()
     for row, report in zip(rows, history, strict=True):
         timings = {f"worker_{t['worker_id']}_seconds": t["seconds"] for t in report["timings"]}
         assert {c: float(row[c]) for c in worker_columns if row[c]} == timings

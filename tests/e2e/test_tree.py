@@ -178,6 +178,34 @@ async def test_a_deeper_node_killed_and_restarted_is_reloaded_and_used_again(clu
     assert node1 not in tail[-1].used_workers
 
 
+async def test_every_nodes_timing_carries_its_own_account_of_its_model_delay_and_computing(cluster6: Cluster) -> None:
+    """Each report's timings (the first layer, as the master saw them) and child timings (the leaves, as their parents
+    saw them) split each node's seconds into its own account: its model read and checked, the emulated delay it
+    slept, its computing (a parent's: its start to its children's decode, which covers its delay). A leaf's account
+    fits inside the seconds its parent saw."""
+    cluster6.ensure_all_up()
+    iterations, delay = 4, 0.05
+    spec = job_spec(
+        "coded_reduce", TREE, iterations=iterations, worker_ids=cluster6.ids, straggler=fixed_delay(delay)
+    )  # every node sleeps 50 ms
+    async with asyncio.timeout(180):
+        info, reports = await run_job(cluster6.master_address, spec)
+    assert info.state == master_pb2.JOB_STATE_SUCCEEDED, info.message
+    first_layer = {cluster6.ids[w] for w in FIRST_LAYER}
+    leaves = {cluster6.ids[w] for children in CHILDREN.values() for w in children}
+    for r in reports:
+        assert r.timings and {t.worker_id for t in r.timings} <= first_layer
+        assert r.child_timings and {t.worker_id for t in r.child_timings} <= leaves
+        for t in r.timings:  # parents
+            assert t.straggle_seconds == pytest.approx(delay), t
+            assert t.model_seconds > 0 and t.compute_seconds >= delay, t
+            assert t.model_seconds + t.compute_seconds <= t.seconds, t
+        for t in r.child_timings:  # leaves
+            assert t.straggle_seconds == pytest.approx(delay), t
+            assert t.model_seconds > 0 and 0 < t.compute_seconds < t.seconds, t
+            assert t.model_seconds + t.straggle_seconds + t.compute_seconds <= t.seconds, t
+
+
 async def test_reports_name_the_leaves_each_parent_used_and_decoded_without(cluster6: Cluster) -> None:
     """Issue 30: a tree job's reports and its worker table show the nodes below the first layer, not only it: each
     first-layer message the master received says which of its parent's children delivered and which were late (the
