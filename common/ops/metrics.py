@@ -15,7 +15,8 @@ Where each is recorded:
 * per iteration (master): :func:`record_iteration`, called with each published
   :class:`~gradcode.v1.master_pb2.IterationReport` (the master servicer watches every job it creates
   and records each report) — iteration time, time to the first decodable set,
-  decode time, per-worker response time, late, failed, backup and promoted counts, exact/approximate
+  decode time, per-worker response time (and the worker's own account of it: model and compute seconds), late,
+  failed, backup and promoted counts, exact/approximate
   iterations, the straggler tolerance left and the start slack of held backups;
 * workers up (master): :func:`set_workers_up`, from the pool whenever a worker's state changes;
 * job states (master): :func:`watch_jobs`, a collector that counts the jobs the servicer holds at
@@ -107,6 +108,18 @@ DECODE_SECONDS = Histogram(
 WORKER_RESPONSE_SECONDS = Histogram(
     "gradcode_worker_response_seconds", "Time from request to a worker's last chunk, per job and worker.", _PER_WORKER,
     buckets=_SECONDS_BUCKETS, registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_MODEL_SECONDS = Counter(
+    "gradcode_worker_model_seconds",
+    "Of the responses counted in gradcode_worker_response_seconds, the worker's own seconds getting its model checked "
+    "(a relayed model: the fetch from its peer), summed; per job and worker.",
+    _PER_WORKER, registry=MASTER_REGISTRY,
+)  # fmt: skip
+WORKER_COMPUTE_SECONDS = Counter(
+    "gradcode_worker_compute_seconds",
+    "Of the responses counted in gradcode_worker_response_seconds, the worker's own seconds computing (a tree "
+    "parent's: until its children's decode), summed; per job and worker.",
+    _PER_WORKER, registry=MASTER_REGISTRY,
 )  # fmt: skip
 WORKER_LATE = Counter(
     "gradcode_worker_late", "Iterations that decoded without this worker because it was slower (a straggler).",
@@ -240,7 +253,10 @@ def record_iteration(report: master_pb2.IterationReport, *, stragglers_tolerated
         FIRST_DECODABLE_SECONDS.observe(first)
     for timing in report.timings:
         seen.add(str(timing.worker_id))
-        WORKER_RESPONSE_SECONDS.labels(job_id=job, worker=str(timing.worker_id)).observe(timing.seconds)
+        labels = {"job_id": job, "worker": str(timing.worker_id)}
+        WORKER_RESPONSE_SECONDS.labels(**labels).observe(timing.seconds)
+        WORKER_MODEL_SECONDS.labels(**labels).inc(timing.model_seconds)
+        WORKER_COMPUTE_SECONDS.labels(**labels).inc(timing.compute_seconds)
     if stragglers_tolerated is not None:
         STRAGGLER_TOLERANCE_LEFT.set(stragglers_tolerated - len(report.failed_workers))
     if report.start_slack_seconds > 0:
@@ -254,7 +270,10 @@ _job_workers: dict[str, set[str]] = {}
 def forget_job(job_id: str) -> None:
     """Remove the job's per-worker series: the master no longer holds it."""
     for worker in _job_workers.pop(job_id, ()):
-        for metric in (WORKER_RESPONSE_SECONDS, WORKER_LATE, WORKER_FAILED, WORKER_BACKUP, WORKER_PROMOTED):
+        for metric in (
+            WORKER_RESPONSE_SECONDS, WORKER_MODEL_SECONDS, WORKER_COMPUTE_SECONDS, WORKER_LATE, WORKER_FAILED,
+            WORKER_BACKUP, WORKER_PROMOTED,
+        ):  # fmt: skip
             with contextlib.suppress(KeyError):  # a series it never had
                 metric.remove(job_id, worker)
 

@@ -66,6 +66,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Worker response, mean, and the worker's own account of it",
+        "s",
+        [
+            (
+                f"{name} {{{{worker}}}}",
+                f"sum by (worker) (rate({metric}{{{JOB}}}[{RATE}])) "
+                f"/ sum by (worker) (rate(gradcode_worker_response_seconds_count{{{JOB}}}[{RATE}]))",
+            )
+            for name, metric in (
+                ("response", "gradcode_worker_response_seconds_sum"),
+                ("model", "gradcode_worker_model_seconds_total"),
+                ("compute", "gradcode_worker_compute_seconds_total"),
+            )
+        ],
+    ),
+    (
         "Late (straggling) iterations per second, per worker",
         "ops",
         [

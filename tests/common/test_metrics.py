@@ -38,6 +38,21 @@ def test_a_report_counts_late_failed_and_timings_per_worker() -> None:
     assert _value("gradcode_straggler_tolerance_left") == 1  # 2 tolerated, 1 failed
 
 
+def test_a_report_adds_each_workers_own_account_of_its_response_and_forgetting_the_job_removes_it() -> None:
+    labels = {"job_id": "account", "worker": "7"}
+    for seconds in (0.5, 0.25):
+        timing = master_pb2.WorkerTiming(
+            worker_id=7, seconds=seconds, model_seconds=seconds / 4, compute_seconds=seconds / 2
+        )
+        metrics.record_iteration(master_pb2.IterationReport(job_id="account", iteration=1, timings=[timing]))
+    assert _value("gradcode_worker_response_seconds_sum", **labels) == 0.75
+    assert _value("gradcode_worker_model_seconds_total", **labels) == 0.1875
+    assert _value("gradcode_worker_compute_seconds_total", **labels) == 0.375
+    metrics.forget_job("account")
+    for name in ("gradcode_worker_model_seconds_total", "gradcode_worker_compute_seconds_total"):
+        assert metrics.MASTER_REGISTRY.get_sample_value(name, labels) is None
+
+
 def test_the_start_slack_gauge_is_the_last_held_rounds_and_a_round_without_held_backups_leaves_it() -> None:
     metrics.record_iteration(_report(4, start_slack_seconds=0.042))
     assert _value("gradcode_start_slack_seconds") == 0.042

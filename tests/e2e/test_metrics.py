@@ -102,6 +102,14 @@ async def test_metrics_and_json_logs_follow_a_job_with_one_slow_worker(tmp_path:
         assert final[("gradcode_straggler_tolerance_left", ())] == 1  # s = 1, no worker failed
         responses = sum(len(r.timings) for r in reports)
         assert sum(v for (name, _), v in final.items() if name == "gradcode_worker_response_seconds_count") == responses
+        for metric, field in (
+            ("gradcode_worker_model_seconds_total", "model_seconds"),
+            ("gradcode_worker_compute_seconds_total", "compute_seconds"),
+        ):  # the workers' own account of their responses, as their reports give it
+            reported = sum(getattr(t, field) for r in reports for t in r.timings)
+            assert reported > 0 and sum(v for (name, _), v in final.items() if name == metric) == pytest.approx(
+                reported
+            )
         assert final[("process_resident_memory_bytes", ())] > 0
 
         workers = [_scrape(port) for port in worker_metrics]
