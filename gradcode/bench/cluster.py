@@ -3,6 +3,7 @@ bottleneck (issue 28).
 
     gradcode bench cluster [--n 6 12] [--rounds 1] [--iterations 12] [--master-mbit 200] [--worker-mbit 1000]
                            [--master-cpu 50] [--worker-cpu PERCENT] [--delay 0.25] [--quick] [--out DIR]
+                           [--histories DIR]
     gradcode bench cluster --cleanup          remove what a killed run left behind (namespaces, cgroups)
 
 **The testbed** (:mod:`gradcode.bench.testbed`, needs root): one emulated host for the master and one per
@@ -44,6 +45,7 @@ import math
 import os
 import re
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -186,6 +188,13 @@ class EmulatedCluster:
     @property
     def master_address(self) -> str:
         return f"{self.testbed.hosts['m'].address}:{MASTER_PORT}"
+
+    def copy_histories(self, directory: Path) -> None:
+        """Copy every job's history and spec the master wrote into ``directory`` (the run directory goes with the
+        testbed): each report's timings give every node's response and its own account of it."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in [*self.run_dir.glob("*.jsonl"), *self.run_dir.glob("*.spec.json")]:
+            shutil.copy(path, directory / path.name)
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -685,9 +694,10 @@ def run(
     *, ns: Sequence[int] = (6, 12), rounds: int = 1, iterations: int = 12, master_mbit: float = 200.0,
     worker_mbit: float = 1000.0, master_cpu: float = 50.0, worker_cpu: float | None = None, delay: float = 0.25,
     out: Path = RESULTS, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
-    features: int = NUM_FEATURES, deliveries: Sequence[str] = ("",),
+    features: int = NUM_FEATURES, deliveries: Sequence[str] = ("",), histories: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Build the testbed, measure every system at every n, remove the testbed; print, save and return."""
+    """Build the testbed, measure every system at every n, remove the testbed; print, save and return.
+    ``histories``: a directory to copy every job's history and spec into."""
     if features < 1:
         raise ValueError(f"features must be at least 1, not {features}.")
     if any(n < 2 for n in ns) or not ns:
@@ -722,6 +732,8 @@ def run(
                     on_row=save_partial,
                 )
             )  # fmt: skip
+            if histories is not None:
+                cluster.copy_histories(histories)
     result: dict[str, Any] = {
         "p": features + 1,
         "num_samples": NUM_SAMPLES,
@@ -799,6 +811,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--systems", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="only these systems (default: all)"
     )  # fmt: skip
     add_out_argument(parser, "cluster")
+    parser.add_argument("--histories", type=Path, default=None, help="copy every job's history here (diagnosis)")
     parser.add_argument(
         "--cleanup", action="store_true",
         help="remove the namespaces, cgroups and processes of runs that died (by the name prefix gcb-<pid>-)",
@@ -820,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns=args.n, rounds=args.rounds, iterations=args.iterations, master_mbit=args.master_mbit,
             worker_mbit=args.worker_mbit, master_cpu=args.master_cpu, worker_cpu=args.worker_cpu, delay=args.delay,
             out=args.out, surplus=args.surplus, schemes=args.systems, features=args.features,
-            deliveries=args.model_delivery,
+            deliveries=args.model_delivery, histories=args.histories,
         )  # fmt: skip
     return 0
 

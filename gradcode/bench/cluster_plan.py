@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import math
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -385,9 +384,7 @@ def run(
                 _measure(cluster, layout, workload, probe_iterations, iterations, rounds, top, bootstrap)
             )
             if histories is not None:
-                histories.mkdir(parents=True, exist_ok=True)
-                for path in [*cluster.run_dir.glob("*.jsonl"), *cluster.run_dir.glob("*.spec.json")]:
-                    shutil.copy(path, histories / path.name)
+                cluster.copy_histories(histories)
         cpu_period_us = testbed.cpu_period_us
     result: dict[str, Any] = {
         "layout": asdict(layout),

@@ -23,6 +23,7 @@ from gradcode.bench.cluster import EmulatedCluster, _spread
 from gradcode.bench.testbed import CPU_CGROUP, PREFIX, HostSpec, check_available, cleanup, leftovers
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.registry import make_code
+from gradcode.common.sim.plan import read_history
 from gradcode.common.sim.simulate import broadcast_spread
 from gradcode.v1 import master_pb2
 
@@ -170,7 +171,13 @@ def test_four_hosts_shape_their_links_run_a_tree_exactly_and_leave_nothing(tmp_p
         with EmulatedCluster(testbed, tmp_path, workers_per_host=2) as cluster:
             reports, received = asyncio.run(_tree_job(cluster))
             names, pids = _everything_of(testbed)
+            cluster.copy_histories(tmp_path / "histories")
     assert [r.iteration for r in reports] == [1, 2, 3, 4]
+    # the job's history and spec, as `--histories` keeps them: every node's response and its own account of it
+    (history,) = (tmp_path / "histories").glob("*.jsonl")
+    kept, spec = read_history(history)
+    assert [r["iteration"] for r in kept] == [1, 2, 3, 4] and spec is not None
+    assert all(t["compute_seconds"] > 0 for r in kept for t in [*r["timings"], *r["child_timings"]])
     for r in reports:
         assert r.exact and 0 <= r.verify_error <= EXACT, (r.iteration, r.verify_error)
     # At least the one first-layer message the master decodes from per iteration (p = 1000 float64) crossed the
