@@ -59,6 +59,7 @@ from gradcode.common.codes.topology import Topology
 from gradcode.common.gather.delivery import relay_peers
 from gradcode.common.gather.primaries import HOLD_OVERDUE_FACTOR, Primaries, start_overdue
 from gradcode.common.sim.stragglers import DelayModel, NoDelay
+from gradcode.common.transport.egress import LARGE_FRAME_BYTES
 from gradcode.common.validation import check_int, check_number
 
 __all__ = [
@@ -98,9 +99,10 @@ class Costs:
     ``parent_decode_seconds``: a tree parent's ``decode_seconds`` (None: the same), from its decodable moment
     to its message ready to go up (decode, combine, encode); a parent runs on a worker host, often with less CPU
     than the master's. ``broadcast_spread``: how the models sent at once end, from 0 (all together: a fairly
-    shared link) to 1 (one after another: a first-come-first-served one; gradcode's links send large models in
-    turn, :mod:`~gradcode.common.transport.egress`). ``relay_spread``: the same for the relayed fetches a peer serves
-    at once (over gRPC, not in turn; None: ``broadcast_spread``). ``relay_hop_seconds``: what a relayed model's
+    shared link) to 1 (one after another: a first-come-first-served one); None (the default): as gradcode's links
+    send them, in turn from :data:`~gradcode.common.transport.egress.LARGE_FRAME_BYTES` up (1), sharing the link
+    below (0) (:attr:`down_spread`). ``relay_spread``: the same for the relayed fetches a peer serves at once (over
+    gRPC, not in turn; None: as the models sent down). ``relay_hop_seconds``: what a relayed model's
     fetch costs besides its bytes (the peer serving it, the fetcher checking its digest).
     """
 
@@ -114,14 +116,14 @@ class Costs:
     broadcast: bool = True
     worker_seconds: float = 0.0
     parent_decode_seconds: float | None = None
-    broadcast_spread: float = 0.0
+    broadcast_spread: float | None = None
     relay_spread: float | None = None
     relay_hop_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_spread("broadcast_spread", self.broadcast_spread)
-        if self.relay_spread is not None:
-            _check_spread("relay_spread", self.relay_spread)
+        for name in ("broadcast_spread", "relay_spread"):
+            if getattr(self, name) is not None:
+                _check_spread(name, getattr(self, name))
         for name in (
             "compute_seconds", "message_bytes", "message_overhead", "decode_seconds", "worker_seconds",
             "relay_hop_seconds",
@@ -143,6 +145,14 @@ class Costs:
     def speed(self, worker: int) -> float:
         """Relative compute speed of ``worker`` (1 when not given)."""
         return self.worker_speed[worker] if worker < len(self.worker_speed) else 1.0
+
+    @property
+    def down_spread(self) -> float:
+        """The ``broadcast_spread`` the models sent down take: the given one, else gradcode's links' (a model of
+        :data:`~gradcode.common.transport.egress.LARGE_FRAME_BYTES` or more waits for its turn)."""
+        if self.broadcast_spread is not None:
+            return self.broadcast_spread
+        return 1.0 if self.message_bytes >= LARGE_FRAME_BYTES else 0.0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Costs:
@@ -266,11 +276,11 @@ def _down(
 ) -> Array:
     """When each of ``children`` holds the model its parent starts sending at ``parent_has``: the concurrent
     transfers (one TCP connection per child) end between all together and one after another (``spread``; default
-    ``Costs.broadcast_spread``), none earlier than one child's own link allows."""
+    :attr:`Costs.down_spread`), none earlier than one child's own link allows."""
     if not costs.broadcast or children == 0:
         return np.full(children, parent_has)
     b = costs.message_bytes
-    spread = costs.broadcast_spread if spread is None else spread
+    spread = costs.down_spread if spread is None else spread
     turns = np.arange(1, children + 1) / children
     ends: Array = parent_has + np.maximum(
         children * b / parent_bandwidth * (1 - spread + spread * turns), b / costs.worker_bandwidth

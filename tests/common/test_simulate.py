@@ -16,6 +16,7 @@ from gradcode.common.codes.base import Observation
 from gradcode.common.codes.coded_reduce import simulate_coded_reduce_latency
 from gradcode.common.sim.simulate import Costs, IterationOutcome, _Delivery, broadcast_spread, simulate
 from gradcode.common.sim.stragglers import DelayModel, FixedDelay, ShiftedExponential
+from gradcode.common.transport.egress import LARGE_FRAME_BYTES
 
 
 def test_uncoded_waits_for_every_worker_and_the_master_link_serialises_them() -> None:
@@ -314,6 +315,19 @@ def test_models_sent_in_turn_reach_the_expected_workers_first_and_a_rounds_unsen
     assert delivery.holds([0, 1, 2, 3], first={0, 2}) == {0: 2.5, 2: 3.5, 1: 4.5, 3: 5.5}
     delivery.answered([0, 2], 6.0)  # everything left before the round ended
     assert delivery.holds([0, 1], first={0}) == {0: 1.0, 1: 2.0}
+
+
+def test_unless_told_otherwise_models_go_down_as_gradcodes_links_send_them() -> None:
+    """A model of LARGE_FRAME_BYTES or more waits for its turn on a link (spread 1); a smaller one shares it (0): the
+    timelines of the test above, [3, 4, 4, 4] s in turn and 6 s a round shared."""
+    code = make_code("fractional", n=4, s=1)
+    large = float(LARGE_FRAME_BYTES)
+    for size, links, timeline in ((large, 1.0, [3.0, 4.0, 4.0, 4.0]), (large - 1.0, 0.0, [6.0] * 4)):
+        default = Costs(message_bytes=size, master_bandwidth=size)  # a model or a message: 1 s on the master's link
+        assert default.down_spread == links and default.broadcast_spread is None
+        for told in (0.0, 0.5, 1.0):
+            assert dataclasses.replace(default, broadcast_spread=told).down_spread == told
+        assert simulate(code, default, 4, surplus="hold").seconds.tolist() == timeline
 
 
 def test_relayed_fetches_end_as_their_own_spread_says() -> None:
