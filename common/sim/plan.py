@@ -84,11 +84,16 @@ def read_history(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | Non
     """The reports of a history file (``.jsonl`` or ``.json``) and the job spec beside it (None if absent)."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        loaded = json.loads(text)
-        rows = loaded if isinstance(loaded, list) else [loaded]
-    else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        if path.suffix == ".json":
+            loaded = json.loads(text)
+            rows = loaded if isinstance(loaded, list) else [loaded]
+        else:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not a history gradcode wrote (JSON reports, a .json list or one per line): {exc}"
+        ) from None
     reports = [r for r in rows if isinstance(r, dict) and "timings" in r]
     if not reports:
         raise ValueError(f"{path} holds no iteration reports (lines with 'timings'); give a job's history file.")

@@ -39,7 +39,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,15 @@ import grpc
 import numpy as np
 
 from gradcode.client.errors import explain_rpc_error
-from gradcode.client.history import format_worker_table, plot_history, plot_workers, save_history, save_spec
+from gradcode.client.history import (
+    format_summary,
+    format_worker_table,
+    plot_history,
+    plot_workers,
+    read_reports,
+    save_history,
+    save_spec,
+)
 from gradcode.client.launch import LocalCluster
 from gradcode.client.progress import Progress
 from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFailedError, build_job_spec, keep_report
@@ -391,48 +399,6 @@ async def _follow(
     return seen
 
 
-def _summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
-    if not reports:
-        return f"{label}: no iteration finished"
-    times = [r.wall_seconds for r in reports]
-    last = reports[-1]
-    inexact = [r for r in reports if not r.exact]
-    unchecked = sum(1 for r in inexact if r.unchecked_workers)
-    verified = [r.verify_error for r in reports if r.verify_error >= 0]
-    check = f", worst verified error {max(verified):.1e}" if verified else ""
-    bounds = [r.error_bound for r in reports if r.error_bound >= 0]
-    certified = f", worst certified error {max(bounds):.1e}" if bounds else ""
-    suspects = sorted({w for r in reports for w in r.suspect_workers})
-    flagged = f", consistency checks flagged workers {suspects}" if suspects else ""
-    counted = (
-        f" ({len(inexact)} of {len(reports)} iterations not exact"
-        + (f", {unchecked} of them unchecked by the integrity checks" if unchecked else "")
-        + ")"
-        if inexact
-        else ""
-    )
-    evaluated = [r.test_accuracy for r in reports if not math.isnan(r.test_accuracy)]
-    accuracy = f"test accuracy {evaluated[-1]:.3f}" if evaluated else "no test accuracy"
-    slacks = [r.start_slack_seconds for r in reports if r.start_slack_seconds > 0]
-    held = (
-        f"; held backups waited {statistics.median(slacks) * 1e3:.1f} ms past the expected workers' beginnings "
-        f"(median of {len(slacks)} rounds)"
-        if slacks
-        else ""
-    )
-    return (
-        f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
-        f"final loss {last.loss:.4f}, {accuracy}, "
-        f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
-        f"; master received/sent {_megabytes(r.bytes_received for r in reports)}/"
-        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median){held}"
-    )
-
-
-def _megabytes(values: Iterable[int]) -> str:
-    return f"{statistics.median(values) / 1e6:.3g}"
-
-
 async def _demo(args: argparse.Namespace) -> int:
     out = _output_dir(args.out)  # absolute: the master child writes to the same place as we do
     args.s = _stragglers(args)
@@ -452,8 +418,8 @@ async def _demo(args: argparse.Namespace) -> int:
             )
     print()
     print(f"{args.s} random worker(s) per iteration delayed by {args.delay:.2f} s (emulated stragglers).")
-    print(_summary(f"{args.scheme:>8}", coded))
-    print(_summary(f"{'uncoded':>8}", uncoded))
+    print(format_summary(f"{args.scheme:>8}", coded))
+    print(format_summary(f"{'uncoded':>8}", uncoded))
     ratio = statistics.median(r.wall_seconds for r in uncoded) / statistics.median(r.wall_seconds for r in coded)
     print(f"Waiting for all workers would have cost {ratio:.1f}x more time per iteration.")
     print(format_worker_table(coded))
@@ -563,7 +529,7 @@ async def _run(args: argparse.Namespace) -> int:
             if created:
                 _detached(args, created[0].job_id, reports, created[0].spec)
             raise
-    print(_summary(args.scheme, reports))
+    print(format_summary(args.scheme, reports))
     print(format_worker_table(reports))
     _save(args.out, reports, {args.scheme: reports}, created[0].spec)
     return 0
@@ -606,7 +572,7 @@ async def _watch(args: argparse.Namespace) -> int:
         info = await client.get_job(args.job_id)
     print(f"job {info.job_id}: {master_pb2.JobState.Name(info.state)} {info.message}")
     if reports:
-        print(_summary(info.job_id, reports))
+        print(format_summary(info.job_id, reports))
         print(format_worker_table(reports))
     if args.out is not None and reports:
         _save(args.out, reports, {info.job_id: reports}, info.spec)
@@ -758,6 +724,17 @@ def _add_watch_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _history(args: argparse.Namespace) -> int:
+    """``gradcode history FILE``: the summary line and the worker table of a saved history."""
+    if args.skip < 0:
+        raise ValueError(f"--skip must be 0 or more iterations, not {args.skip}.")
+    reports = read_reports(args.file)[args.skip :]
+    print(format_summary(args.file.name, reports))
+    if reports:
+        print(format_worker_table(reports))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gradcode",
@@ -788,6 +765,12 @@ def build_parser() -> argparse.ArgumentParser:
     codes.set_defaults(handler=_codes)
     add_simulate_command(sub, scheme=_scheme, key_value=_key_value)
     add_plan_command(sub)
+    history = sub.add_parser(
+        "history", help="summarise a job's history file: its iterations and each worker's time, as `watch` ends"
+    )
+    history.add_argument("file", type=_input_file, help="the master's <run_dir>/<job>.jsonl, or a saved history.json")
+    history.add_argument("--skip", type=int, default=0, metavar="K", help="leave out the first K iterations (warm-up)")
+    history.set_defaults(handler=_history)
 
     def client_command(name: str, text: str) -> argparse.ArgumentParser:
         """A command that talks to a running master: its address and the client's security flags."""

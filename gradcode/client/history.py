@@ -13,21 +13,26 @@ import csv
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+
 from gradcode.common.ops.metrics import first_decodable_seconds
+from gradcode.common.sim.plan import read_history
 from gradcode.common.transport.wire import message_to_dict
 from gradcode.v1 import master_pb2
 
 __all__ = [
     "WorkerRecord",
     "continuous_elapsed",
+    "format_summary",
     "format_worker_table",
     "plot_history",
     "plot_workers",
+    "read_reports",
     "report_rows",
     "save_history",
     "save_spec",
@@ -159,6 +164,65 @@ def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[Worker
             records[w].iterations += 1
             records[w].late += 1
     return list(records.values())
+
+
+def read_reports(path: Path) -> list[master_pb2.IterationReport]:
+    """The reports of a history file: the master's ``<job>.jsonl`` or the ``history.json`` a client saves
+    (:func:`~gradcode.common.sim.plan.read_history`); ValueError for a file that holds none."""
+    rows, _ = read_history(path)
+    reports = []
+    for row in rows:
+        try:
+            reports.append(json_format.ParseDict(row, master_pb2.IterationReport(), ignore_unknown_fields=True))
+        except json_format.ParseError as exc:
+            raise ValueError(
+                f"{path}: iteration {row.get('iteration', '?')} is not a report gradcode wrote: {exc}"
+            ) from None
+    return reports
+
+
+def format_summary(label: str, reports: Sequence[master_pb2.IterationReport]) -> str:
+    """One line on a job's reports: iterations, median time, final loss and accuracy, exactness (verified and
+    certified errors, integrity findings), the master's bytes, held backups' slack."""
+    if not reports:
+        return f"{label}: no iteration finished"
+    times = [r.wall_seconds for r in reports]
+    last = reports[-1]
+    inexact = [r for r in reports if not r.exact]
+    unchecked = sum(1 for r in inexact if r.unchecked_workers)
+    verified = [r.verify_error for r in reports if r.verify_error >= 0]
+    check = f", worst verified error {max(verified):.1e}" if verified else ""
+    bounds = [r.error_bound for r in reports if r.error_bound >= 0]
+    certified = f", worst certified error {max(bounds):.1e}" if bounds else ""
+    suspects = sorted({w for r in reports for w in r.suspect_workers})
+    flagged = f", consistency checks flagged workers {suspects}" if suspects else ""
+    counted = (
+        f" ({len(inexact)} of {len(reports)} iterations not exact"
+        + (f", {unchecked} of them unchecked by the integrity checks" if unchecked else "")
+        + ")"
+        if inexact
+        else ""
+    )
+    evaluated = [r.test_accuracy for r in reports if not math.isnan(r.test_accuracy)]
+    accuracy = f"test accuracy {evaluated[-1]:.3f}" if evaluated else "no test accuracy"
+    slacks = [r.start_slack_seconds for r in reports if r.start_slack_seconds > 0]
+    held = (
+        f"; held backups waited {statistics.median(slacks) * 1e3:.1f} ms past the expected workers' beginnings "
+        f"(median of {len(slacks)} rounds)"
+        if slacks
+        else ""
+    )
+    return (
+        f"{label}: {len(reports)} iterations, median {statistics.median(times) * 1e3:.1f} ms/iteration, "
+        f"final loss {last.loss:.4f}, {accuracy}, "
+        f"{'APPROXIMATE' if inexact else 'exact'} gradients{counted}{check}{certified}{flagged}"
+        f"; master received/sent {_megabytes(r.bytes_received for r in reports)}/"
+        f"{_megabytes(r.bytes_sent for r in reports)} MB per iteration (median){held}"
+    )
+
+
+def _megabytes(values: Iterable[int]) -> str:
+    return f"{statistics.median(values) / 1e6:.3g}"
 
 
 def format_worker_table(reports: Sequence[master_pb2.IterationReport]) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gradcode.client.__main__ import main
 from gradcode.client.history import (
     continuous_elapsed,
     format_worker_table,
@@ -17,6 +19,7 @@ from gradcode.client.history import (
     save_history,
     worker_records,
 )
+from gradcode.common.transport.wire import message_to_dict
 from gradcode.v1 import master_pb2
 
 
@@ -136,3 +139,55 @@ def test_the_workers_legend_covers_no_bar(tmp_path: Path, drawn: list[Any]) -> N
     legend = share.get_legend().get_window_extent()
     bars = [p.get_window_extent() for p in share.patches if p.get_height() > 0]
     assert bars and not any(legend.overlaps(bar) for bar in bars)
+
+
+def _account_reports() -> list[master_pb2.IterationReport]:
+    return [
+        master_pb2.IterationReport(
+            job_id="j", iteration=i, loss=1.0 / i, exact=True, wall_seconds=0.5, used_workers=[3],
+            timings=[master_pb2.WorkerTiming(worker_id=3, seconds=0.5, model_seconds=0.125, compute_seconds=0.25)],
+        )
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+
+
+def test_gradcode_history_summarises_a_masters_or_a_clients_history_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = _account_reports()
+    masters = tmp_path / "job.jsonl"  # as the master writes it: one report per line
+    masters.write_text("".join(json.dumps(message_to_dict(r)) + "\n" for r in reports))
+    clients = save_history(reports, tmp_path / "history.json")
+    for path, skip, iterations in ((masters, 0, 3), (clients, 1, 2)):
+        assert main(["history", str(path), "--skip", str(skip)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(f"{path.name}: {iterations} iterations, median 500.0 ms/iteration"), out
+        assert out[2].split()[-6:] == ["500.0", "ms", "125.0", "ms", "250.0", "ms"], out  # worker 3's row
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "holds no iteration reports"),
+        ('{"iteration": "three", "timings": []}\n', "iteration three is not a report gradcode wrote"),
+        ("not json\n", "job.jsonl is not a history gradcode wrote (JSON reports"),
+    ],
+)
+def test_gradcode_history_refuses_a_file_it_cannot_read_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    path = tmp_path / "job.jsonl"
+    path.write_text(content)
+    assert main(["history", str(path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_gradcode_history_refuses_a_missing_file_and_a_negative_skip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["history", str(tmp_path / "missing.jsonl")])
+    assert exited.value.code == 2 and "missing.jsonl: no such file" in capsys.readouterr().err
+    path = save_history(_account_reports(), tmp_path / "history.json")
+    assert main(["history", str(path), "--skip", "-1"]) == 1
+    assert "--skip must be 0 or more iterations, not -1" in capsys.readouterr().err

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gradcode.client.__main__ import _spec_from_args, _summary, build_parser
+from gradcode.client.__main__ import _spec_from_args, build_parser
+from gradcode.client.history import format_summary
 from gradcode.client.sdk import build_job_spec
 from gradcode.v1 import master_pb2
 
@@ -62,7 +63,7 @@ def test_the_run_summary_gives_the_masters_bytes_per_iteration() -> None:
         master_pb2.IterationReport(iteration=t, wall_seconds=0.1, exact=True, bytes_received=r, bytes_sent=4_800_000)
         for t, r in enumerate((2_400_000, 2_500_000, 9_000_000))
     ]
-    assert _summary("fractional", reports).endswith("; master received/sent 2.5/4.8 MB per iteration (median)")
+    assert format_summary("fractional", reports).endswith("; master received/sent 2.5/4.8 MB per iteration (median)")
 
 
 def test_the_run_summary_gives_the_start_slack_of_the_rounds_that_held_backups() -> None:
@@ -70,7 +71,7 @@ def test_the_run_summary_gives_the_start_slack_of_the_rounds_that_held_backups()
         master_pb2.IterationReport(iteration=t, wall_seconds=0.1, exact=True, start_slack_seconds=slack)
         for t, slack in enumerate((0.0, 0.003, 0.021, 0.040))
     ]
-    assert _summary("fractional", reports).endswith(
+    assert format_summary("fractional", reports).endswith(
         "; held backups waited 21.0 ms past the expected workers' beginnings (median of 3 rounds)"
     )  # the round that held none does not count
 

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from gradcode.client.__main__ import _summary
+from gradcode.client.history import format_summary
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.numerics import contiguous_survivor_sets, relative_error
 from gradcode.common.gather.integrity import DEFAULT_INTEGRITY, QUARANTINE_AFTER, IntegrityPolicy
@@ -205,7 +205,7 @@ def test_cli_summary_quotes_the_worst_certified_error_and_the_flagged_workers() 
             iteration=2, wall_seconds=0.01, exact=False, error_bound=3e-14, verify_error=-1, suspect_workers=[4]
         ),
     ]
-    line = _summary("cyclic", reports)
+    line = format_summary("cyclic", reports)
     assert "APPROXIMATE" in line and "worst certified error 3.0e-14" in line and "flagged workers [4]" in line
 
 

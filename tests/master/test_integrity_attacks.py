@@ -17,7 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from gradcode.client.__main__ import _summary, main
+from gradcode.client.__main__ import main
+from gradcode.client.history import format_summary
 from gradcode.common.codes import GradientCode, make_code
 from gradcode.common.codes.consistency import check_consistency, uncheckable
 from gradcode.common.codes.numerics import relative_error
@@ -327,7 +328,7 @@ async def test_an_unchecked_iteration_is_reported_and_counted() -> None:
     assert not report.exact and sorted(report.unchecked_workers) == [10, 11, 12, 13]
     assert "unchecked" in report.integrity
     exact = master_pb2.IterationReport(iteration=2, wall_seconds=0.1, exact=True, error_bound=1e-15, verify_error=-1)
-    line = _summary("cyclic", [report, exact])
+    line = format_summary("cyclic", [report, exact])
     assert "1 of 2 iterations not exact, 1 of them unchecked" in line and "APPROXIMATE" in line
 
 
