@@ -10,6 +10,7 @@ the reason and the worker, and fails the job at its deadline instead of using a 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -269,6 +270,11 @@ def _untouched(c: worker_pb2.GradientChunk) -> None:
     pass
 
 
+def _timeless(c: worker_pb2.GradientChunk) -> None:
+    if c.HasField("trailer"):
+        c.trailer.model_seconds = math.nan
+
+
 BAD_CHUNKS = [
     ("stale iteration", _stale, 0, "Chunk for stale or future iteration 0 arrived on the stream of worker 0"),
     ("unknown job", _other_job, 0, "Chunk for job 'someone-elses-job' arrived on the stream of worker 0"),
@@ -276,6 +282,7 @@ BAD_CHUNKS = [
     ("unknown worker id", _other_worker, 0, "Chunk claims worker 9 on the stream of worker 0"),
     ("failed checksum", _corrupt, 0, "failed its XXH3-64 check"),
     ("row not asked for", _unrequested_row, 0, "Row 5 was not requested"),
+    ("a time that is no time", _timeless, 0, "reports its model_seconds nan, which must be a finite number >= 0"),
 ]
 
 

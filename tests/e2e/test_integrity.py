@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from gradcode.client.__main__ import _summary
+from gradcode.client.history import format_summary
 from gradcode.common.gather.integrity import QUARANTINE_AFTER
 from gradcode.common.transport.serving import ServingHandle, start_server
 from gradcode.common.transport.wire import array_from_tensor
@@ -150,7 +150,7 @@ async def test_two_slow_honest_workers_leave_the_liar_unchecked_and_every_iterat
         assert not r.exact and not slow & set(r.used_workers), (r.iteration, r.integrity)
         assert r.unchecked_workers and "unchecked" in r.integrity, (r.iteration, r.integrity)
     assert f"{iterations} of {iterations} iterations not exact, {iterations} of them unchecked" in info.message
-    line = _summary("cyclic", reports)
+    line = format_summary("cyclic", reports)
     assert f"{iterations} of {iterations} iterations not exact" in line
 
 
