@@ -31,7 +31,7 @@ import base64
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import blake3
@@ -391,8 +391,12 @@ class Timing:
     straggle_seconds: float = 0.0
 
     def fields(self) -> dict[str, float]:
-        """Keyword arguments of a WorkerTiming or ChildTiming."""
-        return asdict(self)
+        """Keyword arguments of a WorkerTiming or ChildTiming (built by hand: ``dataclasses.asdict`` took 6 µs a
+        worker, 0.1 ms of the master's iteration at n = 16)."""
+        return {
+            "seconds": self.seconds, "model_seconds": self.model_seconds, "compute_seconds": self.compute_seconds,
+            "straggle_seconds": self.straggle_seconds,
+        }  # fmt: skip
 
 
 def _checked_durations(what: str, **seconds: float) -> None:
