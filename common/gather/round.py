@@ -329,18 +329,16 @@ class Round:
         """Each worker in :attr:`finished`: its seconds, with its own account from its messages' trailers (its model's
         seconds, its rows' computing added up, its emulated delay as its last row says: a worker's delays add up
         row by row)."""
-        own: dict[int, list[CompletedMessage]] = {}
-        for message in self.messages.values():
-            own.setdefault(message.worker_id, []).append(message)
-        return {
-            worker: Timing(
-                seconds,
-                model_seconds=max((m.model_seconds for m in own.get(worker, ())), default=0.0),
-                compute_seconds=sum(m.compute_seconds for m in own.get(worker, ())),
-                straggle_seconds=max((m.straggle_seconds for m in own.get(worker, ())), default=0.0),
+        account: dict[int, tuple[float, float, float]] = {}
+        nothing = (0.0, 0.0, 0.0)
+        for m in self.messages.values():
+            model, compute, straggle = account.get(m.worker_id, nothing)
+            account[m.worker_id] = (
+                max(model, m.model_seconds),
+                compute + m.compute_seconds,
+                max(straggle, m.straggle_seconds),
             )
-            for worker, seconds in self.finished.items()
-        }
+        return {worker: Timing(seconds, *account.get(worker, nothing)) for worker, seconds in self.finished.items()}
 
     @property
     def approximate_messages(self) -> bool:
