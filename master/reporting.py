@@ -119,7 +119,7 @@ def _worker_timings(timings: Mapping[int, Timing], pool_ids: Sequence[int]) -> l
     """``timings`` by job worker index (a round's, or what a tree's first layer said of the nodes below it) as the
     report's WorkerTimings, by pool id."""
     return sorted(
-        (master_pb2.WorkerTiming(worker_id=pool_ids[w], **t.fields()) for w, t in timings.items()),
+        (t.message(master_pb2.WorkerTiming, pool_ids[w]) for w, t in timings.items()),
         key=lambda timing: timing.worker_id,
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator
@@ -489,7 +488,7 @@ def test_a_parents_descendants_travel_in_its_trailer_and_bad_seconds_are_refused
     for field in ("seconds", "model_seconds", "compute_seconds", "straggle_seconds"):
         for seconds in (math.nan, -1.0, math.inf):
             asm = _assembler(subtree=frozenset({4}))
-            bad = dataclasses.replace(Timing(0.25), **{field: seconds})
+            bad = Timing(0.25)._replace(**{field: seconds})
             with pytest.raises(WireError, match=f"child's {field} {seconds!r}"):
                 for chunk in _chunks(vec, subtree=Subtree(timings=((4, bad),))):
                     asm.feed(chunk)
