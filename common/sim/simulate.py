@@ -324,10 +324,10 @@ class _Delivery:
             ends = _down(start, len(order), self.costs, self.bandwidth)
             self._last_sent = float(ends.max()) if len(order) else start
             return dict(zip(order, ends.tolist(), strict=True))
-        asked = set(workers)
-        first = [w for w in self._answered if w in asked]
-        answered = set(first)
-        order = first + [w for w in workers if w not in answered]
+        asked = set(workers)  # relayed: the last round's answerers first (the relay's order, not ``first``)
+        came = [w for w in self._answered if w in asked]
+        answered = set(came)
+        order = came + [w for w in workers if w not in answered]
         peers = relay_peers(order)
         holds = {order[0]: float(_down(start, 1, self.costs, self.bandwidth)[0])}
         self._last_sent = holds[order[0]]
