@@ -123,15 +123,19 @@ class WorkerRecord:
 
     @property
     def median_response(self) -> float | None:
-        return statistics.median(self.response_seconds) if self.response_seconds else None
+        return _median(self.response_seconds)
 
     @property
     def median_model(self) -> float | None:
-        return statistics.median(self.model_seconds) if self.model_seconds else None
+        return _median(self.model_seconds)
 
     @property
     def median_compute(self) -> float | None:
-        return statistics.median(self.compute_seconds) if self.compute_seconds else None
+        return _median(self.compute_seconds)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def worker_records(reports: Sequence[master_pb2.IterationReport]) -> list[WorkerRecord]:

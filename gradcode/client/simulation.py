@@ -49,7 +49,7 @@ COST_FLAGS = {
     "parent_decode_seconds": "a tree parent's --decode-seconds (default: the same)",
     "broadcast_spread": "how models sent at once end: 0 together (a fair link) to 1 one after another (default: as "
     "gradcode's links, 1 for models of 1 MiB or more, which take turns, else 0)",
-    "relay_spread": "the same for the relayed fetches a peer serves at once (default: --broadcast-spread)",
+    "relay_spread": "the same for the relayed fetches a peer serves at once (default: as the models sent down)",
     "relay_hop_seconds": "seconds a relayed model's fetch costs besides its bytes (--model-delivery relay)",
 }
 """Cost flags (``--compute-seconds`` ...) and what they mean; each is a field of :class:`Costs`."""
