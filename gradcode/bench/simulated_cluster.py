@@ -39,7 +39,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import FixedDelay, NoDelay
 
-__all__ = ["calibrate", "compare", "main", "message_bytes"]
+__all__ = ["calibrate", "compare", "main", "message_bytes", "row_costs"]
 
 FLOAT64_BYTES = 8
 """The benchmark's models and messages are float64."""
@@ -73,6 +73,17 @@ def _surplus(entry: dict[str, Any]) -> str:
     return "push" if way == "push" else "hold"
 
 
+def row_costs(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> Costs:
+    """``costs`` for row ``entry`` of run ``result``: its messages' bytes, and how its models ended when sent at once.
+    A run whose links took turns (``frames_in_turn``, since 2026-11-29) sent its large models one after another
+    (:attr:`Costs.down_spread`'s rule); its smaller ones, its relayed fetches (gRPC) and every model of an older run
+    shared the link as the kernel does: the spread the run measured for the row (none measured: 0)."""
+    measured = entry.get("broadcast_spread", 0.0)
+    sized = replace(costs, message_bytes=message_bytes(result), broadcast_spread=None)
+    in_turn = result.get("frames_in_turn", False) and sized.down_spread == 1.0
+    return replace(sized, broadcast_spread=1.0 if in_turn else measured, relay_spread=measured)
+
+
 def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> float:
     """Row ``entry``'s simulated median: the median over the run's rounds of each round's median, as the benchmark
     summarises, with the row's measured spread (none measured: 0, transfers sharing the link fairly), its backups
@@ -80,11 +91,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
     own) and its model delivery."""
     code = make_code(entry["scheme"], **entry["code_params"])
     workers = code.worker_processes()
-    measured = entry.get("broadcast_spread", 0.0)
-    in_turn = result.get("frames_in_turn", False)  # since 2026-11-29: models in turn, the expected workers' first
-    costs = replace(
-        costs, message_bytes=message_bytes(result), broadcast_spread=1.0 if in_turn else measured, relay_spread=measured
-    )
+    costs = row_costs(costs, entry, result)
     medians = []
     for round_ in range(result["rounds"]):
         delays = (
@@ -94,7 +101,7 @@ def _simulated(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> f
         )
         run = simulate(
             code, costs, result["iterations"], delays, surplus=_surplus(entry), model_delivery=_delivery(entry),
-            expected_first=in_turn,
+            expected_first=result.get("frames_in_turn", False),  # since 2026-11-29: the expected workers' first
         )  # fmt: skip
         medians.append(float(np.median(run.seconds)))
     return statistics.median(medians)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gradcode.bench.output import RESULTS
-from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, main, message_bytes
+from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, main, message_bytes, row_costs
+from gradcode.common.sim.simulate import Costs
 
 
 @pytest.mark.skipif(not (RESULTS / "cluster.json").is_file(), reason="needs a checkout's docs/results/cluster.json")
@@ -160,3 +161,12 @@ def test_a_run_whose_links_sent_models_in_turn_is_simulated_with_its_broadcasts_
     assert direct and flat_relayed
     assert all(b["simulated_s"] < a["simulated_s"] for a, b in direct), direct
     assert all(b["simulated_s"] == a["simulated_s"] for a, b in flat_relayed), flat_relayed
+
+
+def test_only_models_large_enough_to_take_turns_are_simulated_in_turn() -> None:
+    """A run made since the links take turns sends frames of 1 MiB or more one after another; its 0.8 MB models (p =
+    10⁵) and its relayed fetches still share the link as the run measured."""
+    entry = {"broadcast_spread": 0.4}
+    for p, in_turn, expected in ((1_000_000, True, 1.0), (100_000, True, 0.4), (1_000_000, False, 0.4)):
+        costs = row_costs(Costs(), entry, {"p": p, "frames_in_turn": in_turn})
+        assert (costs.broadcast_spread, costs.relay_spread, costs.message_bytes) == (expected, 0.4, 8.0 * p), p
