@@ -18,10 +18,11 @@ through a Unix socket relayed inside the master's namespace.
 
 **Systems**, for each n: ``uncoded``; the flat codes ``fractional`` and ``binary`` with s = 1; a CodedReduce
 tree (``coded_reduce``, s = 1, L = 2: n = 2 children per parent for 6 workers, 3 for 12, 4 (20 workers) for
-24); and ``allreduce``, the torch.distributed (gloo) ring baseline of :mod:`gradcode.bench.training`, one rank
-per worker host (it needs no master). Workload: CodedReduce's linear regression with p = 1e5 parameters (a
-0.8 MB message), :data:`NUM_SAMPLES` samples. Each with no straggler and with one random worker delayed
-``--delay`` s per iteration (the same draws for every system).
+24; ``--trees`` compares other shapes, such as 2x3: two children per parent, three layers, 14 workers; ``--s`` the
+flat codes at other s); and ``allreduce``, the torch.distributed (gloo) ring baseline of
+:mod:`gradcode.bench.training`, one rank per worker host (it needs no master). Workload: CodedReduce's linear
+regression with p = 1e5 parameters (a 0.8 MB message), :data:`NUM_SAMPLES` samples. Each with no straggler and with
+one random worker delayed ``--delay`` s per iteration (the same draws for every system).
 
 **Figures**, per row: the median and interquartile range of the time between iterations (after the first
 :data:`~gradcode.bench.output.SKIP_ITERATIONS`); the master's bytes in and out per iteration, read from its
@@ -70,6 +71,7 @@ from gradcode.bench.testbed import Host, HostSpec, Testbed, TestbedUnavailableEr
 from gradcode.bench.training import Delays, Workload, allreduce_rank, prepare_data
 from gradcode.client.launch import ServiceProcess, service_env
 from gradcode.client.sdk import GradcodeClient, build_job_spec
+from gradcode.common.codes import make_code
 from gradcode.common.sim.simulate import broadcast_spread
 from gradcode.common.transport.serving import BLAS_THREAD_VARIABLES
 from gradcode.v1 import master_pb2
@@ -82,6 +84,7 @@ __all__ = [
     "main",
     "run",
     "systems_for",
+    "tree_shape",
     "verify_exact",
     "workload_at",
 ]
@@ -124,10 +127,12 @@ SCHEMES = ("uncoded", "fractional", "binary", "coded_reduce", ALLREDUCE)
 
 
 def systems_for(
-    n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, deliveries: Sequence[str] = ("",)
-) -> list[System]:
-    """What is compared at n workers: uncoded, fractional and binary with s = 1 (each with every ``surplus`` mode:
-    what their backups do with their messages), the tree, the allreduce; only those of ``schemes``. Each gradcode
+    n: int, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, deliveries: Sequence[str] = ("",),
+    *, redundancy: Sequence[int] = (1,), trees: Sequence[tuple[int, int]] | None = None,
+) -> list[System]:  # fmt: skip
+    """What is compared at n workers: uncoded, fractional and binary with each s of ``redundancy`` (each with every
+    ``surplus`` mode: what their backups do with their messages), the trees (``trees``: (children per parent,
+    layers) each, s = 1; None: :data:`TREES`' at n, if any), the allreduce; only those of ``schemes``. Each gradcode
     one once per model delivery of ``deliveries`` (JobSpec.model_delivery)."""
     systems = [
         System("uncoded" + (f" {way}" if way else ""), "uncoded", n, {"n": n}, model_delivery=way) for way in deliveries
@@ -135,14 +140,14 @@ def systems_for(
     for scheme in ("fractional", "binary"):
         systems += [
             System(
-                f"{scheme} s=1" + (f" {mode}" if mode else "") + (f" {way}" if way else ""), scheme, n,
-                {"n": n, "s": 1}, surplus=mode, model_delivery=way,
+                f"{scheme} s={s}" + (f" {mode}" if mode else "") + (f" {way}" if way else ""), scheme, n,
+                {"n": n, "s": s}, surplus=mode, model_delivery=way,
             )
+            for s in redundancy
             for mode in surplus
             for way in deliveries
         ]  # fmt: skip
-    if n in TREES:
-        children, layers = TREES[n]
+    for children, layers in ([TREES[n]] if n in TREES else []) if trees is None else trees:
         size = sum(children**layer for layer in range(1, layers + 1))
         tree = {"n": children, "s": 1, "L": layers}
         systems += [
@@ -152,6 +157,16 @@ def systems_for(
         ]  # fmt: skip
     systems.append(System(ALLREDUCE, ALLREDUCE, n))
     return [system for system in systems if system.scheme in schemes]
+
+
+def tree_shape(text: str) -> tuple[int, int]:
+    """``CHILDRENxLAYERS`` (``--trees``): a CodedReduce tree's children per parent and layers of workers."""
+    children, sep, layers = text.partition("x")
+    if not (sep and children.isdigit() and layers.isdigit() and int(children) >= 2 and int(layers) >= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a tree shape: give CHILDRENxLAYERS, children per parent >= 2 and layers >= 1 (e.g. 4x2)."
+        )
+    return int(children), int(layers)
 
 
 def workload_at(n: int, features: int = NUM_FEATURES, iterations: int = 12) -> Workload:
@@ -502,6 +517,7 @@ async def _measure(
     testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
     data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, features: int = NUM_FEATURES,
     deliveries: Sequence[str] = ("",), on_row: Callable[[list[dict[str, Any]], dict[str, float]], None] | None = None,
+    redundancy: Sequence[int] = (1,), trees: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
     """Every row of the run (``on_row`` is told the rows so far after each one), and each system's worst verified
     error."""
@@ -514,7 +530,7 @@ async def _measure(
         roles = [h.role for h in testbed.hosts.values() if h.role != "m"]
         for n in ns:
             workload = workload_at(n, features, iterations)
-            systems = systems_for(n, surplus, schemes, deliveries)
+            systems = systems_for(n, surplus, schemes, deliveries, redundancy=redundancy, trees=trees)
             for system in systems:
                 if system.scheme == ALLREDUCE:
                     continue
@@ -646,9 +662,11 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _series(entry: dict[str, Any]) -> str:
-    """The plot's line a row belongs to: its system, a tree's without its size (one line across n, one per way the
-    model is delivered: "tree n=4 L=2 relay" is on "tree relay")."""
-    return re.sub(r" n=\d+ L=\d+", "", entry["system"]) if entry["scheme"] == "coded_reduce" else str(entry["system"])
+    """The plot's line a row belongs to: its system, the default tree at its n without its size (one line across n,
+    one per way the model is delivered: "tree n=4 L=2 relay" at n = 24 is on "tree relay"); other shapes their own."""
+    params = entry["code_params"]
+    default = entry["scheme"] == "coded_reduce" and TREES.get(entry["n"]) == (params["n"], params["L"])
+    return re.sub(r" n=\d+ L=\d+", "", entry["system"]) if default else str(entry["system"])
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -695,16 +713,31 @@ def run(
     worker_mbit: float = 1000.0, master_cpu: float = 50.0, worker_cpu: float | None = None, delay: float = 0.25,
     out: Path = RESULTS, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES,
     features: int = NUM_FEATURES, deliveries: Sequence[str] = ("",), histories: Path | None = None,
+    redundancy: Sequence[int] = (1,), trees: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Build the testbed, measure every system at every n, remove the testbed; print, save and return.
-    ``histories``: a directory to copy every job's history and spec into."""
+    ``histories``: a directory to copy every job's history and spec into; ``redundancy`` and ``trees``: the flat
+    codes' s and the trees' shapes (:func:`systems_for`)."""
     if features < 1:
         raise ValueError(f"features must be at least 1, not {features}.")
     if any(n < 2 for n in ns) or not ns:
         raise ValueError(f"every n must be at least 2, not {list(ns)}.")
     if rounds < 1 or iterations <= SKIP_ITERATIONS + 2:
         raise ValueError(f"rounds must be >= 1 and iterations > {SKIP_ITERATIONS + 2}, not {rounds}, {iterations}.")
-    hosts_needed = max(max(s.workers for s in systems_for(n, surplus, schemes, deliveries)) for n in ns)
+    compared = {n: systems_for(n, surplus, schemes, deliveries, redundancy=redundancy, trees=trees) for n in ns}
+    for n, systems in compared.items():  # a configuration the code refuses, before any host is built
+        if not systems:
+            raise ValueError(
+                f"Nothing to compare at n = {n}: {list(schemes)} has no system there (a tree needs --trees at an n "
+                f"other than {sorted(TREES)})."
+            )
+        for system in systems:
+            if system.scheme != ALLREDUCE:
+                try:
+                    make_code(system.scheme, **system.code_params)
+                except ValueError as exc:
+                    raise ValueError(f"{system.name} at n = {n}: {exc}") from None
+    hosts_needed = max(max(s.workers for s in systems) for systems in compared.values())
     cores = os.cpu_count() or 1
     if worker_cpu is None:  # every host its own share: all quotas together at most the machine's cores
         worker_cpu = max(1.0, math.floor((100 * cores - master_cpu) / hosts_needed))
@@ -729,7 +762,7 @@ def run(
             rows, verified = asyncio.run(
                 _measure(
                     testbed, cluster, ns, rounds, iterations, delay, data, surplus, schemes, features, deliveries,
-                    on_row=save_partial,
+                    on_row=save_partial, redundancy=redundancy, trees=trees,
                 )
             )  # fmt: skip
             if histories is not None:
@@ -744,6 +777,8 @@ def run(
         "surplus": list(surplus),
         "model_delivery": list(deliveries),
         "systems": list(schemes),
+        "redundancy": list(redundancy),
+        "trees": None if trees is None else [list(t) for t in trees],
         "hosts": {
             "master": {"rate_mbit": master_mbit, "cpu_percent": master_cpu},
             "worker": {"rate_mbit": worker_mbit, "cpu_percent": worker_cpu, "count": hosts_needed},
@@ -810,6 +845,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--systems", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="only these systems (default: all)"
     )  # fmt: skip
+    parser.add_argument(
+        "--s", type=int, nargs="+", default=[1], dest="redundancy",
+        help="the stragglers fractional and binary tolerate, one system per value (default: 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trees", type=tree_shape, nargs="+", default=None,
+        help="the CodedReduce trees compared at every n, each CHILDRENxLAYERS (e.g. 4x2 2x3; s = 1; default: "
+        + ", ".join(f"{c}x{L} at n = {n}" for n, (c, L) in TREES.items()) + ")",
+    )  # fmt: skip
     add_out_argument(parser, "cluster")
     parser.add_argument("--histories", type=Path, default=None, help="copy every job's history here (diagnosis)")
     parser.add_argument(
@@ -833,7 +877,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns=args.n, rounds=args.rounds, iterations=args.iterations, master_mbit=args.master_mbit,
             worker_mbit=args.worker_mbit, master_cpu=args.master_cpu, worker_cpu=args.worker_cpu, delay=args.delay,
             out=args.out, surplus=args.surplus, schemes=args.systems, features=args.features,
-            deliveries=args.model_delivery, histories=args.histories,
+            deliveries=args.model_delivery, histories=args.histories, redundancy=args.redundancy, trees=args.trees,
         )  # fmt: skip
     return 0
 

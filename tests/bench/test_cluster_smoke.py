@@ -5,6 +5,7 @@ The refusal without root is checked everywhere."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -115,6 +116,49 @@ def test_gradcode_systems_run_once_per_model_delivery() -> None:
         ("tree n=2 L=2 direct", "", "direct"),
         ("tree n=2 L=2 relay", "", "relay"),
     ]
+
+
+def test_flat_codes_run_once_per_s_and_trees_once_per_shape_asked_for() -> None:
+    picked = cluster.systems_for(
+        24, schemes=("fractional", "coded_reduce"), deliveries=("relay",), redundancy=(1, 11), trees=[(2, 3), (2, 2)]
+    )
+    assert [(s.name, s.workers, s.first_layer, s.code_params) for s in picked] == [
+        ("fractional s=1 relay", 24, 24, {"n": 24, "s": 1}),
+        ("fractional s=11 relay", 24, 24, {"n": 24, "s": 11}),
+        ("tree n=2 L=3 relay", 14, 2, {"n": 2, "s": 1, "L": 3}),
+        ("tree n=2 L=2 relay", 6, 2, {"n": 2, "s": 1, "L": 2}),
+    ]
+    assert cluster.systems_for(5, schemes=("coded_reduce",)) == []  # no default tree at n = 5
+    assert [s.name for s in cluster.systems_for(5, schemes=("coded_reduce",), trees=[(2, 2)])] == ["tree n=2 L=2"]
+
+
+@pytest.mark.parametrize(("text", "shape"), [("4x2", (4, 2)), ("2x3", (2, 3)), ("10x1", (10, 1))])
+def test_a_tree_shape_is_children_by_layers(text: str, shape: tuple[int, int]) -> None:
+    assert cluster.tree_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["4", "1x2", "4x0", "x2", "4x", "4*2", "-2x2", "2x2x2"])
+def test_a_tree_shape_that_is_not_one_is_refused_with_the_form_it_takes(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="give CHILDRENxLAYERS, children per parent >= 2"):
+        cluster.tree_shape(text)
+
+
+def test_a_run_refuses_a_configuration_its_code_refuses_before_building_anything() -> None:
+    with pytest.raises(ValueError, match=r"fractional s=4 at n = 24: .*valid values are \[0, 1, 2, 3, 5, 7, 11, 23\]"):
+        cluster.run(ns=[24], schemes=["fractional"], redundancy=[4])
+    with pytest.raises(ValueError, match="tree n=2 L=0 at n = 6"):
+        cluster.run(ns=[6], schemes=["coded_reduce"], trees=[(2, 0)])
+    with pytest.raises(ValueError, match=r"Nothing to compare at n = 5: \['coded_reduce'\] has no system there"):
+        cluster.run(ns=[5], schemes=["coded_reduce"])
+
+
+def test_the_plot_puts_the_default_trees_on_one_line_and_other_shapes_on_their_own() -> None:
+    def entry(n: int, children: int, layers: int) -> dict[str, object]:
+        system = f"tree n={children} L={layers} relay"
+        return {"n": n, "scheme": "coded_reduce", "system": system, "code_params": {"n": children, "s": 1, "L": layers}}
+
+    assert cluster._series(entry(24, 4, 2)) == cluster._series(entry(12, 3, 2)) == "tree relay"
+    assert cluster._series(entry(24, 2, 3)) == "tree n=2 L=3 relay"
 
 
 def test_odd_rounds_run_the_jobs_in_the_reverse_order() -> None:
