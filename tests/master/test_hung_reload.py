@@ -52,7 +52,7 @@ class RestartsThenHangs(WorkerServicer):
 
 
 async def test_a_hung_reload_never_delays_the_other_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loading, "LOAD_TIMEOUT_SECONDS", 20.0)  # bounds the old behaviour's stall
+    monkeypatch.setattr(loading, "LOAD_STALL_SECONDS", 20.0)  # bounds the old behaviour's stall
     async with asyncio.timeout(TIMEOUT), contextlib.AsyncExitStack() as stack:
         master = await stack.enter_async_context(MasterNode(grace=0.5))
         workers = [WorkerNode(master_address=master.address, name=f"w{i}", grace=0.5) for i in range(4)]
