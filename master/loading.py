@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 LOAD_STALL_SECONDS = 120.0
 """A LoadJob fails when none of its chunks went out for this long, or its worker has not answered this long after the
 last one (:func:`stream_while_moving`). Not a deadline for the whole call: 24 workers loading 192 MB each share a
-200 Mbit/s master link for three minutes, every stream moving; a fixed 120 s marked every one of them DOWN."""
+200 Mbit/s master link for three minutes, every stream moving; a fixed 120 s marked the 13 still loading DOWN."""
 END_JOB_TIMEOUT_SECONDS = 2.0
 JOB_REFUSALS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
 """A worker's LoadJob refusals about the job, not about the worker: they never mark it DOWN for other jobs."""
