@@ -661,22 +661,32 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _series(entry: dict[str, Any]) -> str:
-    """The plot's line a row belongs to: its system, the default tree at its n without its size (one line across n,
-    one per way the model is delivered: "tree n=4 L=2 relay" at n = 24 is on "tree relay"); other shapes their own."""
-    params = entry["code_params"]
-    default = entry["scheme"] == "coded_reduce" and TREES.get(entry["n"]) == (params["n"], params["L"])
-    return re.sub(r" n=\d+ L=\d+", "", entry["system"]) if default else str(entry["system"])
+def _series(entry: dict[str, Any], *, by_shape: bool = False) -> str:
+    """The plot's line a row belongs to: its system, a tree's without its size (one line across n, one per way the
+    model is delivered: "tree n=4 L=2 relay" is on "tree relay"), unless ``by_shape`` (a run comparing several tree
+    shapes at one n, ``--trees``): then each shape has its own line."""
+    if entry["scheme"] == "coded_reduce" and not by_shape:
+        return re.sub(r" n=\d+ L=\d+", "", entry["system"])
+    return str(entry["system"])
+
+
+def _several_shapes(summary: Sequence[dict[str, Any]]) -> bool:
+    """Whether a run compared more than one tree shape at some n."""
+    shapes = {(e["n"], e["code_params"]["n"], e["code_params"]["L"]) for e in summary if e["scheme"] == "coded_reduce"}
+    return len(shapes) > len({n for n, _, _ in shapes})
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     summary = result["summary"]
     ns = sorted({e["n"] for e in summary})
-    names = list(dict.fromkeys(_series(e) for e in summary))
+    by_shape = _several_shapes(summary)
+    names = list(dict.fromkeys(_series(e, by_shape=by_shape) for e in summary))
     with figure(path, 1, 3, figsize=(16, 4.8), dpi=110) as axes:
         for ax, stragglers in zip(axes[:2], (0, 1), strict=True):
             for name in names:
-                entries = [e for e in summary if e["stragglers"] == stragglers and _series(e) == name]
+                entries = [
+                    e for e in summary if e["stragglers"] == stragglers and _series(e, by_shape=by_shape) == name
+                ]
                 ax.errorbar(
                     [e["n"] for e in entries], [e["median_s"] * 1e3 for e in entries],
                     yerr=[[(e["median_s"] - e["q1_s"]) * 1e3 for e in entries],

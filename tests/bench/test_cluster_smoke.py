@@ -152,13 +152,17 @@ def test_a_run_refuses_a_configuration_its_code_refuses_before_building_anything
         cluster.run(ns=[5], schemes=["coded_reduce"])
 
 
-def test_the_plot_puts_the_default_trees_on_one_line_and_other_shapes_on_their_own() -> None:
-    def entry(n: int, children: int, layers: int) -> dict[str, object]:
-        system = f"tree n={children} L={layers} relay"
+def test_a_run_of_several_tree_shapes_at_one_n_plots_each_shape_on_its_own_line() -> None:
+    def entry(n: int, children: int, layers: int, way: str = "relay") -> dict[str, Any]:
+        system = f"tree n={children} L={layers} {way}"
         return {"n": n, "scheme": "coded_reduce", "system": system, "code_params": {"n": children, "s": 1, "L": layers}}
 
-    assert cluster._series(entry(24, 4, 2)) == cluster._series(entry(12, 3, 2)) == "tree relay"
-    assert cluster._series(entry(24, 2, 3)) == "tree n=2 L=3 relay"
+    one_per_n = [entry(6, 2, 2), entry(24, 4, 2), entry(24, 4, 2, "direct")]
+    several = [entry(24, 4, 2), entry(24, 2, 3), entry(24, 2, 2)]
+    assert not cluster._several_shapes(one_per_n) and cluster._several_shapes(several)
+    assert [cluster._series(e, by_shape=True) for e in several] == [
+        "tree n=4 L=2 relay", "tree n=2 L=3 relay", "tree n=2 L=2 relay"
+    ]  # fmt: skip
 
 
 def test_odd_rounds_run_the_jobs_in_the_reverse_order() -> None:
