@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,13 +514,12 @@ SPREAD_REPEATS = 3
 
 
 async def _measure(
-    testbed: Testbed, cluster: EmulatedCluster, ns: Sequence[int], rounds: int, iterations: int, delay: float,
-    data_root: Path, surplus: Sequence[str] = ("",), schemes: Sequence[str] = SCHEMES, features: int = NUM_FEATURES,
-    deliveries: Sequence[str] = ("",), on_row: Callable[[list[dict[str, Any]], dict[str, float]], None] | None = None,
-    redundancy: Sequence[int] = (1,), trees: Sequence[tuple[int, int]] | None = None,
+    testbed: Testbed, cluster: EmulatedCluster, compared: Mapping[int, Sequence[System]], rounds: int,
+    iterations: int, delay: float, data_root: Path, features: int = NUM_FEATURES,
+    on_row: Callable[[list[dict[str, Any]], dict[str, float]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:  # fmt: skip
-    """Every row of the run (``on_row`` is told the rows so far after each one), and each system's worst verified
-    error."""
+    """Every row of the run, the ``compared`` systems at each n (``on_row`` is told the rows so far after each one),
+    and each system's worst verified error."""
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
     async with GradcodeClient(cluster.client_address) as client:
@@ -528,9 +527,8 @@ async def _measure(
         by_address = await cluster.pool_ids(client)
         ids = [by_address[a] for a in cluster.worker_addresses]
         roles = [h.role for h in testbed.hosts.values() if h.role != "m"]
-        for n in ns:
+        for n, systems in compared.items():
             workload = workload_at(n, features, iterations)
-            systems = systems_for(n, surplus, schemes, deliveries, redundancy=redundancy, trees=trees)
             for system in systems:
                 if system.scheme == ALLREDUCE:
                     continue
@@ -539,7 +537,9 @@ async def _measure(
             data_dir = data_root / f"n{n}"
             data_dir.mkdir(parents=True, exist_ok=True)
             ranks = (
-                AllreduceRanks(testbed, prepare_data(workload, data_dir), data_dir) if ALLREDUCE in schemes else None
+                AllreduceRanks(testbed, prepare_data(workload, data_dir), data_dir)
+                if any(system.scheme == ALLREDUCE for system in systems)
+                else None
             )
             try:
                 floors: dict[str, dict[str, float]] = {}
@@ -770,10 +770,7 @@ def run(
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             data = Path(tmp) / "data"
             rows, verified = asyncio.run(
-                _measure(
-                    testbed, cluster, ns, rounds, iterations, delay, data, surplus, schemes, features, deliveries,
-                    on_row=save_partial, redundancy=redundancy, trees=trees,
-                )
+                _measure(testbed, cluster, compared, rounds, iterations, delay, data, features, on_row=save_partial)
             )  # fmt: skip
             if histories is not None:
                 cluster.copy_histories(histories)
