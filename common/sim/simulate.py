@@ -147,12 +147,18 @@ class Costs:
         return self.worker_speed[worker] if worker < len(self.worker_speed) else 1.0
 
     @property
+    def models_take_turns(self) -> bool:
+        """Whether gradcode's links send these models one at a time: a frame of
+        :data:`~gradcode.common.transport.egress.LARGE_FRAME_BYTES` or more waits for its turn."""
+        return self.message_bytes >= LARGE_FRAME_BYTES
+
+    @property
     def down_spread(self) -> float:
-        """The ``broadcast_spread`` the models sent down take: the given one, else gradcode's links' (a model of
-        :data:`~gradcode.common.transport.egress.LARGE_FRAME_BYTES` or more waits for its turn)."""
+        """The ``broadcast_spread`` the models sent down take: the given one, else gradcode's links' (in turn: 1,
+        :attr:`models_take_turns`; else sharing the link: 0)."""
         if self.broadcast_spread is not None:
             return self.broadcast_spread
-        return 1.0 if self.message_bytes >= LARGE_FRAME_BYTES else 0.0
+        return 1.0 if self.models_take_turns else 0.0
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Costs:

@@ -79,8 +79,8 @@ def row_costs(costs: Costs, entry: dict[str, Any], result: dict[str, Any]) -> Co
     (:attr:`Costs.down_spread`'s rule); its smaller ones, its relayed fetches (gRPC) and every model of an older run
     shared the link as the kernel does: the spread the run measured for the row (none measured: 0)."""
     measured = entry.get("broadcast_spread", 0.0)
-    sized = replace(costs, message_bytes=message_bytes(result), broadcast_spread=None)
-    in_turn = result.get("frames_in_turn", False) and sized.down_spread == 1.0
+    sized = replace(costs, message_bytes=message_bytes(result))
+    in_turn = result.get("frames_in_turn", False) and sized.models_take_turns
     return replace(sized, broadcast_spread=1.0 if in_turn else measured, relay_spread=measured)
 
 
