@@ -7,20 +7,29 @@ last :data:`HeldModels.KEEP` iterations) and serves them to its job's peers; a w
 (:class:`PeerFetcher`) checks its length and BLAKE3 digest (:func:`~gradcode.common.transport.wire.model_digest`)
 against what the master sent, so a stale or lying peer is caught and never yields a gradient.
 
-Failure is simple on purpose: a fetch that fails (a dead peer, one frozen past :func:`fetch_seconds`, which grows with
-the fetches the model passes to reach the worker, a wrong digest)
-ends the worker's Compute with FAILED_PRECONDITION (:class:`ModelUnavailableError`), and the master sends that worker
-the model inline at once, in the same round. The worker does not hunt for another peer: the master already knows who
-holds the model (itself), and one inline copy for a failed fetch keeps the bytes bounded and the answer exact. A
-peer whose own fetch failed tells its waiting fetchers at once (:meth:`HeldModels.fail`), so a failure does not cost
-each level of the relay a timeout.
+A fetch waits as long as its peer keeps saying it is waiting. A peer that does not hold the model yet (its own
+request, or its own fetch, still arriving) answers FetchModel with an empty reply every :data:`HEARTBEAT_SECONDS`
+until it does, then with the model; the fetcher gives up only when its peer says nothing for :func:`stall_seconds`
+(a frozen or vanished peer) or after :func:`longest_wait_seconds` in all (a peer that only ever says it is
+waiting). A fixed deadline per hop, as before 2026-11-29, failed live relays on starved hosts: at n = 24 workers
+of 6 % of a core, p = 1e6, a seed sometimes did not answer its fetchers within the one hop's 2.3 s (its own 8 MB
+request still on the master's link, or the seed too starved to serve), every fetch below it failed, and the master
+sent the model inline to 13-23 workers through its 200 Mbit/s link; those copies delayed the next iteration's seed
+in turn, and the relay stayed collapsed (8.9 s an iteration instead of 2.1).
+
+Failure is simple on purpose: a fetch that fails (a dead peer, a silent one, a wrong digest) ends the worker's
+Compute with FAILED_PRECONDITION (:class:`ModelUnavailableError`), and the master sends that worker the model inline
+at once, in the same round. The worker does not hunt for another peer: the master already knows who holds the model
+(itself), and one inline copy for a failed fetch keeps the bytes bounded and the answer exact. A peer whose own
+fetch failed tells its waiting fetchers at once (:meth:`HeldModels.fail`), so a failure does not cost each level of
+the relay a wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -38,62 +47,54 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
+    "HEARTBEAT",
+    "HEARTBEAT_SECONDS",
     "MAX_HOPS",
     "HeldModels",
     "ModelUnavailableError",
     "PeerFetcher",
     "check_relayed",
-    "fetch_seconds",
-    "hop_seconds",
+    "longest_wait_seconds",
     "relayed",
-    "serve_seconds",
-    "wait_seconds",
+    "stall_seconds",
 ]
 
 WAIT_BASE_SECONDS = 1.0
-"""What a peer waits, at least, for a model it does not hold yet (its own request, or its own fetch, still
-arriving); and what a fetcher waits beyond that for the transfer."""
+"""What a fetcher allows a peer, besides the model's transfer, before it takes the peer's silence for a failure."""
 FLOOR_BYTES_PER_SECOND = 20e6
 """The slowest transfer a wait allows for: 0.04 s more for a p = 1e5 model, 4 s for p = 1e7."""
-
+HEARTBEAT_SECONDS = 0.25
+"""How often a peer that does not hold the model it is asked for yet says it is still waiting for it."""
+HEARTBEAT = b""
+"""That word: an empty FetchModelReply (no ``model``), serialized."""
 
 MAX_HOPS = 32
 """The most fetches a relayed model may pass (``RelayedModel.hops``): a fan-out-3 relay reaches 3**32 workers."""
 
 
-def wait_seconds(length: int) -> float:
-    """How long a peer waits, at least, for a model of ``length`` parameters it does not hold yet (FetchModel)."""
+def stall_seconds(length: int) -> float:
+    """How long a fetcher waits for any word from its peer (a heartbeat, or the model of ``length`` parameters,
+    whose transfer at the floor rate is included) before it takes the peer for frozen or gone: 1.04 s at p = 1e5,
+    1.4 s at p = 1e6, under the master's floor for asking a silent worker again
+    (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`, 2 s) for models up to p = 2.5e6, so a frozen seed
+    normally costs one stall, then an inline copy."""
     return WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
 
 
-def hop_seconds(length: int) -> float:
-    """What one fetch of a model of ``length`` parameters adds to the wait: its transfer at the floor rate, and
-    slack for the peer's serving it."""
-    return 0.5 * WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
-
-
-def fetch_seconds(length: int, hops: int = 1) -> float:
-    """How long a worker waits for a peer's FetchModel answer: the peer's own wait, plus a transfer for each of the
-    ``hops`` fetches the model passes to reach it (the peer may itself be fetching it). At one hop, under the
-    master's floor for asking a silent worker again (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`, 2 s)
-    for models up to p = 2e6, so a frozen seed normally costs one fetch timeout, then an inline copy. Deeper, the
-    wait grows: at n = 24 workers on hosts of 6% of a core, p = 1e6, half the fetchers (those three hops deep) timed
-    out with one hop's wait and got the model inline."""
-    return wait_seconds(length) + max(1, hops) * hop_seconds(length)
-
-
-def serve_seconds(length: int, remaining: float | None) -> float:
-    """How long a peer waits for a model it does not hold yet, for a fetcher that waits ``remaining`` seconds more
-    (None: no deadline): at least :func:`wait_seconds`, and as long as the fetcher still has time for the transfer
-    (the peer's own fetch, a hop nearer the seed, may take that long), but never longer than the deepest relay's
-    fetch (a fetcher that asks with a longer deadline does not hold the peer's call open beyond that)."""
-    if remaining is None:
-        return wait_seconds(length)
-    return min(max(wait_seconds(length), remaining - hop_seconds(length)), fetch_seconds(length, MAX_HOPS))
+def longest_wait_seconds(length: int) -> float:
+    """How long a peer waits, at most, for a model of ``length`` parameters it does not hold yet while its fetchers
+    wait for it, and so the longest a fetch lasts (one more stall for the transfer): what the deepest relay
+    (:data:`MAX_HOPS` fetches of the model, each a stall) could take. A peer that only ever says it is waiting
+    is dropped then."""
+    return MAX_HOPS * stall_seconds(length)
 
 
 class ModelUnavailableError(FailedPreconditionError):
     """The relayed model could not be had from the peer: ask again with the model inline (FAILED_PRECONDITION)."""
+
+
+class _NotYetError(ModelUnavailableError):
+    """The model was not held within the wait (it may still come)."""
 
 
 class HeldModels:
@@ -145,21 +146,35 @@ class HeldModels:
                     changed = self._changed
                     await changed.wait()
         except TimeoutError:
-            raise ModelUnavailableError(
-                f"This worker holds no model of iteration {iteration} (waited {seconds:g} s; it holds "
-                f"{sorted(self._models) or 'none'})."
-            ) from None
+            raise self._not_yet(iteration, seconds) from None
         if isinstance(value, str):
             raise ModelUnavailableError(f"This worker could not get the model of iteration {iteration}: {value}")
         return value
 
-    async def reply(self, iteration: int, seconds: float) -> bytes:
-        """FetchModel's serialized reply carrying iteration ``iteration``'s model, waiting as :meth:`wait` does;
-        encoded once per model, however many peers fetch it."""
-        params = await self.wait(iteration, seconds)
+    def _not_yet(self, iteration: int, seconds: float) -> _NotYetError:
+        return _NotYetError(
+            f"This worker holds no model of iteration {iteration} (waited {seconds:g} s; it holds "
+            f"{sorted(self._models) or 'none'})."
+        )
+
+    async def replies(self, iteration: int, seconds: float) -> AsyncIterator[bytes]:
+        """FetchModel's serialized replies for iteration ``iteration``: a :data:`HEARTBEAT` every
+        :data:`HEARTBEAT_SECONDS` while this worker waits for the model (up to ``seconds``), then the model's, encoded
+        once per model however many peers fetch it; ModelUnavailableError as :meth:`wait` raises it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            left = deadline - loop.time()
+            try:
+                params = await self.wait(iteration, min(HEARTBEAT_SECONDS, max(left, 0.0)))
+                break
+            except _NotYetError:
+                if left <= HEARTBEAT_SECONDS:
+                    raise self._not_yet(iteration, seconds) from None
+                yield HEARTBEAT
         if self._reply is None or self._reply[0] is not params:
             self._reply = (params, tensor_field_bytes(worker_pb2.FetchModelReply, "model", params))
-        return self._reply[1]
+        yield self._reply[1]
 
 
 class PeerFetcher:
@@ -180,21 +195,36 @@ class PeerFetcher:
 
     async def fetch(self, relay: worker_pb2.RelayedModel, iteration: int) -> Array:
         """Iteration ``iteration``'s model as the peer ``relay`` names sends it, of the length ``relay`` says (its
-        digest is :func:`relayed`'s to check); ModelUnavailableError naming the peer and what went wrong, after at
-        most :func:`fetch_seconds`."""
-        length = int(relay.length)
+        digest is :func:`relayed`'s to check), waiting as long as the peer keeps saying it is waiting;
+        ModelUnavailableError naming the peer and what went wrong after its silence of :func:`stall_seconds`, or
+        :func:`longest_wait_seconds` and a stall in all."""
+        length, peer = int(relay.length), short(relay.address)
+        stall = stall_seconds(length)
+        call = self._stub(relay.address, relay.bearer).FetchModel(
+            worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration),
+            timeout=longest_wait_seconds(length) + stall,
+        )
         try:
-            reply = await self._stub(relay.address, relay.bearer).FetchModel(
-                worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration),
-                timeout=fetch_seconds(length, relay.hops),
-            )
-            return array_from_tensor(reply.model, expected_shape=(length,))
+            while True:
+                async with asyncio.timeout(stall):
+                    reply = await call.read()
+                if reply is grpc.aio.EOF:
+                    raise ModelUnavailableError(f"peer {peer} ended its answer without the model")
+                if reply.HasField("model"):
+                    return array_from_tensor(reply.model, expected_shape=(length,))
+        except TimeoutError:
+            call.cancel()
+            raise ModelUnavailableError(
+                f"peer {peer} said nothing for {stall:g} s (the model {max(1, relay.hops)} fetches from the master's "
+                "copy): frozen, gone or starved"
+            ) from None
         except grpc.aio.AioRpcError as exc:
             raise ModelUnavailableError(
-                f"fetching it from peer {short(relay.address)} failed ({exc.code().name}: {exc.details()})"
+                f"fetching it from peer {peer} failed ({exc.code().name}: {exc.details()})"
             ) from None
         except WireError as exc:
-            raise ModelUnavailableError(f"peer {short(relay.address)} sent a malformed model ({exc})") from None
+            call.cancel()
+            raise ModelUnavailableError(f"peer {peer} sent a malformed model ({exc})") from None
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -91,7 +91,7 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError, WorkerJob
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.relay import PeerFetcher, check_relayed, relayed, serve_seconds
+from gradcode.worker.relay import HEARTBEAT, PeerFetcher, check_relayed, longest_wait_seconds, relayed
 from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -495,10 +495,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @grpc_errors
     async def FetchModel(  # noqa: N802 - proto name
         self, request: worker_pb2.FetchModelRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> bytes:
-        """The model a Compute of this job's iteration was admitted with, for a peer (waiting briefly for one still
-        arriving), as a serialized FetchModelReply made once for every fetcher; a relay token opens its own job's
-        models only."""
+    ) -> AsyncIterator[bytes]:
+        """The model a Compute of this job's iteration was admitted with, for a peer, as a serialized FetchModelReply
+        made once for every fetcher; while it is still arriving, an empty reply every
+        :data:`~gradcode.worker.relay.HEARTBEAT_SECONDS` (this worker is alive and waiting). A relay token opens
+        its own job's models only."""
         scope = job_of(bearer_of(context))
         if scope is not None and request.job_id != scope:
             raise PermissionDeniedError(
@@ -506,10 +507,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "of its own job only."
             )
         runtime = self._runtime(request.job_id)
-        waiting = serve_seconds(runtime.job.num_params, context.time_remaining())
-        reply = await runtime.models.reply(int(request.iteration), waiting)
-        metrics.MODELS_RELAYED.inc()
-        return reply
+        async for reply in runtime.models.replies(int(request.iteration), longest_wait_seconds(runtime.job.num_params)):
+            if reply is not HEARTBEAT:
+                metrics.MODELS_RELAYED.inc()
+            yield reply
 
     # ---- EndJob --------------------------------------------------------------------------------
     @grpc_errors
@@ -591,13 +592,13 @@ def _write_shared(runtime: JobRuntime, iteration: int, row: int, payload: np.nda
 
 def add_worker_service(servicer: WorkerServicer, server: grpc.aio.Server) -> None:
     """Register ``servicer`` as gradcode.v1.Worker: the generated handlers, except that Compute and Session send the
-    serialized chunks they yield, and FetchModel its serialized reply, as they are
+    serialized chunks they yield, and FetchModel its serialized replies, as they are
     (:func:`~gradcode.common.transport.wire.serialize_chunk`)."""
     recorder = _HandlerRecorder()
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, recorder)  # type: ignore[no-untyped-call]
     compute, session, fetch = (recorder.handlers[name] for name in ("Compute", "Session", "FetchModel"))
-    recorder.handlers["FetchModel"] = grpc.unary_unary_rpc_method_handler(
-        fetch.unary_unary, request_deserializer=fetch.request_deserializer, response_serializer=serialize_chunk
+    recorder.handlers["FetchModel"] = grpc.unary_stream_rpc_method_handler(
+        fetch.unary_stream, request_deserializer=fetch.request_deserializer, response_serializer=serialize_chunk
     )
     recorder.handlers["Compute"] = grpc.unary_stream_rpc_method_handler(
         compute.unary_stream, request_deserializer=compute.request_deserializer, response_serializer=serialize_chunk

@@ -21,6 +21,7 @@ from gradcode.client.sdk import GradcodeClient
 from gradcode.common.transport.serving import start_server
 from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
 from gradcode.v1 import master_pb2, worker_pb2
+from gradcode.worker.relay import HEARTBEAT, HEARTBEAT_SECONDS
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
 from tests.e2e.test_backups import _own_machines
@@ -152,7 +153,7 @@ async def test_the_seed_and_another_worker_killed_at_once_leave_more_failures_th
 
 class _LyingPeer(WorkerServicer):
     """A real worker (it computes honest gradients) that serves its peers a wrong model, ``delay`` seconds after they
-    ask (``asked``: fetches begun; ``fetches``: fetches it lied to)."""
+    ask, saying it is still waiting meanwhile (``asked``: fetches begun; ``fetches``: fetches it lied to)."""
 
     def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
@@ -160,12 +161,21 @@ class _LyingPeer(WorkerServicer):
         self.asked = 0
         self.fetches = 0
 
-    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> worker_pb2.FetchModelReply:  # noqa: N802
+    async def FetchModel(self, request: worker_pb2.FetchModelRequest, context: object) -> AsyncIterator[bytes]:  # noqa: N802
         self.asked += 1
-        await asyncio.sleep(self.delay)
-        self.fetches += 1
-        honest = worker_pb2.FetchModelReply.FromString(await super().FetchModel(request, context))  # type: ignore[arg-type]
-        return worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(honest.model) + 1e-3))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.delay
+        while (left := until - loop.time()) > 0:  # "still waiting", as a peer whose model is late says
+            yield HEARTBEAT
+            await asyncio.sleep(min(HEARTBEAT_SECONDS, left))
+        async for serialized in super().FetchModel(request, context):  # type: ignore[arg-type]
+            honest = worker_pb2.FetchModelReply.FromString(serialized)
+            if not honest.HasField("model"):
+                yield serialized  # still waiting, honestly
+                continue
+            self.fetches += 1
+            lie = worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(honest.model) + 1e-3))
+            yield lie.SerializeToString()
 
 
 @contextlib.asynccontextmanager

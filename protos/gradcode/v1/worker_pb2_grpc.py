@@ -64,7 +64,7 @@ class WorkerStub:
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.FromString,
                 _registered_method=True)
-        self.FetchModel = channel.unary_unary(
+        self.FetchModel = channel.unary_stream(
                 '/gradcode.v1.Worker/FetchModel',
                 request_serializer=gradcode_dot_v1_dot_worker__pb2.FetchModelRequest.SerializeToString,
                 response_deserializer=gradcode_dot_v1_dot_worker__pb2.FetchModelReply.FromString,
@@ -132,9 +132,10 @@ class WorkerServicer:
 
     def FetchModel(self, request, context):
         """The model this worker holds for a job's iteration (it received it for its own Compute, inline or
-        from a peer), for a peer of the same job told to fetch it here (ComputeRequest.relayed_model). Waits
-        briefly for a model still arriving; FAILED_PRECONDITION when it holds none for that iteration (it
-        keeps the last two), NOT_FOUND for a job it does not hold. Opened by the relay token the master gives
+        from a peer), for a peer of the same job told to fetch it here (ComputeRequest.relayed_model). While
+        the model is still arriving, an empty reply every 0.25 s (alive, still waiting), for a bounded time;
+        then one reply with the model, and the call ends. FAILED_PRECONDITION when it holds none for that
+        iteration (it keeps the last two) or could not get it, NOT_FOUND for a job it does not hold. Opened by the relay token the master gives
         the peer (RelayedModel.bearer: a job token of this job only, which opens no other method), or by this
         worker's own call token; a token of another job is PERMISSION_DENIED.
         """
@@ -175,7 +176,7 @@ def add_WorkerServicer_to_server(servicer, server):
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.HelloRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.HelloReply.SerializeToString,
             ),
-            'FetchModel': grpc.unary_unary_rpc_method_handler(
+            'FetchModel': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchModel,
                     request_deserializer=gradcode_dot_v1_dot_worker__pb2.FetchModelRequest.FromString,
                     response_serializer=gradcode_dot_v1_dot_worker__pb2.FetchModelReply.SerializeToString,
@@ -364,7 +365,7 @@ class Worker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/gradcode.v1.Worker/FetchModel',
