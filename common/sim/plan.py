@@ -30,7 +30,9 @@ time is only known to exceed the round's). The planner:
    measured; with the estimate, 0.87-0.92);
 3. **simulates** every exact configuration with the history's number of worker processes — each registered
    exact scheme for every s its ``for_stragglers`` accepts, and CodedReduce trees whose ``n + ... + n^L``
-   workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration.
+   workers fit — with :func:`~gradcode.common.sim.simulate.simulate` and ranks them by mean seconds per iteration;
+   also the smaller trees, and (``leave_out``) the flat codes that leave the slowest hosts idle, each on the
+   fastest hosts (:func:`candidate_configurations`, :func:`fastest_hosts`).
    Backups hold or push as the master will run them (:func:`surplus_from_spec`), and a host's fitted excess is
    time it spends computing (:meth:`FittedDelays.parts`): held backups are pulled for it by the live rules. On
    the emulated cluster's uneven hosts, pushed backups predicted the recommendation 13 % fast; held, 4 %.
@@ -68,13 +70,16 @@ __all__ = [
     "PlanRow",
     "WorkerFit",
     "candidate_codes",
+    "candidate_configurations",
     "delivery_from_spec",
+    "fastest_hosts",
     "fit_workers",
     "plan",
     "plan_for_spec",
     "read_history",
     "straggler_from_spec",
     "surplus_from_spec",
+    "trees",
 ]
 
 _STREAM_FITTED = 11
@@ -333,29 +338,59 @@ def candidate_codes(workers: int, *, exclude: Iterable[str] = ()) -> list[Gradie
                 continue
             found.setdefault(repr(code), code)
     if "coded_reduce" not in skip:
-        for n in range(2, workers):
-            for depth in range(2, 8):
-                if sum(n**level for level in range(1, depth + 1)) != workers:
+        for code in trees(workers, workers):
+            found.setdefault(repr(code), code)
+    return list(found.values())
+
+
+def trees(fewest: int, most: int) -> list[GradientCode]:
+    """The CodedReduce trees (L >= 2, every s the code accepts) of ``fewest`` to ``most`` nodes."""
+    found = []
+    for n in range(2, most):
+        for depth in range(2, 8):
+            if not fewest <= sum(n**level for level in range(1, depth + 1)) <= most:
+                continue
+            for s in range(n):
+                try:
+                    found.append(make_code("coded_reduce", n=n, s=s, L=depth))
+                except ValueError:
                     continue
-                for s in range(n):
-                    try:
-                        code = make_code("coded_reduce", n=n, s=s, L=depth)
-                    except ValueError:
-                        continue
-                    found.setdefault(repr(code), code)
+    return found
+
+
+def candidate_configurations(hosts: int, *, leave_out: int = 0, exclude: Iterable[str] = ()) -> list[GradientCode]:
+    """What a cluster of ``hosts`` may run: every exact configuration of ``hosts - leave_out`` to ``hosts`` worker
+    processes (:func:`candidate_codes`: a flat code using all hosts but the slowest few), and the CodedReduce trees
+    of fewer nodes (no regular tree has 24 nodes, yet at n = 24 hosts behind a slow master link a tree of 6 was the
+    fastest measured: ``docs/cluster.md``). Flat codes of far fewer hosts are not tried: building every exact code
+    of every size takes minutes at 24 hosts (cyclic and partial-straggler codes search their coefficients)."""
+    hosts = check_int("hosts", hosts, 1)
+    leave_out = check_int("leave_out", leave_out, 0)
+    if leave_out >= hosts:
+        raise ValueError(f"leave_out is {leave_out}; at {hosts} hosts at most {hosts - 1} can be left out.")
+    found: dict[str, GradientCode] = {}
+    for workers in range(hosts, hosts - leave_out - 1, -1):
+        for code in candidate_codes(workers, exclude=exclude):
+            found.setdefault(repr(code), code)
+    if "coded_reduce" not in set(exclude):
+        for code in trees(1, hosts - leave_out - 1):
+            found.setdefault(repr(code), code)
     return list(found.values())
 
 
 @dataclass(frozen=True)
 class PlanRow:
     """A ranked configuration: predicted mean seconds per iteration, its bootstrap interval, time for K;
-    ``code_params`` are what :func:`~gradcode.common.codes.registry.make_code` takes to build it."""
+    ``code_params`` are what :func:`~gradcode.common.codes.registry.make_code` takes to build it, ``worker_ids``
+    the hosts it runs on."""
 
     rank: int
     scheme: str
     parameters: str
     code_params: dict[str, Any]
     workers: int
+    worker_ids: tuple[int, ...]
+    """The history's worker ids it runs on, code index ``i`` on the ``i``-th: all of them, or the fastest."""
     mean_seconds: float
     low_seconds: float
     high_seconds: float
@@ -406,6 +441,7 @@ def plan(
     injected: DelayModel | None = None,
     surplus: str = "hold",
     delivery: str = "direct",
+    leave_out: int = 0,
 ) -> tuple[list[PlanRow], list[WorkerFit]]:
     """Rank the candidate configurations by simulated mean seconds per iteration (``iterations`` = K each), with
     bootstrap 5-95 % intervals for the ``top`` leaders (the others get their point estimate as both ends).
@@ -413,15 +449,35 @@ def plan(
     of the fits and simulated as it is. ``surplus``: what the backups will do, as the master runs them
     (:func:`surplus_from_spec`; "hold" on hosts of their own); ``delivery``: ``JobSpec.model_delivery``
     (:func:`delivery_from_spec`), relayed or not per candidate by the master's rule (it matters when ``base``
-    has a master bandwidth)."""
+    has a master bandwidth). Candidates (default: :func:`candidate_configurations` with ``leave_out``) of fewer
+    workers than the history's run on its fastest hosts (:func:`fastest_hosts`)."""
     iterations = check_int("iterations", iterations, 1)
     bootstrap = check_int("bootstrap", bootstrap, 0)
     base = base or Costs(broadcast=False)
     fitted = _fit(_samples(reports, injected))
     fits = [f for f, _ in fitted]
-    shares = _shares(history_code)
-    codes = list(candidates) if candidates is not None else candidate_codes(len(fits))
-    point = {repr(c): _mean_time(c, fitted, shares, base, iterations, injected, surplus, delivery) for c in codes}
+    share_of = {f.worker_id: x for f, x in zip(fits, _shares(history_code), strict=True)}
+    codes = list(candidates) if candidates is not None else candidate_configurations(len(fits), leave_out=leave_out)
+    fastest = fastest_hosts(fitted, share_of)
+    for code in codes:
+        if code.worker_processes() > len(fits):
+            raise ValueError(
+                f"{code!r} needs {code.worker_processes()} workers; the history has {len(fits)}: give candidates "
+                "of at most that many."
+            )
+    hosts = {repr(c): tuple(sorted(fastest[: c.worker_processes()])) for c in codes}
+
+    def mean_time(code: GradientCode, fitted: Sequence[tuple[WorkerFit, Excess]]) -> float:
+        ids = hosts[repr(code)]
+        chosen = [x for x in fitted if x[0].worker_id in ids]
+        if len(chosen) != len(ids):
+            raise ValueError(
+                f"the history has no iteration of workers {sorted(set(ids) - {f.worker_id for f, _ in chosen})}"
+            )
+        shares = [share_of[f.worker_id] for f, _ in chosen]
+        return _mean_time(code, chosen, shares, base, iterations, injected, surplus, delivery)
+
+    point = {repr(c): mean_time(c, fitted) for c in codes}
     ranked = sorted(codes, key=lambda c: point[repr(c)])
     rng = np.random.default_rng(seed)
     intervals: dict[str, tuple[float, float]] = {}
@@ -430,8 +486,7 @@ def plan(
         for _ in range(bootstrap):
             sample = [reports[int(i)] for i in rng.integers(0, len(reports), size=len(reports))]
             try:
-                boot = _fit(_samples(sample, injected))
-                means.append(_mean_time(code, boot, shares, base, iterations, injected, surplus, delivery))
+                means.append(mean_time(code, _fit(_samples(sample, injected))))
             except ValueError:  # a resample where some worker was never seen: skip it
                 continue
         if means:
@@ -441,11 +496,25 @@ def plan(
         mean = point[repr(code)]
         low, high = intervals.get(repr(code), (mean, mean))
         params = dict(code._params())
-        workers = code.worker_processes()
         rows.append(
-            PlanRow(rank, type(code).name, _describe(code), params, workers, mean, low, high, mean * iterations)
-        )
+            PlanRow(
+                rank, type(code).name, _describe(code), params, code.worker_processes(), hosts[repr(code)], mean,
+                low, high, mean * iterations,
+            )
+        )  # fmt: skip
     return rows, fits
+
+
+def fastest_hosts(fitted: Sequence[tuple[WorkerFit, Excess]], share_of: Mapping[int, float]) -> list[int]:
+    """The history's worker ids, fastest first: by the fitted mean time per unit of data share (shift plus mean
+    excess, over the share the worker held), ties by id; a configuration of ``m`` workers runs on the first ``m``."""
+
+    def per_share(item: tuple[WorkerFit, Excess]) -> tuple[float, int]:
+        fit, excess = item
+        share = share_of[fit.worker_id]
+        return ((fit.shift + excess.mean()) / share if share > 0 else math.inf, fit.worker_id)
+
+    return [fit.worker_id for fit, _ in sorted(fitted, key=per_share)]
 
 
 def plan_for_spec(
@@ -457,6 +526,7 @@ def plan_for_spec(
     iterations: int = 100,
     bootstrap: int = 10,
     top: int = 5,
+    leave_out: int = 0,
 ) -> tuple[list[PlanRow], list[WorkerFit]]:
     """:func:`plan` for the job ``spec`` (a saved ``JobSpec``, as the master writes it beside its history) that
     wrote ``reports``: its code, its emulated straggler law, its surplus (``surplus`` overrides it) and its model
@@ -464,5 +534,5 @@ def plan_for_spec(
     return plan(
         reports, code_from_spec(spec), base=base, iterations=iterations, bootstrap=bootstrap, top=top,
         injected=straggler_from_spec(spec), surplus=surplus_from_spec(spec) if surplus is None else surplus,
-        delivery=delivery_from_spec(spec),
+        delivery=delivery_from_spec(spec), leave_out=leave_out,
     )  # fmt: skip

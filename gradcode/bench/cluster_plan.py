@@ -135,6 +135,12 @@ def _system(row: PlanRow | None, n: int) -> System:
     return System(name, row.scheme, row.workers, dict(row.code_params))
 
 
+def _placement(row: PlanRow | None, ids: list[int], host_of: dict[int, str]) -> tuple[list[int], list[str]]:
+    """The pool ids a plan row runs on (the probe, None: all) in code-index order, and their hosts."""
+    on = ids if row is None else list(row.worker_ids)
+    return on, [host_of[i] for i in on]
+
+
 def judge(entries: Sequence[dict[str, Any]], tolerance: float = TOLERANCE) -> dict[str, Any]:
     """The targets on the summary ``entries`` (each with ``predicted_s``, ``measured_s``, ``rounds_s`` and
     ``recommended``): the recommendation within ``tolerance`` of its prediction; no slower than the best
@@ -180,6 +186,7 @@ def _summary(
                 "loads": [j["load"][0] for j in runs], "exact": all(j["exact"] for j in runs),
                 "worker_throttled_s": statistics.median(j["worker_throttled_s"] for j in runs),
                 "recommended": row is not None and row.rank == 1,
+                "worker_ids": list(row.worker_ids) if row is not None else None,  # None: the probe's, all
             }
         )  # fmt: skip
     for e in entries:
@@ -196,7 +203,7 @@ def _probe_row(rows: Sequence[PlanRow], n: int) -> PlanRow | None:
 
 async def _measure(
     cluster: EmulatedCluster, layout: Layout, workload: Workload, probe_iterations: int,
-    iterations: int, rounds: int, top: int, bootstrap: int,
+    iterations: int, rounds: int, top: int, bootstrap: int, leave_out: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     async with GradcodeClient(cluster.client_address) as client:
         await client.wait_ready(START_TIMEOUT)
@@ -220,21 +227,24 @@ async def _measure(
         # data): their one-off costs are not draws of a worker's time per iteration
         reports = [r for r in reports if int(r["iteration"]) > SKIP_ITERATIONS]
         started = time.perf_counter()
-        plan_rows, fits = plan_for_spec(reports, spec, iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top)
+        plan_rows, fits = plan_for_spec(
+            reports, spec, iterations=PLAN_ITERATIONS, bootstrap=bootstrap, top=top, leave_out=leave_out
+        )
         print(f"  planned in {time.perf_counter() - started:.1f} s from {len(reports)} iterations", flush=True)
         chosen: list[PlanRow | None] = list(plan_rows[:top])
         probe_row = _probe_row(plan_rows, layout.n)
         if probe_row is None or probe_row.rank > top:
             chosen.append(probe_row)
         systems = [_system(r, layout.n) for r in chosen]
-        for system in systems:
-            error = await verify_exact(client, system, workload, ids)
+        placed = [_placement(r, ids, host_of) for r in chosen]
+        for system, (on, _) in zip(systems, placed, strict=True):
+            error = await verify_exact(client, system, workload, on)
             print(f"  verified {system.name:<28} worst relative error {error:.1e}", flush=True)
         jobs: list[dict[str, Any]] = []
         for round_ in range(rounds):
-            for system in systems:
-                delays = layout.delays(order, round_)
-                job = await gradcode_job(cluster, client, ids, order, system, workload, delays, iterations)
+            for system, (on, roles) in zip(systems, placed, strict=True):
+                delays = layout.delays(roles, round_)
+                job = await gradcode_job(cluster, client, on, roles, system, workload, delays, iterations)
                 if not job["exact"]:
                     raise RuntimeError(f"{system.name}, round {round_}: an iteration was not exact")
                 periods = steady_periods(job["elapsed_s"])
@@ -244,7 +254,7 @@ async def _measure(
                     "load": job["load"], "worker_throttled_s": job["worker_throttled_s"],
                     "master_throttled_s": job["master_throttled_s"],
                 }  # fmt: skip
-                entry.update(_history_figures(cluster.run_dir / f"{job['job_id']}.jsonl", ids))
+                entry.update(_history_figures(cluster.run_dir / f"{job['job_id']}.jsonl", on))
                 jobs.append(entry)
                 print(
                     f"  round {round_} {system.name:<28} mean {entry['mean_s'] * 1e3:7.1f} ms"
@@ -362,10 +372,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def run(
     layout: Layout | None = None, *, probe_iterations: int = 30, iterations: int = 20, rounds: int = 3, top: int = 4,
     bootstrap: int = 10, num_samples: int = NUM_SAMPLES, features: int = NUM_FEATURES, out: Path = RESULTS,
-    histories: Path | None = None,
+    histories: Path | None = None, leave_out: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Build the testbed, probe, plan, measure the ranked configurations in interleaved rounds; print, save and
-    return the result; ``histories``: a directory to copy every job's history and spec into."""
+    return the result; ``histories``: a directory to copy every job's history and spec into; ``leave_out``: the
+    plan also considers flat codes leaving that many of the slowest hosts idle."""
     layout = layout or Layout()
     if probe_iterations < 5 or iterations < 5:
         raise ValueError(f"probe_iterations and iterations must be >= 5, not {probe_iterations}, {iterations}.")
@@ -381,7 +392,7 @@ def run(
         print(f"Testbed: {[(h.role, h.cpu_percent) for h in layout.specs()]}; load {load_start}", flush=True)
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             measured = asyncio.run(
-                _measure(cluster, layout, workload, probe_iterations, iterations, rounds, top, bootstrap)
+                _measure(cluster, layout, workload, probe_iterations, iterations, rounds, top, bootstrap, leave_out)
             )
             if histories is not None:
                 cluster.copy_histories(histories)
@@ -395,6 +406,7 @@ def run(
         "rounds": rounds,
         "top": top,
         "bootstrap": bootstrap,
+        "leave_out": leave_out,
         "cpu_period_us": cpu_period_us,
         "cores": os.cpu_count(),
         **measured,
@@ -431,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--features", type=int, default=NUM_FEATURES, help="its features (p = features + 1)")
     parser.add_argument("--quick", action="store_true", help="n = 4, small data, 1 round, top 2: a smoke run")
     parser.add_argument("--histories", type=Path, default=None, help="copy every job's history here (diagnosis)")
+    parser.add_argument(
+        "--leave-out", type=int, default=0, help="the plan also considers flat codes leaving this many of the slowest "
+        "hosts idle (gradcode plan --leave-out)",
+    )  # fmt: skip
     add_out_argument(parser, "cluster-plan")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -450,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run(
         layout, probe_iterations=args.probe_iterations, iterations=args.iterations, rounds=args.rounds, top=args.top,
         bootstrap=args.bootstrap, num_samples=args.samples, features=args.features, out=args.out,
-        histories=args.histories,
+        histories=args.histories, leave_out=args.leave_out,
     )  # fmt: skip
     return 0
 

@@ -62,8 +62,11 @@ from gradcode.client.sdk import RESUME_PATIENCE_SECONDS, GradcodeClient, JobFail
 from gradcode.client.simulation import (
     PROBE_MIN_ITERATIONS,
     PROBE_WARMUP_ITERATIONS,
+    Recommendation,
+    add_leave_out_argument,
     add_plan_command,
     add_simulate_command,
+    check_leave_out,
     planned_configuration,
     recommend,
 )
@@ -473,11 +476,21 @@ def _client(args: argparse.Namespace) -> GradcodeClient:
     return GradcodeClient(args.master, security=security_from_args(args))
 
 
+def _take(args: argparse.Namespace, recommendation: Recommendation) -> None:
+    """The planner's recommendation replaces --scheme, --n, --s and --code-param, and names the workers to run on
+    when it leaves some out."""
+    args.scheme = recommendation.scheme
+    args.code_param = list(recommendation.code_params.items())
+    args.worker_ids = list(recommendation.worker_ids)
+
+
 def _apply_plan(args: argparse.Namespace) -> None:
-    """``run --plan HISTORY``: the planner's recommendation replaces --scheme, --n, --s and --code-param."""
+    """``run --plan HISTORY``: the planner's recommendation replaces the configuration."""
+    check_leave_out(args.leave_out)
     if args.plan is not None:
-        args.scheme, params = planned_configuration(args.plan)
-        args.code_param = list(params.items())
+        _take(args, planned_configuration(args.plan, leave_out=args.leave_out))
+    elif args.leave_out:
+        raise ValueError("--leave-out widens what a plan considers: give it with --plan HISTORY or --probe ITERATIONS.")
 
 
 async def _probe(args: argparse.Namespace) -> None:
@@ -485,6 +498,7 @@ async def _probe(args: argparse.Namespace) -> None:
     and straggler law), then the planner's recommendation from them replaces the scheme and its parameters."""
     if args.plan is not None:
         raise ValueError("Give --plan HISTORY or --probe ITERATIONS, not both.")
+    check_leave_out(args.leave_out)
     if args.probe < PROBE_MIN_ITERATIONS:
         raise ValueError(
             f"--probe must be at least {PROBE_MIN_ITERATIONS} iterations (the first {PROBE_WARMUP_ITERATIONS} are "
@@ -500,8 +514,7 @@ async def _probe(args: argparse.Namespace) -> None:
         reports = await _follow(client, probe, f"probe (uncoded n={workers})", patience=args.reconnect)
     history = [message_to_dict(r) for r in reports if r.iteration > PROBE_WARMUP_ITERATIONS]
     source = f"a {args.probe}-iteration probe"
-    args.scheme, params = recommend(history, message_to_dict(probe), source)
-    args.code_param = list(params.items())
+    _take(args, recommend(history, message_to_dict(probe), source, leave_out=args.leave_out))
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -511,6 +524,7 @@ async def _run(args: argparse.Namespace) -> int:
     else:
         _apply_plan(args)
     spec = _spec_from_args(args)
+    spec.worker_ids[:] = getattr(args, "worker_ids", [])  # the workers a plan leaving some out runs on
     created: list[master_pb2.JobInfo] = []
     reports: list[master_pb2.IterationReport] = []
 
@@ -791,6 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="first run this many uncoded iterations on the workers, then the configuration `gradcode plan` "
         f"recommends from them (at least {PROBE_MIN_ITERATIONS}; replaces --scheme, --n, --s and --code-param)",
     )  # fmt: skip
+    add_leave_out_argument(run)
     _add_reconnect_argument(run)
     run.set_defaults(handler=_run)
 

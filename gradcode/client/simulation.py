@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     for name in ("iterations", "top", "show"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, not {getattr(args, name)}.")
+    check_leave_out(args.leave_out)
     reports, spec = read_history(args.history)
     if args.spec is not None:
         spec = json.loads(args.spec.read_text(encoding="utf-8"))
@@ -220,6 +222,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         bootstrap=args.bootstrap,
         top=args.top,
+        leave_out=args.leave_out,
     )
     print(f"{len(reports)} iterations of history, {len(fits)} workers fitted (shift + Exp(rate), censored MLE):")
     for f in fits:
@@ -231,10 +234,12 @@ def _plan_command(args: argparse.Namespace) -> int:
         f"Ranked by simulated mean seconds per iteration (K = {args.iterations}; 5-95 % bootstrap over "
         f"{args.bootstrap} resamples of the history for the top {args.top}); the first is the recommendation:"
     )
-    head = ("rank", "scheme", "parameters", "workers", "mean ms", "5% ms", "95% ms", "K iterations s")
+    head = ("rank", "scheme", "parameters", "workers", "left out", "mean ms", "5% ms", "95% ms", "K iterations s")
+    ids = [f.worker_id for f in fits]
     lines = [
         (
-            str(r.rank), r.scheme, r.parameters, str(r.workers), f"{1e3 * r.mean_seconds:.2f}",
+            str(r.rank), r.scheme, r.parameters, str(r.workers),
+            " ".join(str(w) for w in ids if w not in r.worker_ids) or "-", f"{1e3 * r.mean_seconds:.2f}",
             f"{1e3 * r.low_seconds:.2f}", f"{1e3 * r.high_seconds:.2f}", f"{r.total_seconds:.3f}",
         )
         for r in rows[: args.show]
@@ -255,28 +260,41 @@ PROBE_MIN_ITERATIONS = PROBE_WARMUP_ITERATIONS + 6
 """The shortest probe ``gradcode run --probe`` accepts: the warm-up and six iterations to fit each worker on."""
 
 
+@dataclass(frozen=True)
+class Recommendation:
+    """What ``gradcode run --plan`` and ``--probe`` run: the scheme, its parameters, and the workers (pool ids) it
+    runs on when it leaves some of the history's out (empty: the first it needs, as any job)."""
+
+    scheme: str
+    code_params: dict[str, Any]
+    worker_ids: tuple[int, ...]
+
+
 def recommend(
-    reports: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], source: str, *, iterations: int = 100
-) -> tuple[str, dict[str, Any]]:
-    """The recommended scheme and its parameters for the cluster that ran ``spec`` and wrote ``reports`` (a history,
-    as the master writes it; ``source`` names it in the line printed), no bootstrap: what ``gradcode run --plan`` and
-    ``--probe`` run."""
+    reports: Sequence[Mapping[str, Any]], spec: Mapping[str, Any], source: str, *, iterations: int = 100,
+    leave_out: int = 0,
+) -> Recommendation:  # fmt: skip
+    """The recommended configuration for the cluster that ran ``spec`` and wrote ``reports`` (a history, as the
+    master writes it; ``source`` names it in the line printed), no bootstrap, considering configurations that leave
+    up to ``leave_out`` of the slowest workers idle."""
     from gradcode.common.sim.plan import plan_for_spec
 
-    rows, _ = plan_for_spec(reports, spec, iterations=iterations, bootstrap=0, top=1)
+    rows, fits = plan_for_spec(reports, spec, iterations=iterations, bootstrap=0, top=1, leave_out=leave_out)
     best = rows[0]
+    fewer = best.workers < len(fits)
+    on = f" on workers {list(best.worker_ids)} of the {len(fits)} fitted" if fewer else ""
     print(
-        f"plan from {source}: {best.scheme} {best.parameters} ({best.workers} workers), predicted "
+        f"plan from {source}: {best.scheme} {best.parameters} ({best.workers} workers{on}), predicted "
         f"{1e3 * best.mean_seconds:.1f} ms per iteration; runner-up "
         + (f"{rows[1].scheme} {rows[1].parameters} {1e3 * rows[1].mean_seconds:.1f} ms" if len(rows) > 1 else "none"),
         flush=True,
     )
-    return best.scheme, best.code_params
+    return Recommendation(best.scheme, dict(best.code_params), best.worker_ids if fewer else ())
 
 
 def planned_configuration(
-    history: Path, spec: Path | None = None, *, iterations: int = 100
-) -> tuple[str, dict[str, Any]]:
+    history: Path, spec: Path | None = None, *, iterations: int = 100, leave_out: int = 0
+) -> Recommendation:
     """:func:`recommend` for a history file (the master's ``<job>.jsonl``, its ``.spec.json`` beside it or
     ``spec``): what ``gradcode run --plan HISTORY`` runs."""
     from gradcode.common.sim.plan import read_history
@@ -285,7 +303,20 @@ def planned_configuration(
     job = json.loads(spec.read_text(encoding="utf-8")) if spec is not None else beside
     if job is None:
         raise ValueError(f"No job spec beside {history}; `gradcode plan` needs the history's .spec.json.")
-    return recommend(reports, job, str(history), iterations=iterations)
+    return recommend(reports, job, str(history), iterations=iterations, leave_out=leave_out)
+
+
+def check_leave_out(leave_out: int) -> None:
+    if leave_out < 0:
+        raise ValueError(f"--leave-out must be >= 0 (workers left idle), not {leave_out}.")
+
+
+def add_leave_out_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--leave-out", type=int, default=0, metavar="K",
+        help="also consider flat codes that leave up to K of the slowest workers idle (CodedReduce trees of fewer "
+        "nodes are always considered); a configuration with fewer workers runs on the fastest (default: 0)",
+    )  # fmt: skip
 
 
 def add_plan_command(sub: Any) -> argparse.ArgumentParser:
@@ -304,6 +335,7 @@ def add_plan_command(sub: Any) -> argparse.ArgumentParser:
         help="what backups do with their messages in the simulated jobs: auto, as the history's spec says, its auto "
         "holding as the master does on hosts of their own; push for a job on one machine (default: %(default)s)",
     )  # fmt: skip
+    add_leave_out_argument(p)
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the fits and all rows")
     add_cost_arguments(p)
     p.set_defaults(handler=_plan_command)

@@ -66,12 +66,20 @@ def test_the_verdict_reports_the_ratio_and_both_readings_of_no_slower() -> None:
 
 
 def test_a_plan_row_becomes_the_system_the_cluster_runs() -> None:
-    row = PlanRow(1, "fractional", "n=8 s=1", {"n": 8, "s": 1}, 8, 0.06, 0.05, 0.07, 6.0)
+    row = PlanRow(1, "fractional", "n=8 s=1", {"n": 8, "s": 1}, 8, tuple(range(8)), 0.06, 0.05, 0.07, 6.0)
     system = cluster_plan._system(row, 8)
     assert (system.name, system.scheme, system.workers, system.code_params) == (
         "fractional n=8 s=1", "fractional", 8, {"n": 8, "s": 1}
     )  # fmt: skip
     assert cluster_plan._system(None, 8).code_params == {"n": 8}
+
+
+def test_a_plan_row_leaving_hosts_out_runs_on_its_workers_in_code_index_order() -> None:
+    ids = [3, 5, 8, 9]
+    host_of = {3: "w0", 5: "w1", 8: "w2", 9: "w3"}
+    row = PlanRow(1, "uncoded", "n=3", {"n": 3}, 3, (3, 8, 9), 0.06, 0.05, 0.07, 6.0)
+    assert cluster_plan._placement(row, ids, host_of) == ([3, 8, 9], ["w0", "w2", "w3"])
+    assert cluster_plan._placement(None, ids, host_of) == (ids, ["w0", "w1", "w2", "w3"])
 
 
 def test_the_command_refuses_without_root_with_status_2(

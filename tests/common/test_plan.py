@@ -15,6 +15,7 @@ from gradcode.common.sim.plan import (
     Excess,
     FittedDelays,
     candidate_codes,
+    candidate_configurations,
     delivery_from_spec,
     fit_workers,
     plan,
@@ -85,6 +86,71 @@ def test_candidates_are_exact_and_include_the_trees_that_fit() -> None:
     assert trees and all(c.topology().num_workers == 6 for c in trees)  # type: ignore[union-attr]
 
 
+def test_configurations_may_leave_the_slowest_hosts_idle_and_always_include_the_smaller_trees() -> None:
+    sizes = {c.worker_processes() for c in candidate_configurations(8) if c.topology() is None}
+    assert sizes == {8}
+    widened = candidate_configurations(8, leave_out=2)
+    assert {c.worker_processes() for c in widened if c.topology() is None} == {6, 7, 8}
+    trees = [c for c in candidate_configurations(8) if c.topology() is not None]
+    assert {c.worker_processes() for c in trees} == {6}, "no regular tree has 7 or 8 nodes; one of 6 does"
+    for bad, message in ((8, "at 8 hosts at most 7 can be left out"), (-1, "leave_out")):
+        with pytest.raises(ValueError, match=message):
+            candidate_configurations(8, leave_out=bad)
+
+
+SLOW_HOSTS = (12, 15)
+"""Pool ids of the two hosts :func:`_two_slow_hosts` makes slow."""
+
+
+def _two_slow_hosts(iterations: int = 60) -> list[dict[str, Any]]:
+    """An uncoded history of N hosts in which two are slow whatever their share: 40 ms more every iteration."""
+    reports = history([0.001] * N, iterations, late=0, seed=3)
+    for report in reports:
+        for timing in report["timings"]:
+            if timing["worker_id"] in SLOW_HOSTS:
+                timing["seconds"] += 0.04
+    return reports
+
+
+def test_a_plan_leaving_hosts_out_runs_on_the_fastest_and_beats_every_code_that_waits_for_the_slow() -> None:
+    reports = _two_slow_hosts()
+    everyone, _ = plan(reports, make_code("uncoded", n=N), iterations=40, bootstrap=0)
+    assert all(r.workers == N for r in everyone if r.scheme != "coded_reduce")
+    rows, fits = plan(reports, make_code("uncoded", n=N), iterations=40, bootstrap=0, leave_out=2)
+    best = rows[0]
+    fast = tuple(f.worker_id for f in fits if f.worker_id not in SLOW_HOSTS)
+    assert best.workers == 6 and best.worker_ids == fast, best
+    assert best.mean_seconds < min(r.mean_seconds for r in rows if r.workers == N)
+    assert best.mean_seconds <= everyone[0].mean_seconds  # without it, only a 6-node tree can leave hosts out
+    assert all(r.worker_ids == fast for r in everyone if r.workers == 6)
+    on_all = [r for r in rows if r.workers == N]
+    assert on_all and all(r.worker_ids == tuple(f.worker_id for f in fits) for r in on_all)
+
+
+def test_behind_a_slow_master_link_a_tree_of_fewer_nodes_than_hosts_can_win_on_the_fastest() -> None:
+    """24 hosts, 8 MB messages, a 200 Mbit/s master link (the emulated cluster of issue 28): a 6-node tree sends
+    the master one message, the flat codes three or more; the tree runs on the 6 fastest hosts."""
+    hosts = 24
+    reports = [
+        {
+            "iteration": t + 1,
+            "timings": [{"worker_id": 100 + w, "seconds": 0.05 + 0.001 * w} for w in range(hosts)],
+            "late_workers": [],
+            "used_workers": list(range(100, 100 + hosts)),
+        }
+        for t in range(20)
+    ]
+    codes = [make_code("fractional", n=hosts, s=1), make_code("fractional", n=hosts, s=7), make_code(
+        "coded_reduce", n=2, s=1, L=2
+    )]  # fmt: skip
+    base = Costs(message_bytes=8e6, master_bandwidth=25e6, worker_bandwidth=125e6)
+    rows, _ = plan(reports, make_code("uncoded", n=hosts), base=base, iterations=10, bootstrap=0, candidates=codes)
+    assert rows[0].scheme == "coded_reduce" and rows[0].worker_ids == tuple(range(100, 106)), rows[0]
+    assert rows[0].mean_seconds < 0.7 * min(r.mean_seconds for r in rows[1:])
+    with pytest.raises(ValueError, match="needs 25 workers; the history has 24"):
+        plan(reports, make_code("uncoded", n=hosts), candidates=[make_code("uncoded", n=25)])
+
+
 def test_gradcode_plan_reads_the_masters_history_and_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "job.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in history([0.001] * (N - 1) + [0.3], 40, late=0)))
@@ -132,6 +198,28 @@ def test_run_plan_replaces_the_scheme_with_the_recommendation(
     spec = _spec_from_args(args)
     assert spec.code.name == args.scheme
     make_code(spec.code.name, **dict_from_struct(spec.code.params))  # the spec builds the recommended code
+
+
+def test_run_plan_leaving_hosts_out_names_the_workers_it_runs_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gradcode.client.__main__ import _apply_plan, build_parser
+
+    path = tmp_path / "job.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _two_slow_hosts(30)))
+    (tmp_path / "job.spec.json").write_text(json.dumps({"code": {"name": "uncoded", "params": {"n": N}}}))
+    run = ["run", "--scheme", "uncoded", "--n", str(N)]
+    args = build_parser().parse_args([*run, "--plan", str(path), "--leave-out", "2"])
+    _apply_plan(args)
+    fast = [w for w in range(10, 10 + N) if w not in SLOW_HOSTS]
+    assert args.worker_ids == fast and f"on workers {fast} of the {N} fitted" in capsys.readouterr().out
+    for argv, message in (
+        ([*run, "--plan", str(path), "--leave-out", "-1"], "--leave-out must be >= 0"),
+        ([*run, "--leave-out", "2"], "give it with --plan HISTORY or --probe ITERATIONS"),
+        ([*run, "--plan", str(path), "--leave-out", str(N)], f"at {N} hosts at most {N - 1} can be left out"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            _apply_plan(build_parser().parse_args(argv))
 
 
 def _reports(times: np.ndarray) -> list[dict[str, Any]]:
