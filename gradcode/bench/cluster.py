@@ -417,12 +417,20 @@ async def gradcode_job(
             statistics.mean(r.bytes_sent for r in counted_reports),
         ],
         "promoted": statistics.mean(len(r.promoted_workers) for r in counted_reports),
+        "compute_s": _median_compute(counted_reports),
         "master_throttled_s": throttled[0],
         "worker_throttled_s": max(throttled[1:]),
         "exact": all(r.exact for r in reports),
         "load": load,
         "job_id": info.job_id,
     }
+
+
+def _median_compute(reports: Sequence[master_pb2.IterationReport]) -> float:
+    """The median of the seconds the workers said they computed their messages (their trailers), over every worker
+    and iteration of ``reports`` (a tree parent's covers its children's round); NaN if none said."""
+    seconds = [t.compute_seconds for r in reports for t in r.timings if t.compute_seconds > 0]
+    return statistics.median(seconds) if seconds else math.nan
 
 
 async def verify_exact(client: GradcodeClient, system: System, workload: Workload, ids: Sequence[int]) -> float:
@@ -592,7 +600,7 @@ def _row(
         "master_in_bytes": job["bytes"][0], "master_out_bytes": job["bytes"][1],
         "report_in_bytes": job.get("report_bytes", [math.nan] * 2)[0],
         "report_out_bytes": job.get("report_bytes", [math.nan] * 2)[1],
-        "promoted_per_iteration": job.get("promoted", math.nan),
+        "promoted_per_iteration": job.get("promoted", math.nan), "compute_s": job.get("compute_s", math.nan),
         "master_throttled_s": job["master_throttled_s"], "worker_throttled_s": job["worker_throttled_s"],
         "exact": job["exact"], "load": job["load"],
         **floor, "over_floor": median / floor["floor_s"],
@@ -624,8 +632,9 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for key in ("median_s", "q1_s", "q3_s", "master_in_bytes", "master_out_bytes", "floor_s",
                         "floor_phased_s", "floor_rate_s", "master_throttled_s", "worker_throttled_s"):  # fmt: skip
                 entry[key] = statistics.median(r[key] for r in runs)
-            if all("broadcast_spread" in r for r in runs):  # (runs before it was measured have none)
-                entry["broadcast_spread"] = statistics.median(r["broadcast_spread"] for r in runs)
+            for key in ("broadcast_spread", "compute_s"):  # (runs before they were measured have none)
+                if all(key in r for r in runs):
+                    entry[key] = statistics.median(r[key] for r in runs)
             entry["over_floor"] = entry["median_s"] / entry["floor_s"]
             entry["loads"] = [r["load"][0] for r in runs]
             entry["exact"] = all(r["exact"] for r in runs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -329,3 +330,14 @@ def test_a_run_that_dies_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch:
     saved = json.loads((tmp_path / "cluster.partial.json").read_text())
     assert saved == {"verify_max_error": {"uncoded, n=2": 0.0}, "rows": measured}
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_a_rows_computing_is_the_median_the_workers_said_and_none_when_none_said() -> None:
+    from gradcode.v1 import master_pb2
+
+    def report(*seconds: float) -> master_pb2.IterationReport:
+        timings = [master_pb2.WorkerTiming(worker_id=w, seconds=1.0, compute_seconds=c) for w, c in enumerate(seconds)]
+        return master_pb2.IterationReport(timings=timings)
+
+    assert cluster._median_compute([report(0.1, 0.3), report(0.2, 0.0)]) == pytest.approx(0.2)  # 0: not said
+    assert math.isnan(cluster._median_compute([report(0.0)])) and math.isnan(cluster._median_compute([]))
