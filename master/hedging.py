@@ -32,8 +32,9 @@ class Hedging(GatherStrategy):
     :meth:`start_overdue_at`: late to begin by more than the others' own spread (a worker that waits for a core
     begins within it), they are delayed, not slow. While every expected worker still out has begun,
     nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
-    round still not decodable promotes every backup still out (more than ``s`` expected workers may hang, or one
-    that began may never finish).
+    round still not decodable promotes the backups that complete the messages in hand as if every expected worker
+    still out were lost (more than ``s`` of them may hang, or one that began may never finish), and twice that
+    long after, every backup still out (:meth:`_hedge`).
 
     ``reask_after(worker)`` (None: never) is how long an expected worker may stay silent: one from which nothing at
     all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
@@ -71,6 +72,8 @@ class Hedging(GatherStrategy):
         self._expected: frozenset[int] = frozenset()
         """Every expected worker of the gather."""
         self._hedge_at: float | None = None
+        self._hedged = False
+        """The hedge promoted the backups completing the messages in hand; the next one promotes every backup."""
         self._promoted = False
         """This gather has promoted the backups completing the expected workers' messages."""
         self._reask_at: dict[int, float] = {}
@@ -178,8 +181,7 @@ class Hedging(GatherStrategy):
         if start_overdue_at is not None and now >= start_overdue_at:
             self._cover_stragglers()
         if self._hedge_at is not None and now >= self._hedge_at:
-            gathering.promote(sorted(gathering.pending & gathering.backups))
-            self._hedge_at = None
+            self._hedge()
         pull_at = self.pull_at()
         if pull_at is not None and now >= pull_at:  # a held backup waits, an expected worker is overdue
             self._promote_completing(gathering.pending & gathering.backups, set(), first=gathering.ready())
@@ -189,6 +191,24 @@ class Hedging(GatherStrategy):
                 self._reask_at.clear()
             else:  # (the loop ticks only when every item that arrived is taken: a silent worker is silent)
                 self._reask(now)
+
+    def _hedge(self) -> None:
+        """The hedge: the backups that complete the messages in hand as if every expected worker still out were
+        lost; should the round still not decode by the hedge's time again, every backup still out. Not every backup
+        at once: a promoted backup that holds its messages sends a whole one across the receiver's link. On the
+        emulated cluster (fractional s = 11, n = 24, 8 MB messages, a 200 Mbit/s master link) the hedges of the
+        first two iterations pulled all 22 backups each; 132 and 184 MB reached the master in iterations 2 and 3
+        (6.3 and 7.4 s, against 1.8-2.3 s after), where two messages complete the round."""
+        gathering = self.gathering
+        if self._hedge_at is None or self.promote_after is None:
+            return
+        if self._hedged:
+            gathering.promote(sorted(gathering.pending & gathering.backups))
+            self._hedge_at = None
+            return
+        self._promote_completing(gathering.pending & gathering.backups, set())
+        self._hedged = True
+        self._hedge_at = gathering.round.started + 2 * self.promote_after
 
     def _reask(self, now: float) -> None:
         """Reopen the calls of the expected workers silent past their bound (once each)."""

@@ -407,7 +407,8 @@ async def test_a_late_expected_worker_promotes_the_backups_that_complete_the_mes
 async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered_by_backups() -> None:
     """Binary, n = 4, s = 1: the round expects {0, 2}. Worker 0 said its computation began, so when 2 answers
     nothing is promoted (0 is finishing, not straggling); 0 answers and the round decodes without the backups.
-    The same round with a hedge that fires while 0 still computes promotes them then, not before."""
+    The same round with a hedge that fires while 0 still computes promotes then, not before, the backup that
+    completes 2's message."""
     code = make_code("binary", n=4, s=1)
     g = np.random.default_rng(7).standard_normal((4, 30))
     messages = {w: code.encode(w, dict(enumerate(g))) for w in range(4)}
@@ -426,9 +427,8 @@ async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered
             wires[0].answer(messages[0], worker_id=0, row=0)
         else:
             await clock.advance(0.001)
-            assert [w for w in range(4) if wires[w].promoted] == [1, 3] and round_.promoted == {1, 3}
-            for w in (1, 3):
-                wires[w].answer(messages[w], worker_id=w, row=w)
+            assert [w for w in range(4) if wires[w].promoted] == [1] and round_.promoted == {1}
+            wires[1].answer(messages[1], worker_id=1, row=1)
         async with asyncio.timeout(5.0):
             await gather
         assert round_.decodable
@@ -441,9 +441,14 @@ async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered
             session.close()
 
 
-async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_still_out() -> None:
+@pytest.mark.parametrize("completing_answer", [True, False])
+async def test_a_round_not_decoded_by_its_hedge_promotes_the_completing_backups_then_every_backup(
+    completing_answer: bool,
+) -> None:
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 2 answers, 0 and 4 hang (more than s, so no promotion
-    starts when 2 ends). At ``promote_after`` every backup is promoted, and their messages decode."""
+    starts when 2 ends). At ``promote_after`` the backups that complete 2's message as if 0 and 4 were lost are
+    promoted, not every backup (each held one pulled costs the receiver's link a whole message); their messages
+    decode. Should one of those hang too, every backup still out is promoted at twice the hedge, and decodes."""
     code = make_code("binary", n=6, s=1)
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(6).standard_normal((6, 20))
@@ -455,9 +460,21 @@ async def test_a_round_that_has_not_decoded_by_its_hedge_promotes_every_backup_s
     await clock.advance(0.189)
     assert not any(wire.promoted for wire in wires)
     await clock.advance(0.001)
-    assert [w for w in range(6) if wires[w].promoted] == [1, 3, 5] and round_.promoted == {1, 3, 5}
-    for w in (1, 3, 5):
+    first = [w for w in range(6) if wires[w].promoted]
+    assert first and set(first) < {1, 3, 5} and round_.promoted == set(first), first
+    completing = code.decoding_set(code.static_assignment(), [*first, 0, 4], given=[2])
+    assert completing is not None and set(completing) == set(first), "exactly the backups that complete 2's message"
+    answering = first if completing_answer else first[1:]
+    for w in answering:
         wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
+    await clock.settle()
+    if not completing_answer:
+        await clock.advance(0.199)
+        assert not gather.done() and round_.promoted == set(first)
+        await clock.advance(0.001)
+        assert round_.promoted == {1, 3, 5}, "at twice the hedge, every backup still out"
+        for w in sorted({1, 3, 5} - set(answering)):
+            wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
     async with asyncio.timeout(5.0):
         await gather
     assert round_.decodable and not {0, 4} & set(round_.used_workers) and round_.stragglers == [0, 4]
