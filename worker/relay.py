@@ -7,15 +7,17 @@ last :data:`HeldModels.KEEP` iterations) and serves them to its job's peers; a w
 (:class:`PeerFetcher`) checks its length and BLAKE3 digest (:func:`~gradcode.common.transport.wire.model_digest`)
 against what the master sent, so a stale or lying peer is caught and never yields a gradient.
 
-A fetch waits as long as its peer keeps saying it is waiting. A peer that does not hold the model yet (its own
-request, or its own fetch, still arriving) answers FetchModel with an empty reply every :data:`HEARTBEAT_SECONDS`
-until it does, then with the model; the fetcher gives up only when its peer says nothing for :func:`stall_seconds`
-(a frozen or vanished peer) or after :func:`longest_wait_seconds` in all (a peer that only ever says it is
-waiting). A fixed deadline per hop, as before 2026-11-29, failed live relays on starved hosts: at n = 24 workers
-of 6 % of a core, p = 1e6, a seed sometimes did not answer its fetchers within the one hop's 2.3 s (its own 8 MB
-request still on the master's link, or the seed too starved to serve), every fetch below it failed, and the master
-sent the model inline to 13-23 workers through its 200 Mbit/s link; those copies delayed the next iteration's seed
-in turn, and the relay stayed collapsed (8.9 s an iteration instead of 2.1).
+A fetch waits as long as its peer shows progress. A peer that does not hold the model yet (its own request, or its
+own fetch, still arriving) answers FetchModel with an empty reply every :data:`HEARTBEAT_SECONDS` until it does, then
+with the model in pieces of :data:`PART_BYTES`; the fetcher gives up only when its peer says nothing for
+:data:`STALL_SECONDS` (a frozen or vanished peer) or after :data:`LONGEST_WAIT_SECONDS` in all (a peer that only
+ever says it is waiting, or sends without end). A fixed deadline per hop, as before 2026-11-29, failed live relays
+on starved hosts: at n = 24 workers of 6 % of a core, p = 1e6, a seed sometimes did not answer its fetchers within
+the one hop's 2.3 s (its own 8 MB request still on the master's link, or the seed too starved to serve), every fetch
+below it failed, and the master sent the model inline to 13-23 workers through its 200 Mbit/s link; those copies
+delayed the next iteration's seed in turn, and the relay stayed collapsed (8.9 s an iteration instead of 2.1). With
+heartbeats alone and the model in one 8 MB message, fetchers three hops deep still found their peers silent for a
+stall of 1.4 s in a first iteration: a peer's model is progress too.
 
 Failure is simple on purpose: a fetch that fails (a dead peer, a silent one, a wrong digest) ends the worker's
 Compute with FAILED_PRECONDITION (:class:`ModelUnavailableError`), and the master sends that worker the model inline
@@ -32,61 +34,45 @@ import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+import numpy as np
 
 from gradcode.common.codes.base import Array
-from gradcode.common.exceptions import FailedPreconditionError, WireError
+from gradcode.common.exceptions import FailedPreconditionError
 from gradcode.common.transport.security import Security, short
-from gradcode.common.transport.wire import (
-    CHANNEL_OPTIONS,
-    FLOAT64,
-    MODEL_DIGEST_BYTES,
-    array_from_tensor,
-    model_digest,
-    tensor_field_bytes,
-)
+from gradcode.common.transport.wire import CHANNEL_OPTIONS, FLOAT64, MODEL_DIGEST_BYTES, float64_parts, model_digest
 from gradcode.v1 import worker_pb2, worker_pb2_grpc
 
 __all__ = [
     "HEARTBEAT",
     "HEARTBEAT_SECONDS",
+    "LONGEST_WAIT_SECONDS",
     "MAX_HOPS",
+    "PART_BYTES",
+    "STALL_SECONDS",
     "HeldModels",
     "ModelUnavailableError",
     "PeerFetcher",
     "check_relayed",
-    "longest_wait_seconds",
     "relayed",
-    "stall_seconds",
 ]
 
-WAIT_BASE_SECONDS = 1.0
-"""What a fetcher allows a peer, besides the model's transfer, before it takes the peer's silence for a failure."""
-FLOOR_BYTES_PER_SECOND = 20e6
-"""The slowest transfer a wait allows for: 0.04 s more for a p = 1e5 model, 4 s for p = 1e7."""
 HEARTBEAT_SECONDS = 0.25
 """How often a peer that does not hold the model it is asked for yet says it is still waiting for it."""
 HEARTBEAT = b""
-"""That word: an empty FetchModelReply (no ``model``), serialized."""
-
+"""That word: an empty FetchModelReply (no ``part``), serialized."""
+PART_BYTES = 1 << 20
+"""The most model bytes one FetchModelReply carries: 8 pieces for a p = 1e6 model, each a sign of progress."""
+STALL_SECONDS = 2.0
+"""How long a fetcher waits for any word from its peer (a heartbeat, or the model's next piece) before it takes the
+peer for frozen or gone: the master's floor for asking a silent worker again
+(:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`), so a frozen seed costs one stall, then an inline copy;
+a piece needs 0.05 s at 20 MB/s, and the rest is room for a starved host's event loop."""
 MAX_HOPS = 32
 """The most fetches a relayed model may pass (``RelayedModel.hops``): a fan-out-3 relay reaches 3**32 workers."""
-
-
-def stall_seconds(length: int) -> float:
-    """How long a fetcher waits for any word from its peer (a heartbeat, or the model of ``length`` parameters,
-    whose transfer at the floor rate is included) before it takes the peer for frozen or gone: 1.04 s at p = 1e5,
-    1.4 s at p = 1e6, under the master's floor for asking a silent worker again
-    (:attr:`gradcode.master.rounds.AnswerTimes.FLOOR_SECONDS`, 2 s) for models up to p = 2.5e6, so a frozen seed
-    normally costs one stall, then an inline copy."""
-    return WAIT_BASE_SECONDS + 8 * length / FLOOR_BYTES_PER_SECOND
-
-
-def longest_wait_seconds(length: int) -> float:
-    """How long a peer waits, at most, for a model of ``length`` parameters it does not hold yet while its fetchers
-    wait for it, and so the longest a fetch lasts (one more stall for the transfer): what the deepest relay
-    (:data:`MAX_HOPS` fetches of the model, each a stall) could take. A peer that only ever says it is waiting
-    is dropped then."""
-    return MAX_HOPS * stall_seconds(length)
+LONGEST_WAIT_SECONDS = 60.0
+"""How long a peer waits, at most, for a model it does not hold yet while its fetchers wait for it, and so about the
+longest a fetch lasts (one more stall): a model behind 1.5 GB on a 200 Mbit/s master link. A peer that only ever
+says it is waiting, or sends pieces without end, is dropped then."""
 
 
 class ModelUnavailableError(FailedPreconditionError):
@@ -107,10 +93,10 @@ class HeldModels:
     def __init__(self) -> None:
         self._models: dict[int, Array | str] = {}
         self._changed = asyncio.Event()
-        self._reply: tuple[Array, bytes] | None = None
-        """The last FetchModel reply serialized, and the model it carries: made at a model's first fetch and sent to
-        every later one (encoding a p = 1e6 model takes about 6 ms of a core, and a peer serves up to three fetchers:
-        the relay's ``RELAY_FANOUT``); a model held since is another array, so never served a stale reply."""
+        self._reply: tuple[Array, list[bytes]] | None = None
+        """The last model's FetchModel replies serialized, and the model they carry: made at a model's first fetch
+        and sent to every later one (encoding a p = 1e6 model takes milliseconds of a core, and a peer serves up to
+        three fetchers: the relay's ``RELAY_FANOUT``); a model held since is another array, so never served stale."""
 
     def hold(self, iteration: int, params: Array) -> None:
         """``params`` is iteration ``iteration``'s model (it replaces a failure: the master sent it inline since)."""
@@ -159,8 +145,8 @@ class HeldModels:
 
     async def replies(self, iteration: int, seconds: float) -> AsyncIterator[bytes]:
         """FetchModel's serialized replies for iteration ``iteration``: a :data:`HEARTBEAT` every
-        :data:`HEARTBEAT_SECONDS` while this worker waits for the model (up to ``seconds``), then the model's, encoded
-        once per model however many peers fetch it; ModelUnavailableError as :meth:`wait` raises it."""
+        :data:`HEARTBEAT_SECONDS` while this worker waits for the model (up to ``seconds``), then the model's pieces,
+        encoded once per model however many peers fetch it; ModelUnavailableError as :meth:`wait` raises it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while True:
@@ -173,8 +159,9 @@ class HeldModels:
                     raise self._not_yet(iteration, seconds) from None
                 yield HEARTBEAT
         if self._reply is None or self._reply[0] is not params:
-            self._reply = (params, tensor_field_bytes(worker_pb2.FetchModelReply, "model", params))
-        yield self._reply[1]
+            self._reply = (params, float64_parts(worker_pb2.FetchModelReply, "part", params, PART_BYTES))
+        for part in self._reply[1]:
+            yield part
 
 
 class PeerFetcher:
@@ -195,36 +182,40 @@ class PeerFetcher:
 
     async def fetch(self, relay: worker_pb2.RelayedModel, iteration: int) -> Array:
         """Iteration ``iteration``'s model as the peer ``relay`` names sends it, of the length ``relay`` says (its
-        digest is :func:`relayed`'s to check), waiting as long as the peer keeps saying it is waiting;
-        ModelUnavailableError naming the peer and what went wrong after its silence of :func:`stall_seconds`, or
-        :func:`longest_wait_seconds` and a stall in all."""
-        length, peer = int(relay.length), short(relay.address)
-        stall = stall_seconds(length)
+        digest is :func:`relayed`'s to check), waiting as long as the peer shows progress; ModelUnavailableError
+        naming the peer and what went wrong after its silence of :data:`STALL_SECONDS`, or
+        :data:`LONGEST_WAIT_SECONDS` and a stall in all."""
+        peer = short(relay.address)
+        model = bytearray(8 * int(relay.length))
+        filled = 0
         call = self._stub(relay.address, relay.bearer).FetchModel(
             worker_pb2.FetchModelRequest(job_id=self.job_id, iteration=iteration),
-            timeout=longest_wait_seconds(length) + stall,
+            timeout=LONGEST_WAIT_SECONDS + STALL_SECONDS,
         )
         try:
-            while True:
-                async with asyncio.timeout(stall):
+            while filled < len(model):
+                async with asyncio.timeout(STALL_SECONDS):
                     reply = await call.read()
                 if reply is grpc.aio.EOF:
-                    raise ModelUnavailableError(f"peer {peer} ended its answer without the model")
-                if reply.HasField("model"):
-                    return array_from_tensor(reply.model, expected_shape=(length,))
+                    raise ModelUnavailableError(
+                        f"peer {peer} ended its answer after {filled} of the model's {len(model)} bytes"
+                    )
+                if len(reply.part) > len(model) - filled:
+                    call.cancel()
+                    raise ModelUnavailableError(f"peer {peer} sent more than the model's {len(model)} bytes")
+                model[filled : filled + len(reply.part)] = reply.part
+                filled += len(reply.part)
         except TimeoutError:
             call.cancel()
             raise ModelUnavailableError(
-                f"peer {peer} said nothing for {stall:g} s (the model {max(1, relay.hops)} fetches from the master's "
-                "copy): frozen, gone or starved"
+                f"peer {peer} said nothing for {STALL_SECONDS:g} s ({filled} of the model's {len(model)} bytes in; the "
+                f"model {max(1, relay.hops)} fetches from the master's copy): frozen, gone or starved"
             ) from None
         except grpc.aio.AioRpcError as exc:
             raise ModelUnavailableError(
                 f"fetching it from peer {peer} failed ({exc.code().name}: {exc.details()})"
             ) from None
-        except WireError as exc:
-            call.cancel()
-            raise ModelUnavailableError(f"peer {peer} sent a malformed model ({exc})") from None
+        return np.frombuffer(model, dtype="<f8")
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

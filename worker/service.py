@@ -91,7 +91,7 @@ from gradcode.common.transport.wire import (
 from gradcode.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gradcode.worker.compute import MAX_JOB_BYTES, JobBuilder, JobTooLargeError, WorkerJob
 from gradcode.worker.parent import ParentRunner
-from gradcode.worker.relay import HEARTBEAT, PeerFetcher, check_relayed, longest_wait_seconds, relayed
+from gradcode.worker.relay import LONGEST_WAIT_SECONDS, PeerFetcher, check_relayed, relayed
 from gradcode.worker.runtime import Computing, JobRuntime, Message, PartitionObserver, until_promoted
 from gradcode.worker.straggling import Cancellation, StragglerEmulation
 
@@ -496,8 +496,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def FetchModel(  # noqa: N802 - proto name
         self, request: worker_pb2.FetchModelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        """The model a Compute of this job's iteration was admitted with, for a peer, as a serialized FetchModelReply
-        made once for every fetcher; while it is still arriving, an empty reply every
+        """The model a Compute of this job's iteration was admitted with, for a peer, as serialized FetchModelReply
+        pieces made once for every fetcher; while it is still arriving, an empty reply every
         :data:`~gradcode.worker.relay.HEARTBEAT_SECONDS` (this worker is alive and waiting). A relay token opens
         its own job's models only."""
         scope = job_of(bearer_of(context))
@@ -507,10 +507,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "of its own job only."
             )
         runtime = self._runtime(request.job_id)
-        async for reply in runtime.models.replies(int(request.iteration), longest_wait_seconds(runtime.job.num_params)):
-            if reply is not HEARTBEAT:
-                metrics.MODELS_RELAYED.inc()
+        async for reply in runtime.models.replies(int(request.iteration), LONGEST_WAIT_SECONDS):
             yield reply
+        metrics.MODELS_RELAYED.inc()
 
     # ---- EndJob --------------------------------------------------------------------------------
     @grpc_errors

@@ -81,6 +81,7 @@ __all__ = [
     "dict_from_struct",
     "dtype_from_wire",
     "dtype_to_wire",
+    "float64_parts",
     "message_chunk_bytes",
     "message_chunk_pieces",
     "message_chunks",
@@ -728,6 +729,15 @@ def tensor_field_bytes(message: type[Message], field: str, params: Array) -> byt
     tensor_length = len(head) + sum(len(part) for part in data)
     tag = _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
     return b"".join([tag, _varint(tensor_length), head, *data])
+
+
+def float64_parts(message: type[Message], field: str, params: Array, part_bytes: int) -> list[bytes]:
+    """``message(**{field: piece})`` serialized for each consecutive piece of at most ``part_bytes`` of ``params``'
+    little-endian float64 bytes, in order (a relayed model's ``FetchModelReply.part`` s), copying them once."""
+    raw = np.ascontiguousarray(params, dtype="<f8").reshape(-1).view(np.uint8).data
+    tag = _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+    pieces = (raw[start : start + part_bytes] for start in range(0, len(raw), part_bytes))
+    return [b"".join((tag, _varint(len(piece)), piece)) for piece in pieces]
 
 
 def compute_stream(channel: grpc.aio.Channel) -> Any:

@@ -19,9 +19,9 @@ from gradcode.client.certs import make_certificates
 from gradcode.client.launch import LocalCluster
 from gradcode.client.sdk import GradcodeClient
 from gradcode.common.transport.serving import start_server
-from gradcode.common.transport.wire import array_from_tensor, tensor_from_array
+from gradcode.common.transport.wire import float64_parts
 from gradcode.v1 import master_pb2, worker_pb2
-from gradcode.worker.relay import HEARTBEAT, HEARTBEAT_SECONDS
+from gradcode.worker.relay import HEARTBEAT, HEARTBEAT_SECONDS, PART_BYTES
 from gradcode.worker.service import WorkerServicer, add_worker_service
 from tests.e2e.conftest import Cluster, job_spec, master_stub, metric_total, run_job, start_cluster
 from tests.e2e.test_backups import _own_machines
@@ -168,14 +168,16 @@ class _LyingPeer(WorkerServicer):
         while (left := until - loop.time()) > 0:  # "still waiting", as a peer whose model is late says
             yield HEARTBEAT
             await asyncio.sleep(min(HEARTBEAT_SECONDS, left))
+        pieces = []
         async for serialized in super().FetchModel(request, context):  # type: ignore[arg-type]
-            honest = worker_pb2.FetchModelReply.FromString(serialized)
-            if not honest.HasField("model"):
+            reply = worker_pb2.FetchModelReply.FromString(serialized)
+            if not reply.part:
                 yield serialized  # still waiting, honestly
-                continue
-            self.fetches += 1
-            lie = worker_pb2.FetchModelReply(model=tensor_from_array(array_from_tensor(honest.model) + 1e-3))
-            yield lie.SerializeToString()
+            pieces.append(reply.part)
+        self.fetches += 1
+        honest = np.frombuffer(b"".join(pieces), dtype="<f8")
+        for lie in float64_parts(worker_pb2.FetchModelReply, "part", honest + 1e-3, PART_BYTES):
+            yield lie
 
 
 @contextlib.asynccontextmanager

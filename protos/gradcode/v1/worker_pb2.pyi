@@ -16,10 +16,10 @@ class FetchModelRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
 
 class FetchModelReply(_message.Message):
-    __slots__ = ("model",)
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    model: _common_pb2.Tensor
-    def __init__(self, model: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    __slots__ = ("part",)
+    PART_FIELD_NUMBER: _ClassVar[int]
+    part: bytes
+    def __init__(self, part: _Optional[bytes] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ("nonce",)

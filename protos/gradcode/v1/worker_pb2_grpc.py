@@ -134,7 +134,7 @@ class WorkerServicer:
         """The model this worker holds for a job's iteration (it received it for its own Compute, inline or
         from a peer), for a peer of the same job told to fetch it here (ComputeRequest.relayed_model). While
         the model is still arriving, an empty reply every 0.25 s (alive, still waiting), for a bounded time;
-        then one reply with the model, and the call ends. FAILED_PRECONDITION when it holds none for that
+        then the model in pieces, and the call ends: a fetcher sees progress however slow the peer. FAILED_PRECONDITION when it holds none for that
         iteration (it keeps the last two) or could not get it, NOT_FOUND for a job it does not hold. Opened by the relay token the master gives
         the peer (RelayedModel.bearer: a job token of this job only, which opens no other method), or by this
         worker's own call token; a token of another job is PERMISSION_DENIED.
