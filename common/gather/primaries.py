@@ -67,7 +67,7 @@ class Primaries:
 
     CACHED = 256
     HEDGE_FACTOR = 2.0
-    """A round not decoded after this many times the median of the recent rounds' gathers promotes every backup."""
+    """A round not decoded after this many times the median of the recent rounds' gathers hedges (promotes backups)."""
     HEDGE_HISTORY = 16
     """Rounds remembered for the hedge and the start slack."""
     FIRST_HEDGE_SECONDS = 1.0
@@ -129,7 +129,8 @@ class Primaries:
         return max(START_SLACK_SECONDS, statistics.median(self._start_spreads))
 
     def hedge(self) -> float:
-        """Seconds after which a round not yet decoded promotes every backup still out: the promotion
+        """Seconds after which a round not yet decoded hedges (:meth:`Hedging._hedge
+        <gradcode.master.hedging.Hedging._hedge>`: the backups completing it, later every one): the promotion
         :class:`~gradcode.master.hedging.Hedging` starts when expected workers end cannot start while more than
         s of them hang (frozen, or slower than anything), and deferred backups would otherwise wait for the
         iteration deadline."""
