@@ -156,16 +156,16 @@ async def test_a_fetcher_waits_for_a_live_peer_however_late_its_model_comes(
         np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
 
 
-def test_a_stall_is_the_masters_floor_for_asking_again_and_a_model_comes_in_pieces_that_show_progress() -> None:
+def test_a_stall_is_under_the_masters_floor_for_asking_again_and_a_model_comes_in_pieces_that_show_progress() -> None:
     from gradcode.master.rounds import AnswerTimes
 
-    assert HEARTBEAT_SECONDS < STALL_SECONDS == AnswerTimes.FLOOR_SECONDS
+    assert HEARTBEAT_SECONDS < STALL_SECONDS < AnswerTimes.FLOOR_SECONDS
     params = np.random.default_rng(1).standard_normal(1_000_000)
     parts = float64_parts(worker_pb2.FetchModelReply, "part", params, PART_BYTES)
     pieces = [worker_pb2.FetchModelReply.FromString(part).part for part in parts]
-    assert len(pieces) == 8 and all(len(p) <= PART_BYTES for p in pieces), "8 MB in 1 MiB pieces"
+    assert len(pieces) == 2 and all(len(p) <= PART_BYTES for p in pieces), "8 MB in 4 MiB pieces"
     assert np.array_equal(np.frombuffer(b"".join(pieces), dtype="<f8"), params)
-    assert PART_BYTES / 20e6 < STALL_SECONDS / 10, "a piece at the floor rate is far within a stall"
+    assert PART_BYTES / 20e6 < STALL_SECONDS / 5, "a piece at the floor rate is far within a stall"
 
 
 class _ScriptedPeer(WorkerServicer):
