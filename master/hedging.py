@@ -33,8 +33,9 @@ class Hedging(GatherStrategy):
     begins within it), they are delayed, not slow. While every expected worker still out has begun,
     nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
     round still not decodable promotes the backups that complete the messages in hand as if every expected worker
-    still out were lost (more than ``s`` of them may hang, or one that began may never finish), and twice that
-    long after, every backup still out (:meth:`_hedge`).
+    still out were lost (more than ``s`` of them may hang, or one that began may never finish), twice that long
+    after those completing them with the workers still computing, and four times after every backup still out
+    (:meth:`_hedge`).
 
     ``reask_after(worker)`` (None: never) is how long an expected worker may stay silent: one from which nothing at
     all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
@@ -72,8 +73,8 @@ class Hedging(GatherStrategy):
         self._expected: frozenset[int] = frozenset()
         """Every expected worker of the gather."""
         self._hedge_at: float | None = None
-        self._hedged = False
-        """The hedge promoted the backups completing the messages in hand; the next one promotes every backup."""
+        self._hedges = 0
+        """The hedge's steps taken (:meth:`_hedge`)."""
         self._promoted = False
         """This gather has promoted the backups completing the expected workers' messages."""
         self._reask_at: dict[int, float] = {}
@@ -193,22 +194,31 @@ class Hedging(GatherStrategy):
                 self._reask(now)
 
     def _hedge(self) -> None:
-        """The hedge: the backups that complete the messages in hand as if every expected worker still out were
-        lost; should the round still not decode by the hedge's time again, every backup still out. Not every backup
-        at once: a promoted backup that holds its messages sends a whole one across the receiver's link. On the
-        emulated cluster (fractional s = 11, n = 24, 8 MB messages, a 200 Mbit/s master link) the hedges of the
-        first two iterations pulled all 22 backups each; 132 and 184 MB reached the master in iterations 2 and 3
-        (6.3 and 7.4 s, against 1.8-2.3 s after), where two messages complete the round."""
+        """The hedge, in three steps ``promote_after`` apart from the round's start: at 1x, the backups that complete
+        the messages in hand as if every expected worker still out were lost; at 2x, those that complete them with
+        the workers computing (expected or promoted, begun and still out) as if every other were lost; at 4x, every
+        backup still out (one that began may never finish). Not every backup at once: a promoted backup that holds
+        its messages sends a whole one across the receiver's link. On the emulated cluster (fractional s = 11,
+        n = 24, 8 MB messages, a 200 Mbit/s master link) the hedges of the first two iterations pulled all 22
+        backups each; 132 and 184 MB reached the master in iterations 2 and 3 (6.3 and 7.4 s, against 1.8-2.3 s
+        after), where two messages complete the round; with every backup at 2x, a first iteration (hedge at 1 s)
+        still pulled them all, its backups computing on hosts that take 2-3 s a round."""
         gathering = self.gathering
         if self._hedge_at is None or self.promote_after is None:
             return
-        if self._hedged:
-            gathering.promote(sorted(gathering.pending & gathering.backups))
+        self._hedges += 1
+        started, backups = gathering.round.started, gathering.pending & gathering.backups
+        if self._hedges == 1:
+            self._promote_completing(backups, set())
+            self._hedge_at = started + 2 * self.promote_after
+        elif self._hedges == 2:  # the promoted backups that have not begun count as lost
+            promoted = gathering.round.promoted
+            computing = {w for w in gathering.pending if gathering.began(w) and (w in promoted or w in self._expected)}
+            self._promote_completing({w for w in backups if w not in promoted or w in computing}, computing)
+            self._hedge_at = started + 4 * self.promote_after
+        else:
+            gathering.promote(sorted(backups))
             self._hedge_at = None
-            return
-        self._promote_completing(gathering.pending & gathering.backups, set())
-        self._hedged = True
-        self._hedge_at = gathering.round.started + 2 * self.promote_after
 
     def _reask(self, now: float) -> None:
         """Reopen the calls of the expected workers silent past their bound (once each)."""

@@ -441,22 +441,25 @@ async def test_an_expected_worker_that_began_computing_is_waited_for_not_covered
             session.close()
 
 
-@pytest.mark.parametrize("completing_answer", [True, False])
-async def test_a_round_not_decoded_by_its_hedge_promotes_the_completing_backups_then_every_backup(
-    completing_answer: bool,
-) -> None:
+@pytest.mark.parametrize("then", ["they answer", "they begin and hang"])
+async def test_a_round_not_decoded_by_its_hedge_promotes_backups_in_steps_that_complete_it(then: str) -> None:
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}; 2 answers, 0 and 4 hang (more than s, so no promotion
     starts when 2 ends). At ``promote_after`` the backups that complete 2's message as if 0 and 4 were lost are
     promoted, not every backup (each held one pulled costs the receiver's link a whole message); their messages
-    decode. Should one of those hang too, every backup still out is promoted at twice the hedge, and decodes."""
+    decode. Should they all begin and hang, nothing more at twice the hedge (they compute), and every backup at
+    four times."""
     code = make_code("binary", n=6, s=1)
     wires, sessions, sources = _session_sources(code, expected={0, 2, 4})
     g = np.random.default_rng(6).standard_normal((6, 20))
+
+    def answer(w: int) -> None:
+        wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
+
     clock = ManualClock()
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
     gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
     await clock.advance(0.01)
-    wires[2].answer(code.encode(2, dict(enumerate(g))), worker_id=2, row=2)
+    answer(2)
     await clock.advance(0.189)
     assert not any(wire.promoted for wire in wires)
     await clock.advance(0.001)
@@ -464,20 +467,56 @@ async def test_a_round_not_decoded_by_its_hedge_promotes_the_completing_backups_
     assert first and set(first) < {1, 3, 5} and round_.promoted == set(first), first
     completing = code.decoding_set(code.static_assignment(), [*first, 0, 4], given=[2])
     assert completing is not None and set(completing) == set(first), "exactly the backups that complete 2's message"
-    answering = first if completing_answer else first[1:]
-    for w in answering:
-        wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
-    await clock.settle()
-    if not completing_answer:
-        await clock.advance(0.199)
-        assert not gather.done() and round_.promoted == set(first)
+    if then == "they answer":
+        for w in first:
+            answer(w)
+    else:
+        for w in first:
+            wires[w].begin()
+        await clock.advance(0.2)
+        assert round_.promoted == set(first), "at twice the hedge they compute: nothing more"
+        await clock.advance(0.399)
+        assert round_.promoted == set(first)
         await clock.advance(0.001)
-        assert round_.promoted == {1, 3, 5}, "at twice the hedge, every backup still out"
-        for w in sorted({1, 3, 5} - set(answering)):
-            wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
+        assert round_.promoted == {1, 3, 5}, "at four times the hedge, every backup still out"
+        for w in sorted({1, 3, 5} - set(first)):
+            answer(w)
+        for w in first:
+            answer(w)
     async with asyncio.timeout(5.0):
         await gather
     assert round_.decodable and not {0, 4} & set(round_.used_workers) and round_.stragglers == [0, 4]
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
+async def test_a_promoted_backup_that_never_begins_is_replaced_at_twice_the_hedge() -> None:
+    """Fractional, n = 6, s = 2 (two groups of three workers holding the same data): the round expects the first
+    worker of each group, which both hang. At the hedge the second of each group is promoted; group B's answers,
+    group A's never begins. At twice the hedge the backup completing the messages without it (group A's third) is
+    promoted, not every backup, and it decodes."""
+    code = make_code("fractional", n=6, s=2)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for w in range(6):
+        groups.setdefault(tuple(code.partitions_of_worker(w)), []).append(w)
+    (a0, a1, a2), (b0, b1, _) = sorted(groups.values())
+    wires, sessions, sources = _session_sources(code, expected={a0, b0})
+    g = np.random.default_rng(8).standard_normal((code.k, 20))
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
+    await clock.advance(0.2)
+    assert round_.promoted == {a1, b1}, (round_.promoted, groups)
+    wires[b1].answer(code.encode(b1, dict(enumerate(g))), worker_id=b1, row=b1)
+    await clock.advance(0.199)
+    assert round_.promoted == {a1, b1} and not gather.done()
+    await clock.advance(0.001)
+    assert round_.promoted == {a1, a2, b1}, "at twice the hedge: the backup completing the messages without a1"
+    wires[a2].answer(code.encode(a2, dict(enumerate(g))), worker_id=a2, row=a2)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and sorted(round_.used_workers) == sorted([a2, b1])
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
     for session in sessions:
         session.close()
