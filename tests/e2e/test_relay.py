@@ -171,9 +171,10 @@ class _LyingPeer(WorkerServicer):
         pieces = []
         async for serialized in super().FetchModel(request, context):  # type: ignore[arg-type]
             reply = worker_pb2.FetchModelReply.FromString(serialized)
-            if not reply.part:
+            if reply.part:
+                pieces.append(reply.part)
+            else:
                 yield serialized  # still waiting, honestly
-            pieces.append(reply.part)
         self.fetches += 1
         honest = np.frombuffer(b"".join(pieces), dtype="<f8")
         for lie in float64_parts(worker_pb2.FetchModelReply, "part", honest + 1e-3, PART_BYTES):
