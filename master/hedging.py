@@ -17,6 +17,10 @@ from gradcode.common.gather.round import Gathering, GatherStrategy, Source, Work
 __all__ = ["Hedging"]
 
 
+HEDGE_STEPS = (1, 2, 4)
+"""When the hedge's steps come, in ``promote_after`` from the round's start (:meth:`Hedging._hedge`)."""
+
+
 class Hedging(GatherStrategy):
     """One gather's backups and hedges (a fresh one per :meth:`Round.gather
     <gradcode.common.gather.round.Round.gather>`).
@@ -94,7 +98,7 @@ class Hedging(GatherStrategy):
         self._out = gathering.pending - backups if backups else set()
         self._expected = frozenset(self._out)
         if backups and self.promote_after is not None:
-            self._hedge_at = gathering.round.started + self.promote_after
+            self._hedge_at = gathering.round.started + HEDGE_STEPS[0] * self.promote_after
         now = gathering.now()
         for source in gathering.sources.values():
             self._bound(source, now)
@@ -204,21 +208,21 @@ class Hedging(GatherStrategy):
         after), where two messages complete the round; with every backup at 2x, a first iteration (hedge at 1 s)
         still pulled them all, its backups computing on hosts that take 2-3 s a round."""
         gathering = self.gathering
-        if self._hedge_at is None or self.promote_after is None:
+        if self.promote_after is None:
             return
         self._hedges += 1
-        started, backups = gathering.round.started, gathering.pending & gathering.backups
+        backups = gathering.pending & gathering.backups
         if self._hedges == 1:
             self._promote_completing(backups, set())
-            self._hedge_at = started + 2 * self.promote_after
         elif self._hedges == 2:  # the promoted backups that have not begun count as lost
             promoted = gathering.round.promoted
-            computing = {w for w in gathering.pending if gathering.began(w) and (w in promoted or w in self._expected)}
-            self._promote_completing({w for w in backups if w not in promoted or w in computing}, computing)
-            self._hedge_at = started + 4 * self.promote_after
+            began = {w for w in promoted & gathering.pending if gathering.began(w)}
+            computing = (self._out - self._waiting()) | began
+            self._promote_completing((backups - promoted) | began, computing)
         else:
             gathering.promote(sorted(backups))
-            self._hedge_at = None
+        later = HEDGE_STEPS[self._hedges] if self._hedges < len(HEDGE_STEPS) else None
+        self._hedge_at = None if later is None else gathering.round.started + later * self.promote_after
 
     def _reask(self, now: float) -> None:
         """Reopen the calls of the expected workers silent past their bound (once each)."""
