@@ -524,7 +524,7 @@ async def _run(args: argparse.Namespace) -> int:
     else:
         _apply_plan(args)
     spec = _spec_from_args(args)
-    spec.worker_ids[:] = getattr(args, "worker_ids", [])  # the workers a plan leaving some out runs on
+    spec.worker_ids[:] = args.worker_ids  # the workers a plan leaving some out runs on (none: the first n)
     created: list[master_pb2.JobInfo] = []
     reports: list[master_pb2.IterationReport] = []
 
@@ -807,7 +807,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_leave_out_argument(run)
     _add_reconnect_argument(run)
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, worker_ids=[])
 
     for name, handler, text in (("watch", _watch, "follow a job"), ("cancel", _cancel, "cancel a job")):
         p = client_command(name, text)
