@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -27,24 +28,45 @@ def fixed_delay(seconds: float, *, seed: int = 7, **params: Any) -> common_pb2.S
 
 
 _EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_DIRECTORY_VARIABLE = "GRADCODE_TEST_PORTS"
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now, for a process started later to listen on.
+    """A loopback port nothing listens on now and no other test of this run was given, for a process started later.
 
     Chosen below the kernel's ephemeral range where there is one: ports handed out by ``bind(0)`` are the ones
     outgoing connections take too, and on a busy machine (the other test process's gRPC channels) one could
-    take the port before the process that should listen there starts.
+    take the port before the process that should listen there starts. A port free now may still be given to two
+    tests of the run before either listens (the race that failed CI twice); each port is therefore reserved for the
+    run with a file created exclusively in ``GRADCODE_TEST_PORTS`` (set by ``tests/conftest.py`` for every pytest
+    process of the run).
     """
     try:
         first_ephemeral = int(_EPHEMERAL_PORTS.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first_ephemeral = 0
-    candidates = random.SystemRandom().sample(range(20000, first_ephemeral), 50) if first_ephemeral > 20050 else []
+    candidates = random.SystemRandom().sample(range(20000, first_ephemeral), 200) if first_ephemeral > 20200 else []
     for port in candidates:
         with contextlib.suppress(OSError):
-            return _bound_port(port)
-    return _bound_port(0)
+            _bound_port(port)
+            if _reserve(port):
+                return port
+    while True:
+        port = _bound_port(0)
+        if _reserve(port):
+            return port
+
+
+def _reserve(port: int) -> bool:
+    """Claim ``port`` for this test run; False if another test of the run has it. Always True outside a run."""
+    directory = os.environ.get(PORTS_DIRECTORY_VARIABLE)
+    if not directory:
+        return True
+    try:
+        os.close(os.open(Path(directory) / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _bound_port(port: int) -> int:
