@@ -156,6 +156,29 @@ async def test_a_fetcher_waits_for_a_live_peer_however_late_its_model_comes(
         np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
 
 
+async def test_a_fetcher_whose_own_loop_was_held_up_past_a_stall_does_not_blame_its_peer(
+    peer_and_fetcher: tuple[ServedWorker, ServedWorker],
+) -> None:
+    """The whole process stops for longer than a stall while the fetcher waits (as every host of the emulated cluster
+    did at once, once: a busy or paused machine): peer and fetcher wake together, the fetcher's timer due before the
+    peer's next heartbeat is read. That is one late wake-up of the fetcher, not a peer silent for a stall; the fetch
+    goes on and gives the inline gradient."""
+    peer, fetcher = peer_and_fetcher
+    params = random_params()
+    held_up = STALL_SECONDS + 0.5
+    async with asyncio.timeout(TIMEOUT):
+        fetched = asyncio.create_task(_fetcher_computes(fetcher, _relayed(peer.address, params)))
+        await asyncio.sleep(2 * HEARTBEAT_SECONDS)  # the fetch is under way, the peer saying it waits
+        assert not fetched.done()
+        time.sleep(held_up)  # the event loop of both, held up
+        await asyncio.sleep(2 * HEARTBEAT_SECONDS)
+        assert not fetched.done(), "the fetch blamed the peer for the fetcher's own stop"
+        await _peer_computes(peer, params)
+        messages = await fetched
+    for row, vector in messages.items():
+        np.testing.assert_allclose(vector, expected_message(CODE, row, params, PARTITIONS), rtol=1e-12, atol=0)
+
+
 def test_a_stall_is_under_the_masters_floor_for_asking_again_and_a_model_comes_in_pieces_that_show_progress() -> None:
     from gradcode.master.rounds import AnswerTimes
 
