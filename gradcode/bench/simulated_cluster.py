@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,7 +40,7 @@ from gradcode.common.codes import make_code
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import FixedDelay, NoDelay
 
-__all__ = ["calibrate", "compare", "main", "message_bytes", "row_costs"]
+__all__ = ["calibrate", "compare", "main", "measured_compute_seconds", "message_bytes", "row_costs"]
 
 FLOAT64_BYTES = 8
 """The benchmark's models and messages are float64."""
@@ -125,6 +126,28 @@ def _non_negative_fit(matrix: np.ndarray[Any, Any], target: np.ndarray[Any, Any]
     return best[1] if best is not None else np.zeros(columns)
 
 
+def measured_compute_seconds(result: dict[str, Any]) -> float | None:
+    """``compute_seconds`` as the run's workers measured it, not fitted: per flat gradcode row, the median of the
+    seconds its workers said they computed their messages (``compute_s``, their trailers; rows since 2026-11-29)
+    over the share of the data one worker covers, the median over those rows. None when no row has one.
+
+    Fitting it on iteration times, as the other costs are, could not find it: on the calibration runs before it,
+    every uncoded worker computes a 24th of the data and the links hide its compute, so the fit gave 0, and
+    fractional s = 11 at n = 24, p = 10⁶ (each worker half the data, 0.52-0.58 s a message at 6 % of a core) was
+    predicted at 0.51-0.79 of its time. Trees are left out: a parent's trailer counts its children's round."""
+    per_whole = []
+    for entry in result["summary"]:
+        seconds = entry.get("compute_s")
+        if entry["scheme"] == "allreduce" or seconds is None or not math.isfinite(seconds):
+            continue
+        code = make_code(entry["scheme"], **entry["code_params"])
+        if code.topology() is not None:
+            continue
+        share = statistics.median(code.data_share(w) for w in range(code.worker_processes()))
+        per_whole.append(seconds / share)
+    return statistics.median(per_whole) if per_whole else None
+
+
 def _fitted(entry: dict[str, Any], smallest_tree: int | None) -> bool:
     """Whether :func:`calibrate` fits on this row: every uncoded row, and the trees at the smallest n."""
     return bool(entry["scheme"] == "uncoded" or (entry["scheme"] == "coded_reduce" and entry["n"] == smallest_tree))
@@ -134,14 +157,17 @@ def _smallest_tree(result: dict[str, Any]) -> int | None:
     return min((e["n"] for e in result["summary"] if e["scheme"] == "coded_reduce"), default=None)
 
 
-def calibrate(result: dict[str, Any]) -> Costs:
-    """``worker_seconds`` and ``message_overhead`` fitted on every uncoded row with the model sent to each worker
+def calibrate(result: dict[str, Any], compute_seconds: float | None = None) -> Costs:
+    """``compute_seconds`` given (None: the run's own :func:`measured_compute_seconds`, else 0), then
+    ``worker_seconds`` and ``message_overhead`` fitted on every uncoded row with the model sent to each worker
     (with and without the straggler, in least squares, non-negative), ``relay_hop_seconds`` on the uncoded rows
     with it relayed (if the run has them), then ``parent_decode_seconds`` on the tree rows at the smallest n the
     same way. Least squares over several rows, because one row of a shared machine can be off by a third (at load
     5-20 an uncoded or tree row *with* the straggler ran faster than without it: the sleeping straggler leaves the
     other hosts more of the two cores)."""
-    base = _base(result)
+    if compute_seconds is None:
+        compute_seconds = measured_compute_seconds(result)
+    base = replace(_base(result), compute_seconds=compute_seconds or 0.0)
     uncoded = [e for e in result["summary"] if e["scheme"] == "uncoded" and _delivery(e) == "direct"]
     if len({e["n"] for e in uncoded}) < 2:
         raise ValueError(
@@ -173,10 +199,22 @@ def calibrate(result: dict[str, Any]) -> Costs:
     return costs
 
 
-def compare(result: dict[str, Any], calibration: dict[str, Any] | None = None) -> tuple[Costs, list[dict[str, Any]]]:
+def compare(
+    result: dict[str, Any], calibration: dict[str, Any] | None = None, compute_from: dict[str, Any] | None = None
+) -> tuple[Costs, list[dict[str, Any]]]:
     """Per gradcode row of the run's summary: measured and simulated median seconds and their ratio, with the costs
-    fitted on ``calibration`` (another run on the same hosts; default: this one, whose fitted rows are marked)."""
-    costs = calibrate(calibration if calibration is not None else result)
+    fitted on ``calibration`` (another run on the same hosts; default: this one, whose fitted rows are marked) and
+    the workers' compute measured on ``compute_from`` (default: the calibration run;
+    :func:`measured_compute_seconds`). A ValueError when ``compute_from`` measured none."""
+    compute_seconds = None
+    if compute_from is not None:
+        compute_seconds = measured_compute_seconds(compute_from)
+        if compute_seconds is None:
+            raise ValueError(
+                "The run given for the workers' compute has no row with compute_s (runs of gradcode bench cluster "
+                "since 2026-11-29 record it); give a newer run, or leave the option out to use the calibration run's."
+            )
+    costs = calibrate(calibration if calibration is not None else result, compute_seconds)
     own = calibration is None
     smallest_tree = _smallest_tree(result)
     out = []
@@ -205,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--calibrate-on", type=Path, default=None, metavar="FILE",
         help="fit the costs on this cluster.json (the same hosts) and predict every row of --results",
     )  # fmt: skip
+    parser.add_argument(
+        "--compute-from", type=Path, default=None, metavar="FILE",
+        help="take the workers' compute seconds from this cluster.json's rows (compute_s; default: the calibration "
+        "run's, when it has them)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the comparison as JSON")
     parser.add_argument(
         "--write-costs", type=Path, default=None, metavar="FILE",
@@ -213,13 +256,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text(encoding="utf-8"))
     calibration = None if args.calibrate_on is None else json.loads(args.calibrate_on.read_text(encoding="utf-8"))
+    compute_from = None if args.compute_from is None else json.loads(args.compute_from.read_text(encoding="utf-8"))
     try:
-        costs, rows = compare(result, calibration)
+        costs, rows = compare(result, calibration, compute_from)
     except ValueError as exc:  # a run it cannot calibrate on or compare: say why, as for a bad flag
         parser.error(str(exc))
     where = "" if args.calibrate_on is None else f" on {args.calibrate_on}"
+    measured_on = args.compute_from or args.calibrate_on or args.results
+    compute = (
+        f"compute_seconds {costs.compute_seconds:.3f} s (the workers' trailers, {measured_on}); "
+        if costs.compute_seconds
+        else "compute_seconds 0 (no row measured it); "
+    )
     print(
-        f"fitted{where}: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "
+        f"{compute}fitted{where}: worker_seconds {1e3 * costs.worker_seconds:.1f} ms, "
         f"message_overhead {1e3 * costs.message_overhead:.2f} ms; on the smallest tree: parent_decode_seconds "
         f"{1e3 * (costs.parent_decode_seconds or 0.0):.1f} ms; relay_hop_seconds "
         f"{1e3 * costs.relay_hop_seconds:.1f} ms; links {costs.master_bandwidth * 8 / 1e6:g} / "

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from gradcode.bench.output import RESULTS
-from gradcode.bench.simulated_cluster import _delivery, _surplus, compare, main, message_bytes, row_costs
+from gradcode.bench.simulated_cluster import (
+    _delivery,
+    _surplus,
+    compare,
+    main,
+    measured_compute_seconds,
+    message_bytes,
+    row_costs,
+)
 from gradcode.common.sim.simulate import Costs
 
 
@@ -170,3 +179,58 @@ def test_only_models_large_enough_to_take_turns_are_simulated_in_turn() -> None:
     for p, in_turn, expected in ((1_000_000, True, 1.0), (100_000, True, 0.4), (1_000_000, False, 0.4)):
         costs = row_costs(Costs(), entry, {"p": p, "frames_in_turn": in_turn})
         assert (costs.broadcast_spread, costs.relay_spread, costs.message_bytes) == (expected, 0.4, 8.0 * p), p
+
+
+def _row(scheme: str, compute_s: float, **code_params: int) -> dict[str, object]:
+    return {"scheme": scheme, "code_params": code_params, "compute_s": compute_s}
+
+
+def test_the_workers_compute_is_their_trailers_over_the_share_each_covers_flat_rows_only() -> None:
+    """Per flat row, the workers' median compute seconds over the share of the data one covers (fractional s = 11 at
+    n = 24: a half; uncoded: a 24th), the median over rows; trees (a parent's trailer counts its children's round),
+    the allreduce and rows without a figure left out; None when no row has one."""
+    rows = [
+        _row("fractional", 0.55, n=24, s=11),  # 1.1 s for the whole data
+        _row("uncoded", 0.05, n=24),  # 1.2
+        _row("fractional", 0.3, n=24, s=7),  # 0.9
+        _row("coded_reduce", 9.0, n=4, s=1, L=2),
+        {"scheme": "allreduce", "code_params": {}, "compute_s": 9.0},
+        _row("fractional", math.nan, n=24, s=5),
+        {"scheme": "fractional", "code_params": {"n": 24, "s": 3}},  # a run before trailers were recorded
+    ]
+    assert measured_compute_seconds({"summary": rows}) == pytest.approx(1.1)
+    assert measured_compute_seconds({"summary": rows[3:]}) is None
+
+
+@pytest.mark.skipif(
+    not (RESULTS / "cluster-1e6-n24-relay-pieces.json").is_file(), reason="needs a checkout's docs/results"
+)
+def test_the_measured_compute_brings_the_largest_s_within_where_the_links_alone_did_not() -> None:
+    """docs/simulate.md's figures: the two relayed runs at n = 24, p = 10⁶ (s = 7 and 11), link costs fitted on the
+    older run (no trailers there), the compute taken from the later run's trailers. Without it s = 11 (each worker
+    half the data) was predicted below s = 7 and at 0.51-0.79 of its time, 2 of 4 rows within per run; with it 3 of
+    4 each, the s = 11 row outside being the one whose rounds include a relayed fetch that failed (pieces: 1979
+    and 3768 ms) or that measured its s = 11 row at 2385 ms (waits)."""
+    calibration = json.loads((RESULTS / "cluster-1e6-n6-24.json").read_text())
+    pieces = json.loads((RESULTS / "cluster-1e6-n24-relay-pieces.json").read_text())
+    assert measured_compute_seconds(calibration) is None
+    assert measured_compute_seconds(pieces) == pytest.approx(1.10, abs=0.05)
+    for name in ("relay-pieces", "relay-waits"):
+        result = json.loads((RESULTS / f"cluster-1e6-n24-{name}.json").read_text())
+        links_only_costs, links_only = compare(result, calibration)
+        costs, rows = compare(result, calibration, pieces)
+        assert links_only_costs.compute_seconds == 0 and costs.compute_seconds == measured_compute_seconds(pieces)
+        assert sum(r["within_15pct"] for r in links_only) == 2, name
+        assert sum(r["within_15pct"] for r in rows) == 3, name
+        assert all(0.65 <= r["ratio"] <= 1.08 for r in rows), name
+        by = {(r["system"], r["stragglers"]): r["simulated_s"] for r in rows}
+        assert by[("fractional s=11 relay", 0)] > 0.9 * by[("fractional s=7 relay", 0)], "s = 11 computes half the data"
+
+
+@pytest.mark.skipif(not (RESULTS / "cluster-1e6-n6-24.json").is_file(), reason="needs a checkout's docs/results")
+def test_compute_from_a_run_without_trailers_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    older = str(RESULTS / "cluster-1e6-n6-24.json")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--results", older, "--compute-from", older])
+    assert exit_.value.code == 2
+    assert "has no row with compute_s" in capsys.readouterr().err
