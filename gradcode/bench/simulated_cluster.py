@@ -6,14 +6,15 @@ Reads a finished cluster run (nothing is started) and simulates every gradcode r
 :func:`gradcode.common.sim.simulate.simulate`: the same scheme and parameters, the same straggler draws
 (``FixedDelay`` of one random worker, seeded by the round as the benchmark does), the hosts' link rates as
 bandwidths, float64 messages of the run's p (0.8 MB at p = 1e5), the ``broadcast_spread`` the run measured for the
-row (the relayed fetches' only, for a run whose links sent large models in turn: ``frames_in_turn``), and
-backups holding their messages as the master's ``auto`` does on these hosts. Three costs the run does not state are
-fitted, the rest of the rows are predictions: ``worker_seconds`` (what a worker host at its CPU quota
-spends per iteration on the model and its message) and ``message_overhead`` (the master's per message) on every
-uncoded row with the model sent to each worker, ``relay_hop_seconds`` on the relayed uncoded rows
-(``--model-delivery relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode, combine and
-encode on its worker host) on the trees at the smallest n, each in non-negative least squares. The table gives the
-measured median, the simulated median and their ratio, and whether it is within the issue's 15 %.
+row (the relayed fetches' only, for a run whose links sent large models in turn: ``frames_in_turn``), and backups
+holding their messages as the master's ``auto`` does on these hosts. The workers' compute is what they measured
+(their trailers, :func:`measured_compute_seconds`; ``--compute-from`` another run when the calibration run predates
+them). Three costs the run does not state are fitted, the rest of the rows are predictions: ``worker_seconds`` (what
+a worker host at its CPU quota spends per iteration on the model and its message) and ``message_overhead`` (the
+master's per message) on every uncoded row with the model sent to each worker, ``relay_hop_seconds`` on the relayed
+uncoded rows (``--model-delivery relay``; :func:`calibrate`), ``parent_decode_seconds`` (a tree parent's decode,
+combine and encode on its worker host) on the trees at the smallest n, each in non-negative least squares. The table
+gives the measured median, the simulated median and their ratio, and whether it is within the issue's 15 %.
 
 On the committed run (n = 6, 12, 24; 200 / 1000 Mbit/s; 50 % / 12 % of a core; 2 rounds; load 1.8-22) the fit
 is 0, 30.4 ms and 124 ms and 14 of the 16 predicted rows are within 15 % (ratios 0.88-1.29): every flat coded
