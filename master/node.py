@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from gradcode.common.ops.metrics import MASTER_EVENT_LOOP_LAG
 from gradcode.common.transport.security import Security
 from gradcode.common.transport.serving import ServiceNode, format_address
 from gradcode.common.transport.shared_memory import DEFAULT_ROOT, remove_abandoned
@@ -51,6 +52,7 @@ class MasterNode(ServiceNode):
     """
 
     service_name = MASTER_SERVICE_NAME
+    event_loop_lag = MASTER_EVENT_LOOP_LAG
 
     def __init__(
         self,

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import grpc
 
+from gradcode.common.ops.metrics import WORKER_EVENT_LOOP_LAG
 from gradcode.common.training.datafile import MAX_DATA_FILE_BYTES
 from gradcode.common.transport.link import LinkServer
 from gradcode.common.transport.machine import default_machine_id
@@ -151,6 +152,7 @@ class WorkerNode(ServiceNode):
     """
 
     service_name = WORKER_SERVICE_NAME
+    event_loop_lag = WORKER_EVENT_LOOP_LAG
 
     def __init__(
         self,

@@ -23,6 +23,8 @@ Where each is recorded:
   scrape time, and :data:`JOBS_FINISHED` when a job ends; :data:`LOAD_BYTES_SENT`, the LoadJob bytes;
   :data:`COMPUTE_BYTES_SENT` and :data:`COMPUTE_BYTES_RECEIVED`, the Computes' bytes, as the streams carry them
   (:class:`gradcode.common.transport.session.Traffic`; each iteration's share is in its report);
+* both: :data:`MASTER_EVENT_LOOP_LAG` and :data:`WORKER_EVENT_LOOP_LAG`, how late the node's event loop runs what
+  is due (:mod:`gradcode.common.ops.loop_watch`, a task of every node);
 * worker: :data:`COMPUTES_SERVED`, :data:`COMPUTES_CANCELLED`, :data:`COMPUTE_SECONDS`, :data:`BYTES_SENT`,
   :data:`SHARED_BYTES_SENT`.
 """
@@ -54,9 +56,11 @@ __all__ = [
     "COMPUTE_SECONDS",
     "JOBS_FINISHED",
     "LOAD_BYTES_SENT",
+    "MASTER_EVENT_LOOP_LAG",
     "MASTER_REGISTRY",
     "MODELS_RELAYED",
     "SHARED_BYTES_SENT",
+    "WORKER_EVENT_LOOP_LAG",
     "WORKER_REGISTRY",
     "MetricsServer",
     "first_decodable_seconds",
@@ -80,6 +84,19 @@ def _registry() -> CollectorRegistry:
 
 MASTER_REGISTRY = _registry()
 WORKER_REGISTRY = _registry()
+
+
+def _event_loop_lag(registry: CollectorRegistry) -> Histogram:
+    return Histogram(
+        "gradcode_event_loop_lag_seconds",
+        "How late this process's event loop woke its watch, sampled every 0.5 s: a host starved of CPU, paused, or "
+        "a long call on the loop (gradcode.common.ops.loop_watch).",
+        buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2.5, 5, 10, 30), registry=registry,
+    )  # fmt: skip
+
+
+MASTER_EVENT_LOOP_LAG = _event_loop_lag(MASTER_REGISTRY)
+WORKER_EVENT_LOOP_LAG = _event_loop_lag(WORKER_REGISTRY)
 
 # Iteration latencies span milliseconds (in-process tests) to minutes (deadline-bound fleets).
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -36,7 +36,9 @@ import grpc
 from grpc_health.v1 import _async as health_aio  # what health.aio re-exports; the stubs only know this name
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import Histogram
 
+from gradcode.common.ops.loop_watch import watch_event_loop
 from gradcode.common.tasks import Crash, TaskOwner
 from gradcode.common.transport.security import CallToken, Security, refuse_if_exposed, warn_if_exposed
 from gradcode.common.transport.wire import CHANNEL_OPTIONS
@@ -270,6 +272,9 @@ class ServiceNode:
 
     service_name: str
     """Full name of the node's service (``gradcode.v1.Worker``), for health and reflection."""
+    event_loop_lag: Histogram | None = None
+    """Where the node's watch of its event loop records (:func:`~gradcode.common.ops.loop_watch.watch_event_loop`,
+    started with the node; None: no watch)."""
 
     def __init__(self, host: str, port: int, *, grace: float, security: Security | None = None) -> None:
         if not 0 <= port <= 65535:
@@ -318,6 +323,8 @@ class ServiceNode:
             self.host, self.port, registrars=[self._register], service_names=[self.service_name],
             security=self.security, call_token=self.call_token,
         )  # fmt: skip
+        if self.event_loop_lag is not None:
+            self.tasks.spawn(watch_event_loop(self.event_loop_lag), name="event-loop-watch")
         await self._on_started()
 
     async def run(self) -> None:

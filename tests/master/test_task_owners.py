@@ -45,7 +45,8 @@ async def test_a_job_that_ends_leaves_no_task_it_started_pending(tmp_path: Path)
         assert [r.iteration for r in reports] == list(range(1, 7))
         assert job.tasks.closed and job.tasks.tasks == frozenset() and job.tasks.crash is None
         assert _pending(JOB_TASKS) == []
-        assert {"pool-health-monitor", "pool-idle-monitor"} <= {t.get_name() for t in master.node.tasks.tasks}
+        node_tasks = {t.get_name() for t in master.node.tasks.tasks}
+        assert {"pool-health-monitor", "pool-idle-monitor", "event-loop-watch"} <= node_tasks
     assert master.node.tasks.tasks == frozenset()  # the master's own, once it has stopped
 
 
