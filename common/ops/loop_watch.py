@@ -4,8 +4,8 @@ A node's event loop serves every call, stream, heartbeat and relayed model; whil
 master hear nothing from it, and take it for frozen or gone. On hosts starved of CPU (a spent quota, an
 overcommitted or paused machine) or with a long call on the loop, that is the first thing to look at:
 ``gradcode_event_loop_lag_seconds`` (the master's and each worker's ``/metrics``) says how often and how long. On
-the emulated cluster (24 hosts of 6 % of a core) ten relayed fetches failed at once when every host stalled for
-1.5 s, and nothing said so.
+the emulated cluster (24 hosts of 6 % of a core) ten relayed fetches on four peers failed within 90 ms of each
+other, each peer silent for 1.5 s, and no process said whether its loop had been held up.
 """
 
 from __future__ import annotations
