@@ -17,8 +17,10 @@ from gradcode.common.gather.round import Gathering, GatherStrategy, Source, Work
 __all__ = ["Hedging"]
 
 
-HEDGE_STEPS = (1, 2, 4)
-"""When the hedge's steps come, in ``promote_after`` from the round's start (:meth:`Hedging._hedge`)."""
+def hedge_step_at(step: int) -> float:
+    """When the hedge's ``step``-th step comes (from 1), in ``promote_after`` from the round's start: 1, 2, 4, 8, ...
+    (:meth:`Hedging._hedge`)."""
+    return float(2 ** (step - 1))
 
 
 class Hedging(GatherStrategy):
@@ -38,8 +40,9 @@ class Hedging(GatherStrategy):
     nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
     round still not decodable promotes the backups that complete the messages in hand as if every expected worker
     still out were lost (more than ``s`` of them may hang, or one that began may never finish), twice that long
-    after those completing them with the workers still computing, and four times after every backup still out
-    (:meth:`_hedge`).
+    after those completing them with the workers still computing, and at four, eight, ... times a set of the
+    backups not promoted yet that completes them as if every worker still out were lost, every backup left once no
+    such set remains (:meth:`_hedge`).
 
     ``reask_after(worker)`` (None: never) is how long an expected worker may stay silent: one from which nothing at
     all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
@@ -98,7 +101,7 @@ class Hedging(GatherStrategy):
         self._out = gathering.pending - backups if backups else set()
         self._expected = frozenset(self._out)
         if backups and self.promote_after is not None:
-            self._hedge_at = gathering.round.started + HEDGE_STEPS[0] * self.promote_after
+            self._hedge_at = gathering.round.started + hedge_step_at(1) * self.promote_after
         now = gathering.now()
         for source in gathering.sources.values():
             self._bound(source, now)
@@ -198,30 +201,34 @@ class Hedging(GatherStrategy):
                 self._reask(now)
 
     def _hedge(self) -> None:
-        """The hedge, in three steps ``promote_after`` apart from the round's start: at 1x, the backups that complete
-        the messages in hand as if every expected worker still out were lost; at 2x, those that complete them with
-        the workers computing (expected or promoted, begun and still out) as if every other were lost; at 4x, every
-        backup still out (one that began may never finish). Not every backup at once: a promoted backup that holds
-        its messages sends a whole one across the receiver's link. On the emulated cluster (fractional s = 11,
-        n = 24, 8 MB messages, a 200 Mbit/s master link) the hedges of the first two iterations pulled all 22
-        backups each; 132 and 184 MB reached the master in iterations 2 and 3 (6.3 and 7.4 s, against 1.8-2.3 s
-        after), where two messages complete the round; with every backup at 2x, a first iteration (hedge at 1 s)
-        still pulled them all, its backups computing on hosts that take 2-3 s a round."""
+        """The hedge, in steps at 1, 2, 4, 8, ... times ``promote_after`` from the round's start: at 1x, the backups
+        that complete the messages in hand as if every expected worker still out were lost; at 2x, those that
+        complete them with the workers computing (expected or promoted, begun and still out) as if every other were
+        lost; from 4x on, at each step, those among the backups not promoted yet that complete the messages in hand
+        as if every worker still out were lost (one that began may never finish), and every backup left once none
+        does. Never every backup at once while fewer complete: a promoted backup that holds its messages sends a
+        whole one across the receiver's link. On the emulated cluster (fractional s = 11, n = 24, 8 MB messages, a
+        200 Mbit/s master link) the hedges of the first two iterations pulled all 22 backups each; 132 and 184 MB
+        reached the master in iterations 2 and 3 (6.3 and 7.4 s, against 1.8-2.3 s after), where two messages
+        complete the round. With every backup at 4x, a verify job's first iteration (hedge at 1 s, before any round
+        had decoded, on hosts that took 2-3 s a round) still pulled 21 backups: 78 MB in its round and 138 MB in the
+        next, 7.4 and 5.9 s."""
         gathering = self.gathering
         if self.promote_after is None:
             return
         self._hedges += 1
         backups = gathering.pending & gathering.backups
+        promoted = gathering.round.promoted
         if self._hedges == 1:
             self._promote_completing(backups, set())
         elif self._hedges == 2:  # the promoted backups that have not begun count as lost
-            promoted = gathering.round.promoted
             began = {w for w in promoted & gathering.pending if gathering.began(w)}
             computing = (self._out - self._waiting()) | began
             self._promote_completing((backups - promoted) | began, computing)
-        else:
+        elif not self._promote_completing(backups - promoted, set()):
             gathering.promote(sorted(backups))
-        later = HEDGE_STEPS[self._hedges] if self._hedges < len(HEDGE_STEPS) else None
+        left = backups - gathering.round.promoted
+        later = hedge_step_at(self._hedges + 1) if left else None
         self._hedge_at = None if later is None else gathering.round.started + later * self.promote_after
 
     def _reask(self, now: float) -> None:
@@ -256,13 +263,14 @@ class Hedging(GatherStrategy):
         self._promote_completing(self.gathering.pending - self._out, self._out - self._waiting())
         self._promoted = True
 
-    def _promote_completing(self, backups: set[int], computing: set[int], first: Collection[int] = ()) -> None:
+    def _promote_completing(self, backups: set[int], computing: set[int], first: Collection[int] = ()) -> bool:
         """Promote the ``backups`` that complete the messages of the workers that answered and of those still
         ``computing`` (a minimal set), preferring those in ``first`` (held backups whose messages are ready), then
-        those promoted already."""
+        those promoted already; False when none do."""
         gathering = self.gathering
         round_, decoder = gathering.round, gathering.round.decoder
         given = [*round_.finished, *computing]
         preference = sorted(backups, key=lambda w: (w not in first, w not in round_.promoted, w))
-        chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given) or ()
-        gathering.promote(chosen)
+        chosen = decoder.code.decoding_set(decoder.assignment, preference, given=given)
+        gathering.promote(chosen or ())
+        return chosen is not None

@@ -522,6 +522,48 @@ async def test_a_promoted_backup_that_never_begins_is_replaced_at_twice_the_hedg
         session.close()
 
 
+async def test_from_four_times_the_hedge_each_step_promotes_one_more_completing_set_not_every_backup() -> None:
+    """Fractional, n = 12, s = 3 (three groups of four workers holding the same data): the round expects the first of
+    each group, and they hang without beginning. At the hedge a backup of each group is promoted; they begin and
+    hang too (at twice the hedge they compute: nothing more). At four times, one more of each group, a set that
+    completes the round alone, not the six backups left (each held one pulled is a whole message on the receiver's
+    link; a verify job's first iteration on the emulated cluster pulled 21); at eight times the last three. The
+    last ones answer and the round decodes."""
+    code = make_code("fractional", n=12, s=3)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for w in range(12):
+        groups.setdefault(tuple(code.partitions_of_worker(w)), []).append(w)
+    members = sorted(groups.values())
+    expected = {group[0] for group in members}
+    wires, sessions, sources = _session_sources(code, expected=expected)
+    g = np.random.default_rng(9).standard_normal((code.k, 20))
+    clock = ManualClock()
+    round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
+    gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
+    await clock.advance(0.2)
+    first = set(round_.promoted)
+    assert len(first) == 3 and all(len(first & set(group[1:])) == 1 for group in members), (first, members)
+    for w in first:
+        wires[w].begin()
+    await clock.advance(0.59)  # past twice the hedge, to just before four times
+    assert round_.promoted == first, "at twice the hedge the promoted compute: nothing more"
+    await clock.advance(0.02)
+    second = round_.promoted - first
+    assert len(second) == 3 and all(len(second & set(group[1:])) == 1 for group in members), (second, members)
+    await clock.advance(0.78)
+    assert round_.promoted == first | second and not gather.done()
+    await clock.advance(0.02)
+    assert round_.promoted == set(range(12)) - expected, "at eight times, the backups left"
+    for w in round_.promoted - first - second:
+        wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
+    async with asyncio.timeout(5.0):
+        await gather
+    assert round_.decodable and not (first | second | expected) & set(round_.used_workers)
+    np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
+    for session in sessions:
+        session.close()
+
+
 async def test_an_expected_worker_that_has_not_begun_when_another_ends_is_covered_at_once() -> None:
     """Binary, n = 6, s = 1: the round expects {0, 2, 4}. 0 said it began, 4 did not; when 2 answers, 4 is the one
     expected worker that is straggling (at most s), so the backups completing 2's message and 0's to come are
