@@ -72,6 +72,7 @@ from gradcode.common.transport.security import (
     new_process_secret,
     short,
 )
+from gradcode.common.transport.serving import return_freed_memory
 from gradcode.common.transport.session import (
     SessionProtocolError,
     ready_chunk,
@@ -201,6 +202,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if old is not None:
             logger.info("job %r replaced by a new LoadJob", job.job_id)
             await old.retire()
+            del old
+            return_freed_memory()
         logger.info(
             "job %r loaded: worker %d, rows %s, partitions %s, %d bytes",
             job.job_id, job.worker_id, job.row_ids, sorted(job.partitions), job.bytes_received,
@@ -520,6 +523,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if runtime is None:
             raise NotFoundError(f"Unknown job {short(request.job_id)} on this worker.")
         await runtime.retire()
+        del runtime
+        return_freed_memory()
         logger.info("job %r ended", request.job_id)
         return worker_pb2.EndJobReply()
 
