@@ -244,9 +244,9 @@ async def _unless_silent(word: Awaitable[_Word]) -> _Word:
     Silence is counted in :data:`LISTEN_SECONDS` slices, each counting at most its own length: a fetcher whose own
     event loop was held up (a starved or paused host, a long call on its loop) wakes with its timer due before it has
     read what came meanwhile, and a plain timeout then blamed the peer. On the emulated cluster (n = 24 hosts of 6 % of
-    a core, p = 1e6) ten fetchers on four peers failed within 90 ms of each other, no heartbeat read: most likely the
-    whole machine had stalled, fetchers included (nothing measured it then; the nodes' loop watch,
-    :mod:`gradcode.common.ops.loop_watch`, now does). A peer frozen while its fetcher runs is still dropped after
+    a core, p = 1e6) ten fetchers on four peers failed within 90 ms of each other, no heartbeat read, in the second
+    the kernel's OOM killer ended a worker (workers then kept every ended job's memory): a host short of memory
+    stalls every process on it, fetchers included. A peer frozen while its fetcher runs is still dropped after
     :data:`STALL_SECONDS`."""
     loop = asyncio.get_running_loop()
     read = asyncio.ensure_future(word)

@@ -5,7 +5,8 @@ master hear nothing from it, and take it for frozen or gone. On hosts starved of
 overcommitted or paused machine) or with a long call on the loop, that is the first thing to look at:
 ``gradcode_event_loop_lag_seconds`` (the master's and each worker's ``/metrics``) says how often and how long. On
 the emulated cluster (24 hosts of 6 % of a core) ten relayed fetches on four peers failed within 90 ms of each
-other, each peer silent for 1.5 s, and no process said whether its loop had been held up.
+other, each peer silent for 1.5 s, and no process said its loop had been held up; the cause (the host out of
+memory, the kernel's OOM killer ending a worker that second) was found in the kernel's log an hour later.
 """
 
 from __future__ import annotations
