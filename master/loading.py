@@ -38,6 +38,7 @@ from gradcode.common.ops import metrics
 from gradcode.common.tasks import TaskOwner
 from gradcode.common.training.data import Dataset
 from gradcode.common.transport.security import job_token, relay_token
+from gradcode.common.transport.serving import return_freed_memory
 from gradcode.common.transport.shared_memory import SharedDirectory
 from gradcode.common.transport.wire import code_spec, partition_chunks, row_definition
 from gradcode.master.pool import PoolWorker, WorkerPool
@@ -408,6 +409,7 @@ class WorkerLoader:
         self.plan = dataclasses.replace(self.plan, dataset=self.plan.dataset.without_samples(), partitions=[])
         if self.shared is not None:
             self.shared.close()
+        return_freed_memory()  # the data and the job's buffers, kept for reuse until now
 
         async def end(worker: PoolWorker) -> None:
             worker.jobs.discard(self.job_id)
