@@ -40,9 +40,9 @@ class Hedging(GatherStrategy):
     nothing is promoted: backups would only take its CPU. ``promote_after`` seconds after the round started, a
     round still not decodable promotes the backups that complete the messages in hand as if every expected worker
     still out were lost (more than ``s`` of them may hang, or one that began may never finish), twice that long
-    after those completing them with the workers still computing, and at four, eight, ... times a set of the
-    backups not promoted yet that completes them as if every worker still out were lost, every backup left once no
-    such set remains (:meth:`_hedge`).
+    after those completing them with the workers still computing, and at four, eight, sixteen, ... times one, two,
+    four, ... sets of the backups not promoted yet that each complete them as if every worker still out were lost,
+    every backup left once no such set remains (:meth:`_hedge`).
 
     ``reask_after(worker)`` (None: never) is how long an expected worker may stay silent: one from which nothing at
     all has come that long after it was asked, while the round is not decodable, has its call cancelled and its
@@ -204,10 +204,11 @@ class Hedging(GatherStrategy):
         """The hedge, in steps at 1, 2, 4, 8, ... times ``promote_after`` from the round's start: at 1x, the backups
         that complete the messages in hand as if every expected worker still out were lost; at 2x, those that
         complete them with the workers computing (expected or promoted, begun and still out) as if every other were
-        lost; from 4x on, at each step, those among the backups not promoted yet that complete the messages in hand
-        as if every worker still out were lost (one that began may never finish), and every backup left once none
-        does. Never every backup at once while fewer complete: a promoted backup that holds its messages sends a
-        whole one across the receiver's link. On the emulated cluster (fractional s = 11, n = 24, 8 MB messages, a
+        lost; from 4x on, sets among the backups not promoted yet that each complete the messages in hand as if every
+        worker still out were lost (one that began may never finish), one set at 4x, two at 8x, four at 16x, ...,
+        and every backup left once no such set remains. Never every backup at once while fewer complete: a promoted
+        backup that holds its messages sends a whole one across the receiver's link, so what is pulled grows with the
+        time the round has waited. On the emulated cluster (fractional s = 11, n = 24, 8 MB messages, a
         200 Mbit/s master link) the hedges of the first two iterations pulled all 22 backups each; 132 and 184 MB
         reached the master in iterations 2 and 3 (6.3 and 7.4 s, against 1.8-2.3 s after), where two messages
         complete the round. With every backup at 4x, a verify job's first iteration (hedge at 1 s, before any round
@@ -225,8 +226,11 @@ class Hedging(GatherStrategy):
             began = {w for w in promoted & gathering.pending if gathering.began(w)}
             computing = (self._out - self._waiting()) | began
             self._promote_completing((backups - promoted) | began, computing)
-        elif not self._promote_completing(backups - promoted, set()):
-            gathering.promote(sorted(backups))
+        else:  # 1, 2, 4, ... more sets each step: the bytes pulled grow with the time the round has waited
+            for _ in range(2 ** (self._hedges - 3)):
+                if not self._promote_completing(backups - gathering.round.promoted, set()):
+                    gathering.promote(sorted(backups))
+                    break
         left = backups - gathering.round.promoted
         later = hedge_step_at(self._hedges + 1) if left else None
         self._hedge_at = None if later is None else gathering.round.started + later * self.promote_after

@@ -522,16 +522,16 @@ async def test_a_promoted_backup_that_never_begins_is_replaced_at_twice_the_hedg
         session.close()
 
 
-async def test_from_four_times_the_hedge_each_step_promotes_one_more_completing_set_not_every_backup() -> None:
-    """Fractional, n = 12, s = 3 (three groups of four workers holding the same data): the round expects the first of
-    each group, and they hang without beginning. At the hedge a backup of each group is promoted; they begin and
-    hang too (at twice the hedge they compute: nothing more). At four times, one more of each group, a set that
-    completes the round alone, not the six backups left (each held one pulled is a whole message on the receiver's
-    link; a verify job's first iteration on the emulated cluster pulled 21); at eight times the last three. The
-    last ones answer and the round decodes."""
-    code = make_code("fractional", n=12, s=3)
+async def test_from_four_times_the_hedge_the_steps_promote_one_two_four_completing_sets_not_every_backup() -> None:
+    """Fractional, n = 18, s = 5 (three groups of six workers holding the same data): the round expects the first of
+    each group, and they hang without beginning. At the hedge a backup of each group is promoted (a set that
+    completes the round); they begin and hang too (at twice the hedge they compute: nothing more). At four times
+    one more set, at eight two more, not the fifteen backups at once (each held one pulled is a whole message on
+    the receiver's link; a verify job's first iteration on the emulated cluster pulled 21); at sixteen the last.
+    The last ones answer and the round decodes."""
+    code = make_code("fractional", n=18, s=5)
     groups: dict[tuple[int, ...], list[int]] = {}
-    for w in range(12):
+    for w in range(18):
         groups.setdefault(tuple(code.partitions_of_worker(w)), []).append(w)
     members = sorted(groups.values())
     expected = {group[0] for group in members}
@@ -540,25 +540,28 @@ async def test_from_four_times_the_hedge_each_step_promotes_one_more_completing_
     clock = ManualClock()
     round_ = Round(code.decoder(), job_id="j", iteration=0, length=20, clock=clock)
     gather = asyncio.create_task(round_.gather(sources, timeout=10.0, strategies=[Hedging(promote_after=0.2)]))
+
+    def sets_promoted() -> int:
+        """How many workers of each group are promoted, the same for every group (a set is one of each)."""
+        counts = {len(round_.promoted & set(group)) for group in members}
+        assert len(counts) == 1, (round_.promoted, members)
+        return counts.pop()
+
     await clock.advance(0.2)
     first = set(round_.promoted)
-    assert len(first) == 3 and all(len(first & set(group[1:])) == 1 for group in members), (first, members)
+    assert sets_promoted() == 1
     for w in first:
         wires[w].begin()
-    await clock.advance(0.59)  # past twice the hedge, to just before four times
-    assert round_.promoted == first, "at twice the hedge the promoted compute: nothing more"
-    await clock.advance(0.02)
-    second = round_.promoted - first
-    assert len(second) == 3 and all(len(second & set(group[1:])) == 1 for group in members), (second, members)
-    await clock.advance(0.78)
-    assert round_.promoted == first | second and not gather.done()
-    await clock.advance(0.02)
-    assert round_.promoted == set(range(12)) - expected, "at eight times, the backups left"
-    for w in round_.promoted - first - second:
+    for at, sets in ((0.79, 1), (0.81, 2), (1.59, 2), (1.61, 4), (3.19, 4), (3.21, 5)):
+        await clock.advance(at - clock.now())
+        assert sets_promoted() == sets and not gather.done(), (at, sets, round_.promoted)
+    assert round_.promoted == set(range(18)) - expected, "at sixteen times, the backups left"
+    last = {group[-1] for group in members}
+    for w in last:
         wires[w].answer(code.encode(w, dict(enumerate(g))), worker_id=w, row=w)
     async with asyncio.timeout(5.0):
         await gather
-    assert round_.decodable and not (first | second | expected) & set(round_.used_workers)
+    assert round_.decodable and set(round_.used_workers) == last
     np.testing.assert_allclose(round_.decode().vector, g.sum(axis=0), rtol=1e-12)
     for session in sessions:
         session.close()
