@@ -212,7 +212,7 @@ class PeerFetcher:
                     raise ModelUnavailableError(f"peer {peer} sent more than the model's {len(model)} bytes")
                 model[filled : filled + len(reply.part)] = reply.part
                 filled += len(reply.part)
-        except _SilentPeerError:
+        except TimeoutError:
             call.cancel()
             raise ModelUnavailableError(
                 f"peer {peer} said nothing for {STALL_SECONDS:g} s ({filled} of the model's {len(model)} bytes in; the "
@@ -233,13 +233,9 @@ class PeerFetcher:
 _Word = TypeVar("_Word")
 
 
-class _SilentPeerError(Exception):
-    """The peer said nothing for :data:`STALL_SECONDS` of the fetcher's listening."""
-
-
 async def _unless_silent(word: Awaitable[_Word]) -> _Word:
-    """The peer's next ``word`` (a reply, or EOF); _SilentPeerError once it has said nothing for :data:`STALL_SECONDS`
-    of the time this fetcher was listening.
+    """The peer's next ``word`` (a reply, or EOF); TimeoutError once it has said nothing for :data:`STALL_SECONDS` of
+    the time this fetcher was listening.
 
     Silence is counted in :data:`LISTEN_SECONDS` slices, each counting at most its own length: a fetcher whose own
     event loop was held up (a starved or paused host, a long call on its loop) wakes with its timer due before it has
@@ -261,7 +257,7 @@ async def _unless_silent(word: Awaitable[_Word]) -> _Word:
     finally:
         if not read.done():
             read.cancel()
-    raise _SilentPeerError
+    raise TimeoutError
 
 
 def check_relayed(relay: worker_pb2.RelayedModel, num_params: int) -> None:
