@@ -33,7 +33,9 @@ multiple of the floor; the seconds the master host's CPU quota held it back per 
 to each of those workers at once ends (``broadcast_spread``, for the simulator); and ``/proc/loadavg`` before
 the job. A short ``verify`` job per scheme and n shows every gradient exact.
 Prints the table and saves ``cluster.json`` and ``cluster.png`` in ``docs/results/`` (or ``--out``); while it runs,
-``cluster.partial.json`` holds the rows measured so far (a run that dies keeps them).
+``cluster.partial.json`` holds the rows measured so far (a run that dies keeps them, and ``cluster.failed`` its
+processes' logs and its jobs' histories). Each row counts the processes the kernel's OOM killer ended during its
+job (``oom_kills``; None where the kernel's log cannot be read), and the run lists them all.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ from gradcode.bench.output import (
     add_out_argument,
     figure,
     load_average,
+    new_oom_kills,
+    oom_kills,
     save,
     save_json,
     steady_periods,
@@ -203,6 +207,14 @@ class EmulatedCluster:
     @property
     def master_address(self) -> str:
         return f"{self.testbed.hosts['m'].address}:{MASTER_PORT}"
+
+    def keep_for_diagnosis(self, directory: Path) -> None:
+        """Copy every process's log and every job's history into ``directory``: a run that fails keeps its evidence
+        (the run directory goes with the testbed)."""
+        self.copy_histories(directory)
+        logs = self.run_dir / "logs"
+        if logs.is_dir():
+            shutil.copytree(logs, directory / "logs", dirs_exist_ok=True)
 
     def copy_histories(self, directory: Path) -> None:
         """Copy every job's history and spec the master wrote into ``directory`` (the run directory goes with the
@@ -530,6 +542,7 @@ async def _measure(
     and each system's worst verified error."""
     rows: list[dict[str, Any]] = []
     verified: dict[str, float] = {}
+    kills = oom_kills()
     async with GradcodeClient(cluster.client_address) as client:
         await client.wait_ready(START_TIMEOUT)
         by_address = await cluster.pool_ids(client)
@@ -570,8 +583,13 @@ async def _measure(
                             spreads[peers] = _spread(testbed, roles[:peers], 8 * (features + 1))
                         measured = {**floors[system.name], "broadcast_spread": spreads[peers]}
                         row = _row(n, system, stragglers, round_, job, measured)
+                        now = oom_kills()
+                        killed, kills = new_oom_kills(kills, now), now
+                        row["oom_kills"] = None if killed is None else len(killed)
                         rows.append(row)
                         print(_progress(row), flush=True)
+                        for line in killed or ():
+                            print(f"  WARNING: the kernel's OOM killer ended a process during this job: {line}")
                         if on_row is not None:
                             on_row(rows, verified)
             finally:
@@ -635,6 +653,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for key in ("broadcast_spread", "compute_s"):  # (runs before they were measured have none)
                 if all(key in r for r in runs):
                     entry[key] = statistics.median(r[key] for r in runs)
+            if all(isinstance(r.get("oom_kills"), int) for r in runs):
+                entry["oom_kills"] = sum(r["oom_kills"] for r in runs)
             entry["over_floor"] = entry["median_s"] / entry["floor_s"]
             entry["loads"] = [r["load"][0] for r in runs]
             entry["exact"] = all(r["exact"] for r in runs)
@@ -764,6 +784,7 @@ def run(
     specs += [HostSpec(f"w{i}", worker_mbit, worker_cpu) for i in range(hosts_needed)]
     started = time.perf_counter()
     load_start = load_average()
+    kills_before = oom_kills()
     partial = out / "cluster.partial.json"
 
     def save_partial(rows: list[dict[str, Any]], verified: dict[str, float]) -> None:
@@ -778,9 +799,20 @@ def run(
         )
         with EmulatedCluster(testbed, Path(tmp) / "cluster", max_features=features) as cluster:
             data = Path(tmp) / "data"
-            rows, verified = asyncio.run(
-                _measure(testbed, cluster, compared, rounds, iterations, delay, data, features, on_row=save_partial)
-            )  # fmt: skip
+            try:
+                rows, verified = asyncio.run(
+                    _measure(testbed, cluster, compared, rounds, iterations, delay, data, features, on_row=save_partial)
+                )  # fmt: skip
+            except BaseException:
+                kept = out / "cluster.failed"
+                cluster.keep_for_diagnosis(kept)
+                killed = new_oom_kills(kills_before, oom_kills())
+                print(
+                    f"The run failed: the processes' logs and the jobs' histories are kept in {kept}; the kernel's OOM "
+                    f"killer ended {'an unknown number of' if killed is None else len(killed)} process(es) during it.",
+                    file=sys.stderr, flush=True,
+                )  # fmt: skip
+                raise
             if histories is not None:
                 cluster.copy_histories(histories)
     result: dict[str, Any] = {
@@ -810,10 +842,16 @@ def run(
         "load_range": [r["load"][0] for r in rows],
         "load_start": load_start,
         "load_end": load_average(),
+        "oom_kills": new_oom_kills(kills_before, oom_kills()),
         "seconds": time.perf_counter() - started,
     }
     print()
     print(format_table(result))
+    if result["oom_kills"]:
+        print(
+            f"WARNING: the kernel's OOM killer ended {len(result['oom_kills'])} process(es) during this run "
+            "(each row's oom_kills says during which job): those rows are not figures of the system measured."
+        )
     save(result, out, "cluster", lambda path: plot(result, path))
     partial.unlink(missing_ok=True)
     return result

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from gradcode.client.sdk import GradcodeClient
 from gradcode.v1 import master_pb2
 
 __all__ = [
+    "OOM_KILL_MARK",
     "RESULTS",
     "SKIP_ITERATIONS",
     "add_out_argument",
@@ -29,6 +31,8 @@ __all__ = [
     "free_port",
     "job_medians",
     "load_average",
+    "new_oom_kills",
+    "oom_kills",
     "run_with_cpu",
     "save",
     "save_json",
@@ -75,6 +79,31 @@ SKIP_ITERATIONS = 2
 def load_average() -> list[float]:
     """The machine's 1, 5 and 15 minute load averages (``/proc/loadavg``), recorded beside every figure."""
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+OOM_KILL_MARK = "Killed process"
+"""What the kernel's OOM killer writes in its log for each process it ends."""
+
+
+def oom_kills() -> list[str] | None:
+    """The kernel's log lines of processes its OOM killer ended (``dmesg``), oldest first; None where the log cannot
+    be read (no ``dmesg``, or not permitted). A figure taken while the kernel killed processes is not a figure of
+    the system measured: on the emulated cluster, workers ended this way looked like peers gone silent."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [line for line in done.stdout.splitlines() if OOM_KILL_MARK in line]
+
+
+def new_oom_kills(before: Sequence[str] | None, after: Sequence[str] | None) -> list[str] | None:
+    """The kills in ``after`` that ``before`` did not hold (None if either could not be read)."""
+    if before is None or after is None:
+        return None
+    seen = set(before)
+    return [line for line in after if line not in seen]
 
 
 def cpu_seconds(pid: int) -> float:

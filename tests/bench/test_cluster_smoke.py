@@ -22,6 +22,7 @@ import pytest
 from gradcode.bench import cluster
 from gradcode.bench import testbed as testbed_module  # (its classes are named Testbed...: not test classes)
 from gradcode.bench.cluster import EmulatedCluster, _spread
+from gradcode.bench.output import OOM_KILL_MARK, new_oom_kills, oom_kills
 from gradcode.bench.testbed import CPU_CGROUP, PREFIX, HostSpec, check_available, cleanup, leftovers
 from gradcode.client.sdk import GradcodeClient, build_job_spec
 from gradcode.common.codes.registry import make_code
@@ -314,10 +315,13 @@ def test_the_plot_draws_one_line_per_system_and_a_tree_one_per_model_delivery() 
 
 @pytest.mark.e2e
 @needs_testbed
-def test_a_run_that_dies_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_dies_keeps_the_rows_it_measured_and_its_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``cluster.partial.json`` holds the rows after each one: a run that dies halfway (the OOM killer ended one 45
-    minutes in, its rows only in its log) keeps what it measured. The testbed and the cluster are real; the
-    measuring is cut to one row and a crash."""
+    minutes in, its rows only in its log) keeps what it measured, and ``cluster.failed`` the processes' logs and
+    the jobs' histories (the run directory goes with the testbed: a run that failed on 2026-11-29 took the
+    evidence of why with it). The testbed and the cluster are real; the measuring is cut to one row and a crash."""
     measured = [{"n": 2, "system": "uncoded", "median_ms": 12.5}]
 
     async def one_row_then_dies(*args: object, on_row: Any, **kwargs: object) -> None:
@@ -330,6 +334,18 @@ def test_a_run_that_dies_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch:
     saved = json.loads((tmp_path / "cluster.partial.json").read_text())
     assert saved == {"verify_max_error": {"uncoded, n=2": 0.0}, "rows": measured}
     assert not (tmp_path / "cluster.json").exists()
+    logs = tmp_path / "cluster.failed" / "logs"
+    assert (logs / "master.log").is_file() and len(list(logs.glob("*.log"))) >= 3, sorted(logs.iterdir())
+    assert f"kept in {tmp_path / 'cluster.failed'}" in capsys.readouterr().err
+
+
+def test_the_kills_of_the_oom_killer_are_read_from_the_kernels_log_and_new_ones_told_apart() -> None:
+    kills = oom_kills()
+    assert kills is None or all(OOM_KILL_MARK in line for line in kills)  # (None: no dmesg, or not permitted)
+    before = ["[1.0] Out of memory: Killed process 10 (python)"]
+    after = [*before, "[2.0] Out of memory: Killed process 11 (python)"]
+    assert new_oom_kills(before, after) == after[1:] and new_oom_kills(after, after) == []
+    assert new_oom_kills(None, after) is None and new_oom_kills(before, None) is None
 
 
 def test_a_rows_computing_is_the_median_the_workers_said_and_none_when_none_said() -> None:
