@@ -805,7 +805,8 @@ def run(
                 )  # fmt: skip
             except BaseException:
                 kept = out / "cluster.failed"
-                cluster.keep_for_diagnosis(kept)
+                with contextlib.suppress(OSError):  # (a full disk must not hide why the run failed)
+                    cluster.keep_for_diagnosis(kept)
                 killed = new_oom_kills(kills_before, oom_kills())
                 print(
                     f"The run failed: the processes' logs and the jobs' histories are kept in {kept}; the kernel's OOM "
