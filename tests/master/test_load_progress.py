@@ -83,11 +83,18 @@ async def test_a_stream_that_keeps_moving_may_take_many_times_the_stall_limit() 
 
 
 async def test_the_same_stream_under_a_deadline_for_the_whole_call_fails() -> None:
-    """The rule it replaces, on the same stream: why the emulated cluster's large loads failed."""
+    """The rule it replaces, on the same stream: why the emulated cluster's large loads failed. The call ends at its
+    deadline, DEADLINE_EXCEEDED, or INTERNAL when the deadline cuts a message being sent (gRPC core's "Failed
+    execute_batch" on a SendMessageOperation: one CI run of 2026-11-29 under load)."""
     async with serving(Reader(pause=0.15)) as call:
+        started = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call(sent(20), timeout=4 * STALL)
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        elapsed = time.monotonic() - started
+    code, details = caught.value.code(), str(caught.value.details())
+    cut = code == grpc.StatusCode.INTERNAL and "Internal error from Core" in details
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED or cut, caught.value
+    assert elapsed >= 4 * STALL - 0.05, "it failed at the whole call's deadline, before the stream ended (3 s)"
 
 
 async def test_a_reader_that_stops_mid_stream_fails_the_call_one_stall_after_its_last_progress() -> None:
