@@ -71,6 +71,7 @@ __all__ = [
     "WorkerFit",
     "candidate_codes",
     "candidate_configurations",
+    "data_shares",
     "delivery_from_spec",
     "fastest_hosts",
     "fit_workers",
@@ -401,7 +402,7 @@ def _describe(code: GradientCode) -> str:
     return " ".join(f"{k}={v}" for k, v in code._params().items() if k not in ("seed", "shifts"))
 
 
-def _shares(code: GradientCode) -> list[float]:
+def data_shares(code: GradientCode) -> list[float]:
     """The data share of each of ``code``'s worker processes (a tree node: its own partitions)."""
     topology = code.topology()
     if topology is None:
@@ -421,7 +422,7 @@ def _mean_time(
     delivery: str,
 ) -> float:
     fits, excess = [f for f, _ in fitted], [e for _, e in fitted]
-    costs, delays = calibrate(fits, shares, base, target=_shares(code), injected=injected, excess=excess)
+    costs, delays = calibrate(fits, shares, base, target=data_shares(code), injected=injected, excess=excess)
     # the master's rule, on hosts apart: its first gather asks the code's n workers (a tree's first layer)
     relayed = relays(delivery, network=code.n, tree=code.topology() is not None)
     run = simulate(code, costs, iterations, delays, surplus=surplus, model_delivery="relay" if relayed else "direct")
@@ -456,7 +457,7 @@ def plan(
     base = base or Costs(broadcast=False)
     fitted = _fit(_samples(reports, injected))
     fits = [f for f, _ in fitted]
-    share_of = {f.worker_id: x for f, x in zip(fits, _shares(history_code), strict=True)}
+    share_of = {f.worker_id: x for f, x in zip(fits, data_shares(history_code), strict=True)}
     codes = list(candidates) if candidates is not None else candidate_configurations(len(fits), leave_out=leave_out)
     fastest = fastest_hosts(fitted, share_of)
     for code in codes:

@@ -38,6 +38,7 @@ import numpy as np
 
 from gradcode.bench.output import RESULTS
 from gradcode.common.codes import make_code
+from gradcode.common.sim.plan import data_shares
 from gradcode.common.sim.simulate import Costs, simulate
 from gradcode.common.sim.stragglers import FixedDelay, NoDelay
 
@@ -144,7 +145,7 @@ def measured_compute_seconds(result: dict[str, Any]) -> float | None:
         code = make_code(entry["scheme"], **entry["code_params"])
         if code.topology() is not None:
             continue
-        share = statistics.median(code.data_share(w) for w in range(code.worker_processes()))
+        share = statistics.median(data_shares(code))
         per_whole.append(seconds / share)
     return statistics.median(per_whole) if per_whole else None
 
