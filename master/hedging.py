@@ -219,7 +219,7 @@ class Hedging(GatherStrategy):
             return
         self._hedges += 1
         backups = gathering.pending & gathering.backups
-        promoted = gathering.round.promoted
+        promoted = gathering.round.promoted  # (the round's own set: it grows as this promotes)
         if self._hedges == 1:
             self._promote_completing(backups, set())
         elif self._hedges == 2:  # the promoted backups that have not begun count as lost
@@ -228,10 +228,10 @@ class Hedging(GatherStrategy):
             self._promote_completing((backups - promoted) | began, computing)
         else:  # 1, 2, 4, ... more sets each step: the bytes pulled grow with the time the round has waited
             for _ in range(2 ** (self._hedges - 3)):
-                if not self._promote_completing(backups - gathering.round.promoted, set()):
+                if not self._promote_completing(backups - promoted, set()):
                     gathering.promote(sorted(backups))
                     break
-        left = backups - gathering.round.promoted
+        left = backups - promoted
         later = hedge_step_at(self._hedges + 1) if left else None
         self._hedge_at = None if later is None else gathering.round.started + later * self.promote_after
 
